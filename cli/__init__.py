@@ -1,0 +1,1 @@
+"""The wallaroo-proto command line: option parsing and rendering only."""
