@@ -12,9 +12,9 @@ UTF-8 and the raw ``bytes`` otherwise, so a bad peer's string is kept, not fatal
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import NamedTuple, TypeVar, Union
+from typing import NamedTuple, TypeVar
 
-Text = Union[str, bytes]
+Text = str | bytes
 
 # The shipped worker and test sink version strings (PROTOCOL-NOTES.md).
 SOURCE_VERSION = "0.0.1"
@@ -139,7 +139,7 @@ class WorkersLeft(NamedTuple):
     TYPE = FrameType.WORKERS_LEFT
 
 
-Frame = Union[Hello, Ok, Error, Notify, NotifyAck, Message, Ack, Restart, EosMessage, WorkersLeft]
+Frame = Hello | Ok | Error | Notify | NotifyAck | Message | Ack | Restart | EosMessage | WorkersLeft
 
 FRAME_CLASSES: dict[FrameType, type] = {
     cls.TYPE: cls

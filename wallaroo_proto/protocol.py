@@ -238,7 +238,8 @@ class Connection:
             if record.state is StreamState.NOTIFY_SENT or record.state is StreamState.OPEN:
                 return self._violation(
                     index,
-                    f"NOTIFY for stream {frame.stream_id}, which is already {record.state.value} on this connection",
+                    f"NOTIFY for stream {frame.stream_id}, which is already "
+                    f"{record.state.value} on this connection",
                 )
             record.state = StreamState.NOTIFY_SENT
             record.name = frame.stream_name
@@ -338,7 +339,7 @@ class Connection:
         return Outcome(Verdict.ACCEPTED, "", index, msg)
 
     def _ack(self, frame: Ack, index: int) -> Outcome:
-        for stream_id, point_of_ref in frame.acks:
+        for stream_id, _ in frame.acks:
             record = self.streams.get(stream_id)
             if record is None or record.state is StreamState.START:
                 return self._violation(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import IntEnum
-from typing import NamedTuple, Union
+from typing import NamedTuple
 
 from .errors import EncodeError, UnknownFrameType
 from .frames import Message, Text, _strict_equality
@@ -73,7 +73,7 @@ class TwoPCWorkersLeft(NamedTuple):
     TAG = TwoPCTag.WORKERS_LEFT
 
 
-TwoPCMessage = Union[ListUncommitted, ReplyUncommitted, Phase1, Reply, Phase2, TwoPCWorkersLeft]
+TwoPCMessage = ListUncommitted | ReplyUncommitted | Phase1 | Reply | Phase2 | TwoPCWorkersLeft
 
 
 def encode_twopc(msg: TwoPCMessage) -> bytes:
