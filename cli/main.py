@@ -1,10 +1,17 @@
 """The ``wallaroo-proto`` command group.
 
-Exit codes: 0 success, 1 the work found a problem (violations under --strict,
-a peer's ERROR), 2 bad usage or unusable input, 3 a subcommand not built yet.
+Each subcommand lives in its own module and is imported only when run, so
+``--help`` stays fast and a slow import (scapy, pyspark) is paid only by the
+command that needs it. A subcommand whose module is not there yet says so.
+
+Exit codes: 0 success; 1 the work found a problem (violations under --strict,
+a peer's ERROR, a failed check); 2 bad usage or unusable input; 3 a subcommand
+that is not built in this version; 130 interrupted.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import click
 
@@ -12,13 +19,25 @@ from wallaroo_proto import __version__
 
 EXIT_NOT_BUILT = 3
 
+# name -> (module in this package, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "mock-worker": ("mock_worker", "Play a Wallaroo worker for connector sources (and drive a sink)."),
+    "mock-source": ("mock_source", "A connector source that streams data to a worker."),
+    "mock-sink": ("mock_sink", "A connector sink with durable two-phase commit."),
+    "dissect": ("dissect", "Show, filter and validate the frames in pcap/pcapng captures."),
+    "wireshark-dissector": ("wireshark", "Write a Wireshark Lua plugin for the protocol."),
+    "spark-replay": ("spark_replay", "Feed captures into a PySpark batch job."),
+    "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
+}
 
-def _not_built(name: str, issue: str) -> click.Command:
+
+def _not_built(name: str, help_text: str) -> click.Command:
     @click.command(
         name=name,
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        help=issue,
-        short_help=issue,
+        help=f"{help_text} (Not built yet in this version.)",
+        short_help=help_text,
+        add_help_option=False,
     )
     def command() -> None:
         click.echo(f"wallaroo-proto {name}: not built yet in this version.", err=True)
@@ -27,21 +46,31 @@ def _not_built(name: str, issue: str) -> click.Command:
     return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        entry = SUBCOMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module_name, help_text = entry
+        try:
+            module = importlib.import_module(f"{__package__}.{module_name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__package__}.{module_name}":
+                raise
+            return _not_built(cmd_name, help_text)
+        command = module.command
+        command.short_help = help_text
+        return command
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="wallaroo-proto")
 def cli() -> None:
     """A toolkit for the Wallaroo connector protocol v3: mock peers, a capture
     dissector and a Spark replay job."""
-
-
-for _name, _help in [
-    ("mock-worker", "Play a Wallaroo worker for connector sources (and drive a sink)."),
-    ("mock-source", "A connector source that streams data to a worker."),
-    ("mock-sink", "A connector sink with durable two-phase commit."),
-    ("dissect", "Show, filter and validate the frames in pcap/pcapng captures."),
-    ("spark-replay", "Feed captures into a PySpark batch job."),
-]:
-    cli.add_command(_not_built(_name, _help))
 
 
 def main() -> None:

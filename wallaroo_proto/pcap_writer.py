@@ -1,0 +1,159 @@
+"""Write TCP sessions as classic pcap files that tshark, Wireshark and scapy open.
+
+A live peer sees only the byte stream, not the packets, so a recording is
+synthesised: Ethernet/IPv4/TCP with a three-way handshake, correct sequence and
+acknowledgement numbers, IP and TCP checksums, real timestamps, and a FIN
+exchange on close. Packets are written as they happen; nothing is buffered.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import struct
+import time
+from typing import BinaryIO
+
+LINKTYPE_ETHERNET = 1
+PCAP_MAGIC_USEC = 0xA1B2C3D4
+#: Largest TCP payload per synthesised segment (what loopback's 64 KiB MTU allows).
+DEFAULT_SEGMENT_SIZE = 65_000
+
+_TCP_FIN, _TCP_SYN, _TCP_RST, _TCP_PSH, _TCP_ACK = 0x01, 0x02, 0x04, 0x08, 0x10
+
+
+def _checksum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\x00"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def _mac(ip: bytes) -> bytes:
+    return b"\x02\x00" + ip  # locally administered, derived from the address
+
+
+class PcapWriter:
+    """A pcap file open for appending packets (microsecond timestamps, Ethernet)."""
+
+    def __init__(self, target: str | os.PathLike | BinaryIO, *, snaplen: int = 262_144) -> None:
+        if isinstance(target, (str, os.PathLike)):
+            self._file: BinaryIO = open(target, "wb")  # noqa: SIM115 - closed by close()
+            self._owned = True
+        else:
+            self._file = target
+            self._owned = False
+        self.snaplen = snaplen
+        self.packets = 0
+        self._file.write(struct.pack("<IHHiIII", PCAP_MAGIC_USEC, 2, 4, 0, 0, snaplen, LINKTYPE_ETHERNET))
+
+    def write_packet(self, frame: bytes, timestamp: float | None = None) -> None:
+        ts = time.time() if timestamp is None else timestamp
+        sec = int(ts)
+        usec = min(int(round((ts - sec) * 1_000_000)), 999_999)
+        captured = frame[: self.snaplen]
+        self._file.write(struct.pack("<IIII", sec, usec, len(captured), len(frame)))
+        self._file.write(captured)
+        self.packets += 1
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._owned:
+            self._file.close()
+        else:
+            self._file.flush()
+
+    def __enter__(self) -> PcapWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def tcp_session(
+        self,
+        client: tuple[str, int],
+        server: tuple[str, int],
+        *,
+        timestamp: float | None = None,
+        segment_size: int = DEFAULT_SEGMENT_SIZE,
+    ) -> TcpSession:
+        """Start recording one connection: writes its three-way handshake now."""
+        return TcpSession(self, client, server, timestamp=timestamp, segment_size=segment_size)
+
+
+class TcpSession:
+    """One TCP connection inside a PcapWriter; ``send`` records payload in either direction."""
+
+    def __init__(
+        self,
+        writer: PcapWriter,
+        client: tuple[str, int],
+        server: tuple[str, int],
+        *,
+        timestamp: float | None,
+        segment_size: int,
+        client_isn: int = 1_000,
+        server_isn: int = 500_000,
+    ) -> None:
+        self.writer = writer
+        self.segment_size = segment_size
+        self._ends = {
+            True: (ipaddress.IPv4Address(client[0]).packed, client[1]),
+            False: (ipaddress.IPv4Address(server[0]).packed, server[1]),
+        }
+        self._seq = {True: client_isn, False: server_isn}
+        self._ip_id = {True: 1, False: 1}
+        self.closed = False
+        self._segment(True, _TCP_SYN, b"", timestamp)
+        self._seq[True] += 1
+        self._segment(False, _TCP_SYN | _TCP_ACK, b"", timestamp)
+        self._seq[False] += 1
+        self._segment(True, _TCP_ACK, b"", timestamp)
+
+    def send(self, from_client: bool, payload: bytes, timestamp: float | None = None) -> None:
+        """Record ``payload`` sent by the client (True) or the server (False)."""
+        if self.closed or not payload:
+            return
+        view = memoryview(payload)
+        for start in range(0, len(view), self.segment_size):
+            chunk = bytes(view[start : start + self.segment_size])
+            self._segment(from_client, _TCP_PSH | _TCP_ACK, chunk, timestamp)
+            self._seq[from_client] = (self._seq[from_client] + len(chunk)) & 0xFFFF_FFFF
+
+    def close(self, from_client: bool = True, timestamp: float | None = None) -> None:
+        """Record an orderly close started by one side: FIN, FIN, last ACK."""
+        if self.closed:
+            return
+        self._segment(from_client, _TCP_FIN | _TCP_ACK, b"", timestamp)
+        self._seq[from_client] += 1
+        self._segment(not from_client, _TCP_FIN | _TCP_ACK, b"", timestamp)
+        self._seq[not from_client] += 1
+        self._segment(from_client, _TCP_ACK, b"", timestamp)
+        self.closed = True
+
+    def reset(self, from_client: bool = True, timestamp: float | None = None) -> None:
+        """Record an abortive close (RST), as when a peer dies."""
+        if not self.closed:
+            self._segment(from_client, _TCP_RST | _TCP_ACK, b"", timestamp)
+            self.closed = True
+
+    def _segment(self, from_client: bool, flags: int, payload: bytes, timestamp: float | None) -> None:
+        src_ip, src_port = self._ends[from_client]
+        dst_ip, dst_port = self._ends[not from_client]
+        seq = self._seq[from_client]
+        ack = self._seq[not from_client] if flags & _TCP_ACK else 0
+        tcp = struct.pack("!HHIIBBHHH", src_port, dst_port, seq, ack, 5 << 4, flags, 65535, 0, 0)
+        pseudo = src_ip + dst_ip + struct.pack("!BBH", 0, 6, len(tcp) + len(payload))
+        checksum = _checksum(pseudo + tcp + payload)
+        tcp = tcp[:16] + struct.pack("!H", checksum) + tcp[18:]
+        total = 20 + len(tcp) + len(payload)
+        ip_id = self._ip_id[from_client]
+        self._ip_id[from_client] = (ip_id + 1) & 0xFFFF
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, total, ip_id, 0x4000, 64, 6, 0, src_ip, dst_ip)
+        ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
+        ether = _mac(dst_ip) + _mac(src_ip) + b"\x08\x00"
+        self.writer.write_packet(ether + ip + tcp + payload, timestamp)
