@@ -1,0 +1,3 @@
+from wallaroo_proto_cli.main import main
+
+main()
