@@ -199,12 +199,16 @@ def _dec_restart(c: Cursor) -> Restart:
 
 
 def _dec_eos(c: Cursor) -> EosMessage:
+    size = c.remaining()
+    if size not in (8, 16):
+        raise MalformedFrame(
+            f"EOS_MESSAGE body of {size} bytes: the spec's form has 16 (stream_id, message_id), "
+            "the shipped form 8 (stream_id)",
+            frame_type="EOS_MESSAGE",
+            field_offset=1,
+        )
     stream_id = c.u64("stream_id")
-    if c.remaining() == 0:
-        return EosMessage(stream_id, None)
-    frame = EosMessage(stream_id, c.u64("message_id"))
-    c.end()
-    return frame
+    return EosMessage(stream_id, c.u64("message_id") if size == 16 else None)
 
 
 def _dec_workers_left(c: Cursor) -> WorkersLeft:

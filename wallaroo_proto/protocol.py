@@ -221,14 +221,18 @@ class Connection:
             # The shipped worker pipelines NOTIFY and LIST_UNCOMMITTED behind its HELLO to a sink.
             return self._violation(index, f"{frame.TYPE.name} before the handshake completed with OK")
 
-        if sender is data_side and self.credits is not None:
+        spends = sender is data_side and self.credits is not None
+        if spends and self.credits <= 0 and self.use is Use.SOURCE and not self.lenient_credits:
+            return self._violation(index, f"{frame.TYPE.name} sent with no credits left")
+        outcome = self._apply(frame, frame_type, sender, index)
+        if spends and not outcome.is_violation:
             if self.credits > 0:
                 self.credits -= 1
-            elif self.use is Use.SOURCE and not self.lenient_credits:
-                return self._violation(index, f"{frame.TYPE.name} sent with no credits left")
             else:
                 self.overdraft += 1
+        return outcome
 
+    def _apply(self, frame: Frame, frame_type: type, sender: Side, index: int) -> Outcome:
         if frame_type is Message:
             return self._message(frame, sender, index)
         if frame_type is Ack:

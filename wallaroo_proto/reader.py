@@ -157,7 +157,8 @@ class FrameReader:
             needed = 0
             if len(buf) - pos >= 4:
                 (length,) = _U32.unpack_from(buf, pos)
-                needed = 4 + length
+                if 0 < length <= self.max_frame_size:
+                    needed = 4 + length  # else the next call checks it and raises
             self._keep_tail(buf, pos, needed)
         else:
             self.offset += pos
