@@ -7,6 +7,7 @@ itself), ``u8 type`` and the type's fields. ``encode`` returns the whole frame;
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 
 from .errors import EncodeError, MalformedFrame, UnknownFrameType
@@ -39,8 +40,27 @@ def encode_body(frame: Frame) -> bytes:
     return w.getvalue()
 
 
+_MESSAGE_HEAD = struct.Struct(">IBQQqH")
+
+
 def encode(frame: Frame) -> bytes:
     """The whole frame as it goes on the wire, length prefix included."""
+    if type(frame) is Message and type(frame.key) is bytes and type(frame.payload) is bytes:
+        # Fast path for the hot frame; any value struct refuses goes the checked way below.
+        key = frame.key
+        try:
+            head = _MESSAGE_HEAD.pack(
+                27 + len(key) + len(frame.payload),
+                5,
+                frame.stream_id,
+                frame.message_id,
+                frame.event_time,
+                len(key),
+            )
+        except struct.error:
+            pass
+        else:
+            return head + key + frame.payload
     body = encode_body(frame)
     if len(body) > 0xFFFF_FFFF:
         raise EncodeError(f"{frame.TYPE.name} body of {len(body)} bytes exceeds a u32 length")
