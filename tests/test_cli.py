@@ -1,0 +1,30 @@
+"""The command group itself: help, version, and honest placeholders."""
+
+from __future__ import annotations
+
+from support import run_cli
+
+from wallaroo_proto import __version__
+from wallaroo_proto_cli.main import SUBCOMMANDS
+
+
+def test_help_lists_every_subcommand_with_one_line_help():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    for name in ("mock-worker", "mock-source", "mock-sink", "dissect", "spark-replay"):
+        assert name in result.stdout
+    for name, (_module, help_text) in SUBCOMMANDS.items():
+        line = next(line for line in result.stdout.splitlines() if line.split()[:1] == [name])
+        assert help_text.split()[0] in line
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"wallaroo-proto, version {__version__}"
+
+
+def test_unknown_subcommand_is_a_usage_error():
+    result = run_cli("no-such-thing")
+    assert result.returncode == 2
+    assert "No such command" in result.stderr
