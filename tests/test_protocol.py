@@ -363,3 +363,14 @@ def test_any_frame_sequence_gives_outcomes_and_violations_change_nothing(use, fr
                 conn.credits,
             )
             assert after == before[:3]
+
+
+def test_reply_to_a_phase2_is_allowed_but_not_to_long_decided_txns():
+    conn = sink_streaming()
+    for txn in ("t1", "t2"):
+        accept(conn, twopc_frame(Phase1(txn, ())), W)
+        accept(conn, twopc_frame(Reply(txn, True)), C)
+        accept(conn, twopc_frame(Phase2(txn, True)), W)
+        accept(conn, twopc_frame(Reply(txn, True)), C)  # a sink may answer the PHASE2 too
+    assert conn.undecided_txns == set()
+    assert conn.process(twopc_frame(Reply("t1", True)), C).is_violation

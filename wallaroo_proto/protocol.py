@@ -148,8 +148,11 @@ class Connection:
     streams: dict[int, StreamRecord] = field(default_factory=dict)
     #: The txn between its PHASE1 and its PHASE2, during which no application data may flow.
     phase1_txn: Text | None = None
-    #: Txns this connection has heard of (phase 1, listed uncommitted), for checking REPLYs.
-    known_txns: set = field(default_factory=set)
+    #: Undecided txns (in phase 1, or listed uncommitted), for checking REPLYs; bounded by
+    #: what is undecided, not by the connection's age.
+    undecided_txns: set = field(default_factory=set)
+    #: The txn the last PHASE2 decided: a sink may REPLY to a PHASE2 too.
+    last_decided_txn: Text | None = None
     closed_by: Side | None = None
 
     @property
@@ -323,7 +326,7 @@ class Connection:
                     f"{show_text(self.phase1_txn)!r} awaits its PHASE2",
                 )
             self.phase1_txn = msg.txn_id
-            self.known_txns.add(msg.txn_id)
+            self.undecided_txns.add(msg.txn_id)
         elif isinstance(msg, Phase2):
             if self.phase1_txn == msg.txn_id:
                 self.phase1_txn = None
@@ -333,10 +336,15 @@ class Connection:
                     f"PHASE2 of txn {show_text(msg.txn_id)!r} while txn "
                     f"{show_text(self.phase1_txn)!r} awaits its PHASE2",
                 )
-            self.known_txns.add(msg.txn_id)
+            self.undecided_txns.discard(msg.txn_id)
+            self.last_decided_txn = msg.txn_id
         elif isinstance(msg, ReplyUncommitted):
-            self.known_txns.update(msg.txn_ids)
-        elif isinstance(msg, Reply) and msg.txn_id not in self.known_txns:
+            self.undecided_txns.update(msg.txn_ids)
+        elif (
+            isinstance(msg, Reply)
+            and msg.txn_id not in self.undecided_txns
+            and msg.txn_id != self.last_decided_txn
+        ):
             return self._violation(
                 index, f"REPLY for txn {show_text(msg.txn_id)!r}, which no PHASE1 or PHASE2 named"
             )
