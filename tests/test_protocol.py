@@ -374,3 +374,12 @@ def test_reply_to_a_phase2_is_allowed_but_not_to_long_decided_txns():
         accept(conn, twopc_frame(Reply(txn, True)), C)  # a sink may answer the PHASE2 too
     assert conn.undecided_txns == set()
     assert conn.process(twopc_frame(Reply("t1", True)), C).is_violation
+
+
+def test_stream0_in_sink_use_is_always_read_as_2pc_even_if_notified():
+    conn = sink_streaming()
+    accept(conn, Notify(0, "odd", 0), W)
+    accept(conn, NotifyAck(True, 0, 0), C)
+    outcome = conn.process(twopc_frame(Phase1("t", ())), W)
+    assert outcome.twopc == Phase1("t", ())
+    assert conn.phase1_txn == "t"

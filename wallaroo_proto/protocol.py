@@ -154,6 +154,7 @@ class Connection:
     #: The txn the last PHASE2 decided: a sink may REPLY to a PHASE2 too.
     last_decided_txn: Text | None = None
     closed_by: Side | None = None
+    _data_side: Side = field(init=False, repr=False)
 
     @property
     def data_side(self) -> Side:
@@ -170,11 +171,34 @@ class Connection:
         if self.state is not ConnState.ERROR:
             self.state = ConnState.DISCONNECTED
 
+    def __post_init__(self) -> None:
+        self._data_side = _DATA_SIDE[self.use]
+
     def process(self, frame: Frame, sender: Side) -> Outcome:
         """Apply one frame sent by ``sender``; the state changes only if it is legal."""
         index = self.frame_index
         self.frame_index = index + 1
         frame_type = type(frame)
+
+        # Fast path for the bulk of any session: the next MESSAGE on an open stream.
+        # Anything unusual falls through to the full rules below.
+        if frame_type is Message and sender is self._data_side and self.state is ConnState.STREAMING:
+            record = self.streams.get(frame.stream_id)
+            credits = self.credits
+            if (
+                record is not None
+                and record.state is StreamState.OPEN
+                and self.phase1_txn is None
+                and credits is not None
+                and credits > 0
+                and (frame.stream_id != TWOPC_STREAM or self.use is Use.SOURCE)
+            ):
+                last = record.last_message_id
+                if last is None or frame.message_id > last:
+                    record.last_message_id = frame.message_id
+                    record.messages += 1
+                    self.credits = credits - 1
+                    return ACCEPTED
 
         if self.state is ConnState.ERROR or self.state is ConnState.DISCONNECTED:
             ended_by = "ERROR" if self.state is ConnState.ERROR else "RESTART or close"
