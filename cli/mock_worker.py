@@ -1,0 +1,302 @@
+"""``wallaroo-proto mock-worker``: play a Wallaroo worker for connector sources.
+
+Options in, ``wallaroo_proto.worker.MockWorker`` does the work. One ready line
+on stdout, a rich live view on stderr when it is a terminal, the summary on
+stdout at the end (``--format json`` for scripts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+
+from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
+from wallaroo_proto.registry import Registry, StateError
+from wallaroo_proto.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
+
+NAME = "mock-worker"
+
+
+def _usage_error(message: str) -> click.ClickException:
+    """Unusable input (a file, a port): exit 2 with the message, no traceback."""
+    err = click.ClickException(message)
+    err.exit_code = 2
+    return err
+
+
+def _live_table(worker: MockWorker, rate: float) -> Group:
+    view = worker.live()
+    head = (
+        f"[bold]{NAME}[/] {worker.address[0]}:{worker.address[1]}  messages {view['messages']:,}"
+        f"  ({rate:,.0f}/s)  replays {view['replays']:,}  checkpoints {view['checkpoints']}"
+        f"  violations {view['violations']}  streams {view['streams']}"
+    )
+    table = Table(expand=False)
+    for col in ("conn", "peer", "instance", "state", "credits", "streams", "messages", "replays"):
+        table.add_column(col)
+    for c in view["connections"][:30]:
+        streams = c["streams"]
+        shown = ", ".join(str(s) for s in streams[:4]) + (" ..." if len(streams) > 4 else "")
+        table.add_row(
+            str(c["connection"]),
+            c["peer"],
+            c["instance"],
+            c["state"],
+            "" if c["credits"] is None else str(c["credits"]),
+            shown,
+            f"{c['messages']:,}",
+            f"{c['replays']:,}",
+        )
+    return Group(head, table)
+
+
+def _print_summary(summary: dict, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(summary))
+        return
+    out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
+    out.print(
+        f"{NAME} summary: {summary['messages']:,} messages delivered "
+        f"({summary['messages_per_second']:,.0f}/s over {summary['seconds']:.1f}s), "
+        f"{summary['replays_dropped']:,} replays dropped, {summary['connections']} connections, "
+        f"{summary['checkpoints']} checkpoints"
+    )
+    out.print(
+        f"  notifies {summary['notifies']} (refused {summary['notify_refused']}), eos {summary['eos']}, "
+        f"acks {summary['acks_sent']}, restarts {summary['restarts_sent']}, "
+        f"dropped {summary['dropped_connections']}, violations {summary['violations']}, "
+        f"handshakes failed {summary['handshakes_failed']}, refused connections "
+        f"{summary['refused_connections']}, timeouts {summary['timeouts']}"
+    )
+    for err in summary["errors_received"]:
+        out.print(f"  ERROR from connection {err['connection']} ({err['peer']}): {err['reason']}")
+    for err in summary["errors"]:
+        out.print(
+            f"  ERROR to connection {err['connection']} ({err['peer']}) [{err['kind']}]: {err['reason']}"
+        )
+    if summary["streams"]:
+        table = Table(title="streams")
+        for col in ("stream_id", "name", "delivered", "replays", "last_seen", "point_of_ref", "held_by"):
+            table.add_column(col)
+        for s in summary["streams"][:50]:
+            table.add_row(*("" if s[k] is None else str(s[k]) for k in table_columns(table)))
+        out.print(table)
+        if len(summary["streams"]) > 50:
+            out.print(f"  ... and {len(summary['streams']) - 50} more streams (see --format json)")
+
+
+def table_columns(table: Table) -> list[str]:
+    return [str(c.header) for c in table.columns]
+
+
+async def _run(config: WorkerConfig, registry: Registry, out: str | None, append: bool, live: bool) -> dict:
+    try:
+        worker = MockWorker(config, registry)
+        if out:
+            worker.add_consumer(JsonLinesOut(out, append=append, executor=worker.io))
+    except OSError as err:
+        raise _usage_error(f"cannot open {err.filename}: {err.strerror or err}") from err
+    try:
+        host, port = await worker.start()
+    except OSError as err:
+        worker.io.shutdown()
+        raise _usage_error(f"cannot listen on {config.host}:{config.port}: {err.strerror or err}") from err
+    click.echo(f"wallaroo-proto {NAME}: listening on {host}:{port}")
+    sys.stdout.flush()
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    if live:
+        console = Console(stderr=True)
+        with Live(console=console, auto_refresh=False, transient=True) as view:
+            last, last_t = 0, time.monotonic()
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(0.25):
+                        await stop.wait()
+                now = time.monotonic()
+                rate = (worker.stats.messages - last) / max(now - last_t, 1e-9)
+                last, last_t = worker.stats.messages, now
+                view.update(_live_table(worker, rate), refresh=True)
+    else:
+        await stop.wait()
+    await worker.close()
+    return worker.summary()
+
+
+@click.command(name=NAME)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=7100, show_default=True, help="0 picks a free port."
+)
+@click.option(
+    "--version",
+    "protocol_version",
+    default=SOURCE_VERSION,
+    show_default=True,
+    help="Protocol version a HELLO must carry exactly.",
+)
+@click.option("--cookie", default="", help="Cookie a HELLO must carry (compared in constant time).")
+@click.option(
+    "--credits",
+    type=click.IntRange(1, 0xFFFF_FFFF),
+    default=100,
+    show_default=True,
+    help="Credits granted by OK and restored by each refill ACK.",
+)
+@click.option(
+    "--refill-at",
+    type=click.IntRange(0),
+    default=None,
+    help="Send a refill ACK when the connector's credits fall to this.  [default: half of --credits]",
+)
+@click.option("--lenient-credits", is_flag=True, help="Count frames sent without credit instead of ERROR.")
+@click.option(
+    "--max-frame-size",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_FRAME_SIZE,
+    show_default=True,
+    help="Largest frame length accepted; a longer length prefix gets ERROR.",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(0),
+    default=10_000,
+    show_default=True,
+    help="Checkpoint after this many delivered messages (0: off).",
+)
+@click.option(
+    "--checkpoint-ms",
+    type=click.FloatRange(0),
+    default=1000.0,
+    show_default=True,
+    help="Checkpoint at least this often, in milliseconds (0: off).",
+)
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Durable registry and checkpoints: loaded at start, rewritten atomically at each checkpoint.",
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Write every delivered message as a JSON line (appends when resuming from --state).",
+)
+@click.option(
+    "--record",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Record every connection into this pcap file.",
+)
+@click.option(
+    "--restart-after",
+    type=click.IntRange(0),
+    default=0,
+    help="Send RESTART to a connection once it delivered N messages (0: never).",
+)
+@click.option(
+    "--restart-address", default=None, help="Send the shipped RESTART form carrying this reconnect address."
+)
+@click.option(
+    "--reject-streams",
+    multiple=True,
+    help="Answer NOTIFY_ACK success=0 for these stream ids (1,2,3) or names matching this regex.",
+)
+@click.option(
+    "--ack-delay", type=click.FloatRange(0), default=0.0, help="Hold every ACK this many milliseconds."
+)
+@click.option(
+    "--drop-connection-after",
+    type=click.IntRange(0),
+    default=0,
+    help="Abort a connection (no ERROR) once it delivered N messages (0: never).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0),
+    default=0.0,
+    help="ERROR and close a connection silent this many seconds (0: never).",
+)
+@click.option(
+    "--handshake-timeout",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="ERROR and close a connection with no HELLO after this many seconds (0: never).",
+)
+@click.option(
+    "--max-connections",
+    type=click.IntRange(1),
+    default=64,
+    show_default=True,
+    help="Connections beyond this get ERROR 'too many connections'.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
+@click.option("--strict", is_flag=True, help="Exit 1 if any connector committed a protocol violation.")
+@click.option(
+    "--live/--no-live", default=None, help="Live view on stderr  [default: when stderr is a terminal]"
+)
+def command(**opts) -> None:
+    """Play a Wallaroo worker for connector sources, over real TCP.
+
+    Handshake, credits, a stream registry across connections, checkpoints
+    (ACK point_of_ref = last delivered message id + 1), de-duplication of
+    replays and fault injection, as the shipped worker behaves.
+    """
+    try:
+        reject = stream_rejecter(opts["reject_streams"])
+        config = WorkerConfig(
+            host=opts["host"],
+            port=opts["port"],
+            version=opts["protocol_version"],
+            cookie=opts["cookie"].encode("utf-8"),
+            credits=opts["credits"],
+            refill_at=opts["refill_at"],
+            lenient_credits=opts["lenient_credits"],
+            max_frame_size=opts["max_frame_size"],
+            checkpoint_every=opts["checkpoint_every"],
+            checkpoint_ms=opts["checkpoint_ms"],
+            restart_after=opts["restart_after"],
+            restart_address=opts["restart_address"],
+            reject_streams=reject,
+            ack_delay_ms=opts["ack_delay"],
+            drop_connection_after=opts["drop_connection_after"],
+            idle_timeout=opts["idle_timeout"],
+            handshake_timeout=opts["handshake_timeout"],
+            max_connections=opts["max_connections"],
+            record=opts["record"],
+        )
+    except ValueError as err:
+        raise click.UsageError(str(err)) from err
+    try:
+        registry = Registry.open(opts["state_path"])
+    except StateError as err:
+        raise _usage_error(str(err)) from err
+    resuming = bool(registry.streams)
+    live = opts["live"] if opts["live"] is not None else sys.stderr.isatty()
+    summary = asyncio.run(_run(config, registry, opts["out"], resuming, live))
+    _print_summary(summary, opts["fmt"])
+    if opts["strict"] and summary["violations"]:
+        sys.exit(1)

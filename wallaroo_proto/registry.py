@@ -1,0 +1,242 @@
+"""The mock worker's stream registry: who holds each stream and where it may resume.
+
+The shipped worker keeps a global registry of stream ids across all connector
+connections (spec, "Streaming"): a stream held open by one connection cannot be
+NOTIFYed by another, and a reopened stream resumes from the last checkpointed
+point of reference. This module is that registry, without any I/O but its
+optional durable state file.
+
+Point-of-reference convention: ``point_of_ref`` is the id of the first message
+*not* yet in a checkpoint, i.e. the last delivered message id + 1. This follows
+the spec's "all MESSAGEs with MessageIds less than the reported point of
+reference are included in the checkpoint"; a connector resumes by sending the
+message whose id equals the point of reference.
+
+Durability: ``state_bytes`` renders the registry as JSON and ``write_atomic``
+writes it to a temporary file in the same directory, fsyncs it, renames it over
+the target and fsyncs the directory, so a crash leaves either the old or the new
+state, never a torn one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .frames import Text, show_text
+
+STATE_FORMAT = "wallaroo-proto mock-worker state"
+STATE_VERSION = 1
+_U64_MAX = (1 << 64) - 1
+
+
+class StateError(ValueError):
+    """A state file that cannot be used: says which file and what is wrong."""
+
+
+@dataclass(slots=True)
+class StreamEntry:
+    stream_id: int
+    name: Text = ""
+    #: Checkpointed point of reference: every message id below it is durable.
+    point_of_ref: int = 0
+    #: Last delivered message id (across all connections); -1 when none.
+    #: A message whose id is not above it is a replay and is dropped.
+    last_seen: int = -1
+    #: The connection that holds the stream (NOTIFY accepted, no EOS yet), or None.
+    owner: Hashable | None = None
+    delivered: int = 0
+    replays: int = 0
+    notifies: int = 0
+    refused: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The answer to a NOTIFY: success, and the point of reference for NOTIFY_ACK."""
+
+    success: bool
+    point_of_ref: int
+    #: Who holds the stream when the claim was refused.
+    holder: Hashable | None = None
+
+
+@dataclass(slots=True)
+class Registry:
+    """Streams across all connections of one worker."""
+
+    path: Path | None = None
+    streams: dict[int, StreamEntry] = field(default_factory=dict)
+    checkpoints: int = 0
+    #: Streams delivered to since the last snapshot (checked at the next checkpoint).
+    dirty: set[int] = field(default_factory=set)
+
+    # --- notify / end of stream -------------------------------------------------
+
+    def notify(self, stream_id: int, name: Text, owner: Hashable, connector_por: int = 0) -> Claim:
+        """Claim a stream for ``owner``; refused while any connection holds it.
+
+        A stream never seen before starts at the connector's own point of
+        reference; a known one resumes from its checkpointed point of reference,
+        whatever the connector sent.
+        """
+        entry = self.streams.get(stream_id)
+        if entry is None:
+            por = min(max(connector_por, 0), _U64_MAX)
+            entry = self.streams[stream_id] = StreamEntry(stream_id, name, por, por - 1)
+        entry.notifies += 1
+        if entry.owner is not None:
+            entry.refused += 1
+            return Claim(False, entry.point_of_ref, entry.owner)
+        entry.owner = owner
+        entry.name = name
+        return Claim(True, entry.point_of_ref)
+
+    def release(self, stream_id: int, owner: Hashable) -> bool:
+        """The owner ended the stream (EOS_MESSAGE) or went away; True if it held it."""
+        entry = self.streams.get(stream_id)
+        if entry is None or entry.owner != owner:
+            return False
+        entry.owner = None
+        return True
+
+    def release_all(self, owner: Hashable) -> list[int]:
+        """Release every stream ``owner`` holds (its connection closed); returns their ids."""
+        released = [e.stream_id for e in self.streams.values() if e.owner == owner]
+        for stream_id in released:
+            self.streams[stream_id].owner = None
+        return released
+
+    def held_by(self, owner: Hashable) -> list[int]:
+        return [e.stream_id for e in self.streams.values() if e.owner == owner]
+
+    # --- messages -----------------------------------------------------------------
+
+    def is_replay(self, stream_id: int, message_id: int) -> bool:
+        """True if the id is not above the last one delivered on this stream (any connection)."""
+        return message_id <= self.streams[stream_id].last_seen
+
+    def delivered(self, stream_id: int, message_id: int) -> None:
+        """Record a delivered message: it becomes the stream's last seen id."""
+        entry = self.streams[stream_id]
+        entry.last_seen = message_id
+        entry.delivered += 1
+        self.dirty.add(stream_id)
+
+    # --- checkpoints ----------------------------------------------------------------
+
+    def advanced(self) -> dict[int, int]:
+        """Streams whose deliveries passed their checkpoint: {stream_id: new point_of_ref}.
+
+        Clears the dirty set; deliveries after this call count towards the next checkpoint.
+        """
+        snapshot = {}
+        streams = self.streams
+        for stream_id in self.dirty:
+            entry = streams[stream_id]
+            if entry.last_seen + 1 > entry.point_of_ref:
+                snapshot[stream_id] = entry.last_seen + 1
+        self.dirty.clear()  # in place: the worker's hot loop holds a reference to this set
+        return snapshot
+
+    def commit(self, snapshot: dict[int, int]) -> None:
+        """Make ``snapshot`` the checkpointed points of reference (after it is durable)."""
+        for stream_id, por in snapshot.items():
+            entry = self.streams[stream_id]
+            if por > entry.point_of_ref:
+                entry.point_of_ref = por
+        self.checkpoints += 1
+
+    # --- durable state ----------------------------------------------------------------
+
+    def state_bytes(self, pending: dict[int, int] | None = None) -> bytes:
+        """The registry as its state file, with ``pending`` points of reference applied."""
+        pending = pending or {}
+        streams = [
+            {
+                "stream_id": e.stream_id,
+                "name": show_text(e.name),
+                "point_of_ref": max(e.point_of_ref, pending.get(e.stream_id, 0)),
+            }
+            for e in sorted(self.streams.values(), key=lambda e: e.stream_id)
+        ]
+        doc = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "checkpoints": self.checkpoints + (1 if pending else 0),
+            "streams": streams,
+        }
+        return (json.dumps(doc, indent=1) + "\n").encode()
+
+    def save(self) -> None:
+        """Write the state file now (blocking); a no-op without a path."""
+        if self.path is not None:
+            write_atomic(self.path, self.state_bytes())
+
+    @classmethod
+    def open(cls, path: str | os.PathLike | None) -> Registry:
+        """A registry backed by ``path``, loaded from it when the file exists."""
+        if path is None:
+            return cls()
+        path = Path(path)
+        registry = cls(path)
+        if path.exists():
+            registry.load_entries(_parse_state(path))
+        return registry
+
+    def load_entries(self, entries: Iterable[tuple[int, str, int]]) -> None:
+        for stream_id, name, por in entries:
+            self.streams[stream_id] = StreamEntry(stream_id, name, por, por - 1)
+
+
+def _parse_state(path: Path) -> list[tuple[int, str, int]]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except OSError as err:
+        raise StateError(f"cannot read state file {path}: {err.strerror or err}") from err
+    except ValueError as err:
+        raise StateError(f"state file {path} is not valid JSON: {err}") from err
+    if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+        raise StateError(f"state file {path} is not a mock-worker state file (no format {STATE_FORMAT!r})")
+    if doc.get("version") != STATE_VERSION:
+        raise StateError(f"state file {path} has version {doc.get('version')!r}; expected {STATE_VERSION}")
+    entries = []
+    streams = doc.get("streams")
+    if not isinstance(streams, list):
+        raise StateError(f"state file {path}: 'streams' must be a list")
+    for i, item in enumerate(streams):
+        try:
+            stream_id, name, por = item["stream_id"], item["name"], item["point_of_ref"]
+        except (TypeError, KeyError) as err:
+            raise StateError(f"state file {path}: streams[{i}] lacks {err}") from err
+        ok_int = all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= _U64_MAX for v in (stream_id, por)
+        )
+        if not ok_int or not isinstance(name, str):
+            raise StateError(f"state file {path}: streams[{i}] has a bad stream_id, name or point_of_ref")
+        entries.append((stream_id, name, por))
+    return entries
+
+
+def write_atomic(path: str | os.PathLike, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (write, fsync, rename, fsync dir)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,707 @@
+"""A mock Wallaroo worker for connector sources: an asyncio server on the protocol core.
+
+Each accepted connection is a ``FramedConnection`` (reader + the sans-IO core),
+so every rule the core knows is enforced the same way here as in the dissector.
+This module adds what only a worker does: the handshake check, credits and their
+refill, the stream registry across connections, checkpoints, de-duplication of
+replays, fault injection, timeouts and the connection cap.
+
+Delivered messages go through *consumers*: objects with ``async deliver(stream_id,
+message)`` and optionally ``async sync()`` (make everything delivered so far
+durable; awaited at each checkpoint before it is acknowledged) and ``async
+aclose()``. A connection awaits every consumer before it reads its next bytes,
+so a slow consumer slows the connectors down through TCP instead of growing a
+buffer. ``JsonLinesOut`` (the ``--out`` file) is one; a sink forwarder is another.
+
+Checkpoint convention (see ``registry``): ACK point_of_ref = last delivered
+message id + 1, and only after consumers synced and the state file was written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from json.encoder import encode_basestring_ascii
+from pathlib import Path
+from typing import Any, Protocol
+
+from .errors import ProtocolError
+from .frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    SOURCE_VERSION,
+    Ack,
+    EosMessage,
+    Error,
+    Frame,
+    Hello,
+    Message,
+    Notify,
+    NotifyAck,
+    Ok,
+    Restart,
+    Text,
+    show_text,
+)
+from .pcap_writer import PcapWriter, TcpSession
+from .peer import ConnectionClosed, FramedConnection, OwnViolation, describe_protocol_error
+from .protocol import Outcome, Side, Use, Verdict, check_hello
+from .registry import Registry, write_atomic
+
+_ACCEPTED = Verdict.ACCEPTED
+_REPLAYED = Verdict.REPLAYED
+_VIOLATION = Verdict.VIOLATION
+#: Violations and refusals kept for the summary (all are counted).
+MAX_RECORDED_ERRORS = 100
+
+
+class Consumer(Protocol):
+    async def deliver(self, stream_id: int, message: Message) -> None: ...
+
+
+@dataclass
+class WorkerConfig:
+    host: str = "127.0.0.1"
+    port: int = 7100
+    version: str = SOURCE_VERSION
+    cookie: bytes = b""
+    credits: int = 100
+    #: Send a refill ACK when the connector's remaining credits fall to this; None = half.
+    refill_at: int | None = None
+    lenient_credits: bool = False
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    checkpoint_every: int = 10_000
+    checkpoint_ms: float = 1000.0
+    restart_after: int = 0
+    #: None: the spec's empty RESTART; a string: the shipped form carrying it.
+    restart_address: str | None = None
+    reject_streams: Callable[[int, Text], bool] | None = None
+    ack_delay_ms: float = 0.0
+    drop_connection_after: int = 0
+    idle_timeout: float = 0.0
+    handshake_timeout: float = 10.0
+    max_connections: int = 64
+    record: str | Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.credits < 1 or self.credits > 0xFFFF_FFFF:
+            raise ValueError("credits must be between 1 and 4294967295")
+        if self.refill_at is None:
+            self.refill_at = self.credits // 2
+        if not 0 <= self.refill_at < self.credits:
+            raise ValueError("refill-at must be at least 0 and below the credits")
+        if self.max_connections < 1:
+            raise ValueError("max-connections must be at least 1")
+
+
+def stream_rejecter(specs: Iterable[str]) -> Callable[[int, Text], bool] | None:
+    """``--reject-streams`` values: comma-separated stream ids, or a regex searched in the name."""
+    ids: set[int] = set()
+    patterns: list[re.Pattern] = []
+    for spec in specs:
+        if re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", spec):
+            ids.update(int(part) for part in spec.split(","))
+        else:
+            try:
+                patterns.append(re.compile(spec))
+            except re.error as err:
+                raise ValueError(
+                    f"--reject-streams {spec!r} is neither stream ids nor a regex: {err}"
+                ) from err
+    if not ids and not patterns:
+        return None
+
+    def reject(stream_id: int, name: Text) -> bool:
+        return stream_id in ids or any(p.search(show_text(name)) for p in patterns)
+
+    return reject
+
+
+def _text_field(raw: bytes) -> tuple[str, str]:
+    """(json field suffix, json value): UTF-8 text as a string, anything else base64."""
+    try:
+        return "", encode_basestring_ascii(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return "_base64", '"' + base64.b64encode(raw).decode("ascii") + '"'
+
+
+def message_json(stream_id: int, message: Message) -> str:
+    """One ``--out`` line: key and payload as text when valid UTF-8, else ``*_base64`` fields."""
+    if message.key:
+        key_suffix, key = _text_field(message.key)
+    else:
+        key_suffix, key = "", "null"
+    payload_suffix, payload = _text_field(message.payload)
+    return (
+        f'{{"stream_id":{stream_id},"message_id":{message.message_id},"event_time":{message.event_time},'
+        f'"key{key_suffix}":{key},"payload{payload_suffix}":{payload}}}\n'
+    )
+
+
+class JsonLinesOut:
+    """The ``--out`` consumer: one JSON line per delivered message.
+
+    Lines collect in memory up to ``buffer_limit`` bytes and are written by the
+    I/O thread while the delivering connection waits, so a slow disk stops the
+    worker reading its sockets rather than growing the buffer. ``sync`` (at each
+    checkpoint) writes and fsyncs, so a checkpointed message is on disk.
+    """
+
+    def __init__(
+        self, path: str | Path, *, append: bool = False, buffer_limit: int = 1 << 20, executor=None
+    ) -> None:
+        self.path = Path(path)
+        self._file = open(self.path, "ab" if append else "wb")  # noqa: SIM115 - closed by aclose()
+        self._lines: list[str] = []
+        self._size = 0
+        self.buffer_limit = buffer_limit
+        self._lock = asyncio.Lock()
+        self._executor = executor
+        self.lines = 0
+
+    async def deliver(self, stream_id: int, message: Message) -> None:
+        line = message_json(stream_id, message)
+        self._lines.append(line)
+        self._size += len(line)
+        self.lines += 1
+        if self._size >= self.buffer_limit:
+            await self._write()
+
+    async def _write(self) -> None:
+        async with self._lock:
+            if not self._lines:
+                return
+            data = "".join(self._lines).encode("ascii")
+            self._lines.clear()
+            self._size = 0
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._file.write, data)
+
+    def _fsync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    async def sync(self) -> None:
+        await self._write()
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._fsync)
+
+    async def aclose(self) -> None:
+        await self.sync()
+        self._file.close()
+
+
+@dataclass
+class Stats:
+    started: float = field(default_factory=time.monotonic)
+    connections: int = 0
+    refused_connections: int = 0
+    handshakes_failed: int = 0
+    frames: int = 0
+    messages: int = 0
+    replays: int = 0
+    notifies: int = 0
+    notify_refused: int = 0
+    eos: int = 0
+    acks_sent: int = 0
+    restarts_sent: int = 0
+    dropped_connections: int = 0
+    timeouts: int = 0
+    violations: int = 0
+    checkpoints: int = 0
+    #: The last MAX_RECORDED_ERRORS ERRORs sent: {"connection", "peer", "kind", "reason"}.
+    errors: deque = field(default_factory=lambda: deque(maxlen=MAX_RECORDED_ERRORS))
+    #: The last MAX_RECORDED_ERRORS ERRORs connectors sent us: {"connection", "peer", "reason"}.
+    errors_received: deque = field(default_factory=lambda: deque(maxlen=MAX_RECORDED_ERRORS))
+
+
+class _Stop(Exception):
+    """This connection is over (ERROR sent, RESTART sent, or dropped on purpose)."""
+
+
+class WorkerConnection:
+    """One connector connection: the handler loop, its replies and its ACK sender."""
+
+    def __init__(self, worker: MockWorker, conn_id: int, framed: FramedConnection) -> None:
+        self.worker = worker
+        self.id = conn_id
+        self.framed = framed
+        self.machine = framed.machine
+        self.peer = framed.peer
+        self.hello: Hello | None = None
+        self.started = time.monotonic()
+        self.messages = 0
+        self.replays = 0
+        self.frames = 0
+        self.state = "handshake"
+        self._ack_wanted = asyncio.Event()
+        self._refill = False
+        self._report: set[int] = set()
+        self._ack_task: asyncio.Task | None = None
+
+    # --- the loop -------------------------------------------------------------------
+
+    async def run(self) -> None:
+        cfg = self.worker.config
+        deadline = time.monotonic() + cfg.handshake_timeout if cfg.handshake_timeout > 0 else None
+        framed = self.framed
+        try:
+            while True:
+                pending_error: ProtocolError | None = None
+                try:
+                    if self.hello is None and deadline is not None:
+                        async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
+                            batch = await framed.receive()
+                    elif cfg.idle_timeout > 0:
+                        async with asyncio.timeout(cfg.idle_timeout):
+                            batch = await framed.receive()
+                    else:
+                        batch = await framed.receive()
+                except TimeoutError:
+                    self.worker.stats.timeouts += 1
+                    if self.hello is None:
+                        reason = f"handshake timeout: no HELLO within {cfg.handshake_timeout:g}s"
+                    else:
+                        reason = f"idle timeout: nothing received for {cfg.idle_timeout:g}s"
+                    await self._fail("timeout", reason)
+                except ProtocolError as err:
+                    # Frames before the bad bytes still count, in order; then the ERROR.
+                    process = self.machine.process
+                    batch = [(f, process(f, Side.CONNECTOR)) for f in err.decoded]
+                    pending_error = err
+                await self._handle(batch)
+                if pending_error is not None:
+                    await self._fail("bad frame", describe_protocol_error(pending_error))
+                credits = self.machine.credits
+                if not self._refill and credits is not None and credits <= cfg.refill_at:
+                    self._refill = True
+                    self._ack_wanted.set()
+                await framed.writer.drain()
+        except ConnectionClosed:
+            self.state = "closed by peer"
+        except _Stop:
+            pass
+        except (ConnectionError, OSError):
+            self.state = "reset"
+        finally:
+            if self._ack_task is not None:
+                self._ack_task.cancel()
+            self.worker.registry.release_all(self)
+            await framed.close()
+
+    async def _handle(self, batch: list[tuple[Frame, Outcome]]) -> None:
+        worker = self.worker
+        stats = worker.stats
+        registry_streams = worker.registry.streams
+        registry_dirty = worker.registry.dirty
+        consumers = worker.consumer_calls
+        cfg = worker.config
+        checkpoint_every = cfg.checkpoint_every or float("inf")
+        self.frames += len(batch)
+        stats.frames += len(batch)
+        for frame, outcome in batch:
+            verdict = outcome.verdict
+            if verdict is _ACCEPTED:
+                if type(frame) is Message:
+                    stream_id = frame.stream_id
+                    entry = registry_streams[stream_id]
+                    if frame.message_id <= entry.last_seen:
+                        entry.replays += 1
+                        self.replays += 1
+                        stats.replays += 1
+                        continue
+                    try:
+                        for deliver in consumers:
+                            await deliver(stream_id, frame)
+                    except Exception as err:  # a consumer (file, sink) failed: this worker cannot go on
+                        await self._fail(
+                            "delivery",
+                            f"worker cannot deliver message {frame.message_id} of stream {stream_id}: {err}",
+                        )
+                    entry.last_seen = frame.message_id
+                    entry.delivered += 1
+                    registry_dirty.add(stream_id)
+                    self.messages += 1
+                    stats.messages += 1
+                    worker.since_checkpoint += 1
+                    if worker.since_checkpoint >= checkpoint_every:
+                        worker.checkpoint_soon()
+                    if cfg.restart_after and self.messages >= cfg.restart_after:
+                        await self._restart()
+                    if cfg.drop_connection_after and self.messages >= cfg.drop_connection_after:
+                        self._drop()
+                else:
+                    await self._control(frame)
+            elif verdict is _REPLAYED:
+                self.replays += 1
+                stats.replays += 1
+                entry = registry_streams.get(frame.stream_id)
+                if entry is not None:
+                    entry.replays += 1
+            elif verdict is _VIOLATION:
+                stats.violations += 1
+                await self._fail("violation", outcome.reason)
+            # IGNORED cannot happen: this side stops reading once it sent ERROR or RESTART.
+
+    async def _control(self, frame: Frame) -> None:
+        kind = type(frame)
+        worker = self.worker
+        cfg = worker.config
+        if kind is Hello:
+            self.hello = frame
+            reason = check_hello(frame, version=cfg.version, cookie=cfg.cookie)
+            if reason is not None:
+                worker.stats.handshakes_failed += 1
+                await self._fail("handshake", reason)
+            self.framed.write([Ok(cfg.credits)])
+            self.state = "streaming"
+            self._ack_task = asyncio.create_task(self._ack_loop(), name=f"acks-{self.id}")
+        elif kind is Notify:
+            worker.stats.notifies += 1
+            if cfg.reject_streams is not None and cfg.reject_streams(frame.stream_id, frame.stream_name):
+                entry = worker.registry.streams.get(frame.stream_id)
+                por = entry.point_of_ref if entry is not None else frame.point_of_ref
+                worker.stats.notify_refused += 1
+                self.framed.write([NotifyAck(False, frame.stream_id, por)])
+                return
+            claim = worker.registry.notify(frame.stream_id, frame.stream_name, self, frame.point_of_ref)
+            if not claim.success:
+                worker.stats.notify_refused += 1
+            self.framed.write([NotifyAck(claim.success, frame.stream_id, claim.point_of_ref)])
+        elif kind is Error:
+            # The connector gave up (spec: "so the problem may be logged within Wallaroo").
+            reason = show_text(frame.reason)
+            worker.stats.errors_received.append({"connection": self.id, "peer": self.peer, "reason": reason})
+            self.state = f"ERROR from connector: {reason}"
+            raise _Stop
+        elif kind is EosMessage:
+            worker.stats.eos += 1
+            # The final ACK must report a durable point: checkpoint first, then release.
+            await worker.checkpoint()
+            worker.registry.release(frame.stream_id, self)
+            self._report.add(frame.stream_id)
+            self._ack_wanted.set()
+
+    # --- outgoing ---------------------------------------------------------------------
+
+    def report(self, stream_id: int) -> None:
+        """A checkpoint advanced this stream: tell the connector in the next ACK."""
+        self._report.add(stream_id)
+        self._ack_wanted.set()
+
+    async def _ack_loop(self) -> None:
+        """Sends ACKs: credit refills and checkpointed points of reference, coalesced.
+
+        One task per connection, so a connector that does not read blocks only
+        this task in drain() while newer news replaces older in ``_report``.
+        """
+        cfg = self.worker.config
+        registry = self.worker.registry.streams
+        while True:
+            await self._ack_wanted.wait()
+            if cfg.ack_delay_ms > 0:
+                await asyncio.sleep(cfg.ack_delay_ms / 1000)
+            self._ack_wanted.clear()
+            credits = 0
+            if self._refill:
+                credits = max(cfg.credits - (self.machine.credits or 0), 0)
+                self._refill = False
+            pairs = tuple(
+                (sid, registry[sid].point_of_ref) for sid in sorted(self._report) if sid in registry
+            )
+            self._report.clear()
+            if credits == 0 and not pairs:
+                continue
+            try:
+                self.framed.write([Ack(credits, pairs)])
+            except OwnViolation:
+                return  # the connection already ended (ERROR or RESTART)
+            self.worker.stats.acks_sent += 1
+            try:
+                await self.framed.writer.drain()
+            except (ConnectionError, OSError):
+                return
+
+    async def _fail(self, kind: str, reason: str) -> None:
+        self.worker.note_error(self, kind, reason)
+        self.state = f"error: {reason}"
+        if self._ack_task is not None:
+            self._ack_task.cancel()
+        await self.framed.fail(reason)
+        raise _Stop
+
+    async def _restart(self) -> None:
+        cfg = self.worker.config
+        if self._ack_task is not None:
+            self._ack_task.cancel()
+        self.worker.stats.restarts_sent += 1
+        self.state = "restarted"
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.framed.send(Restart(cfg.restart_address))
+        raise _Stop
+
+    def _drop(self) -> None:
+        self.worker.stats.dropped_connections += 1
+        self.state = "dropped"
+        if self.framed.recording is not None:
+            self.framed.recording.reset(from_client=False)
+        self.framed.writer.transport.abort()
+        raise _Stop
+
+    def snapshot(self) -> dict[str, Any]:
+        hello = self.hello
+        return {
+            "connection": self.id,
+            "peer": self.peer,
+            "program": show_text(hello.program_name) if hello else "",
+            "instance": show_text(hello.instance_name) if hello else "",
+            "state": self.state,
+            "credits": self.machine.credits,
+            "frames": self.frames,
+            "messages": self.messages,
+            "replays": self.replays,
+            "streams": self.worker.registry.held_by(self),
+            "seconds": round(time.monotonic() - self.started, 3),
+        }
+
+
+class MockWorker:
+    """The server: accepts connectors, shares one registry, checkpoints, records."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        registry: Registry | None = None,
+        consumers: Sequence[Consumer] = (),
+    ) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else Registry()
+        self.consumers = list(consumers)
+        self.consumer_calls = [c.deliver for c in self.consumers]
+        self.stats = Stats()
+        self.connections: dict[int, WorkerConnection] = {}
+        self.address: tuple[str, int] | None = None
+        self._ids = itertools.count(1)
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task] = set()
+        self._checkpoint_lock = asyncio.Lock()
+        self._checkpoint_due = asyncio.Event()
+        self.since_checkpoint = 0
+        self._checkpoint_task: asyncio.Task | None = None
+        # One I/O thread: state writes and fsyncs happen in the order they were asked for.
+        self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mock-worker-io")
+        self._pcap: PcapWriter | None = PcapWriter(config.record) if config.record else None
+
+    def add_consumer(self, consumer: Consumer) -> None:
+        """Add a consumer before ``start``: its ``deliver`` sees every delivered message, in order."""
+        self.consumers.append(consumer)
+        self.consumer_calls.append(consumer.deliver)
+
+    # --- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> tuple[str, int]:
+        """Bind and listen; returns the (host, port) actually bound."""
+        self._server = await asyncio.start_server(self._accept, self.config.host, self.config.port)
+        sockname = self._server.sockets[0].getsockname()
+        self.address = (sockname[0], sockname[1])
+        self._checkpoint_task = asyncio.create_task(self._checkpoint_loop(), name="checkpoints")
+        return self.address
+
+    async def close(self) -> None:
+        """Stop accepting, end every connection, take a last checkpoint, flush everything."""
+        if self._server is not None:
+            self._server.close()
+        if self._checkpoint_task is not None:
+            self._checkpoint_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoint_task
+        for task in list(self._handlers):
+            task.cancel()
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self.checkpoint()
+        for consumer in self.consumers:
+            aclose = getattr(consumer, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        if self._pcap is not None:
+            self._pcap.close()
+        self.io.shutdown(wait=True)
+
+    # --- connections ---------------------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # The connection runs in a task of its own that ``close`` may cancel: Python 3.11's
+        # start_server callback logs a cancelled callback task as an error, so keep this one clean.
+        task = asyncio.create_task(self._serve(reader, writer))
+        self._handlers.add(task)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._handlers.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        cfg = self.config
+        recording = self._record_session(writer)
+        framed = FramedConnection(
+            reader,
+            writer,
+            use=Use.SOURCE,
+            our_side=Side.WORKER,
+            max_frame_size=cfg.max_frame_size,
+            lenient_credits=cfg.lenient_credits,
+            recording=recording,
+        )
+        conn_id = next(self._ids)
+        try:
+            if len(self.connections) >= cfg.max_connections:
+                self.stats.refused_connections += 1
+                self.stats.errors.append(
+                    {
+                        "connection": conn_id,
+                        "peer": framed.peer,
+                        "kind": "refused",
+                        "reason": "too many connections",
+                    }
+                )
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5):
+                        await framed.fail("too many connections")
+                return
+            self.stats.connections += 1
+            conn = WorkerConnection(self, conn_id, framed)
+            self.connections[conn_id] = conn
+            try:
+                await conn.run()
+            finally:
+                del self.connections[conn_id]
+        finally:
+            if not writer.is_closing():
+                writer.close()
+
+    def _record_session(self, writer: asyncio.StreamWriter) -> TcpSession | None:
+        if self._pcap is None:
+            return None
+        peer = writer.get_extra_info("peername")
+        local = writer.get_extra_info("sockname")
+        try:
+            return self._pcap.tcp_session((peer[0], peer[1]), (local[0], local[1]))
+        except ValueError:
+            return None  # not IPv4: the pcap writer synthesises IPv4 only
+
+    def note_error(self, conn: WorkerConnection, kind: str, reason: str) -> None:
+        self.stats.errors.append({"connection": conn.id, "peer": conn.peer, "kind": kind, "reason": reason})
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def checkpoint_soon(self) -> None:
+        """Ask the checkpoint task for a checkpoint (``--checkpoint-every`` messages were delivered)."""
+        self.since_checkpoint = 0
+        self._checkpoint_due.set()
+
+    async def _checkpoint_loop(self) -> None:
+        interval = self.config.checkpoint_ms / 1000 if self.config.checkpoint_ms > 0 else None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._checkpoint_due.wait()
+            self._checkpoint_due.clear()
+            try:
+                await self.checkpoint()
+            except OSError as err:
+                self.stats.errors.append(
+                    {"connection": None, "peer": None, "kind": "checkpoint", "reason": str(err)}
+                )
+
+    async def checkpoint(self) -> dict[int, int]:
+        """Make the deliveries so far durable, then ACK the advanced points of reference.
+
+        Order: snapshot the registry, sync every consumer, write the state file,
+        commit, and only then tell the owning connections.
+        """
+        async with self._checkpoint_lock:
+            snapshot = self.registry.advanced()
+            self.since_checkpoint = 0
+            if not snapshot:
+                return snapshot
+            loop = asyncio.get_running_loop()
+            try:
+                for consumer in self.consumers:
+                    sync = getattr(consumer, "sync", None)
+                    if sync is not None:
+                        await sync()
+                if self.registry.path is not None:
+                    data = self.registry.state_bytes(snapshot)
+                    await loop.run_in_executor(self.io, write_atomic, self.registry.path, data)
+            except BaseException:
+                self.registry.dirty.update(snapshot)  # not durable: retry at the next checkpoint
+                raise
+            if self._pcap is not None:
+                self._pcap.flush()
+            self.registry.commit(snapshot)
+            self.stats.checkpoints += 1
+            streams = self.registry.streams
+            for stream_id in snapshot:
+                owner = streams[stream_id].owner
+                if owner is not None:
+                    owner.report(stream_id)
+            return snapshot
+
+    # --- reporting -----------------------------------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        s = self.stats
+        elapsed = max(time.monotonic() - s.started, 1e-9)
+        return {
+            "address": f"{self.address[0]}:{self.address[1]}" if self.address else None,
+            "seconds": round(elapsed, 3),
+            "connections": s.connections,
+            "refused_connections": s.refused_connections,
+            "handshakes_failed": s.handshakes_failed,
+            "frames": s.frames,
+            "messages": s.messages,
+            "messages_per_second": round(s.messages / elapsed, 1),
+            "replays_dropped": s.replays,
+            "notifies": s.notifies,
+            "notify_refused": s.notify_refused,
+            "eos": s.eos,
+            "acks_sent": s.acks_sent,
+            "checkpoints": s.checkpoints,
+            "restarts_sent": s.restarts_sent,
+            "dropped_connections": s.dropped_connections,
+            "timeouts": s.timeouts,
+            "violations": s.violations,
+            "errors": list(s.errors),
+            "errors_received": list(s.errors_received),
+            "streams": [
+                {
+                    "stream_id": e.stream_id,
+                    "name": show_text(e.name),
+                    "delivered": e.delivered,
+                    "replays": e.replays,
+                    "last_seen": e.last_seen if e.last_seen >= 0 else None,
+                    "point_of_ref": e.point_of_ref,
+                    "held_by": e.owner.id if e.owner is not None else None,
+                }
+                for e in sorted(self.registry.streams.values(), key=lambda e: e.stream_id)
+            ],
+        }
+
+    def live(self) -> dict[str, Any]:
+        """A cheap view for the live display: connections and counters."""
+        return {
+            "connections": [c.snapshot() for c in list(self.connections.values())],
+            "messages": self.stats.messages,
+            "replays": self.stats.replays,
+            "checkpoints": self.stats.checkpoints,
+            "violations": self.stats.violations,
+            "streams": len(self.registry.streams),
+        }
