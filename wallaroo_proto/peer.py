@@ -59,6 +59,7 @@ class FramedConnection:
         self.frames = FrameReader(max_frame_size)
         self.recording = recording
         self._we_are_client = we_connected
+        self._peer_closed_first = False
         self.bytes_in = 0
         self.bytes_out = 0
         peer = writer.get_extra_info("peername")
@@ -71,6 +72,7 @@ class FramedConnection:
         """
         data = await self.reader.read(READ_SIZE)
         if not data:
+            self._peer_closed_first = True
             self.machine.connection_lost()
             raise ConnectionClosed(self.frames.buffered)
         self.bytes_in += len(data)
@@ -109,7 +111,8 @@ class FramedConnection:
 
     async def close(self) -> None:
         if self.recording is not None:
-            self.recording.close(from_client=self._we_are_client)
+            # The side that closed first sends the first FIN.
+            self.recording.close(from_client=self._we_are_client != self._peer_closed_first)
         self.machine.connection_lost()
         if not self.writer.is_closing():
             self.writer.close()
