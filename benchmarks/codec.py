@@ -50,13 +50,17 @@ def reader_loop(chunks: list[bytes]) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--frames", type=int, default=200_000)
     parser.add_argument("--chunk", type=int, default=64 * 1024)
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
 
-    frames = [Message(i % 8, i, 1_700_000_000_000 + i, b"key-%d" % (i % 100), bytes(64)) for i in range(args.frames)]
+    frames = [
+        Message(i % 8, i, 1_700_000_000_000 + i, b"key-%d" % (i % 100), bytes(64)) for i in range(args.frames)
+    ]
     encode_s = best_of(args.runs, lambda: [encode(f) for f in frames])
     buf = b"".join(encode(f) for f in frames)
     chunks = [buf[i : i + args.chunk] for i in range(0, len(buf), args.chunk)]
@@ -65,9 +69,13 @@ def main() -> None:
     bare_s = best_of(args.runs, lambda: bare_loop(buf))
     reader_s = best_of(args.runs, lambda: reader_loop(chunks))
     mb = len(buf) / 1e6
-    print(f"frames: {args.frames} MESSAGE, {len(buf) / args.frames:.0f} bytes each, {mb:.1f} MB, chunk {args.chunk}")
+    print(
+        f"frames: {args.frames} MESSAGE, {len(buf) / args.frames:.0f} bytes each, {mb:.1f} MB, chunk {args.chunk}"
+    )
     print(f"encode            {args.frames / encode_s / 1e6:6.2f} M frames/s  {mb / encode_s:7.1f} MB/s")
-    print(f"bare unpack loop  {args.frames / bare_s / 1e6:6.2f} M frames/s  {mb / bare_s:7.1f} MB/s  (baseline)")
+    print(
+        f"bare unpack loop  {args.frames / bare_s / 1e6:6.2f} M frames/s  {mb / bare_s:7.1f} MB/s  (baseline)"
+    )
     print(f"FrameReader.feed  {args.frames / reader_s / 1e6:6.2f} M frames/s  {mb / reader_s:7.1f} MB/s")
     ratio = bare_s / reader_s
     print(f"ratio reader/bare: {ratio:.2f}x (target >= 0.60x) {'OK' if ratio >= 0.6 else 'BELOW TARGET'}")

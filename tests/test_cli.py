@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from support import run_cli
+from wallaroo_proto_cli.main import SUBCOMMANDS
 
 from wallaroo_proto import __version__
-from wallaroo_proto_cli.main import SUBCOMMANDS
 
 
 def test_help_lists_every_subcommand_with_one_line_help():

@@ -383,3 +383,13 @@ def test_stream0_in_sink_use_is_always_read_as_2pc_even_if_notified():
     outcome = conn.process(twopc_frame(Phase1("t", ())), W)
     assert outcome.twopc == Phase1("t", ())
     assert conn.phase1_txn == "t"
+
+
+def test_after_a_phase2_abort_the_worker_resends_from_the_committed_offset():
+    conn = sink_streaming()
+    accept(conn, Message(1, 0, 0, b"", b"abcd"), W)
+    accept(conn, twopc_frame(Phase1("t1", ((1, 0, 4),))), W)
+    accept(conn, twopc_frame(Reply("t1", False)), C)
+    accept(conn, twopc_frame(Phase2("t1", False)), W)
+    accept(conn, Message(1, 0, 0, b"", b"abcd"), W)  # the same offset again: a re-send
+    assert conn.process(Message(1, 0, 0, b"", b"abcd"), W).verdict is Verdict.REPLAYED

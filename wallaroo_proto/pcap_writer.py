@@ -124,6 +124,11 @@ class TcpSession:
             self._segment(from_client, _TCP_PSH | _TCP_ACK, chunk, timestamp)
             self._seq[from_client] = (self._seq[from_client] + len(chunk)) & 0xFFFF_FFFF
 
+    def ack(self, from_client: bool, timestamp: float | None = None) -> None:
+        """Record a bare ACK (no payload), as a receiving kernel sends for data it got."""
+        if not self.closed:
+            self._segment(from_client, _TCP_ACK, b"", timestamp)
+
     def close(self, from_client: bool = True, timestamp: float | None = None) -> None:
         """Record an orderly close started by one side: FIN, FIN, last ACK."""
         if self.closed:

@@ -362,6 +362,11 @@ class Connection:
                 )
             self.undecided_txns.discard(msg.txn_id)
             self.last_decided_txn = msg.txn_id
+            if not msg.commit:
+                # After an abort the worker re-sends from the last committed offset:
+                # lower ids on the data streams are a legitimate re-send, not a replay.
+                for record in self.streams.values():
+                    record.last_message_id = None
         elif isinstance(msg, ReplyUncommitted):
             self.undecided_txns.update(msg.txn_ids)
         elif (
