@@ -632,3 +632,34 @@ def test_a_failing_consumer_gets_the_connector_an_error_not_a_silent_loss() -> N
         await worker.close()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_out_to_a_fifo_checkpoints_and_shuts_down_cleanly(tmp_path) -> None:
+    """--out into a pipe: nothing to fsync, so checkpoints, the EOS ACK and shutdown still work."""
+    import os
+    import threading
+
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    lines: list[bytes] = []
+
+    def drain() -> None:
+        with open(fifo, "rb") as f:
+            lines.extend(f)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    with Server("mock-worker", "--port", "0", "--out", str(fifo), "--format", "json") as server:
+        conn = Connector(server)
+        conn.handshake(100)
+        conn.send(notify(1, b"s"))
+        assert conn.read_frame() == notify_ack_bytes(1, 1, 0)
+        conn.send(message(1, 0, b"a"), message(1, 1, b"b"), eos(1, 1))
+        assert conn.read_until(6) == ack_bytes(0, [(1, 2)])  # the EOS ACK needs a checkpoint
+        conn.close()
+        summary = stop_json(server)
+    reader.join(timeout=10)
+    assert summary["messages"] == 2
+    assert summary["errors"] == []
+    assert len(lines) == 2

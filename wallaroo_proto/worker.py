@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import os
 import re
+import stat
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -166,6 +167,8 @@ class JsonLinesOut:
         self._lock = asyncio.Lock()
         self._executor = executor
         self.lines = 0
+        # A pipe or FIFO (``--out /dev/stdout``, a reader process) has nothing to fsync.
+        self._regular = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
 
     async def deliver(self, stream_id: int, message: Message) -> None:
         line = message_json(stream_id, message)
@@ -186,7 +189,8 @@ class JsonLinesOut:
 
     def _fsync(self) -> None:
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if self._regular:
+            os.fsync(self._file.fileno())
 
     async def sync(self) -> None:
         await self._write()

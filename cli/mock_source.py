@@ -1,0 +1,246 @@
+"""``wallaroo-proto mock-source``: stream files, stdin or generated data to a worker.
+
+Thin: parses options, runs ``wallaroo_proto.source.MockSource`` and renders its
+progress (a rich bar on stderr when it is a terminal) and final summary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+
+import click
+
+from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
+from wallaroo_proto.inputs import InputError, build_inputs
+from wallaroo_proto.source import MockSource, SourceFailed, SourceOptions, SourceStats
+
+EXIT_INTERRUPTED = 130
+
+
+def _parse_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--connect")
+    return host, int(port)
+
+
+@click.command(name="mock-source")
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--connect", "address", default="127.0.0.1:7100", show_default=True, help="Worker HOST:PORT.")
+@click.option(
+    "--version", "version", default=SOURCE_VERSION, show_default=True, help="Protocol version to send."
+)
+@click.option("--cookie", default="", help="Cookie the worker expects (empty by default).")
+@click.option("--program-name", default="wallaroo-proto", show_default=True)
+@click.option("--instance-name", default="mock-source", show_default=True)
+@click.option(
+    "--framing",
+    type=click.Choice(["lines", "length-prefixed"]),
+    default="lines",
+    show_default=True,
+    help="Files/stdin: one message per line, or u32 big-endian length + bytes records.",
+)
+@click.option("--streams", type=int, default=None, help="Generated data: number of streams [1].")
+@click.option("--count", type=int, default=None, help="Generated data: messages per stream [100].")
+@click.option("--payload-size", type=int, default=64, show_default=True, help="Generated payload bytes.")
+@click.option("--key", default=None, help="Message key; {stream} and {n} are filled in.")
+@click.option(
+    "--stream-prefix", default="stream", show_default=True, help="Generated stream names: PREFIX-i."
+)
+@click.option("--stream-name", "names", multiple=True, help="Name of each stream, in order (repeat).")
+@click.option(
+    "--stream-id",
+    "ids",
+    type=int,
+    multiple=True,
+    help="Explicit id of each stream, in order (default: hash).",
+)
+@click.option("--rate", type=float, default=None, help="At most this many new messages a second.")
+@click.option(
+    "--max-unacked",
+    type=click.IntRange(1),
+    default=65_536,
+    show_default=True,
+    help="Replay buffer cap: stop reading input while this many messages await an ACK.",
+)
+@click.option("--max-frame-size", type=click.IntRange(64), default=DEFAULT_MAX_FRAME_SIZE, show_default=True)
+@click.option(
+    "--retries", type=click.IntRange(0), default=5, show_default=True, help="Reconnects without progress."
+)
+@click.option(
+    "--idle-timeout", type=float, default=30.0, show_default=True, help="Seconds of worker silence."
+)
+@click.option("--record", type=click.Path(dir_okay=False), default=None, help="Record the session to a pcap.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
+def command(
+    files: tuple[str, ...],
+    address: str,
+    version: str,
+    cookie: str,
+    program_name: str,
+    instance_name: str,
+    framing: str,
+    streams: int | None,
+    count: int | None,
+    payload_size: int,
+    key: str | None,
+    stream_prefix: str,
+    names: tuple[str, ...],
+    ids: tuple[int, ...],
+    rate: float | None,
+    max_unacked: int,
+    max_frame_size: int,
+    retries: int,
+    idle_timeout: float,
+    record: str | None,
+    fmt: str,
+    quiet: bool,
+) -> None:
+    """A connector source: HELLO, NOTIFY each stream, stream MESSAGEs on credit, EOS, and
+    reconnect with replay after a RESTART or a drop.
+
+    FILES are read one stream each ("-" is stdin); without FILES, data is generated.
+    Exit 0 when every stream's EOS is acknowledged, 1 on a worker ERROR or when
+    retries run out, 2 on bad usage or input.
+    """
+    host, port = _parse_address(address)
+    try:
+        inputs = build_inputs(
+            files=list(files),
+            framing=framing,
+            streams=streams,
+            count=count,
+            payload_size=payload_size,
+            key=key,
+            names=list(names) or None,
+            ids=list(ids) or None,
+            max_frame_size=max_frame_size,
+            prefix=stream_prefix,
+        )
+    except InputError as err:
+        raise click.UsageError(str(err)) from err
+    options = SourceOptions(
+        host=host,
+        port=port,
+        version=version,
+        cookie=cookie.encode("utf-8"),
+        program_name=program_name,
+        instance_name=instance_name,
+        max_frame_size=max_frame_size,
+        retries=retries,
+        max_unacked=max_unacked,
+        rate=rate,
+        record=record,
+        idle_timeout=idle_timeout,
+    )
+    err_console = _console(stderr=True)
+
+    def log(message: str) -> None:
+        if not quiet:
+            err_console.print(f"[dim]mock-source:[/] {message}", highlight=False)
+
+    try:
+        source = MockSource(inputs, options, log=log)
+    except InputError as err:
+        raise click.UsageError(str(err)) from err
+    show_bar = not quiet and fmt == "text" and sys.stderr.isatty()
+    code, problem = asyncio.run(_run(source, err_console if show_bar else None))
+    stats = source.stats
+    if fmt == "json":
+        click.echo(json.dumps({**stats.as_dict(), "exit_code": code}))
+    else:
+        _render(stats, code)
+    if problem:
+        click.echo(f"wallaroo-proto mock-source: {problem}", err=True)
+    sys.exit(code)
+
+
+async def _run(source: MockSource, console) -> tuple[int, str | None]:
+    """Run the source under a progress bar; SIGINT/SIGTERM stop it cleanly."""
+    loop = asyncio.get_running_loop()
+    main = asyncio.create_task(source.run())
+    interrupted = []
+
+    def stop() -> None:
+        interrupted.append(True)
+        main.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    progress_task = asyncio.create_task(_progress(source.stats, console)) if console else None
+    try:
+        await main
+        return 0, None
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+        source.stats.error = "interrupted"
+        return EXIT_INTERRUPTED, "interrupted"
+    except SourceFailed as err:
+        source.stats.error = source.stats.error or str(err)
+        return err.exit_code, str(err)
+    finally:
+        if progress_task is not None:
+            progress_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await progress_task
+
+
+async def _progress(stats: SourceStats, console) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("[bold]mock-source"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("send", total=stats.total, detail="")
+        while True:
+            elapsed = stats.elapsed or 1e-9
+            bar.update(
+                task,
+                completed=stats.messages,
+                detail=f"{stats.messages / elapsed:,.0f} msg/s  acked {stats.acknowledged:,}  "
+                f"replayed {stats.replayed:,}  conns {stats.connections}",
+            )
+            await asyncio.sleep(0.1)
+
+
+def _console(stderr: bool):
+    from rich.console import Console
+
+    return Console(stderr=stderr)
+
+
+def _render(stats: SourceStats, code: int) -> None:
+    from rich.table import Table
+
+    data = stats.as_dict()
+    table = Table(title="mock-source summary", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    rows = [
+        ("streams done", f"{data['streams_done']} / {data['streams']}"),
+        ("messages", f"{data['messages']:,}"),
+        ("replayed", f"{data['replayed']:,}"),
+        ("acknowledged", f"{data['acknowledged']:,}"),
+        ("payload bytes", f"{data['payload_bytes']:,}"),
+        ("connections", str(data["connections"])),
+        ("restarts / drops", f"{data['restarts']} / {data['drops']}"),
+        ("refused NOTIFYs", str(data["refusals"])),
+        ("elapsed", f"{data['elapsed_s']:.3f} s"),
+        ("throughput", f"{data['messages_per_s']:,.0f} msg/s  {data['mb_per_s']:.2f} MB/s"),
+        ("result", "ok" if code == 0 else f"exit {code}: {data['error']}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    _console(stderr=False).print(table)
