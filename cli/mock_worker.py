@@ -19,8 +19,10 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
+from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION, SOURCE_VERSION
 from wallaroo_proto.registry import Registry, StateError
+from wallaroo_proto.sink_driver import SinkDriver, SinkRefused, drive, input_payloads
+from wallaroo_proto.sink_forwarder import SinkForwarder
 from wallaroo_proto.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
 
 NAME = "mock-worker"
@@ -98,11 +100,64 @@ def table_columns(table: Table) -> list[str]:
     return [str(c.header) for c in table.columns]
 
 
-async def _run(config: WorkerConfig, registry: Registry, out: str | None, append: bool, live: bool) -> dict:
+def _sink_address(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--sink")
+    return host or "127.0.0.1", int(port)
+
+
+def _driver_options(opts: dict) -> dict:
+    return {
+        "reply_timeout": opts["sink_reply_timeout"],
+        "instance_name": opts["sink_instance"],
+        "cookie": opts["sink_cookie"].encode("utf-8"),
+        "version": opts["sink_version"],
+        "record": opts["sink_record"],
+        "log": lambda line: click.echo(f"{NAME}: sink: {line}", err=True),
+    }
+
+
+def _drive_input(opts: dict) -> None:
+    """``--sink`` with ``--input``: no connectors, just the input through 2PC to the sink."""
+    host, port = _sink_address(opts["sink"])
+    driver = SinkDriver(
+        host,
+        port,
+        checkpoint_every_messages=max(opts["checkpoint_every"], 1),
+        checkpoint_every_ms=opts["checkpoint_ms"] or 1000.0,
+        **_driver_options(opts),
+    )
+    try:
+        payloads = input_payloads(opts["sink_input"])
+        stats = asyncio.run(drive(driver, payloads))
+    except OSError as err:
+        raise _usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
+    except SinkRefused as err:
+        click.echo(f"{NAME}: {err}", err=True)
+        sys.exit(1)
+    summary = stats.as_dict()
+    if opts["fmt"] == "json":
+        click.echo(json.dumps(summary, default=str))
+    else:
+        click.echo(f"{NAME} sink summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+
+
+async def _run(
+    config: WorkerConfig,
+    registry: Registry,
+    out: str | None,
+    append: bool,
+    live: bool,
+    sink: tuple[tuple[str, int], dict] | None = None,
+) -> dict:
     try:
         worker = MockWorker(config, registry)
         if out:
             worker.add_consumer(JsonLinesOut(out, append=append, executor=worker.io))
+        if sink is not None:
+            (host, port), driver_options = sink
+            worker.set_sink(SinkForwarder(host, port, saved=registry.sink, **driver_options))
     except OSError as err:
         raise _usage_error(f"cannot open {err.filename}: {err.strerror or err}") from err
     try:
@@ -254,6 +309,37 @@ async def _run(config: WorkerConfig, registry: Registry, out: str | None, append
     show_default=True,
     help="Summary format.",
 )
+@click.option(
+    "--sink",
+    default=None,
+    metavar="HOST:PORT",
+    help="Also drive a connector sink: delivered messages go to it, one 2PC round per checkpoint.",
+)
+@click.option(
+    "--input",
+    "sink_input",
+    default=None,
+    metavar="FILE|-|gen:N",
+    help="With --sink: send these lines to the sink instead of what connectors deliver (no listening).",
+)
+@click.option("--sink-instance", default="mock-worker", show_default=True, help="Instance name in our HELLO.")
+@click.option("--sink-cookie", default="", help="Cookie in our HELLO to the sink.")
+@click.option(
+    "--sink-version", default=SINK_VERSION, show_default=True, help="Protocol version in our sink HELLO."
+)
+@click.option(
+    "--sink-reply-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for a phase-1 REPLY; no reply counts as an abort vote.",
+)
+@click.option(
+    "--sink-record",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Record the sink connection into this pcap file.",
+)
 @click.option("--strict", is_flag=True, help="Exit 1 if any connector committed a protocol violation.")
 @click.option(
     "--live/--no-live", default=None, help="Live view on stderr  [default: when stderr is a terminal]"
@@ -265,6 +351,12 @@ def command(**opts) -> None:
     (ACK point_of_ref = last delivered message id + 1), de-duplication of
     replays and fault injection, as the shipped worker behaves.
     """
+    if opts["sink_input"] is not None:
+        if opts["sink"] is None:
+            raise click.UsageError("--input feeds a sink: give --sink HOST:PORT too")
+        _drive_input(opts)
+        return
+    sink = (_sink_address(opts["sink"]), _driver_options(opts)) if opts["sink"] else None
     try:
         reject = stream_rejecter(opts["reject_streams"])
         config = WorkerConfig(
@@ -296,7 +388,7 @@ def command(**opts) -> None:
         raise _usage_error(str(err)) from err
     resuming = bool(registry.streams)
     live = opts["live"] if opts["live"] is not None else sys.stderr.isatty()
-    summary = asyncio.run(_run(config, registry, opts["out"], resuming, live))
+    summary = asyncio.run(_run(config, registry, opts["out"], resuming, live, sink))
     _print_summary(summary, opts["fmt"])
     if opts["strict"] and summary["violations"]:
         sys.exit(1)

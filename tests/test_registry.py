@@ -161,3 +161,19 @@ def test_dirty_set_is_cleared_in_place() -> None:
     held.add(1)
     reg.delivered(1, 1)
     assert reg.advanced() == {1: 2}
+
+
+def test_sink_position_is_kept_in_the_same_atomic_state_file(tmp_path) -> None:
+    path = tmp_path / "state.json"
+    registry = Registry.open(path)
+    position = {"offset": 320, "txn": "out:c_id=4", "next_cid": 5}
+    write_atomic(path, registry.state_bytes({}, sink=position))
+    assert Registry.open(path).sink == position
+
+
+def test_a_bad_sink_position_is_a_state_error(tmp_path) -> None:
+    path = tmp_path / "state.json"
+    registry = Registry.open(path)
+    write_atomic(path, registry.state_bytes({}, sink={"offset": "x", "txn": None, "next_cid": 1}))
+    with pytest.raises(StateError, match="'sink' must hold offset, txn and next_cid"):
+        Registry.open(path)

@@ -73,6 +73,8 @@ class Registry:
     checkpoints: int = 0
     #: Streams delivered to since the last snapshot (checked at the next checkpoint).
     dirty: set[int] = field(default_factory=set)
+    #: The sink forwarder's durable position, when the worker drives a sink.
+    sink: dict | None = None
 
     # --- notify / end of stream -------------------------------------------------
 
@@ -152,9 +154,14 @@ class Registry:
 
     # --- durable state ----------------------------------------------------------------
 
-    def state_bytes(self, pending: dict[int, int] | None = None) -> bytes:
-        """The registry as its state file, with ``pending`` points of reference applied."""
+    def state_bytes(self, pending: dict[int, int] | None = None, sink: dict | None = None) -> bytes:
+        """The registry as its state file, with ``pending`` points of reference applied.
+
+        ``sink`` is the sink forwarder's position (offset, txn, next checkpoint id),
+        written in the same atomic file so both move together.
+        """
         pending = pending or {}
+        sink = sink if sink is not None else self.sink
         streams = [
             {
                 "stream_id": e.stream_id,
@@ -169,6 +176,8 @@ class Registry:
             "checkpoints": self.checkpoints + (1 if pending else 0),
             "streams": streams,
         }
+        if sink is not None:
+            doc["sink"] = sink
         return (json.dumps(doc, indent=1) + "\n").encode()
 
     def save(self) -> None:
@@ -184,7 +193,8 @@ class Registry:
         path = Path(path)
         registry = cls(path)
         if path.exists():
-            registry.load_entries(_parse_state(path))
+            entries, registry.sink = _parse_state(path)
+            registry.load_entries(entries)
         return registry
 
     def load_entries(self, entries: Iterable[tuple[int, str, int]]) -> None:
@@ -192,7 +202,7 @@ class Registry:
             self.streams[stream_id] = StreamEntry(stream_id, name, por, por - 1)
 
 
-def _parse_state(path: Path) -> list[tuple[int, str, int]]:
+def _parse_state(path: Path) -> tuple[list[tuple[int, str, int]], dict | None]:
     try:
         doc = json.loads(path.read_bytes())
     except OSError as err:
@@ -218,7 +228,14 @@ def _parse_state(path: Path) -> list[tuple[int, str, int]]:
         if not ok_int or not isinstance(name, str):
             raise StateError(f"state file {path}: streams[{i}] has a bad stream_id, name or point_of_ref")
         entries.append((stream_id, name, por))
-    return entries
+    sink = doc.get("sink")
+    if sink is not None and not (
+        isinstance(sink, dict)
+        and all(isinstance(sink.get(k), int) for k in ("offset", "next_cid"))
+        and isinstance(sink.get("txn"), (str, type(None)))
+    ):
+        raise StateError(f"state file {path}: 'sink' must hold offset, txn and next_cid")
+    return entries, sink
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:

@@ -460,15 +460,26 @@ class SinkDriver:
         await conn.send(twopc_frame(Phase2(txn, commit)))
         return commit
 
-    async def checkpoint(self) -> bool:
-        """A round now over everything put so far, ending exactly there: True once committed.
+    @property
+    def next_checkpoint_id(self) -> int:
+        """The checkpoint id the next round's txn will carry."""
+        return self._cid
+
+    @property
+    def put_offset(self) -> int:
+        """The sink offset just past everything put so far."""
+        return self.committed + self._buf_bytes
+
+    async def checkpoint(self, upto: int | None = None) -> bool:
+        """A round now over everything put so far (or up to offset ``upto``, a message
+        boundary such as an earlier ``put_offset``), ending exactly there: True once committed.
 
         For a worker that ties the sink's commit to its own checkpoint (``auto_checkpoint=False``):
         take the checkpoint's snapshot, call this without awaiting anything in between, and
         write the checkpoint in ``on_commit_vote``, which runs between the REPLY and PHASE2.
         """
-        target = self.committed + self._buf_bytes
-        if target == self.committed:
+        target = self.put_offset if upto is None else upto
+        if target <= self.committed:
             return True
         if self._fatal is not None:
             raise self._fatal

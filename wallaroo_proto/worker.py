@@ -56,6 +56,7 @@ from .pcap_writer import PcapWriter, TcpSession
 from .peer import ConnectionClosed, FramedConnection, OwnViolation, describe_protocol_error
 from .protocol import Outcome, Side, Use, Verdict, check_hello
 from .registry import Registry, write_atomic
+from .sink_forwarder import SinkForwarder
 
 _ACCEPTED = Verdict.ACCEPTED
 _REPLAYED = Verdict.REPLAYED
@@ -488,6 +489,7 @@ class MockWorker:
         self.registry = registry if registry is not None else Registry()
         self.consumers = list(consumers)
         self.consumer_calls = [c.deliver for c in self.consumers]
+        self.sink: SinkForwarder | None = None
         self.stats = Stats()
         self.connections: dict[int, WorkerConnection] = {}
         self.address: tuple[str, int] | None = None
@@ -502,6 +504,11 @@ class MockWorker:
         self.io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mock-worker-io")
         self._pcap: PcapWriter | None = PcapWriter(config.record) if config.record else None
 
+    def set_sink(self, forwarder: SinkForwarder) -> None:
+        """Forward delivered messages to a connector sink, committed with each checkpoint."""
+        self.sink = forwarder
+        self.add_consumer(forwarder)
+
     def add_consumer(self, consumer: Consumer) -> None:
         """Add a consumer before ``start``: its ``deliver`` sees every delivered message, in order."""
         self.consumers.append(consumer)
@@ -515,6 +522,8 @@ class MockWorker:
         sockname = self._server.sockets[0].getsockname()
         self.address = (sockname[0], sockname[1])
         self._checkpoint_task = asyncio.create_task(self._checkpoint_loop(), name="checkpoints")
+        if self.sink is not None:
+            self.sink.start()
         return self.address
 
     async def close(self) -> None:
@@ -529,7 +538,10 @@ class MockWorker:
             task.cancel()
         if self._handlers:
             await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self.checkpoint()
+        try:
+            await self.checkpoint()
+        except OSError as err:
+            self._note_checkpoint_failure(err)
         for consumer in self.consumers:
             aclose = getattr(consumer, "aclose", None)
             if aclose is not None:
@@ -621,9 +633,11 @@ class MockWorker:
             try:
                 await self.checkpoint()
             except OSError as err:
-                self.stats.errors.append(
-                    {"connection": None, "peer": None, "kind": "checkpoint", "reason": str(err)}
-                )
+                self._note_checkpoint_failure(err)
+
+    def _note_checkpoint_failure(self, err: OSError) -> None:
+        """A checkpoint that did not happen (disk, sink abort): its deliveries stay dirty for the next."""
+        self.stats.errors.append({"connection": None, "peer": None, "kind": "checkpoint", "reason": str(err)})
 
     async def checkpoint(self) -> dict[int, int]:
         """Make the deliveries so far durable, then ACK the advanced points of reference.
@@ -633,18 +647,29 @@ class MockWorker:
         """
         async with self._checkpoint_lock:
             snapshot = self.registry.advanced()
+            sink_mark = self.sink.mark() if self.sink is not None else 0  # no await since the snapshot
             self.since_checkpoint = 0
             if not snapshot:
                 return snapshot
             loop = asyncio.get_running_loop()
+
+            async def write_state(sink_position: dict | None = None) -> None:
+                if self.registry.path is not None:
+                    data = self.registry.state_bytes(snapshot, sink=sink_position)
+                    await loop.run_in_executor(self.io, write_atomic, self.registry.path, data)
+                if sink_position is not None:
+                    self.registry.sink = sink_position
+
             try:
                 for consumer in self.consumers:
                     sync = getattr(consumer, "sync", None)
-                    if sync is not None:
+                    if sync is not None and consumer is not self.sink:
                         await sync()
-                if self.registry.path is not None:
-                    data = self.registry.state_bytes(snapshot)
-                    await loop.run_in_executor(self.io, write_atomic, self.registry.path, data)
+                if self.sink is not None:
+                    # The state is written between the sink's commit vote and PHASE2.
+                    await self.sink.commit(sink_mark, write_state)
+                else:
+                    await write_state()
             except BaseException:
                 self.registry.dirty.update(snapshot)  # not durable: retry at the next checkpoint
                 raise
