@@ -1,0 +1,401 @@
+"""``wallaroo-proto dissect``: show, filter and validate the frames in captures.
+
+Thin: ``wallaroo_proto.dissect.Dissector`` does the work; this module parses
+options, filters records and renders them (rich table, hex dump, JSONL,
+summary tables). Exit codes: 0 ok, 1 violations under --strict, 2 a capture
+that could not be read (everything before the damage is still shown).
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from datetime import UTC, datetime
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from wallaroo_proto.capture import CaptureError
+from wallaroo_proto.dissect import Dissector
+from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, FrameType
+from wallaroo_proto.records import DEFAULT_PORTS, to_json
+from wallaroo_proto.twopc import TwoPCTag
+
+EXIT_VIOLATIONS = 1
+EXIT_UNUSABLE = 2
+_BATCH = 200
+
+STYLES = {
+    "HELLO": "bold cyan",
+    "OK": "green",
+    "ERROR": "bold red",
+    "NOTIFY": "blue",
+    "NOTIFY_ACK": "bright_blue",
+    "MESSAGE": "white",
+    "ACK": "yellow",
+    "RESTART": "bold magenta",
+    "EOS_MESSAGE": "cyan",
+    "WORKERS_LEFT": "magenta",
+    "INVALID": "bold red reverse",
+}
+_TYPE_CHOICES = sorted({t.name for t in FrameType} | {t.name for t in TwoPCTag} | {"INVALID"})
+
+
+def _parse_time(value: str | None) -> float | None:
+    """Seconds since the epoch, seconds from the capture start (a small number), or ISO 8601."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give seconds or an ISO 8601 time") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+class _Filter:
+    def __init__(self, streams, types, connections, since, until) -> None:
+        self.streams = set(streams) or None
+        self.types = {t.upper() for t in types} or None
+        self.connections = list(connections) or None
+        self.since = since
+        self.until = until
+        self.start: float | None = None
+        self.active = any(v is not None for v in (self.streams, self.types, self.connections, since, until))
+
+    def _bound(self, value: float | None) -> float | None:
+        # Small numbers are relative to the first frame of the capture.
+        if value is None or value >= 1e8 or self.start is None:
+            return value
+        return self.start + value
+
+    def match_connection(self, conn_index: int, label: str) -> bool:
+        if self.connections is None:
+            return True
+        return any(c == str(conn_index) if c.isdigit() else c in label for c in self.connections)
+
+    def __call__(self, r: dict) -> bool:
+        if self.start is None:
+            self.start = r["ts"]
+        if self.types is not None and r["type"] not in self.types and r.get("twopc") not in self.types:
+            return False
+        if self.streams is not None and r.get("stream_id") not in self.streams:
+            return False
+        if self.connections is not None and not self.match_connection(r["conn_index"], r["connection"]):
+            return False
+        since = self._bound(self.since)
+        if since is not None and r["ts"] < since:
+            return False
+        until = self._bound(self.until)
+        return not (until is not None and r["ts"] > until)
+
+
+def _preview(data: bytes, width: int = 32) -> str:
+    text = "".join(chr(b) if 32 <= b < 127 else "." for b in data[:width])
+    return text + ("…" if len(data) > width else "")
+
+
+def _fields(r: dict) -> str:
+    t = r["type"]
+    if t == "MESSAGE":
+        if "twopc" in r:
+            parts = []
+            if "txn_id" in r:
+                parts.append(f"txn={r['txn_id']}")
+            if "where" in r:
+                parts.append("where=" + _where(r["where"]))
+            if "commit" in r:
+                parts.append("commit" if r["commit"] else "abort")
+            if "rtag" in r:
+                parts.append(f"rtag={r['rtag']}")
+            if "txn_ids" in r:
+                parts.append(f"txns={r['txn_ids']}")
+            return " ".join(parts)
+        key = base64.b64decode(r["key_b64"]) if r["key_len"] else b""
+        key_text = f" key={_preview(key, 16)}" if key else ""
+        return f"stream={r['stream_id']} id={r['message_id']} t={r['event_time']}{key_text}"
+    keys = {
+        "HELLO": ("version", "program_name", "instance_name", "cookie_len"),
+        "OK": ("initial_credits",),
+        "ERROR": ("reason",),
+        "NOTIFY": ("stream_id", "stream_name", "point_of_ref"),
+        "NOTIFY_ACK": ("success", "stream_id", "point_of_ref"),
+        "ACK": ("credits",),
+        "RESTART": ("address",),
+        "EOS_MESSAGE": ("stream_id", "message_id"),
+        "WORKERS_LEFT": ("rtag", "worker_names"),
+    }.get(t, ())
+    text = " ".join(f"{k}={r[k]}" for k in keys if r.get(k) is not None)
+    if t == "ACK" and r["acks"]:
+        text += " acks=" + ",".join(f"{a['stream_id']}@{a['point_of_ref']}" for a in r["acks"])
+    return text
+
+
+def _where(where: list[dict]) -> str:
+    return ",".join(f"{w['stream_id']}:{w['start_por']}-{w['end_por']}" for w in where)
+
+
+def _hexdump(data: bytes) -> str:
+    lines = []
+    for i in range(0, len(data), 16):
+        chunk = data[i : i + 16]
+        lines.append(f"{i:06x}  {chunk.hex(' '):<47}  {_preview(chunk, 16)}")
+    return "\n".join(lines)
+
+
+class _RichFrames:
+    """Streams rows in small fixed-width tables, so a huge capture prints with flat memory."""
+
+    def __init__(self, console: Console, hexdump: bool) -> None:
+        self.console = console
+        self.hexdump = hexdump
+        self.rows: list[dict] = []
+        self.header = True
+
+    def add(self, r: dict) -> None:
+        self.rows.append(r)
+        if len(self.rows) >= _BATCH or self.hexdump:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        table = Table(show_header=self.header, box=None, pad_edge=False, header_style="bold")
+        self.header = False
+        table.add_column("pkt", justify="right", width=7)
+        table.add_column("time", width=15)
+        table.add_column("conn", justify="right", width=4)
+        table.add_column("dir", width=4)
+        table.add_column("type", width=17)
+        table.add_column("fields", ratio=3, overflow="fold")
+        table.add_column("payload", ratio=1, overflow="ellipsis", no_wrap=True)
+        for r in self.rows:
+            t = r["type"]
+            style = STYLES.get(t, "white")
+            if r.get("twopc"):
+                style = "bold green" if r["twopc"] != "PHASE2" or r.get("commit") else "bold red"
+            ns = r["ts_ns"]
+            when = datetime.fromtimestamp(ns // 1_000_000_000, UTC).strftime("%H:%M:%S")
+            when += f".{ns % 1_000_000_000 // 1000:06d}"
+            arrow = "C→W" if r["sender"] == "connector" else "W→C"
+            payload = ""
+            if t == "MESSAGE" and "twopc" not in r:
+                payload = _preview(base64.b64decode(r["payload_b64"]))
+            label = r.get("twopc") or t
+            table.add_row(
+                str(r["packet"]),
+                when,
+                f"#{r['conn_index']}",
+                arrow,
+                Text(label, style=style),
+                _fields(r),
+                payload,
+            )
+            for note in r.get("notes") or ():
+                table.add_row("", "", "", "", Text("note", style="yellow"), Text(note, style="yellow"), "")
+            for v in r.get("violations") or ():
+                table.add_row("", "", "", "", Text("VIOLATION", style="bold red"), Text(v, style="red"), "")
+        self.console.print(table)
+        if self.hexdump:
+            for r in self.rows:
+                if "_raw" in r:
+                    self.console.print(Text(_hexdump(r["_raw"]), style="dim"), soft_wrap=True)
+        self.rows.clear()
+
+
+def _print_summary(console: Console, s: dict) -> None:
+    title = f"connection #{s['conn_index']}  {s['connection']}  ({s['use']})"
+    console.rule(Text(title, style="bold"))
+    info = Table(show_header=False, box=None, pad_edge=False)
+    info.add_column(style="bold")
+    info.add_column()
+    hello = s["hello"]
+    if hello:
+        info.add_row(
+            "hello", f"version {hello['version']!r}, {hello['program_name']}/{hello['instance_name']}"
+        )
+    info.add_row(
+        "packets", f"{s['first_packet']}..{s['last_packet']} over {s['duration']:.6f} s, {s['closed']}"
+    )
+    info.add_row("frames", ", ".join(f"{k} {v}" for k, v in s["frames_by_type"].items()) or "none")
+    info.add_row("bytes", ", ".join(f"{k} {v}" for k, v in s["bytes_by_direction"].items()) or "0")
+    info.add_row(
+        "credits", f"granted {s['credits_granted']}, spent {s['credits_spent']}, left {s['credits_left']}"
+    )
+    info.add_row("checkpoints acked", str(s["checkpoints_acknowledged"]))
+    restarts = ", ".join(
+        f"packet {r['packet']}" + (f" → {r['address']}" if r["address"] else "") for r in s["restarts"]
+    )
+    info.add_row("RESTARTs", f"{len(s['restarts'])}" + (f" ({restarts})" if restarts else ""))
+    for e in s["errors"]:
+        info.add_row("ERROR", Text(f"packet {e['packet']} from {e['sender']}: {e['reason']}", style="red"))
+    info.add_row("violations", Text(str(s["violations"]), style="bold red" if s["violations"] else "green"))
+    console.print(info)
+    if s["streams"]:
+        t = Table(title="streams", title_justify="left", box=None, header_style="bold")
+        for col in (
+            "id",
+            "name",
+            "messages",
+            "bytes",
+            "ids",
+            "gaps",
+            "missing",
+            "replays",
+            "eos",
+            "acked",
+            "last acked",
+        ):
+            t.add_column(col, justify="left" if col == "name" else "right")
+        for st in s["streams"]:
+            ids = "" if st["first_id"] is None else f"{st['first_id']}..{st['last_id']}"
+            t.add_row(
+                str(st["stream_id"]),
+                st["name"],
+                str(st["messages"]),
+                str(st["payload_bytes"]),
+                ids,
+                str(st["gaps"]),
+                str(st["missing_ids"]),
+                str(st["replays"]),
+                str(st["eos"]),
+                str(st["checkpoints"]),
+                "" if st["last_acked"] is None else str(st["last_acked"]),
+            )
+        console.print(t)
+    if s["twopc_rounds"] or s["list_uncommitted"]:
+        t = Table(
+            title=f"2PC rounds (LIST_UNCOMMITTED {s['list_uncommitted']})", title_justify="left", box=None
+        )
+        for col in ("txn", "where", "vote", "decision", "phase1 pkt", "phase2 pkt"):
+            t.add_column(col)
+        for r in s["twopc_rounds"]:
+            where = _where(r["where"])
+            t.add_row(
+                r["txn_id"],
+                where,
+                Text(str(r["vote"]), style="green" if r["vote"] == "commit" else "red"),
+                Text(str(r["decision"]), style="green" if r["decision"] == "commit" else "red"),
+                str(r["phase1_packet"] or ""),
+                str(r["phase2_packet"] or ""),
+            )
+        console.print(t)
+    for v in s["violation_list"][:50]:
+        console.print(Text(f"  packet {v['packet']} {v['type']}: {v['reason']}", style="red"))
+    if len(s["violation_list"]) > 50:
+        console.print(Text(f"  ... {s['violations'] - 50} more", style="red"))
+    for note in s["capture_notes"]:
+        console.print(Text(f"  note: {note}", style="yellow"))
+
+
+@click.command(name="dissect")
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--port",
+    "ports",
+    type=click.IntRange(1, 65535),
+    multiple=True,
+    help="TCP port of the protocol (repeat) [default: 7100 and 7200]. Connections that open "
+    "with a HELLO are found on any port.",
+)
+@click.option("--format", "fmt", type=click.Choice(["rich", "jsonl"]), default="rich", show_default=True)
+@click.option("-x", "--hex", "hexdump", is_flag=True, help="Add a hex dump of each frame's bytes.")
+@click.option("--summary", is_flag=True, help="Per connection and stream summary instead of frames.")
+@click.option("--stream", "streams", type=int, multiple=True, help="Only frames of this stream id (repeat).")
+@click.option(
+    "--type",
+    "types",
+    multiple=True,
+    type=click.Choice(_TYPE_CHOICES, case_sensitive=False),
+    help="Only frames of this type or 2PC message (repeat).",
+)
+@click.option(
+    "--connection", "connections", multiple=True, help="Connection number or part of its id (repeat)."
+)
+@click.option("--since", help="Frames at or after: epoch seconds, seconds from the first frame, or ISO time.")
+@click.option("--until", help="Frames at or before (same forms as --since).")
+@click.option("--strict", is_flag=True, help="Exit 1 if any protocol violation is found.")
+@click.option("--max-frame-size", type=click.IntRange(1), default=DEFAULT_MAX_FRAME_SIZE, show_default=True)
+def command(
+    files, ports, fmt, hexdump, summary, streams, types, connections, since, until, strict, max_frame_size
+):
+    """Show, filter and validate the protocol frames in pcap/pcapng FILES."""
+    console = Console(highlight=False, soft_wrap=False)
+    errors = Console(stderr=True, highlight=False)
+    keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
+    filtering = keep.active
+    jsonl = fmt == "jsonl"
+    out = sys.stdout
+    violations = 0
+    unusable = False
+    for path in files:
+        source = sys.stdin.buffer if path == "-" else path
+        dissector = Dissector(
+            path, ports=ports or DEFAULT_PORTS, max_frame_size=max_frame_size, with_raw=hexdump and not jsonl
+        )
+        rich_out = None if jsonl or summary else _RichFrames(console, hexdump)
+        if rich_out is not None and len(files) > 1:
+            console.rule(path)
+        lines: list[str] = []
+        keep.start = None
+        try:
+            if summary:
+                for _ in dissector.run(source):
+                    pass
+            elif jsonl and not filtering:
+                for batch in dissector.jsonl_batches(source):
+                    lines += batch
+                    if len(lines) >= 2048:
+                        lines.append("")
+                        out.write("\n".join(lines))
+                        lines.clear()
+            else:
+                for r in dissector.run(source):
+                    if filtering and not keep(r):
+                        continue
+                    if jsonl:
+                        lines.append(to_json(r))
+                        if len(lines) >= 1024:
+                            lines.append("")
+                            out.write("\n".join(lines))
+                            lines.clear()
+                    else:
+                        rich_out.add(r)
+        except CaptureError as err:
+            unusable = True
+            errors.print(f"[bold red]wallaroo-proto dissect:[/] {path}: {err}", markup=True)
+        except KeyboardInterrupt:
+            out.flush()
+            raise SystemExit(130) from None
+        finally:
+            if lines:
+                lines.append("")
+                out.write("\n".join(lines))
+                lines.clear()
+            if rich_out is not None:
+                rich_out.flush()
+            out.flush()
+        violations += dissector.violations()
+        if summary:
+            for s in dissector.summaries():
+                if not keep.match_connection(s["conn_index"], s["connection"]):
+                    continue
+                if jsonl:
+                    out.write(to_json({"capture": path, "summary": s}) + "\n")
+                else:
+                    _print_summary(console, s)
+        elif not jsonl and dissector.trackers == [] and not unusable:
+            errors.print(f"{path}: no protocol connections found (ports {sorted(dissector.ports)})")
+        out.flush()
+    if unusable:
+        raise SystemExit(EXIT_UNUSABLE)
+    if strict and violations:
+        errors.print(f"[bold red]{violations} frame(s) with protocol violations[/]", markup=True)
+        raise SystemExit(EXIT_VIOLATIONS)

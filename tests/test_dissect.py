@@ -1,0 +1,414 @@
+"""dissect: the command end to end on the sample and hand-built captures, the record schema,
+iter_records for Spark, and the scapy layers."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from support import run_cli
+from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
+from test_reassembly import DATA, NOTIFY_1, OK_20, capture, hello, message, opening
+
+from wallaroo_proto.capture import TCP_ACK, TCP_SYN
+from wallaroo_proto.dissect import Dissector, dissect
+from wallaroo_proto.records import (
+    FIELD_NAMES,
+    FIELDS,
+    ConnectionKey,
+    as_row,
+    flow_hash,
+    iter_records,
+    to_json,
+)
+
+pytestmark = pytest.mark.timeout(120)  # the CLI tests run the real command as a subprocess
+
+CAPTURES = Path(__file__).resolve().parent.parent / "captures"
+SOURCE = CAPTURES / "source-session.pcap"
+SINK = CAPTURES / "sink-2pc.pcap"
+RESTART = CAPTURES / "restart-reconnect.pcap"
+LOST = CAPTURES / "lost-segment.pcap"
+PCAPNG = CAPTURES / "sink-2pc-ns.pcapng"
+TCPDUMP = CAPTURES / "mock-source-tcpdump.pcap"
+SAMPLES = [SOURCE, SINK, RESTART, LOST, PCAPNG, TCPDUMP]
+
+
+def jsonl(*args: str) -> tuple[int, list[dict], str]:
+    proc = run_cli("dissect", "--format", "jsonl", *args)
+    return proc.returncode, [json.loads(line) for line in proc.stdout.splitlines()], proc.stderr
+
+
+# --- the JSONL schema ----------------------------------------------------------------
+
+
+def test_jsonl_records_follow_the_schema():
+    code, records, _ = jsonl(str(SOURCE))
+    assert code == 0
+    assert [r["type"] for r in records][:6] == ["HELLO", "OK", "NOTIFY", "NOTIFY", "NOTIFY_ACK", "NOTIFY_ACK"]
+    for r in records:
+        assert set(r) <= set(FIELD_NAMES), set(r) - set(FIELD_NAMES)
+        for name in ("capture", "connection", "conn_index", "sender", "direction", "ts", "ts_ns", "packet"):
+            assert name in r
+        assert r["connection"] == "127.0.0.1:51000 > 127.0.0.1:7100"
+        assert r["use"] == "source" and r["verdict"] == "accepted"
+    hello_record = records[0]
+    assert hello_record["version"] == "0.0.1" and hello_record["program_name"] == "sample-source"
+    assert hello_record["sender"] == "connector" and hello_record["direction"] == "initiator>responder"
+    assert hello_record["offset"] == 0 and hello_record["length"] == 4 + 1 + 7 + 2 + 15 + 10
+    first = next(r for r in records if r["type"] == "MESSAGE")
+    assert base64.b64decode(first["payload_b64"]) == b"order 1" and first["payload_len"] == 7
+    assert base64.b64decode(first["key_b64"]) == b"user-1" and first["key_len"] == 6
+    assert (first["stream_id"], first["message_id"]) == (11, 1)
+    ack = next(r for r in records if r["type"] == "ACK")
+    assert (
+        ack["credits"] == 10
+        and ack["acks"]
+        == [
+            {"stream_id": 11, "point_of_ref": 6},
+            {"stream_id": 12, "point_of_ref": 102},
+        ]
+        and ack["sender"] == "worker"
+    )
+    eos = next(r for r in records if r["type"] == "EOS_MESSAGE")
+    assert (eos["stream_id"], eos["message_id"]) == (12, 102)
+
+
+def test_record_offsets_follow_each_direction_stream():
+    records, _ = dissect(SOURCE)
+    for direction in ("initiator>responder", "responder>initiator"):
+        mine = [r for r in records if r["direction"] == direction]
+        assert mine[0]["offset"] == 0
+        for a, b in zip(mine, mine[1:], strict=False):
+            assert b["offset"] == a["offset"] + a["length"]
+
+
+def test_run_jsonl_writes_exactly_the_records():
+    # run_jsonl writes accepted MESSAGE records as text directly; it must equal to_json(record).
+    blobs = [p.read_bytes() for p in SAMPLES] + [_violating_capture()]
+    for blob in blobs:
+        records = list(Dissector("x").run(io.BytesIO(blob)))
+        lines = list(Dissector("x").run_jsonl(io.BytesIO(blob)))
+        assert records and lines == [to_json(r) for r in records]
+        assert [json.loads(line) for line in lines] == records
+
+
+def test_fast_message_path_gives_the_same_records_and_summaries():
+    # with_raw disables the one-function MESSAGE path; everything else must be identical.
+    for path in SAMPLES:
+        fast, fd = dissect(path)
+        slow, sd = dissect(path, with_raw=True)
+        assert [{k: v for k, v in r.items() if k != "_raw"} for r in slow] == fast
+        assert fd.summaries() == sd.summaries()
+    segs, base = opening()
+    segs.append((True, base, DATA, message(1, 5, b"a") + message(1, 5, b"again") + message(1, 9, b"b")))
+    segs.append((True, base + 200, DATA, message(7, 1, b"never notified")))  # after a gap
+    blob = capture(segs)
+    fast, fd = dissect(io.BytesIO(blob))
+    slow, sd = dissect(io.BytesIO(blob), with_raw=True)
+    assert [{k: v for k, v in r.items() if k != "_raw"} for r in slow] == fast
+    assert fd.summaries() == sd.summaries()
+    assert [r["verdict"] for r in fast[-4:]] == ["accepted", "replayed", "accepted", "violation"]
+
+
+def test_pcapng_nanoseconds_reach_the_records():
+    records, _ = dissect(PCAPNG)
+    plain, _ = dissect(SINK)
+    assert [r["type"] for r in records] == [r["type"] for r in plain]
+    # The pcapng was written with sub-microsecond digits a microsecond pcap cannot hold.
+    assert all(r["ts_ns"] % 1000 != 0 for r in records)
+    assert all(r["ts_ns"] // 1000 == p["ts_ns"] // 1000 for r, p in zip(records, plain, strict=True))
+
+
+def test_schema_field_list_and_rows():
+    assert len(FIELD_NAMES) == len(set(FIELD_NAMES))
+    assert {kind for _, kind, _ in FIELDS} <= {
+        "string",
+        "int",
+        "long",
+        "double",
+        "boolean",
+        "array<string>",
+        "array<struct:ack>",
+        "array<struct:where>",
+    }
+    records, _ = dissect(SINK)
+    phase1 = next(r for r in records if r.get("twopc") == "PHASE1")
+    row = as_row(phase1)
+    assert len(row) == len(FIELD_NAMES)
+    assert row[FIELD_NAMES.index("where")] == [(1, 0, 28)]
+    big = dict(phase1, message_id=2**64 - 1)
+    assert as_row(big)[FIELD_NAMES.index("message_id")] == -1  # u64 as a signed Spark long
+
+
+def test_spark_schema_matches_the_field_list():
+    from wallaroo_proto.records import spark_schema
+
+    schema = spark_schema()
+    assert [f.name for f in schema.fields] == list(FIELD_NAMES)
+    assert schema["acks"].dataType.elementType.names == ["stream_id", "point_of_ref"]
+
+
+# --- what the protocol core finds ------------------------------------------------------
+
+
+def test_sink_session_two_pc_rounds_commit_and_abort():
+    records, d = dissect(SINK)
+    [s] = d.summaries()
+    assert s["use"] == "sink" and s["violations"] == 0
+    assert records[0]["type"] == "HELLO" and records[0]["sender"] == "worker"  # the HELLO sender initiates
+    rounds = {r["txn_id"]: (r["vote"], r["decision"]) for r in s["twopc_rounds"]}
+    assert rounds == {"sink-out:c_id=1": ("commit", "commit"), "sink-out:c_id=2": ("abort", "abort")}
+    assert s["list_uncommitted"] == 1
+    [stream] = [st for st in s["streams"] if st["stream_id"] == 1]
+    assert (stream["messages"], stream["first_id"], stream["last_id"], stream["gaps"]) == (6, 0, 35, 0)
+    twopc = [(r["twopc"], r.get("commit")) for r in records if "twopc" in r]
+    assert twopc[-3:] == [("PHASE1", None), ("REPLY", False), ("PHASE2", False)]
+
+
+def test_restart_and_reconnect():
+    records, d = dissect(RESTART)
+    first, second = d.summaries()
+    assert first["restarts"] == [{"packet": 14, "sender": "worker", "address": "127.0.0.1:7100"}]
+    assert second["frames_by_type"]["MESSAGE"] == 4
+    assert [st["first_id"] for st in second["streams"]] == [4]
+    assert first["credits_granted"] == 15 and first["credits_spent"] == 6
+    assert first["streams"][0]["last_acked"] == 3
+    assert {r["conn_index"] for r in records} == {1, 2}
+
+
+def test_lost_segment_sample():
+    records, d = dissect(LOST)
+    [s] = d.summaries()
+    ids = [r["message_id"] for r in records if r["type"] == "MESSAGE"]
+    assert ids == [1, 2, 7, 8, 9, 10, 11, 12]
+    [st] = s["streams"]
+    assert (st["gaps"], st["missing_ids"]) == (1, 4)
+    assert s["tcp"]["initiator>responder"]["lost_bytes"] == 120
+    assert any("120 bytes missing" in n for n in s["capture_notes"])
+
+
+def _violating_capture() -> bytes:
+    # A MESSAGE on a stream that was never notified: the core's "Bad/unregistered stream_id".
+    segs, base = opening()
+    segs.append((True, base, DATA, message(9, 1, b"x")))
+    return capture(segs)
+
+
+def test_strict_exit_code(tmp_path):
+    path = tmp_path / "bad.pcap"
+    path.write_bytes(_violating_capture())
+    code, records, _ = jsonl(str(path))
+    assert code == 0
+    [bad] = [r for r in records if r.get("violations")]
+    assert bad["verdict"] == "violation" and bad["packet"] == 8
+    assert "Bad/unregistered stream_id 9" in bad["violations"][0]
+    strict = run_cli("dissect", "--strict", str(path), env={**os.environ, "COLUMNS": "200"})
+    assert strict.returncode == 1 and "violation" in strict.stderr
+    assert "Bad/unregistered" in strict.stdout  # shown where it happened
+    assert run_cli("dissect", "--strict", str(SOURCE)).returncode == 0
+
+
+def test_malformed_frame_body_is_reported_and_decoding_continues():
+    segs, base = opening()
+    bad_ok = b"\x00\x00\x00\x03\x01\x00\x00"  # OK with a 2-byte credits field
+    unknown = b"\x00\x00\x00\x01\x63"  # type 99
+    segs.append((True, base, DATA, bad_ok + unknown + message(1, 1, b"after")))
+    records, d = dissect(io.BytesIO(capture(segs)))
+    tail = records[-3:]
+    assert [r["type"] for r in tail] == ["OK", "UNKNOWN(99)", "MESSAGE"]
+    assert tail[0]["verdict"] == "malformed" and "initial_credits" in tail[0]["violations"][0]
+    assert d.summaries()[0]["malformed"] == 2
+
+
+# --- bad input ----------------------------------------------------------------------
+
+
+def test_truncated_capture_shows_what_came_before_and_exits_2(tmp_path):
+    blob = SOURCE.read_bytes()
+    path = tmp_path / "cut.pcap"
+    path.write_bytes(blob[:1000])
+    code, records, err = jsonl(str(path))
+    assert code == 2
+    assert records and records[0]["type"] == "HELLO"
+    assert "packet" in err and "byte offset" in err and "truncated" in err
+    assert "Traceback" not in err
+
+
+def test_garbage_and_missing_files_exit_2(tmp_path):
+    garbage = tmp_path / "notes.txt"
+    garbage.write_text("this is not a capture\n")
+    proc = run_cli("dissect", str(garbage), str(SOURCE))
+    assert proc.returncode == 2
+    assert "not a pcap or pcapng" in proc.stderr and "HELLO" in proc.stdout  # the good file still shown
+    proc = run_cli("dissect", str(tmp_path / "missing.pcap"))
+    assert proc.returncode == 2 and "cannot open" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_unknown_link_type_exit_2(tmp_path):
+    path = tmp_path / "odd.pcap"
+    path.write_bytes(pcap_file([(T, b"\x00" * 40)], linktype=147))
+    proc = run_cli("dissect", str(path))
+    assert proc.returncode == 2 and "unknown link type 147" in proc.stderr
+
+
+# --- connection detection, filters, output forms ---------------------------------------------
+
+
+def _other_port_capture(port: int, payload: bytes) -> bytes:
+    packets = [
+        (T, ether(ipv4(A4, B4, tcp_header(40000, port, 9, TCP_SYN)))),
+        (T + 1, ether(ipv4(B4, A4, tcp_header(port, 40000, 99, TCP_SYN | TCP_ACK)))),
+        (T + 2, ether(ipv4(A4, B4, tcp_header(40000, port, 10, DATA, payload)))),
+        (T + 3, ether(ipv4(B4, A4, tcp_header(port, 40000, 100, DATA, OK_20)))),
+    ]
+    return pcap_file(packets)
+
+
+def test_connection_opening_with_hello_is_found_on_any_port():
+    records, _ = dissect(io.BytesIO(_other_port_capture(9999, hello())))
+    assert [r["type"] for r in records] == ["HELLO", "OK"]
+    assert records[0]["responder_port"] == 9999
+    records, _ = dissect(io.BytesIO(_other_port_capture(9999, b"GET / HTTP/1.1\r\n\r\n")))
+    assert records == []
+    records, _ = dissect(io.BytesIO(_other_port_capture(9999, NOTIFY_1)), ports=[9999])
+    assert [r["type"] for r in records] == ["NOTIFY", "OK"]
+
+
+def test_filters(tmp_path):
+    _, records, _ = jsonl("--type", "MESSAGE", "--stream", "12", str(SOURCE))
+    assert [(r["type"], r["message_id"]) for r in records] == [("MESSAGE", 101), ("MESSAGE", 102)]
+    _, records, _ = jsonl("--connection", "2", str(RESTART))
+    assert {r["conn_index"] for r in records} == {2}
+    _, records, _ = jsonl("--connection", ":53000", str(RESTART))
+    assert {r["conn_index"] for r in records} == {1}
+    _, records, _ = jsonl("--type", "phase2", str(SINK))
+    assert [r["twopc"] for r in records] == ["PHASE2", "PHASE2"]
+    _, everything, _ = jsonl(str(SOURCE))
+    middle = everything[len(everything) // 2]["ts"]
+    _, late, _ = jsonl("--since", repr(middle), str(SOURCE))
+    _, early, _ = jsonl("--until", repr(middle), str(SOURCE))
+    assert all(r["ts"] >= middle for r in late) and all(r["ts"] <= middle for r in early)
+    assert len(late) + len(early) == len(everything) + sum(r["ts"] == middle for r in everything)
+    _, relative, _ = jsonl("--until", "0.0015", str(SOURCE))
+    assert [r["type"] for r in relative] == ["HELLO", "OK"]
+
+
+def test_rich_table_hex_dump_and_summary():
+    proc = run_cli("dissect", "-x", "--type", "OK", str(SOURCE), env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0
+    assert "00 00 00 05 01 00 00 00 14" in proc.stdout  # OK, 20 credits
+    proc = run_cli("dissect", "--summary", str(SINK))
+    assert proc.returncode == 0
+    assert "sink-out:c_id=2" in proc.stdout and "abort" in proc.stdout
+    proc = run_cli("dissect", "--summary", "--format", "jsonl", str(RESTART))
+    summaries = [json.loads(line)["summary"] for line in proc.stdout.splitlines()]
+    assert [len(s["restarts"]) for s in summaries] == [1, 0]
+
+
+# --- iter_records for the Spark job -------------------------------------------------------
+
+
+def test_iter_records_streams_and_splits_connections():
+    everything = list(iter_records(str(RESTART)))
+    seen = []
+    parts = [
+        list(
+            iter_records(str(RESTART), connection_filter=lambda key, i=i: seen.append(key) or key.port_b == i)
+        )
+        for i in (53000, 53001)
+    ]
+    assert {key.port_b for key in seen} == {53000, 53001} and {key.port_a for key in seen} == {7100}
+    # Each part holds exactly one connection's records, numbered as in the unsplit run.
+    for part, index in zip(parts, (1, 2), strict=True):
+        assert part == [r for r in everything if r["conn_index"] == index]
+    key = ConnectionKey("127.0.0.1", 7100, "127.0.0.1", 53000)
+    assert flow_hash(key) == flow_hash(ConnectionKey(*key))  # stable, not Python's salted hash()
+    with open(RESTART, "rb") as f:
+        from_fileobj = list(iter_records(f, capture_name="restart"))
+    assert [r["type"] for r in from_fileobj] == [r["type"] for r in everything]
+    assert from_fileobj[0]["capture"] == "restart"
+
+
+def test_iter_records_raises_after_yielding_what_came_before():
+    from wallaroo_proto.capture import CaptureError
+
+    blob = SOURCE.read_bytes()[:1000]
+    got = []
+    with pytest.raises(CaptureError):
+        for r in iter_records(io.BytesIO(blob)):
+            got.append(r)
+    assert got and got[0]["type"] == "HELLO"
+
+
+# --- scapy layers ----------------------------------------------------------------------------
+
+
+def test_scapy_layers_build_the_wire_format():
+    from scapy.packet import raw
+
+    from wallaroo_proto.scapy_layers import WAck, WAckEntry, WallarooFrame, WMessage, WOk, WRestart
+
+    assert raw(WallarooFrame() / WOk(initial_credits=20)) == b"\x00\x00\x00\x05\x01\x00\x00\x00\x14"
+    msg = WallarooFrame() / WMessage(stream_id=1, message_id=2, event_time=-1, key=b"k", data=b"hi")
+    assert raw(msg) == (
+        b"\x00\x00\x00\x1e\x05"
+        + b"\x00" * 7
+        + b"\x01"
+        + b"\x00" * 7
+        + b"\x02"
+        + b"\xff" * 8
+        + b"\x00\x01k"
+        + b"hi"
+    )
+    ack = WallarooFrame() / WAck(credits=3, acks=[WAckEntry(stream_id=1, point_of_ref=2)])
+    assert raw(ack) == b"\x00\x00\x00\x19\x06\x00\x00\x00\x03\x00\x00\x00\x01" + struct.pack(">QQ", 1, 2)
+    assert raw(WallarooFrame() / WRestart()) == b"\x00\x00\x00\x01\x07"  # the spec's empty RESTART
+
+
+def test_scapy_layers_dissect_the_sample_captures_like_dissect():
+    from scapy.utils import rdpcap
+
+    from wallaroo_proto.scapy_layers import WMessage, bind_port, frames_of
+
+    bind_port(7200)
+    packets = rdpcap(str(SINK))
+    types, tags = [], []
+    for pkt in packets:
+        for frame in frames_of(pkt):
+            types.append(frame.sprintf("%type%"))
+            body = frame.payload  # frame[WMessage] would search the following frames too
+            if isinstance(body, WMessage) and body.twopc() is not None:
+                tags.append(body.twopc().sprintf("%tag%"))
+    records, _ = dissect(SINK)
+    assert types == [r["type"] for r in records]
+    assert tags == [r["twopc"] for r in records if "twopc" in r]
+
+
+def test_closed_connections_are_released(tmp_path):
+    from wallaroo_proto.codec import encode
+    from wallaroo_proto.frames import Hello, Ok
+    from wallaroo_proto.pcap_writer import PcapWriter
+
+    path = tmp_path / "many.pcap"
+    with PcapWriter(path) as w:
+        for i in range(300):
+            s = w.tcp_session(("127.0.0.1", 20000 + i), ("127.0.0.1", 7100), timestamp=1.0 + i)
+            s.send(True, encode(Hello("0.0.1", b"", "p", "i")), 1.0 + i)
+            s.send(False, encode(Ok(5)), 1.0 + i)
+            s.reset(True, 1.0 + i) if i % 2 else s.close(True, 1.0 + i)
+    kept = Dissector("many")
+    records = list(kept.run(path))
+    assert len(records) == 600 and len(kept.trackers) == 300
+    assert not kept._live  # every connection was settled when it closed, not at the end
+    assert all(d.half is None and d.reader is None for t in kept.trackers for d in t.dirs.values())
+    assert {s["closed"] for s in kept.summaries()} == {"closed", "reset"}
+    streaming = Dissector("many", keep_summaries=False)
+    assert len(list(streaming.run(path))) == 600
+    assert not streaming.trackers and not streaming._live
+    assert [r["conn_index"] for r in iter_records(str(path))][-1] == 300
