@@ -70,7 +70,8 @@ def main() -> None:
     reader_s = best_of(args.runs, lambda: reader_loop(chunks))
     mb = len(buf) / 1e6
     print(
-        f"frames: {args.frames} MESSAGE, {len(buf) / args.frames:.0f} bytes each, {mb:.1f} MB, chunk {args.chunk}"
+        f"frames: {args.frames} MESSAGE, {len(buf) / args.frames:.0f} bytes each, {mb:.1f} MB, "
+        f"chunk {args.chunk}"
     )
     print(f"encode            {args.frames / encode_s / 1e6:6.2f} M frames/s  {mb / encode_s:7.1f} MB/s")
     print(
