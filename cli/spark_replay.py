@@ -1,0 +1,301 @@
+"""``wallaroo-proto spark-replay``: captures into a PySpark batch job (thin CLI).
+
+The work lives in ``wallaroo_proto.spark``; this module parses options, runs
+the steps with per-stage progress and renders results as rich tables.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Sequence
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from wallaroo_proto.records import DEFAULT_PORTS
+
+EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+TITLES = {
+    "connections": "Connections",
+    "audit": "Delivery audit per stream",
+    "flow_control": "Flow control",
+    "restarts": "RESTARTs and reconnects",
+    "twopc": "2PC rounds",
+    "violations": "Protocol violations",
+}
+#: Columns left out of the printed tables (they are in --output and the views).
+HIDDEN = {
+    "connections": ("first_ts", "last_ts"),
+    "restarts": ("restart_ts",),
+    "twopc": ("phase1_packet", "phase2_packet"),
+    "violations": ("offset",),
+}
+CONN_COLUMNS = ("capture", "connection", "conn_index")
+#: Printed with 'capture#n' for the connection (the Connections table has the full names).
+REPORTS_SHORTENED = ("audit", "flow_control", "restarts", "twopc", "violations")
+
+
+def _short_connection(frame):
+    """Print 'capture#n' instead of the capture, connection and index columns (see Connections)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    if not all(c in frame.columns for c in CONN_COLUMNS):
+        return frame
+    conn = F.concat(F.element_at(F.split("capture", "/"), -1), F.lit("#"), F.col("conn_index").cast("string"))
+    rest = [c for c in frame.columns if c not in CONN_COLUMNS]
+    return frame.select(conn.alias("conn"), *rest)
+
+
+def _votes(frame):
+    """2PC votes and decisions as the words people use."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    for column in ("vote", "decision"):
+        if column in frame.columns:
+            word = F.when(F.col(column), "commit").when(~F.col(column), "abort")
+            frame = frame.withColumn(column, word)
+    return frame
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (bytes, bytearray)):
+        text = bytes(value[:24]).decode("utf-8", "replace")
+        return text + ("…" if len(value) > 24 else "")
+    if isinstance(value, list):
+        return ", ".join(_cell(tuple(v) if hasattr(v, "asDict") else v) for v in value)
+    if isinstance(value, tuple):
+        return "(" + " ".join(_cell(v) for v in value) + ")"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _plain(value: object) -> object:
+    """A Spark value as JSON: rows become objects, binary base64, timestamps ISO text."""
+    if hasattr(value, "asDict"):
+        return {k: _plain(v) for k, v in value.asDict().items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def emit_jsonl(name: str, frame) -> None:
+    """Every row of ``frame`` as one JSON line tagged with its table, streamed (not collected)."""
+    for row in frame.toLocalIterator():
+        click.echo(json.dumps({"table": name, **_plain(row)}, separators=(",", ":")))
+
+
+def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str] = ()) -> int:
+    """Print up to ``rows`` rows of ``frame`` as a table; returns how many rows were shown."""
+    columns = [c for c in frame.columns if c not in hidden]
+    got = frame.select(*columns).limit(rows + 1).collect()
+    if not got:
+        console.print(f"[dim]{title}: none[/dim]")
+        return 0
+    table = Table(title=title, title_justify="left", header_style="bold")
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in got[:rows]:
+        table.add_row(*(_cell(v) for v in row))
+    console.print(table)
+    if len(got) > rows:
+        console.print("[dim]… more rows not shown (--rows, or --output DIR for all of them)[/dim]")
+    return min(len(got), rows)
+
+
+@click.command(name="spark-replay")
+@click.argument("paths", nargs=-1)
+@click.option(
+    "--master",
+    default="local[*]",
+    show_default=True,
+    help="Spark master URL (local[N], spark://..., yarn, k8s://...).",
+)
+@click.option("--output", "output", type=click.Path(file_okay=False), help="Write every table to DIR/<name>.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["parquet", "csv", "json"]),
+    default="parquet",
+    show_default=True,
+    help="File format for --output.",
+)
+@click.option(
+    "--sql",
+    "sql",
+    help="A SQL query over the views frames, messages, audit, flow_control, restarts, twopc, "
+    "violations, connections and problems.",
+)
+@click.option("--job", "job", help="MODULE:FUNCTION taking the messages DataFrame and returning a DataFrame.")
+@click.option("--fail-fast", is_flag=True, help="Stop at the first unreadable or damaged capture.")
+@click.option(
+    "--port",
+    "ports",
+    type=int,
+    multiple=True,
+    help=f"Protocol port (repeatable; default {', '.join(map(str, DEFAULT_PORTS))}).",
+)
+@click.option(
+    "--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration (repeatable)."
+)
+@click.option("--rows", default=20, show_default=True, type=click.IntRange(1), help="Rows printed per table.")
+@click.option(
+    "--jsonl",
+    is_flag=True,
+    help="Print every row of the reports (and --sql/--job results) as JSON lines instead of tables.",
+)
+def command(
+    paths: tuple[str, ...],
+    master: str,
+    output: str | None,
+    fmt: str,
+    sql: str | None,
+    job: str | None,
+    fail_fast: bool,
+    ports: tuple[int, ...],
+    confs: tuple[str, ...],
+    rows: int,
+    jsonl: bool,
+) -> None:
+    """Read pcap/pcapng captures (files, directories, globs; default captures/) with Spark:
+    frames, messages, a delivery audit, flow control, RESTARTs, 2PC rounds and violations,
+    then an optional --sql query or --job over them."""
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=200)  # a pipe or a file: wide rows rather than folded cells
+    err = Console(stderr=True)
+    conf = []
+    for item in confs:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--conf")
+        conf.append((key.strip(), value.strip()))
+
+    from wallaroo_proto.spark import frames as frames_mod
+    from wallaroo_proto.spark import jobs
+    from wallaroo_proto.spark.session import SparkStartError, build_session, stop_session
+
+    if job:
+        try:
+            jobs.load_job(job)  # a typo in --job is reported before Spark reads anything
+        except jobs.JobError as exc:
+            err.print(f"[red]spark-replay: {exc}[/red]")
+            raise SystemExit(EXIT_USAGE) from None
+    given = paths or frames_mod.DEFAULT_PATHS
+    captures, listing_problems = frames_mod.list_captures(given)
+    for problem in listing_problems:
+        err.print(f"[red]capture {problem.capture}: {problem.error}[/red]")
+    if fail_fast and listing_problems:
+        raise SystemExit(EXIT_USAGE)
+    if not captures:
+        err.print(f"[red]spark-replay: no capture files in {', '.join(given)}[/red]")
+        raise SystemExit(EXIT_USAGE)
+
+    started = time.monotonic()
+    with err.status(f"starting Spark on {master}…"):
+        try:
+            spark = build_session(master, conf=conf)
+        except SparkStartError as exc:
+            err.print(f"[red]spark-replay: {exc}[/red]")
+            raise SystemExit(EXIT_USAGE) from None
+    err.print(f"[dim]Spark {spark.version} on {master} started in {time.monotonic() - started:.1f} s[/dim]")
+    try:
+        code = _run(
+            spark,
+            out,
+            err,
+            given,
+            ports or DEFAULT_PORTS,
+            fail_fast,
+            output,
+            fmt,
+            sql,
+            job,
+            None if jsonl else rows,
+            listing_problems,
+        )
+    except KeyboardInterrupt:
+        err.print("[yellow]spark-replay: interrupted; stopping Spark[/yellow]")
+        code = EXIT_INTERRUPTED
+    finally:
+        stop_session(spark)
+    raise SystemExit(code)
+
+
+def _run(spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, listing_problems) -> int:
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    from wallaroo_proto.spark import frames as frames_mod
+    from wallaroo_proto.spark import jobs, reports
+    from wallaroo_proto.spark.session import stage_progress
+
+    loaded = frames_mod.load_frames(spark, given, ports=ports, fail_fast=fail_fast)
+    started = time.monotonic()
+    try:
+        with stage_progress(spark, "reading captures", err):
+            totals = loaded.frames.count()
+            problems = loaded.problems.collect()
+    except (Py4JJavaError, PySparkException) as exc:
+        failed = frames_mod.fail_fast_message(exc)
+        if failed is None:
+            raise
+        err.print(f"[red]capture {failed}[/red]")
+        err.print("[red]spark-replay: stopped (--fail-fast)[/red]")
+        return EXIT_USAGE
+    size = sum(c.size for c in loaded.captures)
+    err.print(
+        f"[dim]{len(loaded.captures)} captures ({size / 1e6:.1f} MB) in {loaded.tasks} tasks: "
+        f"{totals:,} frames in {time.monotonic() - started:.1f} s[/dim]"
+    )
+    for problem in problems:
+        err.print(f"[red]capture {problem['capture']}: {problem['error']} (frames before it are kept)[/red]")
+
+    tables = reports.build_tables(loaded.frames, loaded.problems)
+    jobs.register_views(tables)
+    extra = {}
+    try:  # planned before anything is printed: a mistake in them is usage, found at once
+        if sql:
+            extra["sql"] = jobs.run_sql(spark, sql)
+        if job:
+            extra["job"] = jobs.run_job(spark, job, tables["messages"])
+    except jobs.JobError as exc:
+        err.print(f"[red]spark-replay: {exc}[/red]")
+        return EXIT_USAGE
+    with stage_progress(spark, "reports", err):
+        shown = [(name, title, tables[name]) for name, title in TITLES.items()]
+        shown += [(name, f"--{name} {sql if name == 'sql' else job}", frame) for name, frame in extra.items()]
+        try:
+            for name, title, frame in shown:
+                if rows is None:  # --jsonl
+                    emit_jsonl(name, frame)
+                elif name in REPORTS_SHORTENED:
+                    render(out, title, _votes(_short_connection(frame)), rows, HIDDEN.get(name, ()))
+                else:
+                    render(out, title, frame, rows, HIDDEN.get(name, ()))
+        except (Py4JJavaError, PySparkException) as exc:
+            err.print(f"[red]spark-replay: the job failed: {str(exc).strip().splitlines()[0][:500]}[/red]")
+            return EXIT_PROBLEM
+    if output:
+        try:
+            with stage_progress(spark, f"writing {fmt}", err):
+                written = jobs.write_tables({**tables, **extra}, output, fmt)
+        except (Py4JJavaError, PySparkException) as exc:
+            err.print(
+                f"[red]spark-replay: cannot write {output}: {str(exc).strip().splitlines()[0][:300]}[/red]"
+            )
+            return EXIT_USAGE
+        err.print(f"[green]wrote {len(written)} tables as {fmt} to {output}/[/green] ({', '.join(written)})")
+    return EXIT_PROBLEM if problems or listing_problems else EXIT_OK

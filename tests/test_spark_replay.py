@@ -1,0 +1,402 @@
+"""spark-replay: the frames and reports equal the dissector's on the same captures.
+
+Captures are built by hand here (pcap_writer + the codec) with known content:
+a source session with a gap, an out-of-order id, a replay, a stall at zero
+credits and a RESTART followed by a reconnect that resends; a sink session with
+a committed and an aborted 2PC round; keyed messages with known event times for
+the example job. One Spark session (local[2]) serves the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from py4j.protocol import Py4JJavaError
+from pyspark.errors import PySparkException
+from support import run_cli
+
+from wallaroo_proto.capture import CaptureError
+from wallaroo_proto.codec import encode
+from wallaroo_proto.dissect import Dissector
+from wallaroo_proto.frames import (
+    Ack,
+    EosMessage,
+    Hello,
+    Message,
+    Notify,
+    NotifyAck,
+    Ok,
+    Restart,
+)
+from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.spark import frames as spark_frames
+from wallaroo_proto.spark import jobs, reports
+from wallaroo_proto.spark.example_job import key_counts
+from wallaroo_proto.spark.session import build_session
+from wallaroo_proto.twopc import ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
+
+EPOCH_MS = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC, a multiple of 10 s
+
+
+class Clock:
+    """Sends frames into one recorded TCP session, each a given time after the last."""
+
+    def __init__(self, writer: PcapWriter, client_port: int, server_port: int, t: float) -> None:
+        self.session = writer.tcp_session(("127.0.0.1", client_port), ("127.0.0.1", server_port), timestamp=t)
+        self.t = t
+
+    def client(self, frame, dt: float = 0.01) -> None:
+        self.t += dt
+        self.session.send(True, encode(frame), self.t)
+
+    def server(self, frame, dt: float = 0.01) -> None:
+        self.t += dt
+        self.session.send(False, encode(frame), self.t)
+
+
+def write_source(path: Path) -> None:
+    """Connection 1: ids 1, 2, (0.5 s at zero credits), 5 (gap of 2), 4 (out of order), 5 (replay),
+    RESTART. Connection 2, one second later: resumes at 3 and resends 3, 4, 5, then 6 and EOS."""
+    with PcapWriter(path) as writer:
+        c = Clock(writer, 40001, 7100, 1_700_000_000.0)
+        c.client(Hello("0.0.1", b"", "prog", "inst"))
+        c.server(Ok(3))
+        c.client(Notify(11, "s11", 0))
+        c.server(NotifyAck(True, 11, 0))
+        c.client(Message(11, 1, EPOCH_MS + 1000, b"a", b"p1"))
+        c.client(Message(11, 2, EPOCH_MS + 2000, b"b", b"p2"))  # the last credit
+        c.server(Ack(10, ((11, 3),)), dt=0.5)
+        c.client(Message(11, 5, EPOCH_MS + 12000, b"a", b"p5"))
+        c.client(Message(11, 4, EPOCH_MS + 13000, b"a", b"p4"))
+        c.client(Message(11, 5, EPOCH_MS + 14000, b"a", b"p5"))
+        c.server(Restart("127.0.0.1:7100"))
+        c.session.close(False, c.t + 0.01)
+        c2 = Clock(writer, 40002, 7100, c.t + 1)
+        c2.client(Hello("0.0.1", b"", "prog", "inst"))
+        c2.server(Ok(10))
+        c2.client(Notify(11, "s11", 3))
+        c2.server(NotifyAck(True, 11, 3))
+        c2.client(Message(11, 3, EPOCH_MS + 3000, b"b", b"p3"))
+        c2.client(Message(11, 4, EPOCH_MS + 13000, b"a", b"p4"))
+        c2.client(Message(11, 5, EPOCH_MS + 12000, b"a", b"p5"))
+        c2.client(Message(11, 6, EPOCH_MS + 21000, b"", b"p6"))
+        c2.client(EosMessage(11, 6))
+        c2.session.close(True, c2.t + 0.01)
+
+
+def write_sink(path: Path) -> None:
+    """A worker driving a sink: txn 1 commits bytes 0..11, txn 2 aborts 11..14, then a gap."""
+    with PcapWriter(path) as writer:
+        w = Clock(writer, 40010, 7200, 1_700_000_100.0)
+        w.client(Hello("v0.0.1", b"", "w", "worker1"))
+        w.client(Notify(1, "sink", 0))
+        w.client(twopc_frame(ListUncommitted(1)))
+        w.server(Ok(500))
+        w.server(NotifyAck(True, 1, 0))
+        w.server(twopc_frame(ReplyUncommitted(1, ())))
+        w.client(Message(1, 0, 5, b"", b"hello"))
+        w.client(Message(1, 5, 6, b"", b"world!"))
+        w.client(twopc_frame(Phase1("sink:c_id=1", ((1, 0, 11),))))
+        w.server(twopc_frame(Reply("sink:c_id=1", True)), dt=0.02)
+        w.client(twopc_frame(Phase2("sink:c_id=1", True)), dt=0.03)
+        w.client(Message(1, 11, 7, b"", b"xyz"))
+        w.client(twopc_frame(Phase1("sink:c_id=2", ((1, 11, 14),))))
+        w.server(twopc_frame(Reply("sink:c_id=2", False)))
+        w.client(twopc_frame(Phase2("sink:c_id=2", False)))
+        w.client(Message(1, 20, 8, b"", b"late"))
+        w.session.close(True, w.t + 0.01)
+
+
+#: (message id, event time offset from EPOCH_MS in ms, key) of the keyed capture, in send order.
+KEYED = [
+    (1, 0, b"red"),
+    (2, 4_000, b"blue"),
+    (3, 9_999, b"red"),
+    (4, 10_000, b"red"),
+    (5, 15_000, b""),
+    (6, 19_000, b"blue"),
+    (6, 19_500, b"blue"),  # a replay of id 6: dropped by the worker, not counted
+    (7, 31_000, b"red"),
+]
+#: Worked out by hand from KEYED with 10-second windows from EPOCH_MS.
+KEYED_COUNTS = {
+    (0, "blue"): 1,
+    (0, "red"): 2,
+    (10, None): 1,
+    (10, "blue"): 1,
+    (10, "red"): 1,
+    (30, "red"): 1,
+}
+
+
+def write_keyed(path: Path) -> None:
+    with PcapWriter(path) as writer:
+        c = Clock(writer, 40020, 7100, 1_700_000_200.0)
+        c.client(Hello("0.0.1", b"", "prog", "keyed"))
+        c.server(Ok(100))
+        c.client(Notify(21, "keyed", 0))
+        c.server(NotifyAck(True, 21, 0))
+        for message_id, offset, key in KEYED:
+            c.client(Message(21, message_id, EPOCH_MS + offset, key, b"v%d" % message_id))
+        c.session.close(True, c.t + 0.01)
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("captures")
+    paths = {name: root / f"{name}.pcap" for name in ("source", "sink", "keyed")}
+    write_source(paths["source"])
+    write_sink(paths["sink"])
+    write_keyed(paths["keyed"])
+    data = paths["source"].read_bytes()
+    damaged = root / "bad" / "damaged.pcap"
+    damaged.parent.mkdir()
+    damaged.write_bytes(data[: len(data) * 3 // 5])  # ends inside a packet record
+    paths["damaged"] = damaged
+    garbage = root / "bad" / "notes.pcap"
+    garbage.write_bytes(b"this is not a capture file\n")
+    paths["garbage"] = garbage
+    return paths
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    session = build_session("local[2]", log_dir=tmp_path_factory.mktemp("spark"))
+    yield session
+    session.stop()
+
+
+def dissector_view(path: Path) -> tuple[int, list[dict], str | None]:
+    """What the dissector library reports: record count, connection summaries, capture error."""
+    dissector = Dissector(str(path))
+    count = 0
+    error = None
+    try:
+        for _ in dissector.run(path):
+            count += 1
+    except CaptureError as err:  # raised after every record before the damage
+        error = str(err)
+    return count, dissector.summaries(), error
+
+
+def rows_by(frame, *key: str) -> dict:
+    return {tuple(row[k] for k in key): row.asDict() for row in frame.collect()}
+
+
+#: The project's sample captures (pcapng, a kernel capture, a lost segment...), compared too.
+SAMPLES = sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "captures").glob("*.pcap*"))
+
+
+@pytest.fixture(scope="module")
+def replayed(spark, captures):
+    """Our captures and the samples through spark-replay, each capture split into two tasks."""
+    names = [str(captures["source"]), str(captures["sink"]), *SAMPLES]
+    loaded = spark_frames.load_frames(spark, names, split_bytes=1)
+    assert loaded.tasks == 2 * len(names)  # connections of one capture are reassembled in parallel
+    return names, loaded, reports.build_tables(loaded.frames, loaded.problems)
+
+
+@pytest.mark.timeout(180)
+def test_frames_and_audit_equal_the_dissector(captures, replayed):
+    names, loaded, tables = replayed
+    connections = rows_by(tables["connections"], "capture", "connection")
+    audit = rows_by(tables["audit"], "capture", "connection", "stream_id")
+    flow = rows_by(tables["flow_control"], "capture", "connection")
+    rounds = rows_by(tables["twopc"], "capture", "connection", "txn_id")
+    violations = tables["violations"].count()
+    total = loaded.frames.count()
+    expected_total = 0
+    expected_violations = 0
+    seen_streams = 0
+    for path in names:
+        count, summaries, error = dissector_view(Path(path))
+        assert error is None
+        expected_total += count
+        for s in summaries:
+            key = (path, s["connection"])
+            assert connections[key]["conn_index"] == s["conn_index"]  # numbered alike in every task
+            assert connections[key]["frames"] == s["frames"]
+            assert connections[key]["use"] == s["use"]
+            assert flow[key]["credits_granted"] == s["credits_granted"]
+            assert flow[key]["credits_spent"] == s["credits_spent"]
+            assert flow[key]["credits_left"] == s["credits_left"]
+            expected_violations += s["violations"]
+            for st in s["streams"]:
+                row = audit[(*key, st["stream_id"])]
+                seen_streams += 1
+                assert (row["messages"], row["bytes"]) == (st["messages"], st["payload_bytes"])
+                assert (row["first_id"], row["last_id"]) == (st["first_id"], st["last_id"])
+                assert (row["gaps"], row["missing_ids"], row["replays"]) == (
+                    st["gaps"],
+                    st["missing_ids"],
+                    st["replays"],
+                )
+                assert (row["eos"], row["checkpoints"]) == (st["eos"], st["checkpoints"])
+                if s["use"] == "source":
+                    assert row["last_checkpoint"] == st["last_acked"]
+            for r in s["twopc_rounds"]:
+                row = rounds[(*key, r["txn_id"])]
+                assert [w.asDict() for w in row["where"]] == r["where"]
+                assert row["vote"] == (r["vote"] == "commit")
+                assert row["decision"] == (r["decision"] == "commit")
+    assert total == expected_total
+    assert violations == expected_violations
+    assert seen_streams == len(audit) >= 3
+
+
+@pytest.mark.timeout(180)
+def test_reports_beyond_the_summary(captures, replayed):
+    """Out-of-order ids, zero-credit time, replays after the RESTART, 2PC timings: by hand."""
+    _, _, tables = replayed
+    source, sink = str(captures["source"]), str(captures["sink"])
+    audit = rows_by(tables["audit"], "capture", "conn_index")
+    assert audit[(source, 1)]["out_of_order"] == 1  # id 4 after 5: never delivered before
+    assert audit[(source, 1)]["replays"] == 2
+    assert audit[(sink, 1)]["last_checkpoint"] == 11  # end of the committed range
+    flow = rows_by(tables["flow_control"], "capture", "connection")
+    first = flow[(source, "127.0.0.1:40001 > 127.0.0.1:7100")]
+    assert first["zero_credit_s"] == pytest.approx(0.5, abs=1e-5)
+    assert first["zero_credit_spells"] == 1
+    (restart,) = tables["restarts"].where(f"capture = '{source}'").collect()
+    assert restart["connection"] == "127.0.0.1:40001 > 127.0.0.1:7100"
+    assert restart["address"] == "127.0.0.1:7100"
+    assert restart["reconnect"] == "127.0.0.1:40002 > 127.0.0.1:7100"
+    assert (restart["replayed"], restart["replayed_first_id"], restart["replayed_last_id"]) == (3, 3, 5)
+    rounds = {r["txn_id"]: r for r in tables["twopc"].where(f"capture = '{sink}'").collect()}
+    assert rounds["sink:c_id=1"]["bytes_committed"] == 11
+    assert rounds["sink:c_id=2"]["bytes_committed"] == 0
+    assert rounds["sink:c_id=1"]["phase1_to_reply_s"] == pytest.approx(0.02, abs=1e-5)
+    assert rounds["sink:c_id=1"]["reply_to_phase2_s"] == pytest.approx(0.03, abs=1e-5)
+    messages = tables["messages"].where(f"capture = '{source}' and message_id = 1").collect()
+    assert [(m["key"], bytes(m["payload"]), m["event_time"]) for m in messages] == [
+        ("a", b"p1", EPOCH_MS + 1000)
+    ]
+
+
+@pytest.mark.timeout(180)
+def test_example_job_counts_keys_per_window(spark, captures):
+    loaded = spark_frames.load_frames(spark, [str(captures["keyed"])])
+    result = key_counts(reports.messages(loaded.frames)).collect()
+    counts = {}
+    for row in result:
+        start_ms = int(row["window_start"].timestamp() * 1000) - EPOCH_MS
+        assert int(row["window_end"].timestamp() * 1000) - EPOCH_MS == start_ms + 10_000
+        counts[(start_ms // 1000, row["key"])] = row["messages"]
+    assert counts == KEYED_COUNTS
+
+
+@pytest.mark.timeout(180)
+def test_sql_over_the_views(spark, captures, replayed):
+    _, _, tables = replayed
+    jobs.register_views(tables)
+    query = (
+        f"SELECT count(*) AS n FROM messages WHERE verdict = 'replayed' AND capture = '{captures['source']}'"
+    )
+    row = jobs.run_sql(spark, query).collect()[0]
+    assert row["n"] == 2
+    with pytest.raises(jobs.JobError, match="--sql failed"):
+        jobs.run_sql(spark, "SELECT nope FROM frames")
+    with pytest.raises(jobs.JobError, match="MODULE:FUNCTION"):
+        jobs.load_job("no_colon_here")
+
+
+@pytest.mark.timeout(180)
+def test_damaged_capture_is_named_and_the_others_processed(spark, captures):
+    names = [str(captures["sink"]), str(captures["damaged"]), str(captures["garbage"])]
+    loaded = spark_frames.load_frames(spark, names)
+    problems = {r["capture"]: r["error"] for r in loaded.problems.collect()}
+    assert set(problems) == {str(captures["damaged"]), str(captures["garbage"])}
+    assert "truncated" in problems[str(captures["damaged"])]
+    assert "not a pcap or pcapng capture" in problems[str(captures["garbage"])]
+    per_capture = {r["capture"]: r["count"] for r in loaded.frames.groupBy("capture").count().collect()}
+    sink_count, _, _ = dissector_view(captures["sink"])
+    damaged_count, _, damaged_error = dissector_view(captures["damaged"])
+    assert damaged_error is not None and damaged_count > 0  # frames before the damage
+    assert per_capture == {str(captures["sink"]): sink_count, str(captures["damaged"]): damaged_count}
+
+    failing = spark_frames.load_frames(spark, names, fail_fast=True)
+    with pytest.raises((Py4JJavaError, PySparkException)) as raised:
+        failing.frames.count()
+    message = spark_frames.fail_fast_message(raised.value)
+    assert message is not None
+    assert message.split(":")[0] in (str(captures["damaged"]), str(captures["garbage"]))
+
+
+def test_listing_and_task_planning(tmp_path):
+    (tmp_path / "a.pcap").write_bytes(b"x" * 10)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.pcapng").write_bytes(b"x" * 30)
+    (tmp_path / "readme.txt").write_text("not listed")
+    found, problems = spark_frames.list_captures([str(tmp_path), str(tmp_path / "missing.pcap")])
+    assert [c.name for c in found] == [str(tmp_path / "a.pcap"), str(tmp_path / "sub" / "b.pcapng")]
+    assert problems == [spark_frames.Problem(str(tmp_path / "missing.pcap"), "no such file or directory")]
+    globbed, _ = spark_frames.list_captures([str(tmp_path / "**" / "*.pcap*")])
+    assert len(globbed) == 2
+    tasks = spark_frames.plan_tasks(found, parallelism=2, split_bytes=10)
+    assert [(t[1], t[2], t[3]) for t in tasks] == [
+        (str(tmp_path / "sub" / "b.pcapng"), 0, 2),
+        (str(tmp_path / "sub" / "b.pcapng"), 1, 2),
+        (str(tmp_path / "a.pcap"), 0, 1),
+    ]
+
+
+@pytest.mark.timeout(240)
+def test_cli_end_to_end(captures, tmp_path):
+    out = tmp_path / "out"
+    result = run_cli(
+        "spark-replay",
+        str(captures["source"]),
+        str(captures["sink"]),
+        str(captures["damaged"]),
+        "--master",
+        "local[1]",
+        "--output",
+        str(out),
+        "--format",
+        "json",
+        "--sql",
+        "SELECT type, count(*) AS n FROM frames GROUP BY type",
+        "--job",
+        "wallaroo_proto.spark.example_job:key_counts",
+        timeout=220,
+    )
+    assert result.returncode == 1, result.stderr  # a damaged capture is a problem found
+    assert f"capture {captures['damaged']}" in result.stderr
+    assert "Traceback" not in result.stderr
+    for title in ("Delivery audit per stream", "Flow control", "RESTARTs and reconnects", "2PC rounds"):
+        assert title in result.stdout
+    assert "sink:c_id=2" in result.stdout
+    written = sorted(p.name for p in out.iterdir())
+    assert {"frames", "messages", "audit", "twopc", "problems", "sql", "job"} <= set(written)
+    lines = [
+        json.loads(line)
+        for f in sorted((out / "twopc").glob("part-*.json"))
+        for line in f.read_text().splitlines()
+    ]
+    assert sorted(r["txn_id"] for r in lines) == ["sink:c_id=1", "sink:c_id=2"]
+
+    scripted = run_cli("spark-replay", str(captures["sink"]), "--master", "local[1]", "--jsonl", timeout=120)
+    assert scripted.returncode == 0, scripted.stderr
+    rows = [json.loads(line) for line in scripted.stdout.splitlines()]
+    votes = {
+        (r["txn_id"], r["vote"], r["decision"], r["bytes_committed"]) for r in rows if r["table"] == "twopc"
+    }
+    assert votes == {("sink:c_id=1", True, True, 11), ("sink:c_id=2", False, False, 0)}
+    (audit,) = [r for r in rows if r["table"] == "audit"]
+    assert (audit["messages"], audit["gaps"], audit["last_checkpoint"]) == (4, 1, 11)
+
+    stopped = run_cli(
+        "spark-replay",
+        str(captures["damaged"]),
+        str(captures["sink"]),
+        "--master",
+        "local[1]",
+        "--fail-fast",
+        timeout=120,
+    )
+    assert stopped.returncode == 2
+    assert str(captures["damaged"]) in stopped.stderr
+    assert "--fail-fast" in stopped.stderr
+    assert "Traceback" not in stopped.stderr

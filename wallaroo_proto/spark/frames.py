@@ -1,0 +1,269 @@
+"""The ``frames`` DataFrame: captures read and dissected by the executors.
+
+The driver only lists the capture files and plans tasks; each task is a
+``(path, name, part, nparts)`` tuple that an executor turns into frame records
+with the dissector's own ``records.iter_records``. A capture larger than its
+share of the cluster is split into ``nparts`` tasks that each read the file but
+reassemble only the connections whose ``flow_hash`` falls in their part, so one
+big capture's connections are decoded in parallel. Rows follow
+``records.spark_schema()``: the same fields as ``dissect --format jsonl``.
+
+A capture that cannot be read (missing, not a capture, truncated, damaged) does
+not stop the others: its records before the damage are kept, and one row in
+``problems`` names it and says where. ``fail_fast`` makes the first such
+capture fail the job instead.
+"""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wallaroo_proto import records
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+DEFAULT_PATHS = ("captures",)
+CAPTURE_SUFFIXES = (".pcap", ".pcapng", ".cap")
+#: Never split a capture into parts smaller than this: each part re-reads the whole file.
+MIN_SPLIT_BYTES = 64 * 1024 * 1024
+PROBLEM_COLUMN = "_problem"
+#: Marks a --fail-fast failure inside a Spark error so the driver can name the capture.
+FAIL_FAST_MARK = "wallaroo-capture-failed:"
+
+
+@dataclass(frozen=True)
+class CaptureFile:
+    path: str  # absolute: what executors open
+    name: str  # as the user gave it: what reports show
+    size: int
+
+
+@dataclass(frozen=True)
+class Problem:
+    capture: str
+    error: str
+
+
+class CaptureFailed(Exception):
+    """--fail-fast: a capture could not be read; the job stops."""
+
+
+def _is_glob(text: str) -> bool:
+    return any(ch in text for ch in "*?[")
+
+
+def list_captures(paths: Sequence[str] = DEFAULT_PATHS) -> tuple[list[CaptureFile], list[Problem]]:
+    """Expand files, directories (recursively: *.pcap, *.pcapng, *.cap) and globs, on the driver.
+
+    Paths that name nothing come back as problems, by name; files are not opened here.
+    """
+    found: dict[str, CaptureFile] = {}
+    problems: list[Problem] = []
+
+    def add(name: str) -> None:
+        path = os.path.abspath(name)
+        if path not in found:
+            try:
+                size = os.path.getsize(path)
+            except OSError as err:
+                problems.append(Problem(name, f"cannot read: {err.strerror}"))
+                return
+            found[path] = CaptureFile(path, name, size)
+
+    for given in paths:
+        if os.path.isdir(given):
+            names = sorted(
+                str(p)
+                for p in Path(given).rglob("*")
+                if p.is_file() and p.name.lower().endswith(CAPTURE_SUFFIXES)
+            )
+            if not names:
+                problems.append(Problem(given, "directory holds no .pcap, .pcapng or .cap files"))
+            for name in names:
+                add(name)
+        elif os.path.exists(given):
+            add(given)
+        elif _is_glob(given):
+            names = sorted(n for n in glob.glob(given, recursive=True) if os.path.isfile(n))
+            if not names:
+                problems.append(Problem(given, "no file matches this pattern"))
+            for name in names:
+                add(name)
+        else:
+            problems.append(Problem(given, "no such file or directory"))
+    return list(found.values()), problems
+
+
+def plan_tasks(
+    captures: Sequence[CaptureFile], parallelism: int, split_bytes: int | None = None
+) -> list[tuple[str, str, int, int]]:
+    """One ``(path, name, part, nparts)`` task per capture part, largest captures first.
+
+    A capture is split when it is clearly larger than its fair share of the
+    cluster (total bytes / parallelism, at least ``MIN_SPLIT_BYTES``): into
+    ``round(size / share)`` parts, at most ``parallelism``.
+    """
+    parallelism = max(1, parallelism)
+    total = sum(c.size for c in captures)
+    if split_bytes is None:
+        split_bytes = max(MIN_SPLIT_BYTES, math.ceil(total / parallelism))
+    tasks = []
+    for capture in sorted(captures, key=lambda c: (-c.size, c.name)):
+        nparts = max(1, min(parallelism, round(capture.size / max(1, split_bytes))))
+        tasks.extend((capture.path, capture.name, part, nparts) for part in range(nparts))
+    return tasks
+
+
+class _PartFilter:
+    """Picklable connection filter: this part's share of a capture's connections."""
+
+    __slots__ = ("part", "nparts")
+
+    def __init__(self, part: int, nparts: int) -> None:
+        self.part = part
+        self.nparts = nparts
+
+    def __call__(self, key: records.ConnectionKey) -> bool:
+        return records.flow_hash(key) % self.nparts == self.part
+
+
+_NAMES = records.FIELD_NAMES
+_LONG_MAX = 0x7FFF_FFFF_FFFF_FFFF
+#: Fields whose values ``records.as_row`` converts: arrays of structs, and u64 protocol values.
+_STRUCT_FIELDS = tuple(n for n, kind in records.FIELD_TYPES.items() if kind.startswith("array<struct"))
+_U64_FIELDS = ("stream_id", "message_id", "point_of_ref", "rtag")
+
+
+def _row(record: dict) -> tuple:
+    """``records.as_row`` without its per-field loop for the common record.
+
+    Only records with struct arrays (ACK, PHASE1) or a u64 value above a Spark
+    long need its conversions; any other record is its fields in schema order.
+    """
+    get = record.get
+    for name in _STRUCT_FIELDS:
+        if name in record:
+            return records.as_row(record)
+    for name in _U64_FIELDS:
+        value = get(name)
+        if value is not None and value > _LONG_MAX:
+            return records.as_row(record)
+    return tuple(map(get, _NAMES))
+
+
+def read_task(task: tuple[str, str, int, int], *, ports: Sequence[int], fail_fast: bool) -> Iterator[tuple]:
+    """Executor side: the rows of one capture part, then a problem row if the capture is damaged.
+
+    Only part 0 reports a damaged capture, so each capture is named once.
+    """
+    from wallaroo_proto.capture import CaptureError
+
+    path, name, part, nparts = task
+    connection_filter = None if nparts == 1 else _PartFilter(part, nparts)
+    try:
+        for record in records.iter_records(
+            path, ports=ports, connection_filter=connection_filter, capture_name=name
+        ):
+            yield (*_row(record), None)
+    except (CaptureError, OSError) as err:
+        message = str(err) if isinstance(err, CaptureError) else f"cannot read: {err}"
+        if fail_fast:
+            raise CaptureFailed(f"{FAIL_FAST_MARK} {name}: {message}") from None
+        if part == 0:
+            row = [None] * len(_NAMES)
+            row[_NAMES.index("capture")] = name
+            if isinstance(err, CaptureError):
+                row[_NAMES.index("packet")] = err.packet
+                row[_NAMES.index("offset")] = err.offset
+            yield (*row, message)
+
+
+def raw_schema():
+    """The frame schema plus the internal problem column."""
+    from pyspark.sql import types as T  # noqa: N812
+
+    schema = records.spark_schema()
+    return T.StructType([*schema.fields, T.StructField(PROBLEM_COLUMN, T.StringType(), True)])
+
+
+@dataclass
+class Frames:
+    """The frames of a set of captures, and the captures that could not be read."""
+
+    frames: DataFrame
+    problems: DataFrame
+    captures: list[CaptureFile]
+    listing_problems: list[Problem]
+    tasks: int
+
+
+def load_frames(
+    spark: SparkSession,
+    paths: Sequence[str] = DEFAULT_PATHS,
+    *,
+    ports: Iterable[int] = records.DEFAULT_PORTS,
+    fail_fast: bool = False,
+    split_bytes: int | None = None,
+    persist: bool = True,
+) -> Frames:
+    """Plan the read of ``paths`` and return lazy DataFrames (persisted when first computed).
+
+    ``problems`` has columns capture, error, packet, offset. With ``fail_fast``, the
+    first action raises a Spark error carrying ``FAIL_FAST_MARK`` and the capture name.
+    """
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F  # noqa: N812
+
+    captures, listing_problems = list_captures(paths)
+    if fail_fast and listing_problems:
+        first = listing_problems[0]
+        raise CaptureFailed(f"{first.capture}: {first.error}")
+    sc = spark.sparkContext
+    tasks = plan_tasks(captures, sc.defaultParallelism, split_bytes)
+    ports = tuple(ports)
+
+    def read(task):
+        return read_task(task, ports=ports, fail_fast=fail_fast)
+
+    rdd = sc.parallelize(tasks, max(1, len(tasks))).flatMap(read)
+    raw = _rows_to_frame(spark, rdd, raw_schema())
+    if persist:
+        raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
+    problem = F.col(PROBLEM_COLUMN)
+    frames = raw.where(problem.isNull()).drop(PROBLEM_COLUMN)
+    problems = raw.where(problem.isNotNull()).select("capture", problem.alias("error"), "packet", "offset")
+    return Frames(frames, problems, captures, listing_problems, len(tasks))
+
+
+def _rows_to_frame(spark: SparkSession, rdd, schema) -> DataFrame:
+    """The rows as a DataFrame without pyspark's per-row ``toInternal`` pass in Python.
+
+    Our rows hold only ints, floats, strings, booleans and lists/tuples of them,
+    for which ``toInternal`` changes nothing, yet it costs as much as the pickling.
+    This is what ``createDataFrame`` does after it; if a pyspark version lacks
+    these internals, ``createDataFrame`` is used.
+    """
+    from pyspark.sql import DataFrame
+
+    try:
+        jrdd = rdd._to_java_object_rdd()
+        jdf = spark._jsparkSession.applySchemaToPythonRDD(jrdd.rdd(), schema.json())
+    except AttributeError:
+        return spark.createDataFrame(rdd, schema, verifySchema=False)
+    return DataFrame(jdf, spark)
+
+
+def fail_fast_message(err: BaseException) -> str | None:
+    """The capture and reason from a Spark error raised by --fail-fast, or None."""
+    text = str(err)
+    at = text.find(FAIL_FAST_MARK)
+    if at < 0:
+        return None
+    return text[at + len(FAIL_FAST_MARK) :].strip().splitlines()[0]
