@@ -35,7 +35,7 @@ def command(workdir: Path | None, streams: int, count: int, master: str, no_spar
         mark = "[green]ok[/]" if step.ok else "[red]FAILED[/]"
         console.print(f"  {mark} [bold]{step.name}[/]: {step.detail}")
         if step.output.strip():
-            console.print(step.output.rstrip(), markup=False, highlight=False)
+            console.out(step.output.rstrip(), highlight=False)
 
     config = DemoConfig(
         workdir=workdir,
