@@ -17,7 +17,7 @@ from .codec import encode
 from .errors import ProtocolError
 from .frames import DEFAULT_MAX_FRAME_SIZE, Error, Frame
 from .pcap_writer import TcpSession
-from .protocol import Connection, Outcome, Side, Use
+from .protocol import ACCEPTED, Connection, Outcome, Side, Use
 from .reader import FrameReader
 
 READ_SIZE = 256 * 1024
@@ -86,9 +86,10 @@ class FramedConnection:
     def write(self, frames: Iterable[Frame], *, check: bool = True) -> None:
         """Queue frames for sending (call ``drain`` to respect back-pressure)."""
         chunks = []
+        process, side = self.machine.process, self.our_side
         for frame in frames:
-            outcome = self.machine.process(frame, self.our_side)
-            if check and outcome.is_violation:
+            outcome = process(frame, side)
+            if outcome is not ACCEPTED and check and outcome.is_violation:
                 raise OwnViolation(f"refusing to send {frame.TYPE.name}: {outcome.reason}")
             chunks.append(encode(frame))
         data = b"".join(chunks)
