@@ -104,6 +104,8 @@ def _preview(data: bytes, width: int = 32) -> str:
 
 def _fields(r: dict) -> str:
     t = r["type"]
+    if r.get("verdict") == "malformed":  # its fields could not be read: say why instead
+        return "; ".join(r.get("violations") or ())
     if t == "MESSAGE":
         if "twopc" in r:
             parts = []
@@ -133,7 +135,7 @@ def _fields(r: dict) -> str:
         "WORKERS_LEFT": ("rtag", "worker_names"),
     }.get(t, ())
     text = " ".join(f"{k}={r[k]}" for k in keys if r.get(k) is not None)
-    if t == "ACK" and r["acks"]:
+    if t == "ACK" and r.get("acks"):
         text += " acks=" + ",".join(f"{a['stream_id']}@{a['point_of_ref']}" for a in r["acks"])
     return text
 
@@ -186,7 +188,7 @@ class _RichFrames:
             when += f".{ns % 1_000_000_000 // 1000:06d}"
             arrow = "C→W" if r["sender"] == "connector" else "W→C"
             payload = ""
-            if t == "MESSAGE" and "twopc" not in r:
+            if t == "MESSAGE" and "twopc" not in r and "payload_b64" in r:  # absent when malformed
                 payload = _preview(base64.b64decode(r["payload_b64"]))
             label = r.get("twopc") or t
             table.add_row(

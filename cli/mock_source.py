@@ -74,6 +74,13 @@ def _parse_address(value: str) -> tuple[str, int]:
 @click.option(
     "--idle-timeout", type=float, default=30.0, show_default=True, help="Seconds of worker silence."
 )
+@click.option(
+    "--dialect",
+    type=click.Choice(["spec", "shipped"]),
+    default="spec",
+    show_default=True,
+    help="shipped: 8-byte EOS_MESSAGE, and an ACK at the last message id finishes the stream.",
+)
 @click.option("--record", type=click.Path(dir_okay=False), default=None, help="Record the session to a pcap.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
@@ -97,6 +104,7 @@ def command(
     max_frame_size: int,
     retries: int,
     idle_timeout: float,
+    dialect: str,
     record: str | None,
     fmt: str,
     quiet: bool,
@@ -137,6 +145,7 @@ def command(
         rate=rate,
         record=record,
         idle_timeout=idle_timeout,
+        dialect=dialect,
     )
     err_console = _console(stderr=True)
 

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION, SOURCE_VERSION
 from wallaroo_proto.registry import Registry, StateError
-from wallaroo_proto.sink_driver import SinkDriver, SinkRefused, drive, input_payloads
+from wallaroo_proto.sink_driver import SinkDriver, SinkRefused, SinkUnavailable, drive, input_payloads
 from wallaroo_proto.sink_forwarder import SinkForwarder
 from wallaroo_proto.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
 
@@ -130,12 +130,15 @@ def _drive_input(opts: dict) -> None:
     )
     try:
         payloads = input_payloads(opts["sink_input"])
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--input") from err
+    try:
         stats = asyncio.run(drive(driver, payloads))
-    except OSError as err:
-        raise _usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
-    except SinkRefused as err:
+    except (SinkRefused, SinkUnavailable) as err:
         click.echo(f"{NAME}: {err}", err=True)
         sys.exit(1)
+    except OSError as err:
+        raise _usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
     summary = stats.as_dict()
     if opts["fmt"] == "json":
         click.echo(json.dumps(summary, default=str))

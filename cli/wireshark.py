@@ -36,7 +36,12 @@ def command(output: str, ports: tuple[int, ...], max_frame_size: int) -> None:
     Lua plugins folder (Help > About > Folders).
     """
     text = generate(ports or DEFAULT_PORTS, max_frame_size)
-    with click.open_file(output, "w", atomic=output != "-") as out:
-        out.write(text)
+    try:
+        with click.open_file(output, "w", atomic=output != "-") as out:
+            out.write(text)
+    except OSError as err:
+        failure = click.ClickException(f"cannot write {output}: {err.strerror or err}")
+        failure.exit_code = 2
+        raise failure from err
     if output != "-":
         click.echo(f"wallaroo-proto wireshark-dissector: wrote {output}", err=True)

@@ -226,6 +226,21 @@ def test_malformed_frame_body_is_reported_and_decoding_continues():
     assert d.summaries()[0]["malformed"] == 2
 
 
+def test_table_and_hex_views_show_a_malformed_message(tmp_path):
+    segs, base = opening()
+    # A MESSAGE whose key length (50) runs past its body: malformed, so no payload field.
+    body = b"\x05" + struct.pack(">QQqH", 1, 1, 0, 50) + b"k"
+    segs.append((True, base, DATA, struct.pack(">I", len(body)) + body))
+    path = tmp_path / "bad-message.pcap"
+    path.write_bytes(capture(segs))
+    wide = {**os.environ, "COLUMNS": "200"}
+    for args in ((), ("-x",), ("--strict",)):
+        result = run_cli("dissect", *args, str(path), env=wide)
+        assert "Traceback" not in result.stderr, result.stderr
+        assert "key is 50 bytes long" in result.stdout
+    assert run_cli("dissect", "--strict", str(path), env=wide).returncode == 1
+
+
 # --- bad input ----------------------------------------------------------------------
 
 

@@ -464,3 +464,64 @@ def test_restart_with_an_address_redirects(listener):
         proc.kill()
     assert code == 0, err
     assert summary["restarts"] == 1 and summary["connections"] == 2
+
+
+@pytest.mark.timeout(60)
+def test_shipped_dialect_eos_is_eight_bytes_and_last_seen_ack_finishes(listener):
+    proc = start_source(
+        listener, "--dialect", "shipped", "--stream-name", "e", "--stream-id", "9", "--count", "4"
+    )
+    worker = RawWorker(listener)
+    try:
+        peer = handshake(worker, 20)
+        assert peer.next() == ("NOTIFY", 9, b"e", 0)
+        worker.send(notify_ack(1, 9, 0))
+        assert [peer.next()[2] for _ in range(4)] == [1, 2, 3, 4]
+        eos = worker.body()
+        assert eos is not None and eos[0] == 8 and len(eos) == 1 + 8, f"not the shipped EOS form: {eos!r}"
+        assert struct.unpack_from(">Q", eos, 1) == (9,)
+        # What the shipped worker answers: no credits, the stream at the last id it saw.
+        worker.send(ack(0, [(9, 4)]))
+        code, summary, err = finish(proc)
+    finally:
+        worker.close()
+        proc.kill()
+    assert code == 0, err
+    assert summary["streams_done"] == 1 and summary["connections"] == 1
+
+
+@pytest.mark.timeout(30)
+def test_re_acking_the_same_point_is_not_progress_and_retries_run_out(listener):
+    proc = start_source(
+        listener,
+        *("--stream-name", "z", "--stream-id", "6", "--count", "5"),
+        *("--retries", "2", "--idle-timeout", "0.3"),
+    )
+    connections = 0
+    try:
+        while True:
+            try:
+                worker = RawWorker(listener, timeout=5)
+            except TimeoutError:
+                break
+            connections += 1
+            assert connections <= 10, "the source keeps reconnecting"
+            try:
+                peer = handshake(worker, 100)
+                assert peer.next()[:2] == ("NOTIFY", 6)
+                worker.send(notify_ack(1, 6, 0))  # a worker that lost its state each time
+                while peer.next()[0] != "EOS":
+                    pass
+                worker.send(ack(0, [(6, 3)]))  # the same point every time, never past it
+                while worker.body() is not None:  # until the source times out and closes
+                    pass
+            finally:
+                worker.close()
+            if proc.poll() is not None:
+                break
+        code, summary, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 1, err
+    assert "gave up after 3 attempts without progress" in err
+    assert summary["connections"] == 4 == connections  # the first, whose ACK was new, and 3 without progress

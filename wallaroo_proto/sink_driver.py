@@ -533,7 +533,10 @@ def input_payloads(spec: str, *, payload_size: int = 32) -> Iterator[bytes]:
     Every payload is one line with its newline, so the committed output equals the input bytes.
     """
     if spec.startswith("gen:") or spec.startswith("generate:"):
-        count = int(spec.split(":", 1)[1])
+        number = spec.split(":", 1)[1]
+        if not number.isdigit():
+            raise ValueError(f"--input {spec!r}: gen: takes a number of lines, e.g. gen:1000")
+        count = int(number)
         width = max(1, payload_size - 1)
         return (f"{i:0{width}d}\n".encode()[-width - 1 :] for i in range(count))
     if spec == "-":

@@ -103,6 +103,8 @@ class SourceOptions:
     idle_timeout: float = 30.0
     #: Most frames written before yielding to the event loop.
     batch: int = 4096
+    #: "spec" or "shipped": how EOS_MESSAGE is written and when its ACK ends the stream.
+    dialect: str = "spec"
 
 
 @dataclass
@@ -179,6 +181,9 @@ class StreamFeed:
         self.pending: deque[Message] = deque()
         #: Point of reference the worker acknowledged: every message id below it is durable.
         self.acked = 0
+        #: Highest point any ACK has reported; unlike ``acked`` never lowered, so that
+        #: re-acknowledging the same data after a reconnect is not counted as progress.
+        self.acked_high = 0
         #: Highest message id read from the input (the id before the resume point if none).
         self.last_id = -1
         self.max_sent = 0  # highest message id ever sent, to count replays
@@ -235,6 +240,7 @@ class MockSource:
         self.host = self.options.host
         self.port = self.options.port
         self.limiter = RateLimiter(self.options.rate)
+        self.eos = EosRule(self.options.dialect)
         self.buffered = 0
         self._wake = asyncio.Event()
         self._progress = False
@@ -429,8 +435,10 @@ class MockSource:
                 self.buffered -= dropped
                 self.stats.acknowledged += _covered(point) - _covered(feed.acked)
                 feed.acked = point
+            if point > feed.acked_high:
+                feed.acked_high = point
                 self._progress = True
-            if feed.state == EOS_SENT and point > feed.last_id:
+            if feed.state == EOS_SENT and self.eos.finishes(feed, point):
                 feed.state = DONE
                 feed.close_reader()
                 self.stats.streams_done += 1
@@ -586,7 +594,7 @@ class MockSource:
                     stats.replayed += take
                 budget -= take
             if budget and feed.exhausted and not feed.pending:
-                out.append(EosMessage(feed.stream_id, max(feed.last_id, 0)))
+                out.append(self.eos.frame(feed))
                 feed.state = EOS_SENT
                 budget -= 1
         return out
@@ -610,6 +618,29 @@ class MockSource:
             feed.pending.extend(batch)
             feed.last_id = batch[-1].message_id
             self.buffered += len(batch)
+
+
+class EosRule:
+    """The dialect's EOS_MESSAGE: its wire form and the ACK that finishes a stream.
+
+    spec: ``EOS(stream_id, last_id)``; done when the ACK's point passes the last id
+    (a point of reference is the first id the worker does not have).
+    shipped: ``EOS(stream_id)`` (8 bytes); the worker answers ``ACK(0, [(stream_id,
+    last_seen)])``, so done when the point reaches the last id.
+    """
+
+    DIALECTS = ("spec", "shipped")
+
+    def __init__(self, dialect: str) -> None:
+        if dialect not in self.DIALECTS:
+            raise ValueError(f"unknown dialect {dialect!r}: expected one of {', '.join(self.DIALECTS)}")
+        self.shipped = dialect == "shipped"
+
+    def frame(self, feed: StreamFeed) -> EosMessage:
+        return EosMessage(feed.stream_id, None if self.shipped else max(feed.last_id, 0))
+
+    def finishes(self, feed: StreamFeed, point: int) -> bool:
+        return point >= feed.last_id if self.shipped else point > feed.last_id
 
 
 def _covered(point: int) -> int:
