@@ -291,6 +291,13 @@ async def _run(
     help="ERROR and close a connection silent this many seconds (0: never).",
 )
 @click.option(
+    "--write-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Abort a connection that reads nothing of our frames for this many seconds (0: never).",
+)
+@click.option(
     "--handshake-timeout",
     type=click.FloatRange(0),
     default=10.0,
@@ -379,6 +386,7 @@ def command(**opts) -> None:
             ack_delay_ms=opts["ack_delay"],
             drop_connection_after=opts["drop_connection_after"],
             idle_timeout=opts["idle_timeout"],
+            write_timeout=opts["write_timeout"],
             handshake_timeout=opts["handshake_timeout"],
             max_connections=opts["max_connections"],
             record=opts["record"],

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import signal
 import socket
@@ -663,3 +664,41 @@ def test_out_to_a_fifo_checkpoints_and_shuts_down_cleanly(tmp_path) -> None:
     assert summary["messages"] == 2
     assert summary["errors"] == []
     assert len(lines) == 2
+
+
+@pytest.mark.timeout(90)
+def test_a_connector_that_stops_reading_is_aborted_and_frees_its_streams() -> None:
+    """It must not hold its streams, its slot or the worker's shutdown forever."""
+    import threading
+
+    args = ("--credits", "1000000", "--write-timeout", "1", "--format", "json")
+    with Server("mock-worker", "--port", "0", *args) as server:
+        stuck = socket.socket()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # and it never reads
+        stuck.connect((server.host, server.port))
+        stuck.sendall(hello())
+        assert stuck.recv(9) == ok_bytes(1000000)  # the last read it ever does
+        stuck.sendall(notify(1, b"held"))
+
+        def flood() -> None:
+            # NOTIFY_ACKs pile up unread until the worker's writes block.
+            with contextlib.suppress(OSError):
+                for stream_id in range(2, 400_000):
+                    stuck.sendall(notify(stream_id, b"x"))
+
+        flooder = threading.Thread(target=flood, daemon=True)
+        flooder.start()
+        flooder.join(timeout=60)
+        assert not flooder.is_alive(), "the worker never aborted the connection that stopped reading"
+
+        other = Connector(server)
+        other.handshake(1000000)
+        other.send(notify(1, b"held"))
+        assert other.read_frame() == notify_ack_bytes(1, 1, 0)  # released by the aborted connection
+        other.close()
+        stuck.close()
+        started = time.monotonic()
+        summary = stop_json(server)
+        assert time.monotonic() - started < 20
+    [stalled] = [e for e in summary["errors"] if e["kind"] == "stalled"]
+    assert "read nothing of our frames for 1 s" in stalled["reason"]

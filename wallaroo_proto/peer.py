@@ -33,6 +33,10 @@ class ConnectionClosed(Exception):
         )
 
 
+class PeerStalled(ConnectionResetError):
+    """The peer read nothing of our frames for ``write_timeout`` seconds; we aborted."""
+
+
 class OwnViolation(Exception):
     """We were about to send a frame the protocol forbids."""
 
@@ -51,6 +55,7 @@ class FramedConnection:
         lenient_credits: bool = False,
         recording: TcpSession | None = None,
         we_connected: bool = False,
+        write_timeout: float | None = 30.0,
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -59,6 +64,8 @@ class FramedConnection:
         self.frames = FrameReader(max_frame_size)
         self.recording = recording
         self._we_are_client = we_connected
+        #: Seconds a peer may leave our writes unread before the connection is aborted.
+        self.write_timeout = write_timeout
         self._peer_closed_first = False
         self.bytes_in = 0
         self.bytes_out = 0
@@ -100,9 +107,24 @@ class FramedConnection:
             self.recording.send(self._we_are_client, data)
         self.writer.write(data)
 
+    async def drain(self) -> None:
+        """Wait for the peer to take our bytes, at most ``write_timeout`` seconds.
+
+        A peer that stops reading would otherwise hold this connection, and what
+        it owns (streams, a slot, shutdown), forever.
+        """
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                await self.writer.drain()
+        except TimeoutError:
+            self.writer.transport.abort()
+            raise PeerStalled(
+                f"{self.peer} read nothing of our frames for {self.write_timeout:g} s; connection aborted"
+            ) from None
+
     async def send(self, *frames: Frame, check: bool = True) -> None:
         self.write(frames, check=check)
-        await self.writer.drain()
+        await self.drain()
 
     async def fail(self, reason: str) -> None:
         """Answer a misbehaving peer: ERROR with the reason, then close."""
@@ -117,8 +139,13 @@ class FramedConnection:
         self.machine.connection_lost()
         if not self.writer.is_closing():
             self.writer.close()
-        with contextlib.suppress(ConnectionError, OSError):
-            await self.writer.wait_closed()
+        try:
+            async with asyncio.timeout(self.write_timeout):
+                await self.writer.wait_closed()  # flushes what is queued: bounded like drain
+        except TimeoutError:
+            self.writer.transport.abort()
+        except (ConnectionError, OSError):
+            pass
 
 
 def describe_protocol_error(err: ProtocolError) -> str:

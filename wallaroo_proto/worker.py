@@ -53,7 +53,7 @@ from .frames import (
     show_text,
 )
 from .pcap_writer import PcapWriter, TcpSession
-from .peer import ConnectionClosed, FramedConnection, OwnViolation, describe_protocol_error
+from .peer import ConnectionClosed, FramedConnection, OwnViolation, PeerStalled, describe_protocol_error
 from .protocol import Outcome, Side, Use, Verdict, check_hello
 from .registry import Registry, write_atomic
 from .sink_forwarder import SinkForwarder
@@ -89,6 +89,7 @@ class WorkerConfig:
     ack_delay_ms: float = 0.0
     drop_connection_after: int = 0
     idle_timeout: float = 0.0
+    write_timeout: float = 30.0
     handshake_timeout: float = 10.0
     max_connections: int = 64
     record: str | Path | None = None
@@ -287,11 +288,14 @@ class WorkerConnection:
                 if not self._refill and credits is not None and credits <= cfg.refill_at:
                     self._refill = True
                     self._ack_wanted.set()
-                await framed.writer.drain()
+                await framed.drain()
         except ConnectionClosed:
             self.state = "closed by peer"
         except _Stop:
             pass
+        except PeerStalled as err:
+            self.state = "stalled"
+            self.worker.note_error(self, "stalled", str(err))
         except (ConnectionError, OSError):
             self.state = "reset"
         finally:
@@ -429,7 +433,7 @@ class WorkerConnection:
                 return  # the connection already ended (ERROR or RESTART)
             self.worker.stats.acks_sent += 1
             try:
-                await self.framed.writer.drain()
+                await self.framed.drain()
             except (ConnectionError, OSError):
                 return
 
@@ -575,6 +579,7 @@ class MockWorker:
             max_frame_size=cfg.max_frame_size,
             lenient_credits=cfg.lenient_credits,
             recording=recording,
+            write_timeout=cfg.write_timeout or None,
         )
         conn_id = next(self._ids)
         try:
