@@ -114,6 +114,8 @@ def _driver_options(opts: dict) -> dict:
         "cookie": opts["sink_cookie"].encode("utf-8"),
         "version": opts["sink_version"],
         "record": opts["sink_record"],
+        # Room for a whole checkpoint's output, so put() rarely has to wait for one.
+        "max_buffer_messages": max(2 * opts["checkpoint_every"], 2000),
         "log": lambda line: click.echo(f"{NAME}: sink: {line}", err=True),
     }
 
@@ -172,6 +174,7 @@ async def _run(
     sys.stdout.flush()
 
     stop = asyncio.Event()
+    worker.on_fatal = stop.set
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -401,5 +404,8 @@ def command(**opts) -> None:
     live = opts["live"] if opts["live"] is not None else sys.stderr.isatty()
     summary = asyncio.run(_run(config, registry, opts["out"], resuming, live, sink))
     _print_summary(summary, opts["fmt"])
+    if summary["fatal"]:
+        click.echo(f"{NAME}: stopped: {summary['fatal']}", err=True)
+        sys.exit(1)
     if opts["strict"] and summary["violations"]:
         sys.exit(1)

@@ -153,3 +153,32 @@ def test_committed_output_is_the_input_exactly_once_in_order(tmp_path: Path, see
     assert "PHASE2" in sink_err
     check = run_cli("mock-sink", "--check", str(tmp_path / "sink"))
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.timeout(120)
+def test_sink_buffer_full_asks_for_a_checkpoint_instead_of_stalling(tmp_path: Path) -> None:
+    """Checkpoints off: the forwarder's full buffer must trigger one, or the worker would wait forever."""
+    lines = 5000  # more than the forwarder's buffer of 2000 messages
+    source_file = tmp_path / "in.txt"
+    source_file.write_text("".join(f"m{i:06d};\n" for i in range(lines)))
+    with Server("mock-sink", "--port", "0", "--out-dir", str(tmp_path / "sink")) as sink:
+        args = ("--sink", sink.address, "--checkpoint-every", "0", "--checkpoint-ms", "0", "--format", "json")
+        with Server("mock-worker", "--port", "0", *args) as worker:
+            source = run_cli("mock-source", "--connect", worker.address, "-q", str(source_file), timeout=100)
+            assert source.returncode == 0, source.stderr
+            code, _, err = worker.stop()
+            assert code == 0, err
+        sink.stop()
+    assert committed_records(tmp_path / "sink") == [f"m{i:06d}" for i in range(lines)]
+
+
+@pytest.mark.timeout(60)
+def test_a_sink_that_refuses_the_worker_stops_it_with_the_reason(tmp_path: Path) -> None:
+    with Server("mock-sink", "--port", "0", "--out-dir", str(tmp_path), "--cookie", "secret") as sink:
+        with Server("mock-worker", "--port", "0", "--sink", sink.address, "--format", "json") as worker:
+            worker.proc.wait(timeout=30)  # it stops by itself
+            code, out, err = worker.stop()
+        sink.stop()
+    assert code == 1
+    assert "stopped: sink: the sink refused our HELLO: Bad cookie" in err
+    assert "Traceback" not in err

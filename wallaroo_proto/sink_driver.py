@@ -164,6 +164,11 @@ class SinkDriver:
 
     # --- the application side ------------------------------------------------
 
+    @property
+    def full(self) -> bool:
+        """True while ``put`` would wait: the uncommitted buffer is at its cap."""
+        return self._full()
+
     def _full(self) -> bool:
         return bool(self._buf) and (
             len(self._buf) >= self.max_buffer_messages or self._buf_bytes >= self.max_buffer_bytes

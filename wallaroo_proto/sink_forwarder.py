@@ -44,11 +44,22 @@ class SinkForwarder:
             **driver_options,
         )
         self._runner: asyncio.Task | None = None
+        #: Set by the worker: ask for a checkpoint now (the buffer drains only at checkpoints).
+        self.request_checkpoint: Callable[[], None] = lambda: None
+        #: Set by the worker: the driver gave up for good (sink unreachable, HELLO refused).
+        self.on_fatal: Callable[[BaseException], None] = lambda err: None
 
     def start(self) -> None:
         self._runner = asyncio.create_task(self.driver.run(), name="sink-driver")
+        self._runner.add_done_callback(self._runner_done)
+
+    def _runner_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.on_fatal(task.exception())
 
     async def deliver(self, stream_id: int, message: Message) -> None:
+        if self.driver.full:
+            self.request_checkpoint()  # or put() would wait for a checkpoint nobody asked for
         await self.driver.put(message.payload)
 
     def mark(self) -> int:

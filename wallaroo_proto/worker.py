@@ -494,6 +494,9 @@ class MockWorker:
         self.consumers = list(consumers)
         self.consumer_calls = [c.deliver for c in self.consumers]
         self.sink: SinkForwarder | None = None
+        #: Why the worker cannot go on (the sink gave up), and who to tell.
+        self.fatal: str | None = None
+        self.on_fatal: Callable[[], None] = lambda: None
         self.stats = Stats()
         self.connections: dict[int, WorkerConnection] = {}
         self.address: tuple[str, int] | None = None
@@ -511,12 +514,28 @@ class MockWorker:
     def set_sink(self, forwarder: SinkForwarder) -> None:
         """Forward delivered messages to a connector sink, committed with each checkpoint."""
         self.sink = forwarder
+        forwarder.request_checkpoint = self.checkpoint_soon
+        forwarder.on_fatal = self._sink_failed
         self.add_consumer(forwarder)
 
     def add_consumer(self, consumer: Consumer) -> None:
-        """Add a consumer before ``start``: its ``deliver`` sees every delivered message, in order."""
-        self.consumers.append(consumer)
-        self.consumer_calls.append(consumer.deliver)
+        """Add a consumer before ``start``: its ``deliver`` sees every delivered message, in order.
+
+        The sink forwarder stays last: a delivery is then complete at the sink only after
+        every other consumer took it, which the checkpoint's snapshot relies on.
+        """
+        at = len(self.consumers) - 1 if self.sink is not None and consumer is not self.sink else None
+        if at is None:
+            self.consumers.append(consumer)
+        else:
+            self.consumers.insert(at, consumer)
+        self.consumer_calls = [c.deliver for c in self.consumers]
+
+    def _sink_failed(self, err: BaseException) -> None:
+        """The sink is gone for good: stop, and say why (the CLI exits 1)."""
+        self.fatal = f"sink: {err}"
+        self.stats.errors.append({"connection": None, "peer": None, "kind": "sink", "reason": str(err)})
+        self.on_fatal()
 
     # --- lifecycle ---------------------------------------------------------------------
 
@@ -544,7 +563,7 @@ class MockWorker:
             await asyncio.gather(*self._handlers, return_exceptions=True)
         try:
             await self.checkpoint()
-        except OSError as err:
+        except Exception as err:
             self._note_checkpoint_failure(err)
         for consumer in self.consumers:
             aclose = getattr(consumer, "aclose", None)
@@ -637,10 +656,10 @@ class MockWorker:
             self._checkpoint_due.clear()
             try:
                 await self.checkpoint()
-            except OSError as err:
+            except Exception as err:  # a disk or sink failure: this checkpoint did not happen
                 self._note_checkpoint_failure(err)
 
-    def _note_checkpoint_failure(self, err: OSError) -> None:
+    def _note_checkpoint_failure(self, err: Exception) -> None:
         """A checkpoint that did not happen (disk, sink abort): its deliveries stay dirty for the next."""
         self.stats.errors.append({"connection": None, "peer": None, "kind": "checkpoint", "reason": str(err)})
 
@@ -715,6 +734,7 @@ class MockWorker:
             "violations": s.violations,
             "errors": list(s.errors),
             "errors_received": list(s.errors_received),
+            "fatal": self.fatal,
             "streams": [
                 {
                     "stream_id": e.stream_id,
