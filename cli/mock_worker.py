@@ -398,8 +398,11 @@ def command(**opts) -> None:
         raise click.UsageError(str(err)) from err
     try:
         registry = Registry.open(opts["state_path"])
+        registry.save()  # find out now, not at the first checkpoint, that it cannot be written
     except StateError as err:
         raise _usage_error(str(err)) from err
+    except OSError as err:
+        raise _usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
     resuming = bool(registry.streams)
     live = opts["live"] if opts["live"] is not None else sys.stderr.isatty()
     summary = asyncio.run(_run(config, registry, opts["out"], resuming, live, sink))

@@ -702,3 +702,10 @@ def test_a_connector_that_stops_reading_is_aborted_and_frees_its_streams() -> No
         assert time.monotonic() - started < 20
     [stalled] = [e for e in summary["errors"] if e["kind"] == "stalled"]
     assert "read nothing of our frames for 1 s" in stalled["reason"]
+
+
+def test_an_unwritable_state_file_is_refused_at_start(tmp_path) -> None:
+    result = run_cli("mock-worker", "--port", "0", "--state", str(tmp_path / "no-such-dir" / "state.json"))
+    assert result.returncode == 2
+    assert "cannot write --state" in result.stderr
+    assert "No such file or directory" in result.stderr

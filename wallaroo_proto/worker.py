@@ -227,6 +227,10 @@ class Stats:
     errors_received: deque = field(default_factory=lambda: deque(maxlen=MAX_RECORDED_ERRORS))
 
 
+#: Seconds before a failed checkpoint (disk, sink abort vote) is tried again.
+CHECKPOINT_RETRY_S = 0.2
+
+
 class _Stop(Exception):
     """This connection is over (ERROR sent, RESTART sent, or dropped on purpose)."""
 
@@ -249,6 +253,8 @@ class WorkerConnection:
         self._ack_wanted = asyncio.Event()
         self._refill = False
         self._report: set[int] = set()
+        #: Streams ended by EOS_MESSAGE whose final ACK waits for a checkpoint covering them.
+        self._eos_pending: set[int] = set()
         self._ack_task: asyncio.Task | None = None
 
     # --- the loop -------------------------------------------------------------------
@@ -391,16 +397,29 @@ class WorkerConnection:
             raise _Stop
         elif kind is EosMessage:
             worker.stats.eos += 1
-            # The final ACK must report a durable point: checkpoint first, then release.
-            await worker.checkpoint()
-            worker.registry.release(frame.stream_id, self)
-            self._report.add(frame.stream_id)
-            self._ack_wanted.set()
+            # The final ACK must report a durable point: it goes out, and the stream is
+            # released, from ``report`` once a checkpoint covering the stream succeeded.
+            self._eos_pending.add(frame.stream_id)
+            try:
+                await worker.checkpoint()
+            except Exception as err:  # disk or sink, perhaps passing: retried shortly
+                worker.note_checkpoint_failure(err)
 
     # --- outgoing ---------------------------------------------------------------------
 
+    def settle_eos(self) -> None:
+        """After a checkpoint: send the final ACK of every ended stream it fully covers."""
+        streams = self.worker.registry.streams
+        for stream_id in list(self._eos_pending):
+            entry = streams[stream_id]
+            if entry.point_of_ref > entry.last_seen:
+                self.report(stream_id)
+
     def report(self, stream_id: int) -> None:
         """A checkpoint advanced this stream: tell the connector in the next ACK."""
+        if stream_id in self._eos_pending:
+            self._eos_pending.discard(stream_id)
+            self.worker.registry.release(stream_id, self)
         self._report.add(stream_id)
         self._ack_wanted.set()
 
@@ -564,7 +583,7 @@ class MockWorker:
         try:
             await self.checkpoint()
         except Exception as err:
-            self._note_checkpoint_failure(err)
+            self.note_checkpoint_failure(err)
         for consumer in self.consumers:
             aclose = getattr(consumer, "aclose", None)
             if aclose is not None:
@@ -657,11 +676,13 @@ class MockWorker:
             try:
                 await self.checkpoint()
             except Exception as err:  # a disk or sink failure: this checkpoint did not happen
-                self._note_checkpoint_failure(err)
+                self.note_checkpoint_failure(err)
 
-    def _note_checkpoint_failure(self, err: Exception) -> None:
-        """A checkpoint that did not happen (disk, sink abort): its deliveries stay dirty for the next."""
+    def note_checkpoint_failure(self, err: Exception) -> None:
+        """A checkpoint that did not happen (disk, sink abort): its deliveries stay dirty; retry soon."""
         self.stats.errors.append({"connection": None, "peer": None, "kind": "checkpoint", "reason": str(err)})
+        if self.fatal is None:
+            asyncio.get_running_loop().call_later(CHECKPOINT_RETRY_S, self.checkpoint_soon)
 
     async def checkpoint(self) -> dict[int, int]:
         """Make the deliveries so far durable, then ACK the advanced points of reference.
@@ -674,6 +695,7 @@ class MockWorker:
             sink_mark = self.sink.mark() if self.sink is not None else 0  # no await since the snapshot
             self.since_checkpoint = 0
             if not snapshot:
+                self._settle_eos()
                 return snapshot
             loop = asyncio.get_running_loop()
 
@@ -706,7 +728,12 @@ class MockWorker:
                 owner = streams[stream_id].owner
                 if owner is not None:
                     owner.report(stream_id)
+            self._settle_eos()
             return snapshot
+
+    def _settle_eos(self) -> None:
+        for conn in list(self.connections.values()):
+            conn.settle_eos()
 
     # --- reporting -----------------------------------------------------------------------------
 
