@@ -301,11 +301,6 @@ VIOLATIONS = [
         "Invalid message: RESTART may only be sent by the worker",
     ),
     (
-        "notify twice on one connection",
-        [hello(), notify(21, b"n"), notify(21, b"n")],
-        "NOTIFY for stream 21, which is already Open on this connection",
-    ),
-    (
         "eos on unknown stream",
         [hello(), eos(77)],
         "EOS_MESSAGE for stream 77, which is not open (never notified)",
@@ -709,3 +704,17 @@ def test_an_unwritable_state_file_is_refused_at_start(tmp_path) -> None:
     assert result.returncode == 2
     assert "cannot write --state" in result.stderr
     assert "No such file or directory" in result.stderr
+
+
+def test_notify_twice_on_one_connection_is_refused_like_the_shipped_worker() -> None:
+    """PROTOCOL-NOTES: a NOTIFY for a stream already pending or active gets NOTIFY_ACK 0."""
+    with Server("mock-worker", "--port", "0") as server:
+        conn = Connector(server)
+        conn.handshake(100)
+        conn.send(notify(21, b"n"))
+        assert conn.read_frame() == notify_ack_bytes(1, 21, 0)
+        conn.send(notify(21, b"n"))
+        assert conn.read_frame() == notify_ack_bytes(0, 21, 0)
+        conn.send(message(21, 0, b"still open"), eos(21, 0))
+        assert conn.read_until(6) == ack_bytes(0, [(21, 1)])
+        conn.close()

@@ -185,7 +185,6 @@ def test_restart_while_notify_pending_terminates():
         ),
         ([(Notify(1, "s"), C)], Message(1, 1, 0, b"", b""), C, "stream is Notify-Sent"),
         ([], NotifyAck(True, 1, 0), W, "NOTIFY_ACK for stream 1, which has no NOTIFY pending"),
-        ([(Notify(1, "s"), C)], Notify(1, "s"), C, "NOTIFY for stream 1, which is already Notify-Sent"),
         ([], EosMessage(1, 0), C, "EOS_MESSAGE for stream 1, which is not open (never notified)"),
         ([], Ack(1, ((5, 1),)), W, "ACK for stream 5, which was never notified"),
     ],
@@ -393,3 +392,35 @@ def test_after_a_phase2_abort_the_worker_resends_from_the_committed_offset():
     accept(conn, twopc_frame(Phase2("t1", False)), W)
     accept(conn, Message(1, 0, 0, b"", b"abcd"), W)  # the same offset again: a re-send
     assert conn.process(Message(1, 0, 0, b"", b"abcd"), W).verdict is Verdict.REPLAYED
+
+
+def test_a_repeated_notify_is_refused_as_the_shipped_worker_does():
+    conn = streaming()
+    accept(conn, Notify(1, "s1", 0), C)
+    repeat = conn.process(Notify(1, "s1", 0), C)  # while pending: the worker will refuse it
+    assert repeat.verdict is Verdict.ACCEPTED
+    assert "already Notify-Sent on this connection: to be refused" in repeat.reason
+    accept(conn, NotifyAck(True, 1, 0), W)  # answers the first NOTIFY
+    accept(conn, NotifyAck(False, 1, 0), W)  # refuses the repeat: the stream stays open
+    assert conn.streams[1].state is StreamState.OPEN
+    accept(conn, Message(1, 1, 0, b"", b""), C)
+    accept(conn, Notify(1, "s1", 0), C)  # while open, likewise
+    assert "success=1 for stream 1, which is already open" in conn.process(NotifyAck(True, 1, 0), W).reason
+    accept(conn, NotifyAck(False, 1, 0), W)
+    assert conn.process(NotifyAck(False, 1, 0), W).is_violation  # no refusal was due any more
+
+
+def test_listed_uncommitted_txns_must_be_settled_before_data_or_a_new_round():
+    conn = Connection(Use.SINK)
+    accept(conn, Hello("v0.0.1", b"", "w", "w1"), W)
+    accept(conn, Notify(1, "sink", 0), W)
+    accept(conn, Ok(500), C)
+    accept(conn, NotifyAck(True, 1, 0), C)
+    accept(conn, twopc_frame(ReplyUncommitted(1, ("old-1", "old-2"))), C)
+    early = conn.process(Message(1, 0, 0, b"", b"x"), W)
+    assert "before the listed uncommitted txn(s) 'old-1', 'old-2' were settled by PHASE2" in early.reason
+    assert conn.process(twopc_frame(Phase1("new", ())), W).is_violation
+    accept(conn, twopc_frame(Phase2("old-1", True)), W)
+    accept(conn, twopc_frame(Phase2("old-2", False)), W)
+    accept(conn, Message(1, 0, 0, b"", b"x"), W)
+    accept(conn, twopc_frame(Phase1("new", ((1, 0, 1),))), W)

@@ -115,6 +115,9 @@ class StreamRecord:
     last_acked: int | None = None
     messages: int = 0
     replays: int = 0
+    #: NOTIFYs sent while the stream was pending or open: the worker refuses each (shipped
+    #: behaviour) with a NOTIFY_ACK success=0 that leaves the stream as it was.
+    refusals_due: int = 0
 
 
 # Which side of each use sends the data frames.
@@ -153,6 +156,9 @@ class Connection:
     undecided_txns: set = field(default_factory=set)
     #: The txn the last PHASE2 decided: a sink may REPLY to a PHASE2 too.
     last_decided_txn: Text | None = None
+    #: Txns the sink listed in REPLY_UNCOMMITTED that no PHASE2 settled yet: until then
+    #: the worker may send no application data and start no round.
+    unsettled_listed: set = field(default_factory=set)
     closed_by: Side | None = None
     _data_side: Side = field(init=False, repr=False)
 
@@ -189,6 +195,7 @@ class Connection:
                 record is not None
                 and record.state is StreamState.OPEN
                 and self.phase1_txn is None
+                and not self.unsettled_listed
                 and credits is not None
                 and credits > 0
                 and (frame.stream_id != TWOPC_STREAM or self.use is Use.SOURCE)
@@ -267,16 +274,27 @@ class Connection:
         if frame_type is Notify:
             record = self.stream(frame.stream_id)
             if record.state is StreamState.NOTIFY_SENT or record.state is StreamState.OPEN:
-                return self._violation(
+                # The spec lists NOTIFY only in Start and Closed; the shipped worker answers a
+                # repeat with NOTIFY_ACK success=0 and the stream stays as it was.
+                record.refusals_due += 1
+                return Outcome(
+                    Verdict.ACCEPTED,
+                    f"NOTIFY for stream {frame.stream_id}, which is already {record.state.value} "
+                    "on this connection: to be refused",
                     index,
-                    f"NOTIFY for stream {frame.stream_id}, which is already "
-                    f"{record.state.value} on this connection",
                 )
             record.state = StreamState.NOTIFY_SENT
             record.name = frame.stream_name
             return ACCEPTED
         if frame_type is NotifyAck:
             record = self.streams.get(frame.stream_id)
+            if record is not None and record.state is StreamState.OPEN and record.refusals_due:
+                if frame.success:
+                    return self._violation(
+                        index, f"NOTIFY_ACK success=1 for stream {frame.stream_id}, which is already open"
+                    )
+                record.refusals_due -= 1
+                return ACCEPTED
             if record is None or record.state is not StreamState.NOTIFY_SENT:
                 return self._violation(
                     index, f"NOTIFY_ACK for stream {frame.stream_id}, which has no NOTIFY pending"
@@ -302,6 +320,10 @@ class Connection:
             return ACCEPTED
         return ACCEPTED  # WORKERS_LEFT: informational
 
+    def _unsettled(self) -> str:
+        listed = ", ".join(repr(show_text(t)) for t in sorted(self.unsettled_listed, key=show_text))
+        return f"before the listed uncommitted txn(s) {listed} were settled by PHASE2"
+
     def _violation(self, index: int, reason: str) -> Outcome:
         return Outcome(Verdict.VIOLATION, reason, index)
 
@@ -323,6 +345,8 @@ class Connection:
                 f"application MESSAGE on stream {stream_id} between PHASE1 of txn "
                 f"{show_text(self.phase1_txn)!r} and its PHASE2",
             )
+        if self.unsettled_listed:
+            return self._violation(index, f"application MESSAGE on stream {stream_id} {self._unsettled()}")
         last = record.last_message_id
         if last is not None and frame.message_id <= last:
             record.replays += 1
@@ -343,6 +367,8 @@ class Connection:
         if sender is not expected:
             return self._violation(index, f"2PC {name} may only be sent by the {expected.value}")
         if isinstance(msg, Phase1):
+            if self.unsettled_listed:
+                return self._violation(index, f"PHASE1 of txn {show_text(msg.txn_id)!r} {self._unsettled()}")
             if self.phase1_txn is not None:
                 return self._violation(
                     index,
@@ -361,6 +387,7 @@ class Connection:
                     f"{show_text(self.phase1_txn)!r} awaits its PHASE2",
                 )
             self.undecided_txns.discard(msg.txn_id)
+            self.unsettled_listed.discard(msg.txn_id)
             self.last_decided_txn = msg.txn_id
             if not msg.commit:
                 # After an abort the worker re-sends from the last committed offset:
@@ -369,6 +396,7 @@ class Connection:
                     record.last_message_id = None
         elif isinstance(msg, ReplyUncommitted):
             self.undecided_txns.update(msg.txn_ids)
+            self.unsettled_listed.update(msg.txn_ids)
         elif (
             isinstance(msg, Reply)
             and msg.txn_id not in self.undecided_txns
