@@ -294,6 +294,13 @@ async def _run(
     help="ERROR and close a connection silent this many seconds (0: never).",
 )
 @click.option(
+    "--max-streams",
+    type=click.IntRange(1),
+    default=100_000,
+    show_default=True,
+    help="Distinct streams one connection may NOTIFY; beyond it gets ERROR.",
+)
+@click.option(
     "--write-timeout",
     type=click.FloatRange(0),
     default=30.0,
@@ -390,6 +397,7 @@ def command(**opts) -> None:
             drop_connection_after=opts["drop_connection_after"],
             idle_timeout=opts["idle_timeout"],
             write_timeout=opts["write_timeout"],
+            max_streams=opts["max_streams"],
             handshake_timeout=opts["handshake_timeout"],
             max_connections=opts["max_connections"],
             record=opts["record"],

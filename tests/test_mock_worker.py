@@ -718,3 +718,15 @@ def test_notify_twice_on_one_connection_is_refused_like_the_shipped_worker() -> 
         conn.send(message(21, 0, b"still open"), eos(21, 0))
         assert conn.read_until(6) == ack_bytes(0, [(21, 1)])
         conn.close()
+
+
+def test_streams_per_connection_are_capped() -> None:
+    with Server("mock-worker", "--port", "0", "--max-streams", "2") as server:
+        conn = Connector(server)
+        conn.handshake(100)
+        for stream_id in (1, 2):
+            conn.send(notify(stream_id, b"s"))
+            assert conn.read_frame() == notify_ack_bytes(1, stream_id, 0)
+        conn.send(notify(3, b"s"))
+        assert conn.error_reason() == "too many streams on one connection (limit 2)"
+        conn.assert_closed()

@@ -90,6 +90,8 @@ class WorkerConfig:
     drop_connection_after: int = 0
     idle_timeout: float = 0.0
     write_timeout: float = 30.0
+    #: Distinct streams one connection may NOTIFY: what a connector can make the worker keep.
+    max_streams: int = 100_000
     handshake_timeout: float = 10.0
     max_connections: int = 64
     record: str | Path | None = None
@@ -255,6 +257,8 @@ class WorkerConnection:
         self._report: set[int] = set()
         #: Streams ended by EOS_MESSAGE whose final ACK waits for a checkpoint covering them.
         self._eos_pending: set[int] = set()
+        #: Distinct streams this connection has NOTIFYed, held to ``max_streams``.
+        self._notified: set[int] = set()
         self._ack_task: asyncio.Task | None = None
 
     # --- the loop -------------------------------------------------------------------
@@ -379,6 +383,10 @@ class WorkerConnection:
             self._ack_task = asyncio.create_task(self._ack_loop(), name=f"acks-{self.id}")
         elif kind is Notify:
             worker.stats.notifies += 1
+            if frame.stream_id not in self._notified:
+                if len(self._notified) >= cfg.max_streams:
+                    await self._fail("limit", f"too many streams on one connection (limit {cfg.max_streams})")
+                self._notified.add(frame.stream_id)
             if cfg.reject_streams is not None and cfg.reject_streams(frame.stream_id, frame.stream_name):
                 entry = worker.registry.streams.get(frame.stream_id)
                 por = entry.point_of_ref if entry is not None else frame.point_of_ref
