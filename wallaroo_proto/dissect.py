@@ -25,9 +25,7 @@ from __future__ import annotations
 import binascii
 import os
 import struct
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from .capture import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, CaptureError, format_address, read_segments
@@ -52,9 +50,10 @@ from .frames import (
     type_name,
 )
 from .protocol import Connection, ConnState, Side, StreamState, Use, Verdict
-from .reader import FrameReader
 from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
 from .records import DEFAULT_PORTS, ConnectionKey, to_json
+from .resync import DirectionFramer
+from .summary import ConnectionSummary, TxnSummary
 from .twopc import (
     TWOPC_STREAM,
     ListUncommitted,
@@ -70,13 +69,10 @@ _MSG_HEAD = struct.Struct(">QQqH").unpack_from
 _U32 = struct.Struct(">I")
 _new_tuple = tuple.__new__
 _MESSAGE = 5
-_MAX_TYPE = 9
 #: Frames held while it is not yet known whether a connection speaks source or sink.
 _HOLD_LIMIT = 32
 #: Per-connection caps on stored detail (counts stay exact).
 _KEEP = 1000
-#: Resync waits for more data on a candidate frame start at most this far back.
-RESYNC_WAIT = 64 * 1024
 _CLOSING = TCP_FIN | TCP_RST
 _CONTROL = TCP_SYN | TCP_FIN | TCP_RST
 #: Records handed out together: fewer generator switches, and still a small bounded list.
@@ -96,303 +92,6 @@ def _b64(data: bytes) -> str:
 
 def _text(value) -> str:
     return show_text(value)
-
-
-# --- summaries ------------------------------------------------------------------
-
-
-@dataclass
-class StreamSummary:
-    stream_id: int
-    name: str = ""
-    messages: int = 0
-    payload_bytes: int = 0
-    first_id: int | None = None
-    last_id: int | None = None
-    next_expected: int | None = None
-    gaps: int = 0
-    missing_ids: int = 0
-    replays: int = 0
-    eos: int = 0
-    notifies: int = 0
-    notify_failures: int = 0
-    checkpoints: int = 0
-    last_acked: int | None = None
-
-    def as_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "next_expected"}
-
-
-@dataclass
-class TxnSummary:
-    txn_id: str
-    where: list = field(default_factory=list)
-    phase1_packet: int | None = None
-    vote: bool | None = None
-    decision: bool | None = None
-    phase2_packet: int | None = None
-
-
-@dataclass
-class ConnectionSummary:
-    conn_index: int
-    connection: str
-    use: str = "unknown"
-    hello: dict | None = None
-    midstream: bool = False
-    first_packet: int = 0
-    last_packet: int = 0
-    first_ts: float = 0.0
-    last_ts: float = 0.0
-    frames: int = 0
-    frames_by_type: Counter = field(default_factory=Counter)
-    bytes_by_direction: Counter = field(default_factory=Counter)
-    streams: dict[int, StreamSummary] = field(default_factory=dict)
-    credits_granted: int = 0
-    credits_spent: int = 0
-    credits_left: int | None = None
-    restarts: list = field(default_factory=list)
-    errors: list = field(default_factory=list)
-    list_uncommitted: int = 0
-    txns: dict[str, TxnSummary] = field(default_factory=dict)
-    violations: int = 0
-    violation_list: list = field(default_factory=list)
-    malformed: int = 0
-    ignored: int = 0
-    capture_notes: list = field(default_factory=list)
-    tcp: dict = field(default_factory=dict)
-    closed: str = ""
-
-    def stream(self, stream_id: int) -> StreamSummary:
-        s = self.streams.get(stream_id)
-        if s is None:
-            s = self.streams[stream_id] = StreamSummary(stream_id)
-        return s
-
-    def as_dict(self) -> dict:
-        rounds = [
-            {
-                "txn_id": t.txn_id,
-                "where": t.where,
-                "phase1_packet": t.phase1_packet,
-                "vote": None if t.vote is None else ("commit" if t.vote else "abort"),
-                "decision": None if t.decision is None else ("commit" if t.decision else "abort"),
-                "phase2_packet": t.phase2_packet,
-            }
-            for t in self.txns.values()
-        ]
-        return {
-            "conn_index": self.conn_index,
-            "connection": self.connection,
-            "use": self.use,
-            "hello": self.hello,
-            "midstream": self.midstream,
-            "first_packet": self.first_packet,
-            "last_packet": self.last_packet,
-            "duration": round(self.last_ts - self.first_ts, 6),
-            "frames": self.frames,
-            "frames_by_type": dict(self.frames_by_type),
-            "bytes_by_direction": dict(self.bytes_by_direction),
-            "streams": [s.as_dict() for _, s in sorted(self.streams.items())],
-            "credits_granted": self.credits_granted,
-            "credits_spent": self.credits_spent,
-            "credits_left": self.credits_left,
-            "checkpoints_acknowledged": sum(s.checkpoints for s in self.streams.values()),
-            "restarts": self.restarts,
-            "errors": self.errors,
-            "list_uncommitted": self.list_uncommitted,
-            "twopc_rounds": rounds,
-            "violations": self.violations,
-            "violation_list": self.violation_list,
-            "malformed": self.malformed,
-            "ignored": self.ignored,
-            "capture_notes": self.capture_notes,
-            "tcp": self.tcp,
-            "closed": self.closed,
-        }
-
-
-# --- per direction: framing and resync ---------------------------------------------
-
-
-class _Direction:
-    """One direction's frame splitter; the reassembler's consumer."""
-
-    __slots__ = (
-        "tracker",
-        "client",
-        "reader",
-        "resync_buf",
-        "resync_base",
-        "resync_dropped",
-        "notes",
-        "half",
-        "max_frame_size",
-        "base",
-        "side",
-        "data_side",
-        "bytes",
-        "fast",
-        "json_prefix",
-    )
-
-    def __init__(self, tracker: _Tracker, client: bool, max_frame_size: int) -> None:
-        self.tracker = tracker
-        self.client = client
-        self.max_frame_size = max_frame_size
-        self.reader: FrameReader | None = FrameReader(max_frame_size)
-        self.resync_buf = bytearray()
-        self.resync_base = 0
-        self.resync_dropped = 0
-        self.notes: list[str] = []
-        self.half: HalfStream | None = None
-        self.base: dict | None = None
-        self.side = Side.CONNECTOR
-        self.data_side = False
-        self.bytes = 0
-        self.fast = False
-        self.json_prefix = ""
-
-    def data(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
-        reader = self.reader
-        if reader is None:
-            self._resync(offset, payload, packet, ts)
-            return
-        try:
-            bodies = reader.feed_bodies(payload)
-        except ProtocolError as err:
-            frame = self.tracker.frame
-            for off, body in err.decoded:
-                frame(self, off, body, packet, ts)
-            self.tracker.broken(self, err, packet, ts)
-            self.reader = None
-            bad = err.offset if err.offset is not None else offset
-            start = max(bad + 1, offset)
-            if start < offset + len(payload):
-                self._resync(start, payload[start - offset :], packet, ts)
-            return
-        tracker = self.tracker
-        frame = tracker.frame
-        i = 0
-        count = len(bodies)
-        while i < count:
-            if self.fast and not self.notes:
-                # Well-formed MESSAGEs go the one-loop way; anything else the general one.
-                i = tracker._fast_messages(self, bodies, i, packet, ts)
-                if i >= count:
-                    break
-            off, body = bodies[i]
-            frame(self, off, body, packet, ts)
-            i += 1
-
-    def gap(self, offset: int, missing: int | None, packet: int, ts: int) -> None:
-        reader = self.reader
-        if missing is None:
-            self.notes.append("capture starts mid-connection: earlier bytes unknown, resynced here")
-            self.tracker.midstream_start(self, packet)
-        else:
-            cut = ""
-            if reader is not None and reader.buffered:
-                cut = (
-                    f"; it cuts the frame at offset {reader.offset} ({reader.buffered} bytes of it captured)"
-                )
-            elif self.resync_buf:
-                cut = f"; {len(self.resync_buf)} bytes awaiting resync dropped"
-            where = f"stream offset {offset} (lost segment before packet {packet})"
-            note = f"{missing} bytes missing at {where}{cut}"
-            self.notes.append(note)
-            self.tracker.gap_noted(self, offset, missing, packet, note)
-        self.reader = None
-        self.resync_buf = bytearray()
-        self.resync_base = offset + (missing or 0)
-        self.resync_dropped = 0
-
-    def _resync(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
-        buf = self.resync_buf
-        if not buf:
-            self.resync_base = offset
-        buf += payload
-        pos, undecided = find_boundary(buf, self.max_frame_size)
-        n = len(buf)
-        if pos < 0:
-            # Keep from an undecided candidate (at most RESYNC_WAIT back), else the last few bytes.
-            keep = undecided if undecided >= 0 else max(n - 4, 0)
-            if keep:
-                del buf[:keep]
-                self.resync_base += keep
-                self.resync_dropped += keep
-            return
-        skipped = self.resync_dropped + pos
-        self.resync_dropped = 0
-        start = self.resync_base + pos
-        data = bytes(buf[pos:])
-        self.resync_buf = bytearray()
-        if self.notes or skipped:
-            self.notes.append(f"resynced at stream offset {start}, {skipped} bytes skipped")
-        self.tracker.resynced(self, start, skipped)
-        reader = self.reader = FrameReader(self.max_frame_size)
-        reader.offset = start
-        self.data(start, data, packet, ts)
-
-    def finish(self) -> None:
-        """End of the stream: report an unfinished frame or undecodable tail."""
-        reader = self.reader
-        if reader is not None and reader.buffered:
-            self.tracker.summary.capture_notes.append(
-                f"{self._label()}: stream ends inside a frame at offset {reader.offset} "
-                f"({reader.buffered} bytes of it captured)"
-            )
-        elif reader is None and self.resync_buf:
-            self.tracker.summary.capture_notes.append(
-                f"{self._label()}: {len(self.resync_buf)} bytes at offset {self.resync_base} "
-                "could not be resynced to a frame boundary"
-            )
-
-    def _label(self) -> str:
-        return self.tracker._dir_label(self)
-
-
-def find_boundary(buf: bytes | bytearray, max_frame_size: int) -> tuple[int, int]:
-    """(first offset where a frame plausibly starts or -1, first candidate needing more data or -1).
-
-    A candidate has a length in 1..max and a known type byte, its body decodes,
-    and it ends at the end of ``buf`` or is followed by another plausible header.
-    """
-    n = len(buf)
-    unpack = _U32.unpack_from
-    undecided = -1
-    # With the maximum under 16 MiB a length prefix starts with a zero byte: find() skips the rest.
-    zero_first = max_frame_size < 1 << 24
-    find = buf.find
-    p = -1
-    last = n - 5
-    while True:
-        p = find(b"\x00", p + 1, last + 1) if zero_first else p + 1
-        if p < 0 or p > last:
-            break
-        (length,) = unpack(buf, p)
-        if length == 0 or length > max_frame_size or buf[p + 4] > _MAX_TYPE:
-            continue
-        end = p + 4 + length
-        if end > n:
-            # Worth waiting for only if it is recent: this bounds the buffer and the rescans.
-            if undecided < 0 and n - p < RESYNC_WAIT:
-                undecided = p
-            continue
-        try:
-            decode(bytes(buf[p + 4 : end]))
-        except ProtocolError:
-            continue
-        if end == n:
-            return p, undecided
-        if end + 5 <= n:
-            (nxt,) = unpack(buf, end)
-            if 0 < nxt <= max_frame_size and buf[end + 4] <= _MAX_TYPE:
-                return p, undecided
-            continue
-        if undecided < 0 and n - p < RESYNC_WAIT:
-            undecided = p
-    return -1, undecided
 
 
 # --- per connection ------------------------------------------------------------------
@@ -418,7 +117,10 @@ class _Tracker:
         self.with_raw = dissector.with_raw
         max_size = dissector.max_frame_size
         self.ends = {True: client, False: server}
-        self.dirs = {True: _Direction(self, True, max_size), False: _Direction(self, False, max_size)}
+        self.dirs = {
+            True: DirectionFramer(self, True, max_size),
+            False: DirectionFramer(self, False, max_size),
+        }
         ports = dissector.ports
         if client_known:
             self.initiator_is_client = True
@@ -429,7 +131,7 @@ class _Tracker:
         self.initiator_fixed = False
         self.conn: Connection | None = None
         self.use: Use | None = None
-        self.held: list[tuple[_Direction, int, bytes, Frame | None, str | None, int, int, list]] = []
+        self.held: list[tuple[DirectionFramer, int, bytes, Frame | None, str | None, int, int, list]] = []
         self.midstream = False
         self.summary = ConnectionSummary(index, "")
         self._set_label()
@@ -459,18 +161,18 @@ class _Tracker:
             "responder_port": rp,
         }
 
-    def side_of(self, direction: _Direction) -> Side:
+    def side_of(self, direction: DirectionFramer) -> Side:
         from_initiator = direction.client == self.initiator_is_client
         if self.use is Use.SINK:
             return Side.WORKER if from_initiator else Side.CONNECTOR
         return Side.CONNECTOR if from_initiator else Side.WORKER
 
-    def _base(self, direction: _Direction) -> dict:
+    def _base(self, direction: DirectionFramer) -> dict:
         return direction.base if direction.base is not None else self._prepare(direction)
 
     # events from the directions -----------------------------------------------------------
 
-    def midstream_start(self, direction: _Direction, packet: int) -> None:
+    def midstream_start(self, direction: DirectionFramer, packet: int) -> None:
         self.midstream = True
         for d in self.dirs.values():
             d.fast = False
@@ -479,22 +181,24 @@ class _Tracker:
             f"packet {packet}: capture starts mid-connection ({self._dir_label(direction)}); resyncing"
         )
 
-    def gap_noted(self, direction: _Direction, offset: int, missing: int, packet: int, note: str) -> None:
+    def gap_noted(
+        self, direction: DirectionFramer, offset: int, missing: int, packet: int, note: str
+    ) -> None:
         self.summary.capture_notes.append(f"{self._dir_label(direction)}: {note}")
 
-    def resynced(self, direction: _Direction, offset: int, skipped: int) -> None:
+    def resynced(self, direction: DirectionFramer, offset: int, skipped: int) -> None:
         if skipped:
             label = self._dir_label(direction)
             self.summary.capture_notes.append(
                 f"{label}: resynced at stream offset {offset} after skipping {skipped} bytes"
             )
 
-    def _dir_label(self, direction: _Direction) -> str:
+    def _dir_label(self, direction: DirectionFramer) -> str:
         return (
             "initiator>responder" if direction.client == self.initiator_is_client else "responder>initiator"
         )
 
-    def broken(self, direction: _Direction, err: ProtocolError, packet: int, ts: int) -> None:
+    def broken(self, direction: DirectionFramer, err: ProtocolError, packet: int, ts: int) -> None:
         """Framing itself failed (length 0 or above the maximum): a record, then resync."""
         record = dict(self._base(direction)) if self.use else dict(self.ident, use="unknown")
         reason = f"packet {packet}: {err}; resyncing"
@@ -522,7 +226,7 @@ class _Tracker:
 
     # frames -------------------------------------------------------------------------
 
-    def frame(self, direction: _Direction, offset: int, body: bytes, packet: int, ts: int) -> None:
+    def frame(self, direction: DirectionFramer, offset: int, body: bytes, packet: int, ts: int) -> None:
         error = None
         frame: Frame | None
         if body[0] == _MESSAGE and len(body) >= 27:
@@ -553,7 +257,7 @@ class _Tracker:
         except ProtocolError as err:
             return None, str(err)
 
-    def _decide(self, direction: _Direction, frame: Frame | None) -> bool:
+    def _decide(self, direction: DirectionFramer, frame: Frame | None) -> bool:
         """Settle source or sink use (and the initiator) once the frames tell; False: hold."""
         if type(frame) is Hello:
             if direction.client != self.initiator_is_client and not self.initiator_fixed:
@@ -610,7 +314,7 @@ class _Tracker:
 
     def _emit(
         self,
-        direction: _Direction,
+        direction: DirectionFramer,
         offset: int,
         body: bytes,
         frame: Frame | None,
@@ -688,7 +392,9 @@ class _Tracker:
             self._other(record, frame, s, packet)
         self.out.append(to_json(record) if self.jsonl else record)
 
-    def _fast_messages(self, direction: _Direction, bodies: list, start: int, packet: int, ts: int) -> int:
+    def _fast_messages(
+        self, direction: DirectionFramer, bodies: list, start: int, packet: int, ts: int
+    ) -> int:
         """The common case in one loop: plain MESSAGEs on a settled source connection.
 
         Takes ``bodies[start:]`` while they are well-formed MESSAGEs and returns the
@@ -805,7 +511,7 @@ class _Tracker:
             s.last_ts = seconds
         return i
 
-    def _prepare(self, direction: _Direction) -> dict:
+    def _prepare(self, direction: DirectionFramer) -> dict:
         """Per-direction constants, fixed once the use and the initiator are known."""
         from_initiator = direction.client == self.initiator_is_client
         side = direction.side = self.side_of(direction)
@@ -1265,9 +971,7 @@ def dissect(
 
 __all__ = [
     "CaptureError",
-    "ConnectionSummary",
     "Dissector",
     "dissect",
-    "find_boundary",
     "looks_like_hello",
 ]

@@ -1,0 +1,215 @@
+"""Per-direction framing and resync: one TCP direction's bytes in, frame bodies out.
+
+``DirectionFramer`` is the reassembler's consumer for one direction of a
+connection: it splits the in-order byte stream into frames and hands each body
+to its connection tracker (``dissect._Tracker``). After a hole or a capture
+that starts mid-connection it resyncs with ``find_boundary``. It lives apart
+from the tracker so the framing and resync rules can be read and tested on
+their own.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from .codec import decode
+from .errors import ProtocolError
+from .protocol import Side
+from .reader import FrameReader
+
+if TYPE_CHECKING:
+    from .dissect import _Tracker
+    from .reassembly import HalfStream
+
+_U32 = struct.Struct(">I")
+_MAX_TYPE = 9
+#: Resync waits for more data on a candidate frame start at most this far back.
+RESYNC_WAIT = 64 * 1024
+
+
+class DirectionFramer:
+    """One direction's frame splitter; the reassembler's consumer.
+
+    Kept out of the connection tracker so framing and resync after lost bytes
+    stay one job: it turns a direction's bytes into frame bodies for the tracker.
+    """
+
+    __slots__ = (
+        "tracker",
+        "client",
+        "reader",
+        "resync_buf",
+        "resync_base",
+        "resync_dropped",
+        "notes",
+        "half",
+        "max_frame_size",
+        "base",
+        "side",
+        "data_side",
+        "bytes",
+        "fast",
+        "json_prefix",
+    )
+
+    def __init__(self, tracker: _Tracker, client: bool, max_frame_size: int) -> None:
+        self.tracker = tracker
+        self.client = client
+        self.max_frame_size = max_frame_size
+        self.reader: FrameReader | None = FrameReader(max_frame_size)
+        self.resync_buf = bytearray()
+        self.resync_base = 0
+        self.resync_dropped = 0
+        self.notes: list[str] = []
+        self.half: HalfStream | None = None
+        self.base: dict | None = None
+        self.side = Side.CONNECTOR
+        self.data_side = False
+        self.bytes = 0
+        self.fast = False
+        self.json_prefix = ""
+
+    def data(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
+        reader = self.reader
+        if reader is None:
+            self._resync(offset, payload, packet, ts)
+            return
+        try:
+            bodies = reader.feed_bodies(payload)
+        except ProtocolError as err:
+            frame = self.tracker.frame
+            for off, body in err.decoded:
+                frame(self, off, body, packet, ts)
+            self.tracker.broken(self, err, packet, ts)
+            self.reader = None
+            bad = err.offset if err.offset is not None else offset
+            start = max(bad + 1, offset)
+            if start < offset + len(payload):
+                self._resync(start, payload[start - offset :], packet, ts)
+            return
+        tracker = self.tracker
+        frame = tracker.frame
+        i = 0
+        count = len(bodies)
+        while i < count:
+            if self.fast and not self.notes:
+                # Well-formed MESSAGEs go the one-loop way; anything else the general one.
+                i = tracker._fast_messages(self, bodies, i, packet, ts)
+                if i >= count:
+                    break
+            off, body = bodies[i]
+            frame(self, off, body, packet, ts)
+            i += 1
+
+    def gap(self, offset: int, missing: int | None, packet: int, ts: int) -> None:
+        reader = self.reader
+        if missing is None:
+            self.notes.append("capture starts mid-connection: earlier bytes unknown, resynced here")
+            self.tracker.midstream_start(self, packet)
+        else:
+            cut = ""
+            if reader is not None and reader.buffered:
+                cut = (
+                    f"; it cuts the frame at offset {reader.offset} ({reader.buffered} bytes of it captured)"
+                )
+            elif self.resync_buf:
+                cut = f"; {len(self.resync_buf)} bytes awaiting resync dropped"
+            where = f"stream offset {offset} (lost segment before packet {packet})"
+            note = f"{missing} bytes missing at {where}{cut}"
+            self.notes.append(note)
+            self.tracker.gap_noted(self, offset, missing, packet, note)
+        self.reader = None
+        self.resync_buf = bytearray()
+        self.resync_base = offset + (missing or 0)
+        self.resync_dropped = 0
+
+    def _resync(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
+        buf = self.resync_buf
+        if not buf:
+            self.resync_base = offset
+        buf += payload
+        pos, undecided = find_boundary(buf, self.max_frame_size)
+        n = len(buf)
+        if pos < 0:
+            # Keep from an undecided candidate (at most RESYNC_WAIT back), else the last few bytes.
+            keep = undecided if undecided >= 0 else max(n - 4, 0)
+            if keep:
+                del buf[:keep]
+                self.resync_base += keep
+                self.resync_dropped += keep
+            return
+        skipped = self.resync_dropped + pos
+        self.resync_dropped = 0
+        start = self.resync_base + pos
+        data = bytes(buf[pos:])
+        self.resync_buf = bytearray()
+        if self.notes or skipped:
+            self.notes.append(f"resynced at stream offset {start}, {skipped} bytes skipped")
+        self.tracker.resynced(self, start, skipped)
+        reader = self.reader = FrameReader(self.max_frame_size)
+        reader.offset = start
+        self.data(start, data, packet, ts)
+
+    def finish(self) -> None:
+        """End of the stream: report an unfinished frame or undecodable tail."""
+        reader = self.reader
+        if reader is not None and reader.buffered:
+            self.tracker.summary.capture_notes.append(
+                f"{self._label()}: stream ends inside a frame at offset {reader.offset} "
+                f"({reader.buffered} bytes of it captured)"
+            )
+        elif reader is None and self.resync_buf:
+            self.tracker.summary.capture_notes.append(
+                f"{self._label()}: {len(self.resync_buf)} bytes at offset {self.resync_base} "
+                "could not be resynced to a frame boundary"
+            )
+
+    def _label(self) -> str:
+        return self.tracker._dir_label(self)
+
+
+def find_boundary(buf: bytes | bytearray, max_frame_size: int) -> tuple[int, int]:
+    """(first offset where a frame plausibly starts or -1, first candidate needing more data or -1).
+
+    A candidate has a length in 1..max and a known type byte, its body decodes,
+    and it ends at the end of ``buf`` or is followed by another plausible header.
+    """
+    n = len(buf)
+    unpack = _U32.unpack_from
+    undecided = -1
+    # With the maximum under 16 MiB a length prefix starts with a zero byte: find() skips the rest.
+    zero_first = max_frame_size < 1 << 24
+    find = buf.find
+    p = -1
+    last = n - 5
+    while True:
+        p = find(b"\x00", p + 1, last + 1) if zero_first else p + 1
+        if p < 0 or p > last:
+            break
+        (length,) = unpack(buf, p)
+        if length == 0 or length > max_frame_size or buf[p + 4] > _MAX_TYPE:
+            continue
+        end = p + 4 + length
+        if end > n:
+            # Worth waiting for only if it is recent: this bounds the buffer and the rescans.
+            if undecided < 0 and n - p < RESYNC_WAIT:
+                undecided = p
+            continue
+        try:
+            decode(bytes(buf[p + 4 : end]))
+        except ProtocolError:
+            continue
+        if end == n:
+            return p, undecided
+        if end + 5 <= n:
+            (nxt,) = unpack(buf, end)
+            if 0 < nxt <= max_frame_size and buf[end + 4] <= _MAX_TYPE:
+                return p, undecided
+            continue
+        if undecided < 0 and n - p < RESYNC_WAIT:
+            undecided = p
+    return -1, undecided
+
+
+__all__ = ["RESYNC_WAIT", "DirectionFramer", "find_boundary"]
