@@ -164,7 +164,8 @@ class Connection:
 
     @property
     def data_side(self) -> Side:
-        return _DATA_SIDE[self.use]
+        """The side that sends HELLO and the data frames in this use."""
+        return self._data_side
 
     def stream(self, stream_id: int) -> StreamRecord:
         record = self.streams.get(stream_id)
@@ -219,7 +220,7 @@ class Connection:
             self.closed_by = sender
             return ACCEPTED
 
-        data_side = _DATA_SIDE[self.use]
+        data_side = self._data_side
         if frame_type is WorkersLeft:
             if sender is not Side.WORKER:
                 return self._violation(index, "Invalid message: WORKERS_LEFT may only be sent by the worker")
