@@ -26,7 +26,7 @@ from .frames import (
     WorkersLeft,
     type_name,
 )
-from .wire import U32, Cursor, Writer, as_text
+from .wire import MESSAGE_HEAD, U32, Cursor, Writer, as_text
 
 
 def encode_body(frame: Frame) -> bytes:
@@ -40,16 +40,13 @@ def encode_body(frame: Frame) -> bytes:
     return w.getvalue()
 
 
-_MESSAGE_HEAD = struct.Struct(">IBQQqH")
-
-
 def encode(frame: Frame) -> bytes:
     """The whole frame as it goes on the wire, length prefix included."""
     if type(frame) is Message and type(frame.key) is bytes and type(frame.payload) is bytes:
         # Fast path for the hot frame; any value struct refuses goes the checked way below.
         key = frame.key
         try:
-            head = _MESSAGE_HEAD.pack(
+            head = MESSAGE_HEAD.pack(
                 27 + len(key) + len(frame.payload),
                 5,
                 frame.stream_id,

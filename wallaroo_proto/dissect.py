@@ -64,9 +64,9 @@ from .twopc import (
     TwoPCWorkersLeft,
     decode_twopc,
 )
+from .wire import U32
 
 _MSG_HEAD = struct.Struct(">QQqH").unpack_from
-_U32 = struct.Struct(">I")
 _new_tuple = tuple.__new__
 _MESSAGE = 5
 #: Frames held while it is not yet known whether a connection speaks source or sink.
@@ -344,7 +344,7 @@ class _Tracker:
         if notes:
             record["notes"] = notes
         if self.with_raw:
-            record["_raw"] = _U32.pack(len(body)) + body
+            record["_raw"] = U32.pack(len(body)) + body
         conn = self.conn
         if frame is None:
             name = type_name(body[0])
@@ -757,7 +757,7 @@ def looks_like_hello(payload: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZ
     """Do these bytes start with a plausible HELLO frame (length, type 0, short version)?"""
     if len(payload) < 7:
         return False
-    (length,) = _U32.unpack_from(payload, 0)
+    (length,) = U32.unpack_from(payload, 0)
     if not 9 <= length <= max_frame_size or payload[4] != 0:
         return False
     version_len = (payload[5] << 8) | payload[6]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import queue
-import struct
 import sys
 import threading
 import time
@@ -25,9 +24,9 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from .frames import Message
+from .wire import U32
 
 U64_MAX = (1 << 64) - 1
-_U32 = struct.Struct(">I")
 #: MESSAGE body bytes besides key and payload: type, stream_id, message_id, event_time, key length.
 MESSAGE_OVERHEAD = 27
 
@@ -197,7 +196,7 @@ def iter_records(f: BinaryIO, label: str, max_size: int) -> Iterator[bytes]:
                 f"{label}: record #{index} at byte offset {offset}: truncated length prefix "
                 f"({len(head)} of 4 bytes)"
             )
-        (size,) = _U32.unpack(head)
+        (size,) = U32.unpack(head)
         if size > max_size:
             raise InputError(
                 f"{label}: record #{index} at byte offset {offset} is {size} bytes; a frame holds at "

@@ -7,16 +7,12 @@ announces a 4 GiB frame costs nothing.
 
 from __future__ import annotations
 
-import struct
-
 from .codec import decode
 from .errors import FrameTooLarge, MalformedFrame, ProtocolError
 from .frames import DEFAULT_MAX_FRAME_SIZE, Frame, Message
+from .wire import MESSAGE_HEAD, U32
 
-_U32 = struct.Struct(">I")
-# length, type, and a MESSAGE header (stream_id, message_id, event_time, key length)
-_MESSAGE_HEAD = struct.Struct(">IBQQqH")
-_MESSAGE_HEAD_SIZE = _MESSAGE_HEAD.size  # 31
+_MESSAGE_HEAD_SIZE = MESSAGE_HEAD.size  # 31
 _MESSAGE_MIN_LENGTH = _MESSAGE_HEAD_SIZE - 4  # 27: type + fixed fields, empty key and payload
 _MESSAGE_TYPE = 5
 _new_tuple = tuple.__new__
@@ -70,7 +66,7 @@ class FrameReader:
             return data if type(data) is bytes else bytes(data)
         self._tail += data
         if self._needed == 0 and len(self._tail) >= 4:
-            (length,) = _U32.unpack_from(self._tail, 0)
+            (length,) = U32.unpack_from(self._tail, 0)
             self._check_length(length, 0)
             self._needed = 4 + length
         if len(self._tail) < max(self._needed, 4):
@@ -97,7 +93,7 @@ class FrameReader:
             return []
         out: list[Frame] = []
         append = out.append
-        head = _MESSAGE_HEAD.unpack_from
+        head = MESSAGE_HEAD.unpack_from
         max_size = self.max_frame_size
         n = len(buf)
         pos = 0
@@ -106,7 +102,7 @@ class FrameReader:
             if n - pos >= _MESSAGE_HEAD_SIZE:
                 length, type_byte, stream_id, message_id, event_time, key_len = head(buf, pos)
             elif n - pos >= 4:
-                (length,) = _U32.unpack_from(buf, pos)
+                (length,) = U32.unpack_from(buf, pos)
                 type_byte = -1
             else:
                 break
@@ -156,7 +152,7 @@ class FrameReader:
         if pos < len(buf):
             needed = 0
             if len(buf) - pos >= 4:
-                (length,) = _U32.unpack_from(buf, pos)
+                (length,) = U32.unpack_from(buf, pos)
                 if 0 < length <= self.max_frame_size:
                     needed = 4 + length  # else the next call checks it and raises
             self._keep_tail(buf, pos, needed)
@@ -176,7 +172,7 @@ class FrameReader:
         n = len(buf)
         pos = 0
         while n - pos >= 4:
-            (length,) = _U32.unpack_from(buf, pos)
+            (length,) = U32.unpack_from(buf, pos)
             if length > self.max_frame_size or length == 0:
                 self.offset += pos
                 try:

@@ -10,19 +10,18 @@ their own.
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING
 
 from .codec import decode
 from .errors import ProtocolError
 from .protocol import Side
 from .reader import FrameReader
+from .wire import U32
 
 if TYPE_CHECKING:
     from .dissect import _Tracker
     from .reassembly import HalfStream
 
-_U32 = struct.Struct(">I")
 _MAX_TYPE = 9
 #: Resync waits for more data on a candidate frame start at most this far back.
 RESYNC_WAIT = 64 * 1024
@@ -176,7 +175,7 @@ def find_boundary(buf: bytes | bytearray, max_frame_size: int) -> tuple[int, int
     and it ends at the end of ``buf`` or is followed by another plausible header.
     """
     n = len(buf)
-    unpack = _U32.unpack_from
+    unpack = U32.unpack_from
     undecided = -1
     # With the maximum under 16 MiB a length prefix starts with a zero byte: find() skips the rest.
     zero_first = max_frame_size < 1 << 24

@@ -183,13 +183,17 @@ class WEosMessage(Packet):
         return super().self_build()
 
 
+# Frame type 9 and 2PC tag 206 share one body: rtag, then a counted list of names.
+_WORKERS_LEFT_FIELDS = [
+    LongField("rtag", 0),
+    FieldLenField("count", None, count_of="worker_names", fmt="!I"),
+    PacketListField("worker_names", [], lambda s: ShortBytes(s), count_from=lambda pkt: pkt.count),
+]
+
+
 class WWorkersLeft(Packet):
     name = "WORKERS_LEFT"
-    fields_desc = [
-        LongField("rtag", 0),
-        FieldLenField("count", None, count_of="worker_names", fmt="!I"),
-        PacketListField("worker_names", [], lambda s: ShortBytes(s), count_from=lambda pkt: pkt.count),
-    ]
+    fields_desc = _WORKERS_LEFT_FIELDS
 
 
 _BY_TYPE = {
@@ -272,11 +276,7 @@ class TwoPCPhase2(Packet):
 
 class TwoPCWorkersLeft(Packet):
     name = "2PC WORKERS_LEFT"
-    fields_desc = [
-        LongField("rtag", 0),
-        FieldLenField("count", None, count_of="worker_names", fmt="!I"),
-        PacketListField("worker_names", [], lambda s: ShortBytes(s), count_from=lambda pkt: pkt.count),
-    ]
+    fields_desc = _WORKERS_LEFT_FIELDS
 
 
 _BY_TAG = {

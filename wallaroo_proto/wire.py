@@ -12,6 +12,8 @@ U16 = struct.Struct(">H")
 U32 = struct.Struct(">I")
 U64 = struct.Struct(">Q")
 I64 = struct.Struct(">q")
+#: length, type, stream_id, message_id, event_time, key length: a MESSAGE up to its key.
+MESSAGE_HEAD = struct.Struct(">IBQQqH")
 
 _LIMITS = {
     "u8": (0, 0xFF),
