@@ -118,14 +118,15 @@ def command(
 
 
 async def _serve(server: SinkServer, host: str, port: int) -> None:
-    listener = await server.start(host, port)
-    bound = listener.sockets[0].getsockname()
-    sys.stdout.write(f"wallaroo-proto mock-sink: listening on {bound[0]}:{bound[1]}\n")
-    sys.stdout.flush()
+    # Handlers first: a SIGTERM sent the moment the ready line appears must still end cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    listener = await server.start(host, port)
+    bound = listener.sockets[0].getsockname()
+    sys.stdout.write(f"wallaroo-proto mock-sink: listening on {bound[0]}:{bound[1]}\n")
+    sys.stdout.flush()
     await stop.wait()
     listener.close()
     await server.shutdown()

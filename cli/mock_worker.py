@@ -165,6 +165,12 @@ async def _run(
             worker.set_sink(SinkForwarder(host, port, saved=registry.sink, **driver_options))
     except OSError as err:
         raise _usage_error(f"cannot open {err.filename}: {err.strerror or err}") from err
+    # Handlers first: a SIGTERM sent the moment the ready line appears must still end cleanly.
+    stop = asyncio.Event()
+    worker.on_fatal = stop.set
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
         host, port = await worker.start()
     except OSError as err:
@@ -172,12 +178,6 @@ async def _run(
         raise _usage_error(f"cannot listen on {config.host}:{config.port}: {err.strerror or err}") from err
     click.echo(f"wallaroo-proto {NAME}: listening on {host}:{port}")
     sys.stdout.flush()
-
-    stop = asyncio.Event()
-    worker.on_fatal = stop.set
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
 
     if live:
         console = Console(stderr=True)

@@ -1,0 +1,74 @@
+"""Servers install their SIGINT/SIGTERM handlers before they print the ready line.
+
+A script may signal a server the moment its ready line appears. To catch the
+moment deterministically, the server's stdout is a pipe the test has already
+filled: the ready line's write blocks, and while the server sits in that write
+the test checks the signal disposition and sends SIGTERM.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from support import COMMAND
+
+WRITE_SYSCALL_X86_64 = "1"
+
+
+def _fill(fd: int) -> None:
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(fd, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+
+
+def _blocked_writing_stdout(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            fields = f.read().split()
+    except OSError:
+        return False
+    return len(fields) > 1 and fields[0] == WRITE_SYSCALL_X86_64 and int(fields[1], 16) == 1
+
+
+def _catches(pid: int, sig: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    return bool(int(caught, 16) & (1 << (sig - 1)))
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="reads the x86-64 syscall number from /proc")
+@pytest.mark.parametrize("server", ["mock-sink", "mock-worker"])
+def test_sigterm_sent_with_the_ready_line_exits_cleanly(server: str, tmp_path) -> None:
+    args = {"mock-sink": ["--out-dir", str(tmp_path)], "mock-worker": ["--no-live"]}[server]
+    read_end, write_end = os.pipe()
+    _fill(write_end)
+    proc = subprocess.Popen(
+        [*COMMAND, server, "--port", "0", *args], stdout=write_end, stderr=subprocess.PIPE, text=True
+    )
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + 60
+        while not _blocked_writing_stdout(proc.pid):
+            assert proc.poll() is None, f"{server} exited early: {proc.stderr.read()}"
+            assert time.monotonic() < deadline, f"{server} never reached its ready line"
+            time.sleep(0.01)
+        assert _catches(proc.pid, signal.SIGTERM), "SIGTERM is not handled yet when the ready line is written"
+        proc.send_signal(signal.SIGTERM)
+        with os.fdopen(read_end, "rb") as pipe:
+            rest = pipe.read()
+        assert b"listening on" in rest
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
