@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 READY = re.compile(r"listening on (\S+):(\d+)")
@@ -19,9 +20,13 @@ def run_cli(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedP
 
 
 class Server:
-    """A wallaroo-proto server subprocess started with ``--port 0``; knows its port from the ready line."""
+    """A wallaroo-proto server subprocess started with ``--port 0``; knows its port from the ready line.
 
-    def __init__(self, *args: str, ready_timeout: float = 30, env: dict | None = None) -> None:
+    After the ready line, threads drain stdout and stderr, so a chatty server can
+    never block on a full pipe however long a test runs.
+    """
+
+    def __init__(self, *args: str, ready_timeout: float = 60, env: dict | None = None) -> None:
         self.proc = subprocess.Popen(
             [*COMMAND, *args],
             stdout=subprocess.PIPE,
@@ -29,34 +34,51 @@ class Server:
             text=True,
             env={**os.environ, **(env or {})},
         )
-        deadline = time.monotonic() + ready_timeout
         self.lines: list[str] = []
+        self._err: list[str] = []
+        self._drains = [threading.Thread(target=self._drain, args=(self.proc.stderr, self._err), daemon=True)]
+        self._drains[0].start()
+        deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
-                raise RuntimeError(f"server exited before its ready line: {self.proc.stderr.read()}")
+                self.proc.wait(timeout=30)
+                self._drains[0].join(timeout=30)
+                raise RuntimeError(f"server exited before its ready line: {''.join(self._err)}")
             self.lines.append(line)
             match = READY.search(line)
             if match:
                 self.host, self.port = match.group(1), int(match.group(2))
+                out = threading.Thread(target=self._drain, args=(self.proc.stdout, self.lines), daemon=True)
+                out.start()
+                self._drains.append(out)
                 return
         raise RuntimeError("no ready line")
+
+    @staticmethod
+    def _drain(pipe, into: list[str]) -> None:
+        for line in pipe:
+            into.append(line)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str, str]:
-        """Signal the server and wait: (exit code, rest of stdout, stderr)."""
+    def stderr(self) -> str:
+        """What the server wrote to stderr so far."""
+        return "".join(self._err)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> tuple[int, str, str]:
+        """Signal the server and wait: (exit code, all of stdout, all of stderr)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
-        out, err = self.proc.communicate(timeout=timeout)
-        return self.proc.returncode, "".join(self.lines) + out, err
+        self.proc.wait(timeout=timeout)
+        for thread in self._drains:
+            thread.join(timeout=timeout)
+        return self.proc.returncode, "".join(self.lines), "".join(self._err)
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.communicate(timeout=30)
+        self.stop(signal.SIGKILL)
 
     def __enter__(self) -> Server:
         return self

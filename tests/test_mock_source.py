@@ -191,15 +191,15 @@ def test_hello_bytes_credits_and_resume_from_the_workers_point(listener):
         worker.send(ok(3))
         peer = CreditedReader(worker, 3)
         assert peer.next() == ("NOTIFY", 42, b"s", 0)
-        # The worker says: resume at message 5, everything below is durable (the connector offered 0).
-        worker.send(notify_ack(1, 42, 5))
+        # The worker holds up to message 4 (the connector offered 0): resume above it, at 5.
+        worker.send(notify_ack(1, 42, 4))
         assert peer.next()[:3] == ("MESSAGE", 42, 5)
         assert peer.next()[:3] == ("MESSAGE", 42, 6)
         assert peer.credits == 0
         assert worker.quiet_for(0.5), "the source sent a frame while holding no credit"
         seen = [5, 6]
         payloads = {}
-        peer.give(4, [(42, 7)])
+        peer.give(4, [(42, 6)])
         while True:
             got = peer.next()
             if got[0] == "EOS":
@@ -213,16 +213,16 @@ def test_hello_bytes_credits_and_resume_from_the_workers_point(listener):
                 peer.give(4)
         assert seen == list(range(5, 21))
         assert payloads[20] == b"s:20:......."
-        worker.send(ack(0, [(42, 20)]))  # message 20 is not covered yet: the source must wait
+        worker.send(ack(0, [(42, 19)]))  # message 20 is not covered yet: the source must wait
         assert worker.quiet_for(0.3) and proc.poll() is None
-        worker.send(ack(0, [(42, 21)]))
+        worker.send(ack(0, [(42, 20)]))
         code, summary, err = finish(proc)
     finally:
         worker.close()
         proc.kill()
     assert code == 0, err
     assert summary["messages"] == 16 and summary["replayed"] == 0
-    assert summary["points_of_reference"] == {"s": 21}
+    assert summary["points_of_reference"] == {"s": 20}
 
 
 @pytest.mark.timeout(60)
@@ -239,18 +239,18 @@ def test_restart_reconnects_and_replays_what_is_unacknowledged(listener, tmp_pat
         got = [peer.next() for _ in range(11)]
         assert [g[2] for g in got[:10]] == list(range(1, 11))
         assert got[10] == ("EOS", 7, 10)
-        # Checkpoint of 1..4 (point of reference 5), then RESTART: 5..10 were never acknowledged.
-        first.send(ack(0, [(7, 5)]) + RESTART)
+        # Checkpoint of 1..4 (point of reference 4), then RESTART: 5..10 were never acknowledged.
+        first.send(ack(0, [(7, 4)]) + RESTART)
         assert first.body() is None, "the source must close after RESTART"
         second = RawWorker(listener)
         try:
             peer = handshake(second, 100)
-            assert peer.next() == ("NOTIFY", 7, b"r", 5)  # offers its acknowledged point
-            second.send(notify_ack(1, 7, 7))  # but the worker has up to 6: resume at 7
+            assert peer.next() == ("NOTIFY", 7, b"r", 4)  # offers its acknowledged point
+            second.send(notify_ack(1, 7, 6))  # but the worker has up to 6: resume at 7
             again = [peer.next() for _ in range(5)]
             assert [g[:3] for g in again[:4]] == [("MESSAGE", 7, n) for n in (7, 8, 9, 10)]
             assert again[4] == ("EOS", 7, 10)
-            second.send(ack(0, [(7, 11)]))
+            second.send(ack(0, [(7, 10)]))
             code, summary, err = finish(proc)
         finally:
             second.close()
@@ -330,7 +330,7 @@ def test_refused_notify_is_retried_and_a_drop_is_survived(listener):
             second.send(notify_ack(1, 3, 0))
             assert [peer.next()[2] for _ in range(3)] == [1, 2, 3]
             assert peer.next() == ("EOS", 3, 3)
-            second.send(ack(0, [(3, 4)]))
+            second.send(ack(0, [(3, 3)]))
             code, summary, err = finish(proc)
         finally:
             second.close()
@@ -416,13 +416,13 @@ def test_replay_buffer_is_bounded_until_acks_trim_it(listener):
         worker.send(notify_ack(1, 8, 0))
         assert [peer.next()[2] for _ in range(5)] == [1, 2, 3, 4, 5]
         assert worker.quiet_for(0.5), "read past --max-unacked while holding plenty of credits"
-        worker.send(ack(0, [(8, 3)]))  # frees messages 1 and 2
+        worker.send(ack(0, [(8, 2)]))  # frees messages 1 and 2
         assert [peer.next()[2] for _ in range(2)] == [6, 7]
         assert worker.quiet_for(0.3)
-        worker.send(ack(0, [(8, 8)]))
+        worker.send(ack(0, [(8, 7)]))
         assert [peer.next()[2] for _ in range(2)] == [8, 9]
         assert peer.next() == ("EOS", 8, 9)
-        worker.send(ack(0, [(8, 10)]))
+        worker.send(ack(0, [(8, 9)]))
         code, summary, err = finish(proc)
     finally:
         worker.close()
@@ -454,7 +454,7 @@ def test_restart_with_an_address_redirects(listener):
                 ("MESSAGE", 2, 2),
                 ("EOS", 2, 2),
             ]
-            second.send(ack(0, [(2, 3)]))
+            second.send(ack(0, [(2, 2)]))
             code, summary, err = finish(proc)
         finally:
             second.close()

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from wallaroo_proto.registry import STATE_FORMAT, Registry, StateError, write_atomic
+from wallaroo_proto.registry import STATE_FORMAT, STATE_VERSION, Registry, StateError, write_atomic
 
 A, B = "conn-a", "conn-b"
 
@@ -16,9 +16,13 @@ def test_new_stream_starts_at_the_connectors_point_of_reference() -> None:
     reg = Registry()
     claim = reg.notify(7, "alpha", A, 40)
     assert (claim.success, claim.point_of_ref) == (True, 40)
-    # Messages below the declared point of reference are replays; the first at it is new.
-    assert reg.is_replay(7, 39)
-    assert not reg.is_replay(7, 40)
+    # As in the shipped worker, a new stream's first message may have any id...
+    assert not reg.is_replay(7, 3)
+    reg.delivered(7, 41)
+    # ...and after it, an id not above the last one seen is a replay.
+    assert reg.is_replay(7, 41)
+    assert reg.is_replay(7, 40)
+    assert not reg.is_replay(7, 42)
 
 
 def test_held_stream_is_refused_to_any_connection_until_released() -> None:
@@ -56,21 +60,21 @@ def test_replays_are_judged_across_connections() -> None:
     assert not reg.is_replay(5, 3)
 
 
-def test_checkpoint_reports_last_delivered_plus_one_for_advanced_streams_only() -> None:
+def test_checkpoint_reports_the_last_delivered_id_for_advanced_streams_only() -> None:
     reg = Registry()
     reg.notify(1, "a", A)
     reg.notify(2, "b", A)
     reg.delivered(1, 10)
     reg.delivered(1, 11)
     snap = reg.advanced()
-    assert snap == {1: 12}
+    assert snap == {1: 11}
     # Before commit, a NOTIFY still gets the old (durable) point of reference.
     reg.release_all(A)
     assert reg.notify(1, "a", B).point_of_ref == 0
     reg.commit(snap)
-    assert reg.streams[1].point_of_ref == 12
+    assert reg.streams[1].point_of_ref == 11
     assert reg.advanced() == {}  # nothing new since
-    reg.delivered(2, 0)
+    reg.delivered(2, 1)
     assert reg.advanced() == {2: 1}
 
 
@@ -80,7 +84,7 @@ def test_resume_point_differs_from_the_connectors_for_a_known_stream() -> None:
     reg.delivered(9, 4)
     reg.commit(reg.advanced())
     reg.release(9, A)
-    assert reg.notify(9, "s", B, 1000).point_of_ref == 5
+    assert reg.notify(9, "s", B, 1000).point_of_ref == 4
 
 
 def test_state_round_trip(tmp_path) -> None:
@@ -95,14 +99,14 @@ def test_state_round_trip(tmp_path) -> None:
     doc = json.loads(path.read_text())
     assert doc["format"] == STATE_FORMAT
     assert doc["streams"] == [
-        {"stream_id": 3, "name": "three", "point_of_ref": 100},
-        {"stream_id": 2**64 - 2, "name": "big", "point_of_ref": 2**64 - 2},
+        {"stream_id": 3, "name": "three", "point_of_ref": 99},
+        {"stream_id": 2**64 - 2, "name": "big", "point_of_ref": 2**64 - 3},
     ]
     again = Registry.open(path)
-    assert again.streams[3].point_of_ref == 100
+    assert again.streams[3].point_of_ref == 99
     assert again.streams[3].owner is None
     assert again.is_replay(3, 99) and not again.is_replay(3, 100)
-    assert again.notify(3, "three", B, 0).point_of_ref == 100
+    assert again.notify(3, "three", B, 0).point_of_ref == 99
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary left behind
 
 
@@ -120,15 +124,17 @@ def test_save_replaces_atomically(tmp_path) -> None:
         ("{not json", "not valid JSON"),
         ('{"format": "something else"}', "not a mock-worker state file"),
         (json.dumps({"format": STATE_FORMAT, "version": 99, "streams": []}), "version 99"),
+        # Version 1 stored the last id + 1: read as today's rule it would skip a message.
+        (json.dumps({"format": STATE_FORMAT, "version": 1, "streams": []}), "version 1"),
         (
-            json.dumps({"format": STATE_FORMAT, "version": 1, "streams": [{"stream_id": 1}]}),
+            json.dumps({"format": STATE_FORMAT, "version": STATE_VERSION, "streams": [{"stream_id": 1}]}),
             r"streams\[0\] lacks .name.",
         ),
         (
             json.dumps(
                 {
                     "format": STATE_FORMAT,
-                    "version": 1,
+                    "version": STATE_VERSION,
                     "streams": [{"stream_id": -1, "name": "x", "point_of_ref": 0}],
                 }
             ),
@@ -156,10 +162,10 @@ def test_dirty_set_is_cleared_in_place() -> None:
     reg = Registry()
     reg.notify(1, "a", A)
     held = reg.dirty
-    reg.delivered(1, 0)
+    reg.delivered(1, 1)
     assert reg.advanced() == {1: 1}
     held.add(1)
-    reg.delivered(1, 1)
+    reg.delivered(1, 2)
     assert reg.advanced() == {1: 2}
 
 

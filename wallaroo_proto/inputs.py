@@ -3,9 +3,8 @@
 Each input is one stream. An input opens a ``RecordReader`` positioned at a
 point of reference, so a connector can resume where the worker's NOTIFY_ACK
 says. Message ids are the 1-based record number in the stream, and a point of
-reference is the id of the first message the worker does not have yet (the
-spec: "all MESSAGEs with MessageIds less than the reported point of reference
-are included in the checkpoint"), so replays are exact.
+reference is the id of the last message the worker holds (the shipped worker's
+rule), so a resume opens the reader at the point + 1 and replays are exact.
 
 Readers never block the event loop for long: files and generated data are read
 on demand, stdin is read by a thread into a bounded queue (a slow producer on a

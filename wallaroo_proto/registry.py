@@ -6,11 +6,10 @@ NOTIFYed by another, and a reopened stream resumes from the last checkpointed
 point of reference. This module is that registry, without any I/O but its
 optional durable state file.
 
-Point-of-reference convention: ``point_of_ref`` is the id of the first message
-*not* yet in a checkpoint, i.e. the last delivered message id + 1. This follows
-the spec's "all MESSAGEs with MessageIds less than the reported point of
-reference are included in the checkpoint"; a connector resumes by sending the
-message whose id equals the point of reference.
+Point-of-reference rule, the shipped worker's: ``point_of_ref`` is the id of the
+last message a checkpoint holds, so every message with an id at or below it is
+durable, and a connector resumes by sending the ids above it (a re-sent id at or
+below it is dropped as a replay). 0 means nothing is acknowledged yet.
 
 Durability: ``state_bytes`` renders the registry as JSON and ``write_atomic``
 writes it to a temporary file in the same directory, fsyncs it, renames it over
@@ -29,7 +28,8 @@ from pathlib import Path
 from .frames import Text, show_text
 
 STATE_FORMAT = "wallaroo-proto mock-worker state"
-STATE_VERSION = 1
+#: 2: points of reference are the last id held (version 1 stored the last id + 1).
+STATE_VERSION = 2
 _U64_MAX = (1 << 64) - 1
 
 
@@ -41,7 +41,7 @@ class StateError(ValueError):
 class StreamEntry:
     stream_id: int
     name: Text = ""
-    #: Checkpointed point of reference: every message id below it is durable.
+    #: Checkpointed point of reference: every message id at or below it is durable.
     point_of_ref: int = 0
     #: Last delivered message id (across all connections); -1 when none.
     #: A message whose id is not above it is a replay and is dropped.
@@ -82,13 +82,14 @@ class Registry:
         """Claim a stream for ``owner``; refused while any connection holds it.
 
         A stream never seen before starts at the connector's own point of
-        reference; a known one resumes from its checkpointed point of reference,
+        reference and, as in the shipped worker, takes any id as its first
+        message; a known one resumes from its checkpointed point of reference,
         whatever the connector sent.
         """
         entry = self.streams.get(stream_id)
         if entry is None:
             por = min(max(connector_por, 0), _U64_MAX)
-            entry = self.streams[stream_id] = StreamEntry(stream_id, name, por, por - 1)
+            entry = self.streams[stream_id] = StreamEntry(stream_id, name, por)
         entry.notifies += 1
         if entry.owner is not None:
             entry.refused += 1
@@ -139,8 +140,8 @@ class Registry:
         streams = self.streams
         for stream_id in self.dirty:
             entry = streams[stream_id]
-            if entry.last_seen + 1 > entry.point_of_ref:
-                snapshot[stream_id] = entry.last_seen + 1
+            if entry.last_seen > entry.point_of_ref:
+                snapshot[stream_id] = entry.last_seen
         self.dirty.clear()  # in place: the worker's hot loop holds a reference to this set
         return snapshot
 
@@ -199,7 +200,8 @@ class Registry:
 
     def load_entries(self, entries: Iterable[tuple[int, str, int]]) -> None:
         for stream_id, name, por in entries:
-            self.streams[stream_id] = StreamEntry(stream_id, name, por, por - 1)
+            # Ids at or below a checkpointed point are replays; 0 is "nothing acknowledged".
+            self.streams[stream_id] = StreamEntry(stream_id, name, por, por if por > 0 else -1)
 
 
 def _parse_state(path: Path) -> tuple[list[tuple[int, str, int]], dict | None]:
@@ -211,6 +213,11 @@ def _parse_state(path: Path) -> tuple[list[tuple[int, str, int]], dict | None]:
         raise StateError(f"state file {path} is not valid JSON: {err}") from err
     if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
         raise StateError(f"state file {path} is not a mock-worker state file (no format {STATE_FORMAT!r})")
+    if doc.get("version") == 1:
+        raise StateError(
+            f"state file {path} has version 1, whose points of reference are the last id + 1; "
+            "this worker keeps the last id held (version 2): start from a new state file"
+        )
     if doc.get("version") != STATE_VERSION:
         raise StateError(f"state file {path} has version {doc.get('version')!r}; expected {STATE_VERSION}")
     entries = []

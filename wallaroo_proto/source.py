@@ -179,13 +179,13 @@ class StreamFeed:
         self.reader: RecordReader | None = None
         self.unacked: deque[Message] = deque()
         self.pending: deque[Message] = deque()
-        #: Point of reference the worker acknowledged: every message id below it is durable.
+        #: Point of reference the worker acknowledged: every message id at or below it is durable.
         self.acked = 0
         #: Highest point any ACK has reported; unlike ``acked`` never lowered, so that
         #: re-acknowledging the same data after a reconnect is not counted as progress.
         self.acked_high = 0
-        #: Highest message id read from the input (the id before the resume point if none).
-        self.last_id = -1
+        #: Highest message id read from the input (the resume point if none).
+        self.last_id = 0
         self.max_sent = 0  # highest message id ever sent, to count replays
         self.exhausted = False
         self.state = NOTIFY
@@ -197,10 +197,10 @@ class StreamFeed:
         return len(self.unacked) + len(self.pending)
 
     def trim(self, point: int) -> int:
-        """Forget messages below ``point``; returns how many were dropped."""
+        """Forget messages at or below ``point``; returns how many were dropped."""
         dropped = 0
         for buf in (self.unacked, self.pending):
-            while buf and buf[0].message_id < point:
+            while buf and buf[0].message_id <= point:
                 buf.popleft()
                 dropped += 1
         return dropped
@@ -433,7 +433,7 @@ class MockSource:
             if point > feed.acked:
                 dropped = feed.trim(point)
                 self.buffered -= dropped
-                self.stats.acknowledged += _covered(point) - _covered(feed.acked)
+                self.stats.acknowledged += point - feed.acked
                 feed.acked = point
             if point > feed.acked_high:
                 feed.acked_high = point
@@ -469,20 +469,20 @@ class MockSource:
         """Position the stream at the worker's point of reference, whatever ours was."""
         if feed.reader is None and not feed.exhausted:
             feed.reader = self._open(feed, point)
-            feed.acked, feed.last_id = point, point - 1
+            feed.acked, feed.last_id = point, point
             return
         if point >= feed.acked:
             self.buffered -= feed.trim(point)
-            self.stats.acknowledged += _covered(point) - _covered(feed.acked)
+            self.stats.acknowledged += point - feed.acked
             feed.acked = point
-            if point > feed.last_id + 1:
+            if point > feed.last_id:
                 # The worker is ahead of anything we read: skip forward to it.
                 self.buffered -= feed.buffered
                 feed.unacked.clear()
                 feed.pending.clear()
                 feed.close_reader()
                 feed.reader = self._open(feed, point)
-                feed.last_id = point - 1
+                feed.last_id = point
                 feed.exhausted = False
             return
         # The worker went back behind what it had acknowledged (it lost its state).
@@ -497,12 +497,13 @@ class MockSource:
         feed.pending.clear()
         feed.close_reader()
         feed.reader = self._open(feed, point)
-        feed.acked, feed.last_id = point, point - 1
+        feed.acked, feed.last_id = point, point
         feed.exhausted = False
 
     def _open(self, feed: StreamFeed, point: int) -> RecordReader:
+        """A reader of the messages above ``point``, the ones the worker does not hold."""
         try:
-            reader = feed.spec.open(point)
+            reader = feed.spec.open(point + 1)
         except InputError as err:
             raise InputFailed(str(err)) from err
         if isinstance(reader, ThreadedReader):
@@ -621,12 +622,12 @@ class MockSource:
 
 
 class EosRule:
-    """The dialect's EOS_MESSAGE: its wire form and the ACK that finishes a stream.
+    """The dialect's EOS_MESSAGE wire form, and the ACK that finishes a stream.
 
-    spec: ``EOS(stream_id, last_id)``; done when the ACK's point passes the last id
-    (a point of reference is the first id the worker does not have).
-    shipped: ``EOS(stream_id)`` (8 bytes); the worker answers ``ACK(0, [(stream_id,
-    last_seen)])``, so done when the point reaches the last id.
+    spec: ``EOS(stream_id, last_id)``; shipped: ``EOS(stream_id)`` (8 bytes). In
+    both the worker answers ``ACK(0, [(stream_id, last_id)])``: a point of
+    reference is the last id the worker holds, so the stream is done when the
+    point reaches the last id.
     """
 
     DIALECTS = ("spec", "shipped")
@@ -637,15 +638,11 @@ class EosRule:
         self.shipped = dialect == "shipped"
 
     def frame(self, feed: StreamFeed) -> EosMessage:
-        return EosMessage(feed.stream_id, None if self.shipped else max(feed.last_id, 0))
+        return EosMessage(feed.stream_id, None if self.shipped else feed.last_id)
 
-    def finishes(self, feed: StreamFeed, point: int) -> bool:
-        return point >= feed.last_id if self.shipped else point > feed.last_id
-
-
-def _covered(point: int) -> int:
-    """Messages (ids from 1) below a point of reference."""
-    return max(point - 1, 0)
+    @staticmethod
+    def finishes(feed: StreamFeed, point: int) -> bool:
+        return point >= feed.last_id
 
 
 def _describe(err: BaseException, host: str, port: int) -> str:

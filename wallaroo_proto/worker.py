@@ -13,8 +13,9 @@ aclose()``. A connection awaits every consumer before it reads its next bytes,
 so a slow consumer slows the connectors down through TCP instead of growing a
 buffer. ``JsonLinesOut`` (the ``--out`` file) is one; a sink forwarder is another.
 
-Checkpoint convention (see ``registry``): ACK point_of_ref = last delivered
-message id + 1, and only after consumers synced and the state file was written.
+Checkpoint rule (see ``registry``): ACK point_of_ref = the last delivered message
+id the checkpoint holds, sent only after consumers synced and the state file was
+written.
 """
 
 from __future__ import annotations
@@ -420,7 +421,7 @@ class WorkerConnection:
         streams = self.worker.registry.streams
         for stream_id in list(self._eos_pending):
             entry = streams[stream_id]
-            if entry.point_of_ref > entry.last_seen:
+            if entry.point_of_ref >= entry.last_seen:
                 self.report(stream_id)
 
     def report(self, stream_id: int) -> None:
