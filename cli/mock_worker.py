@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 import time
+from pathlib import Path
 
 import click
 from rich.console import Console, Group
@@ -148,23 +149,37 @@ def _drive_input(opts: dict) -> None:
         click.echo(f"{NAME} sink summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
 
 
+def _out_resume_point(registry: Registry, out: str) -> int | None:
+    """Where ``--out`` continues: the checkpointed length when the state knows this file.
+
+    A state from a run that wrote no ``--out`` (or another file) cannot say; the file
+    is then appended to. No state at all starts the file afresh.
+    """
+    if registry.out is not None and registry.out["path"] == str(Path(out).resolve()):
+        return registry.out["bytes"]
+    if registry.streams and Path(out).exists():
+        return Path(out).stat().st_size
+    return None
+
+
 async def _run(
     config: WorkerConfig,
     registry: Registry,
     out: str | None,
-    append: bool,
     live: bool,
     sink: tuple[tuple[str, int], dict] | None = None,
 ) -> dict:
     try:
         worker = MockWorker(config, registry)
         if out:
-            worker.add_consumer(JsonLinesOut(out, append=append, executor=worker.io))
+            resume_at = _out_resume_point(registry, out)
+            worker.add_consumer(JsonLinesOut(out, resume_at=resume_at, executor=worker.io))
         if sink is not None:
             (host, port), driver_options = sink
             worker.set_sink(SinkForwarder(host, port, saved=registry.sink, **driver_options))
     except OSError as err:
-        raise _usage_error(f"cannot open {err.filename}: {err.strerror or err}") from err
+        reason = f"cannot open {err.filename}: {err.strerror}" if err.filename else str(err)
+        raise _usage_error(reason) from err
     # Handlers first: a SIGTERM sent the moment the ready line appears must still end cleanly.
     stop = asyncio.Event()
     worker.on_fatal = stop.set
@@ -223,7 +238,13 @@ async def _run(
     default=None,
     help="Send a refill ACK when the connector's credits fall to this.  [default: half of --credits]",
 )
-@click.option("--lenient-credits", is_flag=True, help="Count frames sent without credit instead of ERROR.")
+@click.option(
+    "--strict-credits/--lenient-credits",
+    default=False,
+    show_default=True,
+    help="ERROR a frame sent without credit (the spec), or count it in the summary as the shipped worker "
+    "does, whose connector library does not count EOS_MESSAGE as spending one.",
+)
 @click.option(
     "--max-frame-size",
     type=click.IntRange(1),
@@ -256,7 +277,7 @@ async def _run(
     "--out",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
-    help="Write every delivered message as a JSON line (appends when resuming from --state).",
+    help="Write every delivered message as a JSON line (with --state: continues after the last checkpoint).",
 )
 @click.option(
     "--record",
@@ -386,7 +407,7 @@ def command(**opts) -> None:
             cookie=opts["cookie"].encode("utf-8"),
             credits=opts["credits"],
             refill_at=opts["refill_at"],
-            lenient_credits=opts["lenient_credits"],
+            lenient_credits=not opts["strict_credits"],
             max_frame_size=opts["max_frame_size"],
             checkpoint_every=opts["checkpoint_every"],
             checkpoint_ms=opts["checkpoint_ms"],
@@ -411,9 +432,8 @@ def command(**opts) -> None:
         raise _usage_error(str(err)) from err
     except OSError as err:
         raise _usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
-    resuming = bool(registry.streams)
     live = opts["live"] if opts["live"] is not None else sys.stderr.isatty()
-    summary = asyncio.run(_run(config, registry, opts["out"], resuming, live, sink))
+    summary = asyncio.run(_run(config, registry, opts["out"], live, sink))
     _print_summary(summary, opts["fmt"])
     if summary["fatal"]:
         click.echo(f"{NAME}: stopped: {summary['fatal']}", err=True)

@@ -348,10 +348,10 @@ def test_violation_gets_error_and_close_while_another_connection_streams(strict_
     good.close()
 
 
-def test_no_credits_is_a_violation_unless_lenient() -> None:
+def test_no_credits_is_a_violation_when_strict_and_counted_by_default() -> None:
     # The refill ACK is held back 3 s, so the 4th frame surely arrives with no credit left.
     args = ["--credits", "3", "--refill-at", "0", "--ack-delay", "3000", "--checkpoint-ms", "0"]
-    with Server("mock-worker", "--port", "0", *args) as strict:
+    with Server("mock-worker", "--port", "0", *args, "--strict-credits") as strict:
         c = Connector(strict)
         c.handshake(3)
         c.send(notify(1, b"s"))
@@ -361,7 +361,7 @@ def test_no_credits_is_a_violation_unless_lenient() -> None:
         c.assert_closed()
         summary = stop_json_text(strict)
         assert "violations 1" in summary
-    with Server("mock-worker", "--port", "0", *args, "--lenient-credits", "--format", "json") as lenient:
+    with Server("mock-worker", "--port", "0", *args, "--format", "json") as lenient:
         c = Connector(lenient)
         c.handshake(3)
         c.send(notify(1, b"s"))
@@ -369,8 +369,9 @@ def test_no_credits_is_a_violation_unless_lenient() -> None:
         c.send(message(1, 0, b"a"), message(1, 1, b"b"), message(1, 2, b"c"), eos(1))
         # The held ACK: refill to 3 from an overdraft (core counts 0 left) and the EOS point.
         assert c.read_frame() == ack_bytes(3, [(1, 2)])
+        c.close()
         summary = stop_json(lenient)
-        assert (summary["messages"], summary["violations"]) == (3, 0)
+        assert (summary["messages"], summary["violations"], summary["credit_overdraft"]) == (3, 0, 2)
 
 
 def stop_json_text(server: Server) -> str:
@@ -467,8 +468,9 @@ def test_connection_cap_handshake_and_idle_timeouts() -> None:
 
 
 def test_state_survives_kill_9_and_the_restarted_worker_resumes_connectors(tmp_path) -> None:
-    state = tmp_path / "state.json"
+    state, out = tmp_path / "state.json", tmp_path / "out.jsonl"
     args = ["--state", str(state), "--checkpoint-every", "5", "--checkpoint-ms", "0", "--format", "json"]
+    args += ["--out", str(out)]
     with Server("mock-worker", "--port", "0", *args) as first:
         c = Connector(first)
         c.handshake(100)
@@ -482,9 +484,12 @@ def test_state_survives_kill_9_and_the_restarted_worker_resumes_connectors(tmp_p
         c.send(*(message(11, i, b"x") for i in range(10, 13)))  # perhaps delivered, never checkpointed
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait(timeout=10)
-    assert json.loads(state.read_text())["streams"] == [
-        {"stream_id": 11, "name": "durable", "point_of_ref": 9}
-    ]
+    doc = json.loads(state.read_text())
+    assert doc["streams"] == [{"stream_id": 11, "name": "durable", "point_of_ref": 9}]
+    assert doc["out"] == {"path": str(out.resolve()), "bytes": out.stat().st_size}
+    # Lines a killed worker wrote after its last checkpoint must not survive: they come again.
+    with open(out, "a") as f:
+        f.write('{"stream_id":11,"message_id":10,"event_time":0,"key":null,"payload":"x"}\n')
 
     with Server("mock-worker", "--port", "0", *args) as second:
         c = Connector(second)
@@ -496,6 +501,7 @@ def test_state_survives_kill_9_and_the_restarted_worker_resumes_connectors(tmp_p
         summary = stop_json(second)
     assert (summary["messages"], summary["replays_dropped"]) == (3, 1)
     assert json.loads(state.read_text())["streams"][0]["point_of_ref"] == 12
+    assert [json.loads(line)["message_id"] for line in out.read_text().splitlines()] == list(range(13))
 
 
 def test_error_from_the_connector_is_logged_and_the_connection_closed() -> None:
@@ -729,3 +735,66 @@ def test_streams_per_connection_are_capped() -> None:
         conn.send(notify(3, b"s"))
         assert conn.error_reason() == "too many streams on one connection (limit 2)"
         conn.assert_closed()
+
+
+@pytest.mark.timeout(60)
+def test_eos_during_a_checkpoint_gets_its_final_ack_at_the_last_id() -> None:
+    """A checkpoint under way when EOS arrives covers part of the stream: its ACK is not the final one."""
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        syncing = asyncio.Event()
+
+        class SlowSync:
+            async def deliver(self, stream_id: int, msg: Message) -> None:
+                pass
+
+            async def sync(self) -> None:
+                if not gate.is_set():
+                    syncing.set()
+                    await gate.wait()
+
+        worker = MockWorker(
+            WorkerConfig(port=0, checkpoint_ms=0, checkpoint_every=0, refill_at=0), consumers=[SlowSync()]
+        )
+        host, port = await worker.start()
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(hello())
+        assert await reader.readexactly(9) == ok_bytes(100)
+        writer.write(notify(3, b"s"))
+        assert await reader.readexactly(22) == notify_ack_bytes(1, 3, 0)
+        writer.write(b"".join(message(3, i, b"m") for i in range(1, 6)))
+        registry = worker.registry.streams
+        while 3 not in registry or registry[3].last_seen != 5:
+            await asyncio.sleep(0.01)
+        first = asyncio.create_task(worker.checkpoint())  # covers 1..5, then waits in sync()
+        await syncing.wait()
+        writer.write(b"".join(message(3, i, b"m") for i in range(6, 8)) + eos(3))
+        conn = next(iter(worker.connections.values()))
+        while 3 not in conn._eos_pending:
+            await asyncio.sleep(0.01)
+        gate.set()
+        await first
+        acks = []
+        while (3, 7) not in acks:
+            head = await asyncio.wait_for(reader.readexactly(4), 30)
+            body = await reader.readexactly(struct.unpack(">I", head)[0])
+            assert body[0] == 6, body
+            acks += list(struct.iter_unpack(">QQ", body[9:]))
+        assert acks == [(3, 5), (3, 7)]
+        writer.close()
+        await worker.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_out_file_shorter_than_its_checkpoint_is_refused(tmp_path) -> None:
+    state, out = tmp_path / "state.json", tmp_path / "out.jsonl"
+    doc = {"format": "wallaroo-proto mock-worker state", "version": 2, "checkpoints": 1, "streams": []}
+    doc["out"] = {"path": str(out.resolve()), "bytes": 500}
+    state.write_text(json.dumps(doc))
+    out.write_text("short\n")
+    result = run_cli("mock-worker", "--port", "0", "--no-live", "--state", str(state), "--out", str(out))
+    assert result.returncode == 2
+    assert f"--out {out} holds 6 bytes, but the --state checkpoint says 500 were written" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -75,6 +75,8 @@ class Registry:
     dirty: set[int] = field(default_factory=set)
     #: The sink forwarder's durable position, when the worker drives a sink.
     sink: dict | None = None
+    #: The ``--out`` file's checkpointed length: {"path": absolute path, "bytes": n}.
+    out: dict | None = None
 
     # --- notify / end of stream -------------------------------------------------
 
@@ -155,14 +157,18 @@ class Registry:
 
     # --- durable state ----------------------------------------------------------------
 
-    def state_bytes(self, pending: dict[int, int] | None = None, sink: dict | None = None) -> bytes:
+    def state_bytes(
+        self, pending: dict[int, int] | None = None, sink: dict | None = None, out: dict | None = None
+    ) -> bytes:
         """The registry as its state file, with ``pending`` points of reference applied.
 
-        ``sink`` is the sink forwarder's position (offset, txn, next checkpoint id),
-        written in the same atomic file so both move together.
+        ``sink`` is the sink forwarder's position (offset, txn, next checkpoint id) and
+        ``out`` the ``--out`` file's length at the checkpoint, written in the same atomic
+        file so all move together.
         """
         pending = pending or {}
         sink = sink if sink is not None else self.sink
+        out = out if out is not None else self.out
         streams = [
             {
                 "stream_id": e.stream_id,
@@ -179,6 +185,8 @@ class Registry:
         }
         if sink is not None:
             doc["sink"] = sink
+        if out is not None:
+            doc["out"] = out
         return (json.dumps(doc, indent=1) + "\n").encode()
 
     def save(self) -> None:
@@ -194,7 +202,7 @@ class Registry:
         path = Path(path)
         registry = cls(path)
         if path.exists():
-            entries, registry.sink = _parse_state(path)
+            entries, registry.sink, registry.out = _parse_state(path)
             registry.load_entries(entries)
         return registry
 
@@ -204,7 +212,7 @@ class Registry:
             self.streams[stream_id] = StreamEntry(stream_id, name, por, por if por > 0 else -1)
 
 
-def _parse_state(path: Path) -> tuple[list[tuple[int, str, int]], dict | None]:
+def _parse_state(path: Path) -> tuple[list[tuple[int, str, int]], dict | None, dict | None]:
     try:
         doc = json.loads(path.read_bytes())
     except OSError as err:
@@ -242,7 +250,12 @@ def _parse_state(path: Path) -> tuple[list[tuple[int, str, int]], dict | None]:
         and isinstance(sink.get("txn"), (str, type(None)))
     ):
         raise StateError(f"state file {path}: 'sink' must hold offset, txn and next_cid")
-    return entries, sink
+    out = doc.get("out")
+    if out is not None and not (
+        isinstance(out, dict) and isinstance(out.get("path"), str) and isinstance(out.get("bytes"), int)
+    ):
+        raise StateError(f"state file {path}: 'out' must hold path and bytes")
+    return entries, sink, out
 
 
 def write_atomic(path: str | os.PathLike, data: bytes) -> None:

@@ -79,7 +79,8 @@ class WorkerConfig:
     credits: int = 100
     #: Send a refill ACK when the connector's remaining credits fall to this; None = half.
     refill_at: int | None = None
-    lenient_credits: bool = False
+    #: The shipped worker never refuses a frame for want of credit; ``False`` follows the spec.
+    lenient_credits: bool = True
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     checkpoint_every: int = 10_000
     checkpoint_ms: float = 1000.0
@@ -159,13 +160,32 @@ class JsonLinesOut:
     I/O thread while the delivering connection waits, so a slow disk stops the
     worker reading its sockets rather than growing the buffer. ``sync`` (at each
     checkpoint) writes and fsyncs, so a checkpointed message is on disk.
+
+    ``resume_at`` reopens a file a killed worker left: it is cut back to the length
+    its last checkpoint recorded (``mark``), so lines delivered after that
+    checkpoint, which connectors will send again, are not written twice.
     """
 
     def __init__(
-        self, path: str | Path, *, append: bool = False, buffer_limit: int = 1 << 20, executor=None
+        self,
+        path: str | Path,
+        *,
+        resume_at: int | None = None,
+        buffer_limit: int = 1 << 20,
+        executor=None,
     ) -> None:
         self.path = Path(path)
-        self._file = open(self.path, "ab" if append else "wb")  # noqa: SIM115 - closed by aclose()
+        self._file = open(self.path, "wb" if resume_at is None else "ab")  # noqa: SIM115 - closed by aclose()
+        if resume_at is not None:
+            size = os.fstat(self._file.fileno()).st_size
+            if size < resume_at:
+                self._file.close()
+                raise OSError(
+                    f"--out {self.path} holds {size} bytes, but the --state checkpoint says {resume_at} were "
+                    "written: it is not the file this worker wrote"
+                )
+            self._file.truncate(resume_at)
+        self.bytes = resume_at or 0
         self._lines: list[str] = []
         self._size = 0
         self.buffer_limit = buffer_limit
@@ -179,6 +199,7 @@ class JsonLinesOut:
         line = message_json(stream_id, message)
         self._lines.append(line)
         self._size += len(line)
+        self.bytes += len(line)
         self.lines += 1
         if self._size >= self.buffer_limit:
             await self._write()
@@ -196,6 +217,10 @@ class JsonLinesOut:
         self._file.flush()
         if self._regular:
             os.fsync(self._file.fileno())
+
+    def mark(self) -> dict:
+        """The file's length with every line delivered so far: what a checkpoint records."""
+        return {"path": str(self.path.resolve()), "bytes": self.bytes}
 
     async def sync(self) -> None:
         await self._write()
@@ -223,6 +248,8 @@ class Stats:
     dropped_connections: int = 0
     timeouts: int = 0
     violations: int = 0
+    #: Frames connectors sent with no credit left (counted, not refused, unless strict).
+    credit_overdraft: int = 0
     checkpoints: int = 0
     #: The last MAX_RECORDED_ERRORS ERRORs sent: {"connection", "peer", "kind", "reason"}.
     errors: deque = field(default_factory=lambda: deque(maxlen=MAX_RECORDED_ERRORS))
@@ -312,6 +339,7 @@ class WorkerConnection:
         finally:
             if self._ack_task is not None:
                 self._ack_task.cancel()
+            self.worker.stats.credit_overdraft += self.machine.overdraft
             self.worker.registry.release_all(self)
             await framed.close()
 
@@ -417,18 +445,21 @@ class WorkerConnection:
     # --- outgoing ---------------------------------------------------------------------
 
     def settle_eos(self) -> None:
-        """After a checkpoint: send the final ACK of every ended stream it fully covers."""
+        """After a checkpoint: send the final ACK of every ended stream it fully covers.
+
+        A checkpoint that was under way when the EOS arrived may cover only part of
+        the stream; its ACK is then not the final one, and the stream stays held.
+        """
         streams = self.worker.registry.streams
         for stream_id in list(self._eos_pending):
             entry = streams[stream_id]
             if entry.point_of_ref >= entry.last_seen:
+                self._eos_pending.discard(stream_id)
+                self.worker.registry.release(stream_id, self)
                 self.report(stream_id)
 
     def report(self, stream_id: int) -> None:
         """A checkpoint advanced this stream: tell the connector in the next ACK."""
-        if stream_id in self._eos_pending:
-            self._eos_pending.discard(stream_id)
-            self.worker.registry.release(stream_id, self)
         self._report.add(stream_id)
         self._ack_wanted.set()
 
@@ -522,6 +553,8 @@ class MockWorker:
         self.consumers = list(consumers)
         self.consumer_calls = [c.deliver for c in self.consumers]
         self.sink: SinkForwarder | None = None
+        #: The ``--out`` file, whose checkpointed length the state file records.
+        self.out: JsonLinesOut | None = None
         #: Why the worker cannot go on (the sink gave up), and who to tell.
         self.fatal: str | None = None
         self.on_fatal: Callable[[], None] = lambda: None
@@ -552,6 +585,8 @@ class MockWorker:
         The sink forwarder stays last: a delivery is then complete at the sink only after
         every other consumer took it, which the checkpoint's snapshot relies on.
         """
+        if isinstance(consumer, JsonLinesOut):
+            self.out = consumer
         at = len(self.consumers) - 1 if self.sink is not None and consumer is not self.sink else None
         if at is None:
             self.consumers.append(consumer)
@@ -702,6 +737,7 @@ class MockWorker:
         async with self._checkpoint_lock:
             snapshot = self.registry.advanced()
             sink_mark = self.sink.mark() if self.sink is not None else 0  # no await since the snapshot
+            out_mark = self.out.mark() if self.out is not None else None
             self.since_checkpoint = 0
             if not snapshot:
                 self._settle_eos()
@@ -710,10 +746,12 @@ class MockWorker:
 
             async def write_state(sink_position: dict | None = None) -> None:
                 if self.registry.path is not None:
-                    data = self.registry.state_bytes(snapshot, sink=sink_position)
+                    data = self.registry.state_bytes(snapshot, sink=sink_position, out=out_mark)
                     await loop.run_in_executor(self.io, write_atomic, self.registry.path, data)
                 if sink_position is not None:
                     self.registry.sink = sink_position
+                if out_mark is not None:
+                    self.registry.out = out_mark
 
             try:
                 for consumer in self.consumers:
@@ -768,6 +806,7 @@ class MockWorker:
             "dropped_connections": s.dropped_connections,
             "timeouts": s.timeouts,
             "violations": s.violations,
+            "credit_overdraft": s.credit_overdraft,
             "errors": list(s.errors),
             "errors_received": list(s.errors_received),
             "fatal": self.fatal,
