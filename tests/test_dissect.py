@@ -241,6 +241,59 @@ def test_table_and_hex_views_show_a_malformed_message(tmp_path):
     assert run_cli("dissect", "--strict", str(path), env=wide).returncode == 1
 
 
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+@pytest.mark.parametrize(
+    "name, code, packet, sender, arrow",
+    [
+        # Mutated copies of the samples whose framing breaks before the connection's use is known.
+        ("0191-restart-reconnect.pcap", 2, 4, "connector", "C→W"),  # a HELLO length prefix flipped
+        ("0421-mock-source-tcpdump.pcap", 2, 16, "connector", "C→W"),  # bytes inserted in a packet
+        ("0626-sink-2pc-ns.pcapng", 0, 4, "worker", "W→C"),  # a bit flipped in the sink's HELLO
+    ],
+)
+def test_damaged_frame_before_the_use_is_known_is_shown_with_its_sender(name, code, packet, sender, arrow):
+    path = str(DATA_DIR / name)
+    wide = {**os.environ, "COLUMNS": "200"}
+    for args in ((), ("-x",)):
+        table = run_cli("dissect", *args, path, env=wide)
+        assert table.returncode == code and "Traceback" not in table.stderr, table.stderr
+        [row] = [line for line in table.stdout.splitlines() if " INVALID " in line]
+        assert row.split()[:1] == [str(packet)] and f" {arrow} " in row
+    got, records, err = jsonl(path)
+    assert got == code and "Traceback" not in err
+    [invalid] = [r for r in records if r["type"] == "INVALID"]
+    assert (invalid["packet"], invalid["sender"]) == (packet, sender)
+    assert invalid["direction"] == "initiator>responder"
+    assert invalid["use"] == ("sink" if sender == "worker" else "source")
+
+
+def test_framing_error_waits_for_the_use_like_a_frame():
+    # The first bytes a worker sends to a sink: a zero length prefix, then its HELLO (v0.0.1 = sink).
+    segs = [(True, 99, TCP_SYN, b""), (True, 100, DATA, b"\x00\x00\x00\x00" + hello(b"v0.0.1"))]
+    records, d = dissect(io.BytesIO(capture(segs)))
+    assert [r["type"] for r in records] == ["INVALID", "HELLO"]
+    for r in records:
+        assert (r["use"], r["sender"], r["direction"]) == ("sink", "worker", "initiator>responder")
+    assert "length prefix 0" in records[0]["violations"][0] and "notes" not in records[0]
+    assert records[1]["notes"] == ["resynced at stream offset 4, 3 bytes skipped"]
+    assert d.summaries()[0]["violation_list"][0]["type"] == "INVALID"
+
+
+def test_a_note_goes_only_to_the_frame_after_it_when_frames_are_held():
+    # A NOTIFY (which does not tell source from sink, so it waits), 10 bytes never captured, a MESSAGE.
+    segs = [
+        (True, 99, TCP_SYN, b""),
+        (True, 100, DATA, NOTIFY_1),
+        (True, 100 + len(NOTIFY_1) + 10, DATA, message(1, 1, b"x")),
+    ]
+    records, _ = dissect(io.BytesIO(capture(segs)))
+    assert [r["type"] for r in records] == ["NOTIFY", "MESSAGE"]
+    assert "notes" not in records[0]
+    assert "10 bytes missing" in records[1]["notes"][0]
+
+
 # --- bad input ----------------------------------------------------------------------
 
 
