@@ -146,6 +146,14 @@ def _fields(r: dict) -> str:
     return text
 
 
+def _clock(ns: int) -> str:
+    """UTC time of day, HH:MM:SS.micro, by arithmetic: a damaged capture's timestamp may lie
+    far outside the years datetime can show."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    minutes, second = divmod(seconds % 86400, 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:{second:02d}.{fraction // 1000:06d}"
+
+
 def _where(where: list[dict]) -> str:
     return ",".join(f"{w['stream_id']}:{w['start_por']}-{w['end_por']}" for w in where)
 
@@ -189,9 +197,7 @@ class _RichFrames:
             style = STYLES.get(t, "white")
             if r.get("twopc"):
                 style = "bold green" if r["twopc"] != "PHASE2" or r.get("commit") else "bold red"
-            ns = r["ts_ns"]
-            when = datetime.fromtimestamp(ns // 1_000_000_000, UTC).strftime("%H:%M:%S")
-            when += f".{ns % 1_000_000_000 // 1000:06d}"
+            when = _clock(r["ts_ns"])
             arrow = _ARROWS.get(r.get("sender"), "?")
             payload = ""
             if t == "MESSAGE" and not r.get("twopc") and r.get("payload_b64") is not None:

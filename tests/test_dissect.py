@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support import run_cli
-from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
+from test_capture import A4, B4, T, ether, ipv4, pcap_file, pcapng_file, tcp_header
 from test_reassembly import DATA, NOTIFY_1, OK_20, capture, hello, message, opening
 
 from wallaroo_proto.capture import TCP_ACK, TCP_SYN
@@ -267,6 +267,19 @@ def test_damaged_frame_before_the_use_is_known_is_shown_with_its_sender(name, co
     assert (invalid["packet"], invalid["sender"]) == (packet, sender)
     assert invalid["direction"] == "initiator>responder"
     assert invalid["use"] == ("sink" if sender == "worker" else "source")
+
+
+def test_table_shows_a_timestamp_beyond_the_calendar(tmp_path):
+    # if_tsresol 0 counts whole seconds: 86400 * 10**14 + 3661 s is 01:01:01 on a day past year 9999.
+    seconds = 86400 * 10**14 + 3661
+    syn, data = tcp_header(40000, 7100, 99, TCP_SYN), tcp_header(40000, 7100, 100, DATA, hello())
+    packets = [(seconds * 1_000_000_000, ether(ipv4(A4, B4, tcp))) for tcp in (syn, data)]
+    path = tmp_path / "far.pcapng"
+    path.write_bytes(pcapng_file(packets, tsresol=0))
+    result = run_cli("dissect", str(path), env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    [row] = [line for line in result.stdout.splitlines() if " HELLO " in line]
+    assert row.split()[:2] == ["2", "01:01:01.000000"]
 
 
 def test_framing_error_waits_for_the_use_like_a_frame():

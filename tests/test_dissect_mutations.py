@@ -106,6 +106,7 @@ def workdir(tmp_path_factory) -> Path:
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sample=st.sampled_from(sorted(SAMPLES)), mutations=st.lists(mutation, min_size=1, max_size=4))
 @example(sample="sink-2pc-ns.pcapng", mutations=[("flip", 409, 0x01)])  # a HELLO cut short: framing breaks
+@example(sample="sink-2pc-ns.pcapng", mutations=[("flip", 48, 0x09)])  # if_tsresol 0: years past 9999
 def test_any_mutation_through_any_view_exits_cleanly(workdir, sample, mutations):
     data = SAMPLES[sample]
     for m in mutations:
