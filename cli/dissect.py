@@ -40,6 +40,7 @@ STYLES = {
     "WORKERS_LEFT": "magenta",
     "INVALID": "bold red reverse",
 }
+_ARROWS = {"connector": "C→W", "worker": "W→C"}
 _TYPE_CHOICES = sorted({t.name for t in FrameType} | {t.name for t in TwoPCTag} | {"INVALID"})
 
 
@@ -103,26 +104,31 @@ def _preview(data: bytes, width: int = 32) -> str:
 
 
 def _fields(r: dict) -> str:
+    """The frame's own fields that the record holds: a damaged frame may lack any of them."""
     t = r["type"]
-    if r.get("verdict") == "malformed":  # its fields could not be read: say why instead
-        return "; ".join(r.get("violations") or ())
+    get = r.get
+    if get("verdict") == "malformed":  # its fields could not be read: say why instead
+        return "; ".join(get("violations") or ())
     if t == "MESSAGE":
-        if "twopc" in r:
-            parts = []
-            if "txn_id" in r:
+        parts = []
+        if get("twopc"):
+            if get("txn_id") is not None:
                 parts.append(f"txn={r['txn_id']}")
-            if "where" in r:
+            if get("where") is not None:
                 parts.append("where=" + _where(r["where"]))
-            if "commit" in r:
+            if get("commit") is not None:
                 parts.append("commit" if r["commit"] else "abort")
-            if "rtag" in r:
+            if get("rtag") is not None:
                 parts.append(f"rtag={r['rtag']}")
-            if "txn_ids" in r:
+            if get("txn_ids") is not None:
                 parts.append(f"txns={r['txn_ids']}")
             return " ".join(parts)
-        key = base64.b64decode(r["key_b64"]) if r["key_len"] else b""
-        key_text = f" key={_preview(key, 16)}" if key else ""
-        return f"stream={r['stream_id']} id={r['message_id']} t={r['event_time']}{key_text}"
+        for label, k in (("stream", "stream_id"), ("id", "message_id"), ("t", "event_time")):
+            if get(k) is not None:
+                parts.append(f"{label}={r[k]}")
+        if get("key_b64"):  # '' when the message has no key
+            parts.append("key=" + _preview(base64.b64decode(r["key_b64"]), 16))
+        return " ".join(parts)
     keys = {
         "HELLO": ("version", "program_name", "instance_name", "cookie_len"),
         "OK": ("initial_credits",),
@@ -138,6 +144,14 @@ def _fields(r: dict) -> str:
     if t == "ACK" and r.get("acks"):
         text += " acks=" + ",".join(f"{a['stream_id']}@{a['point_of_ref']}" for a in r["acks"])
     return text
+
+
+def _clock(ns: int) -> str:
+    """UTC time of day, HH:MM:SS.micro, by arithmetic: a damaged capture's timestamp may lie
+    far outside the years datetime can show."""
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    minutes, second = divmod(seconds % 86400, 60)
+    return f"{minutes // 60:02d}:{minutes % 60:02d}:{second:02d}.{fraction // 1000:06d}"
 
 
 def _where(where: list[dict]) -> str:
@@ -183,12 +197,10 @@ class _RichFrames:
             style = STYLES.get(t, "white")
             if r.get("twopc"):
                 style = "bold green" if r["twopc"] != "PHASE2" or r.get("commit") else "bold red"
-            ns = r["ts_ns"]
-            when = datetime.fromtimestamp(ns // 1_000_000_000, UTC).strftime("%H:%M:%S")
-            when += f".{ns % 1_000_000_000 // 1000:06d}"
-            arrow = "C→W" if r["sender"] == "connector" else "W→C"
+            when = _clock(r["ts_ns"])
+            arrow = _ARROWS.get(r.get("sender"), "?")
             payload = ""
-            if t == "MESSAGE" and "twopc" not in r and "payload_b64" in r:  # absent when malformed
+            if t == "MESSAGE" and not r.get("twopc") and r.get("payload_b64") is not None:
                 payload = _preview(base64.b64decode(r["payload_b64"]))
             label = r.get("twopc") or t
             table.add_row(

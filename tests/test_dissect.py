@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from support import run_cli
-from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
+from test_capture import A4, B4, T, ether, ipv4, pcap_file, pcapng_file, tcp_header
 from test_reassembly import DATA, NOTIFY_1, OK_20, capture, hello, message, opening
 
 from wallaroo_proto.capture import TCP_ACK, TCP_SYN
@@ -239,6 +239,72 @@ def test_table_and_hex_views_show_a_malformed_message(tmp_path):
         assert "Traceback" not in result.stderr, result.stderr
         assert "key is 50 bytes long" in result.stdout
     assert run_cli("dissect", "--strict", str(path), env=wide).returncode == 1
+
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+@pytest.mark.parametrize(
+    "name, code, packet, sender, arrow",
+    [
+        # Mutated copies of the samples whose framing breaks before the connection's use is known.
+        ("0191-restart-reconnect.pcap", 2, 4, "connector", "C→W"),  # a HELLO length prefix flipped
+        ("0421-mock-source-tcpdump.pcap", 2, 16, "connector", "C→W"),  # bytes inserted in a packet
+        ("0626-sink-2pc-ns.pcapng", 0, 4, "worker", "W→C"),  # a bit flipped in the sink's HELLO
+    ],
+)
+def test_damaged_frame_before_the_use_is_known_is_shown_with_its_sender(name, code, packet, sender, arrow):
+    path = str(DATA_DIR / name)
+    wide = {**os.environ, "COLUMNS": "200"}
+    for args in ((), ("-x",)):
+        table = run_cli("dissect", *args, path, env=wide)
+        assert table.returncode == code and "Traceback" not in table.stderr, table.stderr
+        [row] = [line for line in table.stdout.splitlines() if " INVALID " in line]
+        assert row.split()[:1] == [str(packet)] and f" {arrow} " in row
+    got, records, err = jsonl(path)
+    assert got == code and "Traceback" not in err
+    [invalid] = [r for r in records if r["type"] == "INVALID"]
+    assert (invalid["packet"], invalid["sender"]) == (packet, sender)
+    assert invalid["direction"] == "initiator>responder"
+    assert invalid["use"] == ("sink" if sender == "worker" else "source")
+
+
+def test_table_shows_a_timestamp_beyond_the_calendar(tmp_path):
+    # if_tsresol 0 counts whole seconds: 86400 * 10**14 + 3661 s is 01:01:01 on a day past year 9999.
+    seconds = 86400 * 10**14 + 3661
+    syn, data = tcp_header(40000, 7100, 99, TCP_SYN), tcp_header(40000, 7100, 100, DATA, hello())
+    packets = [(seconds * 1_000_000_000, ether(ipv4(A4, B4, tcp))) for tcp in (syn, data)]
+    path = tmp_path / "far.pcapng"
+    path.write_bytes(pcapng_file(packets, tsresol=0))
+    result = run_cli("dissect", str(path), env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    [row] = [line for line in result.stdout.splitlines() if " HELLO " in line]
+    assert row.split()[:2] == ["2", "01:01:01.000000"]
+
+
+def test_framing_error_waits_for_the_use_like_a_frame():
+    # The first bytes a worker sends to a sink: a zero length prefix, then its HELLO (v0.0.1 = sink).
+    segs = [(True, 99, TCP_SYN, b""), (True, 100, DATA, b"\x00\x00\x00\x00" + hello(b"v0.0.1"))]
+    records, d = dissect(io.BytesIO(capture(segs)))
+    assert [r["type"] for r in records] == ["INVALID", "HELLO"]
+    for r in records:
+        assert (r["use"], r["sender"], r["direction"]) == ("sink", "worker", "initiator>responder")
+    assert "length prefix 0" in records[0]["violations"][0] and "notes" not in records[0]
+    assert records[1]["notes"] == ["resynced at stream offset 4, 3 bytes skipped"]
+    assert d.summaries()[0]["violation_list"][0]["type"] == "INVALID"
+
+
+def test_a_note_goes_only_to_the_frame_after_it_when_frames_are_held():
+    # A NOTIFY (which does not tell source from sink, so it waits), 10 bytes never captured, a MESSAGE.
+    segs = [
+        (True, 99, TCP_SYN, b""),
+        (True, 100, DATA, NOTIFY_1),
+        (True, 100 + len(NOTIFY_1) + 10, DATA, message(1, 1, b"x")),
+    ]
+    records, _ = dissect(io.BytesIO(capture(segs)))
+    assert [r["type"] for r in records] == ["NOTIFY", "MESSAGE"]
+    assert "notes" not in records[0]
+    assert "10 bytes missing" in records[1]["notes"][0]
 
 
 # --- bad input ----------------------------------------------------------------------

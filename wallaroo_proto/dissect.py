@@ -131,7 +131,8 @@ class _Tracker:
         self.initiator_fixed = False
         self.conn: Connection | None = None
         self.use: Use | None = None
-        self.held: list[tuple[DirectionFramer, int, bytes, Frame | None, str | None, int, int, list]] = []
+        #: Records waiting for the use, which decides their sender: (emitting method, its arguments).
+        self.held: list[tuple[Callable[..., None], tuple]] = []
         self.midstream = False
         self.summary = ConnectionSummary(index, "")
         self._set_label()
@@ -199,29 +200,39 @@ class _Tracker:
         )
 
     def broken(self, direction: DirectionFramer, err: ProtocolError, packet: int, ts: int) -> None:
-        """Framing itself failed (length 0 or above the maximum): a record, then resync."""
-        record = dict(self._base(direction)) if self.use else dict(self.ident, use="unknown")
-        reason = f"packet {packet}: {err}; resyncing"
+        """Framing itself failed (length 0 or above the maximum): a record, then resync.
+
+        Like a frame, it waits while the use is unknown: the use (and a later HELLO,
+        which fixes the initiator) decide its sender, direction and connection id.
+        """
+        notes, direction.notes = direction.notes, []
+        args = (direction, err.offset, f"packet {packet}: {err}; resyncing", packet, ts, notes)
+        if self.conn is None:
+            self._hold(self._broken, args)
+        else:
+            self._broken(*args)
+
+    def _broken(
+        self, direction: DirectionFramer, offset: int, reason: str, packet: int, ts: int, notes: list
+    ) -> None:
+        record = self._base(direction).copy()
         record.update(
             ts=ts / 1e9,
             ts_ns=ts,
             packet=packet,
-            offset=err.offset,
+            offset=offset,
             frame_index=None,
             type="INVALID",
             verdict="malformed",
             violations=[reason],
         )
-        if direction.notes:
-            record["notes"] = direction.notes
-            direction.notes = []
+        if notes:
+            record["notes"] = notes
         s = self.summary
         s.malformed += 1
         s.violations += 1
         if len(s.violation_list) < _KEEP:
-            s.violation_list.append(
-                {"packet": packet, "offset": err.offset, "type": "INVALID", "reason": reason}
-            )
+            s.violation_list.append({"packet": packet, "offset": offset, "type": "INVALID", "reason": reason})
         self.out.append(to_json(record) if self.jsonl else record)
 
     # frames -------------------------------------------------------------------------
@@ -244,11 +255,15 @@ class _Tracker:
         if notes:
             direction.notes = []
         if self.conn is None and not self._decide(direction, frame):
-            self.held.append((direction, offset, body, frame, error, packet, ts, notes))
-            if len(self.held) >= _HOLD_LIMIT:
-                self._settle(Use.SOURCE)
+            # Its own list: an empty one is still the direction's, which later notes go to.
+            self._hold(self._emit, (direction, offset, body, frame, error, packet, ts, notes or []))
             return
         self._emit(direction, offset, body, frame, error, packet, ts, notes)
+
+    def _hold(self, emit: Callable[..., None], args: tuple) -> None:
+        self.held.append((emit, args))
+        if len(self.held) >= _HOLD_LIMIT:
+            self._settle(Use.SOURCE)
 
     @staticmethod
     def _decode(body: bytes) -> tuple[Frame | None, str | None]:
@@ -294,8 +309,8 @@ class _Tracker:
         if self.midstream and conn.state is ConnState.CONNECTED:
             conn.state = ConnState.STREAMING
         held, self.held = self.held, []
-        for direction, offset, body, frame, error, packet, ts, notes in held:
-            self._emit(direction, offset, body, frame, error, packet, ts, notes)
+        for emit, args in held:
+            emit(*args)
 
     def _seed_streams(self, frame: Frame) -> None:
         """Mid-connection start: assume streams the capture never saw opened were open."""
