@@ -20,9 +20,16 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION, SOURCE_VERSION
-from wallaroo_proto.registry import Registry, StateError
-from wallaroo_proto.sink_driver import SinkDriver, SinkRefused, SinkUnavailable, drive, input_payloads
+from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION, SOURCE_VERSION, Text, show_text
+from wallaroo_proto.registry import Registry, StateError, write_atomic
+from wallaroo_proto.sink_driver import (
+    SinkDriver,
+    SinkRefused,
+    SinkUnavailable,
+    drive,
+    input_name,
+    input_payloads,
+)
 from wallaroo_proto.sink_forwarder import SinkForwarder
 from wallaroo_proto.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
 
@@ -121,20 +128,75 @@ def _driver_options(opts: dict) -> dict:
     }
 
 
+def _input_state(path: str, source: str) -> Registry:
+    """The --state of an --input run: its sink position names the input it belongs to."""
+    if source == "-":
+        raise _usage_error(
+            f"--state {path}: stdin (--input -) cannot be read again after a crash; give a file or gen:N"
+        )
+    try:
+        registry = Registry.open(path)
+    except StateError as err:
+        raise _usage_error(str(err)) from err
+    sink = registry.sink
+    if registry.streams or (sink is not None and sink.get("input") != source):
+        was = f"--input {sink.get('input')}" if sink and sink.get("input") else "a worker serving connectors"
+        raise _usage_error(f"--state {path} was written for {was}, not --input {source}; give another file")
+    registry.sink = sink or {"offset": 0, "txn": None, "next_cid": 1, "input": source}
+    return registry
+
+
 def _drive_input(opts: dict) -> None:
-    """``--sink`` with ``--input``: no connectors, just the input through 2PC to the sink."""
+    """``--sink`` with ``--input``: no connectors, just the input through 2PC to the sink.
+
+    With ``--state`` the sink position is written between each commit vote and PHASE2, as the
+    worker's checkpoints do, so a restarted run settles a listed txn by it and sends the input
+    from the committed offset on (the output is the input's bytes): nothing lost or repeated.
+    """
     host, port = _sink_address(opts["sink"])
+    source, path = input_name(opts["sink_input"]), opts["state_path"]
+    registry = _input_state(path, source) if path else None
+    saved = registry.sink if registry else {"offset": 0, "txn": None}
+
+    async def write_position(txn: Text, end: int) -> None:
+        position = {
+            "offset": end,
+            "txn": show_text(txn),
+            "next_cid": driver.next_checkpoint_id,
+            "input": source,
+        }
+        await asyncio.to_thread(write_atomic, registry.path, registry.state_bytes(sink=position))
+        registry.sink = position
+
     driver = SinkDriver(
         host,
         port,
         checkpoint_every_messages=max(opts["checkpoint_every"], 1),
         checkpoint_every_ms=opts["checkpoint_ms"] or 1000.0,
+        start_offset=saved["offset"],
+        first_checkpoint_id=saved.get("next_cid", 1),
+        on_commit_vote=write_position if registry else None,
+        resolve_listed=(lambda txn: show_text(txn) == registry.sink["txn"]) if registry else None,
         **_driver_options(opts),
     )
     try:
-        payloads = input_payloads(opts["sink_input"])
+        payloads = input_payloads(opts["sink_input"], start=saved["offset"])
     except ValueError as err:
-        raise click.BadParameter(str(err), param_hint="--input") from err
+        if not saved["offset"]:
+            raise click.BadParameter(str(err), param_hint="--input") from err
+        raise _usage_error(
+            f"--state {path} has the first {saved['offset']} bytes of --input {source} committed, "
+            f"but {err}: not the input it was written for"
+        ) from err
+    except OSError as err:
+        raise _usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
+    if registry is not None:
+        try:
+            registry.save()  # find out now, not at the first commit, that it cannot be written
+        except OSError as err:
+            raise _usage_error(f"cannot write --state {path}: {err.strerror or err}") from err
+    if saved["offset"] or saved["txn"]:
+        click.echo(f"{NAME}: resuming --input {source} after byte {saved['offset']} of it", err=True)
     try:
         stats = asyncio.run(drive(driver, payloads))
     except (SinkRefused, SinkUnavailable) as err:
@@ -271,7 +333,8 @@ async def _run(
     "state_path",
     type=click.Path(dir_okay=False),
     default=None,
-    help="Durable registry and checkpoints: loaded at start, rewritten atomically at each checkpoint.",
+    help="Durable registry and checkpoints (with --input: the input position): loaded at start, "
+    "rewritten atomically at each checkpoint.",
 )
 @click.option(
     "--out",

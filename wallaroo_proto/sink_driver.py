@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from .errors import ProtocolError
 from .frames import (
@@ -532,10 +534,13 @@ class SinkConsumer:
 # --- feeding a driver from --input -----------------------------------------------------------
 
 
-def input_payloads(spec: str, *, payload_size: int = 32) -> Iterator[bytes]:
+def input_payloads(spec: str, *, payload_size: int = 32, start: int = 0) -> Iterator[bytes]:
     """Payloads for ``--input``: "-" is stdin, "gen:N" N generated lines, anything else a file.
 
-    Every payload is one line with its newline, so the committed output equals the input bytes.
+    Every payload is one line with its newline, so the committed output equals the input bytes
+    and a sink offset is also an input position: ``start`` resumes after the first ``start``
+    bytes (a line boundary), which a file is sought to and gen:N computes. stdin cannot be read
+    again, so it only starts at 0. A file is opened here, so a missing one fails now.
     """
     if spec.startswith("gen:") or spec.startswith("generate:"):
         number = spec.split(":", 1)[1]
@@ -543,14 +548,36 @@ def input_payloads(spec: str, *, payload_size: int = 32) -> Iterator[bytes]:
             raise ValueError(f"--input {spec!r}: gen: takes a number of lines, e.g. gen:1000")
         count = int(number)
         width = max(1, payload_size - 1)
-        return (f"{i:0{width}d}\n".encode()[-width - 1 :] for i in range(count))
+        first, rest = divmod(start, width + 1)
+        if rest or not 0 <= first <= count:
+            raise ValueError(f"byte {start} is not a line boundary of {count} lines of {width + 1} bytes")
+        return (f"{i:0{width}d}\n".encode()[-width - 1 :] for i in range(first, count))
     if spec == "-":
+        if start:
+            raise ValueError("stdin cannot be read again to resume after its first bytes")
         return iter(sys.stdin.buffer)
-    return _file_lines(spec)
+    f = open(spec, "rb")  # noqa: SIM115 - _lines closes it
+    try:
+        size = os.fstat(f.fileno()).st_size
+        if start:
+            f.seek(start - 1)
+            if start > size or (f.read(1) != b"\n" and start < size):
+                raise ValueError(f"byte {start} of {spec} ({size} bytes) is not the end of a line")
+    except BaseException:
+        f.close()
+        raise
+    return _lines(f)
 
 
-def _file_lines(path: str) -> Iterator[bytes]:
-    with open(path, "rb") as f:
+def input_name(spec: str) -> str:
+    """What ``--input spec`` reads, comparable across runs: "gen:N", "-" or a file's absolute path."""
+    if spec.startswith("generate:"):
+        return "gen:" + spec.split(":", 1)[1]
+    return spec if spec == "-" or spec.startswith("gen:") else os.path.abspath(spec)
+
+
+def _lines(f: BinaryIO) -> Iterator[bytes]:
+    with f:
         yield from f
 
 
