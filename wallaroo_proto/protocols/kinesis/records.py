@@ -1,0 +1,118 @@
+"""Records for the mock daemon: generated, or lines of files and stdin, shaped as Kinesis shapes them.
+
+Shard ids are ``shardId-000000000000``; sequence numbers are 56-digit
+decimal strings that grow within a shard; a partition key picks its shard by
+the MD5 of the key over the 128-bit hash key range, split evenly between the
+shards, as a stream with evenly split shards does. A shard's records can be
+listed from any checkpoint on, so a restarted or respawned shard resumes
+after its checkpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import hashlib
+from collections.abc import Iterable, Iterator
+
+from .codec import Record
+
+_BASE = 49_590_338 * 10**48  # 56 digits
+_SHARD_STRIDE = 10**36
+_STEP = 1_000_003  # records' numbers are not contiguous in Kinesis either
+
+
+def shard_id(index: int) -> str:
+    return f"shardId-{index:012d}"
+
+
+def sequence_number(shard_index: int, n: int) -> str:
+    """The ``n``-th (0-based) record's sequence number in shard ``shard_index``."""
+    return str(_BASE + shard_index * _SHARD_STRIDE + (n + 1) * _STEP)
+
+
+def shard_for_key(partition_key: str, shards: int) -> int:
+    """The shard whose hash key range holds MD5(partition key)."""
+    hashed = int.from_bytes(hashlib.md5(partition_key.encode("utf-8")).digest(), "big")
+    return hashed * shards >> 128
+
+
+class ShardRecords:
+    """One shard's records in sequence order, listable after a checkpoint."""
+
+    def __init__(self, index: int, records: list[Record] | None = None, *, generated: int = 0) -> None:
+        self.index = index
+        self.shard_id = shard_id(index)
+        self._records = records
+        self._generated = generated
+        self._t0 = 0
+
+    def __len__(self) -> int:
+        return self._generated if self._records is None else len(self._records)
+
+    def stamp(self, now_ms: int) -> None:
+        """Arrival times for generated records: one per millisecond, the last at ``now_ms``."""
+        self._t0 = now_ms - self._generated
+
+    def start_after(self, checkpoint: tuple[str, int] | None) -> int:
+        """Index of the first record after ``checkpoint`` (0 for none or a sentinel)."""
+        if checkpoint is None or not checkpoint[0].isdigit():
+            return len(self) if checkpoint is not None and checkpoint[0] == "SHARD_END" else 0
+        key = int(checkpoint[0])
+        if self._records is None:
+            n = (key - _BASE - self.index * _SHARD_STRIDE) // _STEP  # records 0..n-1 are at or below it
+            return min(max(n, 0), len(self))
+        keys = [int(r.sequence_number) for r in self._records]
+        return bisect.bisect_right(keys, key)
+
+    def batches(self, start: int, size: int) -> Iterator[list[Record]]:
+        """Lists of at most ``size`` records from index ``start``."""
+        total = len(self)
+        for first in range(start, total, size):
+            yield self.slice(first, min(first + size, total))
+
+    def slice(self, first: int, last: int) -> list[Record]:
+        if self._records is not None:
+            return self._records[first:last]
+        index, t0, shard = self.index, self._t0, self.shard_id
+        out = []
+        for n in range(first, last):
+            data = base64.b64encode(f"{shard} record {n}".encode()).decode("ascii")
+            out.append(Record(data, f"pk-{n}", sequence_number(index, n), t0 + n, 0))
+        return out
+
+    def millis_behind(self, last_index: int) -> int:
+        """How far behind the shard's newest record the record at ``last_index`` is."""
+        total = len(self)
+        if not total:
+            return 0
+        if self._records is None:
+            return total - 1 - last_index
+        newest = self._records[-1].approximate_arrival_timestamp or 0
+        return max(newest - (self._records[last_index].approximate_arrival_timestamp or 0), 0)
+
+
+def generated(shards: int, per_shard: int) -> list[ShardRecords]:
+    return [ShardRecords(i, generated=per_shard) for i in range(shards)]
+
+
+def from_lines(
+    lines: Iterable[bytes], shards: int, *, key_template: str = "{n}", now_ms: int = 0
+) -> list[ShardRecords]:
+    """One record per input line (its bytes are the data), routed by partition key."""
+    per: list[list[Record]] = [[] for _ in range(shards)]
+    for n, raw in enumerate(lines):
+        data = raw.rstrip(b"\r\n") if raw.endswith(b"\n") else raw
+        key = key_template.format(n=n, line=data.decode("utf-8", errors="replace"))
+        index = shard_for_key(key, shards)
+        bucket = per[index]
+        bucket.append(
+            Record(
+                base64.b64encode(data).decode("ascii"),
+                key,
+                sequence_number(index, len(bucket)),
+                now_ms,
+                0,
+            )
+        )
+    return [ShardRecords(i, records) for i, records in enumerate(per)]
