@@ -88,12 +88,24 @@ def _print_daemon_summary(summary_: dict, fmt: str) -> None:
     )
     out.print(
         f"kinesis mock-daemon summary: {summary_['records_delivered']:,} records delivered "
-        f"({summary_['records_redelivered']:,} again), {summary_['checkpoints']} checkpoints, "
+        f"({summary_['records_redelivered']:,} again), {summary_['records_checkpointed']:,} checkpointed, "
+        f"{summary_['checkpoints']} checkpoints, "
         f"{summary_['checkpoint_errors']} checkpoint errors, {summary_['seconds']:.1f}s "
         f"({summary_['records_per_second']:,.0f} records/s)"
     )
     table = Table(title="shards")
-    for col in ("shard", "records", "delivered", "checkpoints", "errors", "checkpoint", "end", "processors"):
+    columns = (
+        "shard",
+        "records",
+        "delivered",
+        "checkpointed",
+        "checkpoints",
+        "errors",
+        "checkpoint",
+        "end",
+        "processors",
+    )
+    for col in columns:
         table.add_column(col)
     for s in summary_["shards"]:
         errors = ", ".join(f"{k} {v}" for k, v in s["checkpoint_errors"].items())
@@ -101,6 +113,7 @@ def _print_daemon_summary(summary_: dict, fmt: str) -> None:
             s["shard_id"],
             f"{s['records']:,}",
             f"{s['delivered']:,}",
+            f"{s['checkpointed']:,}",
             str(s["checkpoints"]),
             errors,
             "" if s["checkpoint"] is None else f"{s['checkpoint']}/{s['sub_sequence_number']}",

@@ -120,6 +120,7 @@ class ShardStats:
     checkpoint_errors: Counter = field(default_factory=Counter)
     checkpoint: str | None = None
     sub_sequence_number: int | None = None
+    checkpointed: int = 0  # records at or before the checkpoint
     end: str = "not started"
     failure: str | None = None
     spawns: int = 0
@@ -140,6 +141,7 @@ class ShardStats:
             "checkpoint_errors": dict(self.checkpoint_errors),
             "checkpoint": self.checkpoint,
             "sub_sequence_number": self.sub_sequence_number,
+            "checkpointed": self.checkpointed,
             "end": self.end,
             "failure": self.failure,
             "spawns": self.spawns,
@@ -376,9 +378,11 @@ class Session:
                     return
                 await self._answer(verdict.message)
             elif kind is Kind.VIOLATION:
+                reason = verdict.reason
+                if "expected" not in reason:
+                    reason += f"; expected {self.conv.expecting()}"
                 raise ShardFailure(
-                    f"line {line.number} of the processor's output: {verdict.reason}; "
-                    f"expected {self._expected(verdict)}: {_show(line.data)}"
+                    f"line {line.number} of the processor's output: {reason}: {_show(line.data)}"
                 )
             elif line.data or verdict.note:
                 self.stats.skipped_lines += 1
@@ -386,11 +390,6 @@ class Session:
                     f"{self.stats.shard_id}: processor line {line.number} {kind.value}: {verdict.note}: "
                     f"{_show(line.data)}"
                 )
-
-    def _expected(self, verdict) -> str:
-        if isinstance(verdict.message, Status) and self.conv.pending is not None:
-            return f'{{"action":"status","responseFor":"{self.conv.pending}"}}'
-        return self.conv.expecting()
 
     async def _answer(self, request: Checkpoint) -> None:
         stats, conv = self.stats, self.conv
@@ -411,6 +410,7 @@ class Session:
             if at is not None:
                 self.daemon.leases.set(stats.shard_id, at[0], at[1])
                 stats.checkpoint, stats.sub_sequence_number = at[0], at[1] or 0
+                stats.checkpointed = self.shard.start_after(at)
             stats.checkpoints += 1
         else:
             stats.checkpoint_errors[error] += 1
@@ -474,6 +474,7 @@ class MockDaemon:
         self.sessions = 0
         self._server: asyncio.AbstractServer | None = None
         self._accepted: asyncio.Queue = asyncio.Queue()
+        self._stop = asyncio.Event()
         self._started = 0.0
         self._seconds = 0.0
 
@@ -494,6 +495,7 @@ class MockDaemon:
     def stop(self) -> None:
         """A graceful stop: every shard ends at its next request with shutdownRequested, leaseLost."""
         self.stopping = True
+        self._stop.set()
 
     async def run(self) -> dict:
         self._started = time.monotonic()
@@ -524,7 +526,8 @@ class MockDaemon:
                 self.pcap.close()
         return self.summary()
 
-    async def _open(self, shard_id: str) -> Channel:
+    async def _open(self, shard_id: str) -> Channel | None:
+        """The shard's processor; None when the daemon stops before one connects."""
         config = self.config
         if config.command:
             try:
@@ -540,7 +543,14 @@ class MockDaemon:
                     f"cannot connect to the processor at {host}:{port}: {err.strerror or err}"
                 ) from None
             return TcpChannel(reader, writer, daemon_is_client=True)
-        reader, writer = await self._accepted.get()
+        get = asyncio.ensure_future(self._accepted.get())
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not get.done():
+            get.cancel()
+            return None
+        reader, writer = get.result()
         return TcpChannel(reader, writer, daemon_is_client=False)
 
     async def _shard(self, shard: ShardRecords) -> None:
@@ -561,6 +571,7 @@ class MockDaemon:
         lease = self.leases.get(shard.shard_id)
         if lease is not None:
             stats.checkpoint, stats.sub_sequence_number = lease
+            stats.checkpointed = shard.start_after(lease)
         if lease is not None and lease[0] == SHARD_END:
             stats.end = "already ended (lease at SHARD_END)"
             return
@@ -571,6 +582,9 @@ class MockDaemon:
             lease = self.leases.get(shard.shard_id)
             index = shard.start_after(lease)
             channel = await self._open(shard.shard_id)
+            if channel is None:
+                stats.end = "stopped before start"
+                return
             stats.spawns += 1
             session = Session(self, shard, stats, channel)
             try:
@@ -614,12 +628,12 @@ class MockDaemon:
             last = min(index + limit, total)
             batch = shard.slice(index, last)
             millis = None if self.config.dialect == V1 else shard.millis_behind(last - 1)
-            await session.request(ProcessRecords(batch, millis))
             stats.batches += 1
             stats.delivered += len(batch)
             if index < stats.high_water:
                 stats.redelivered += min(last, stats.high_water) - index
             stats.high_water = max(stats.high_water, last)
+            await session.request(ProcessRecords(batch, millis))
             index = last
 
     async def _end(self, session: Session, how: str) -> None:
@@ -644,6 +658,7 @@ class MockDaemon:
             "shards": shards,
             "records_delivered": delivered,
             "records_redelivered": sum(s["redelivered"] for s in shards),
+            "records_checkpointed": sum(s["checkpointed"] for s in shards),
             "checkpoints": sum(s["checkpoints"] for s in shards),
             "checkpoint_errors": sum(sum(s["checkpoint_errors"].values()) for s in shards),
             "failures": failures,
