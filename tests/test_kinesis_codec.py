@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -28,6 +29,7 @@ from wallaroo_proto.protocols.kinesis.codec import (
     decode_from_processor,
     encode,
     encode_kclpy,
+    message_dict,
     split_lines,
 )
 
@@ -307,3 +309,17 @@ def test_every_processor_message_reads_back_through_its_lines(msg):
     lines = [ln for ln in split_lines(encode_kclpy(msg)) if ln.data]
     assert len(lines) == 1
     assert decode_from_processor(lines[0].data)[0] == msg
+
+
+@given(st.integers(0, 50), st.integers(0, 10**6), st.integers(1, 40), st.integers(0, 2**41))
+def test_a_generated_batch_line_is_what_the_plain_json_encoder_writes(index, first, count, t0):
+    from wallaroo_proto.protocols.kinesis.records import ShardRecords
+
+    shard = ShardRecords(index, generated=first + count)
+    shard.stamp(t0 + first + count)
+    msg, line = shard.request(first, first + count)
+    plain = json.dumps(
+        message_dict(ProcessRecords(list(msg.records), msg.millis_behind_latest)), separators=(",", ":")
+    )
+    assert line == (plain + "\n").encode()
+    assert decode_from_daemon(line) == msg

@@ -132,8 +132,8 @@ def test_kclpy_processor_gets_every_record_once_and_its_checkpoint_errors(kclpy_
         records = [e["sequenceNumber"] for e in mine if e["event"] == "record"]
         assert records == [seq(index, n) for n in range(30)]  # each once, in order
         assert [e["data"] for e in mine if e["event"] == "record"][:2] == [
-            f"{shard_id} record 0",
-            f"{shard_id} record 1",
+            f"{shard_id} event 000000000",
+            f"{shard_id} event 000000001",
         ]
         # the injected error reached the processor as its CheckpointError, and its retry succeeded
         assert [e["event"] for e in mine if e["event"].startswith("checkpoint")][:2] == [
@@ -250,7 +250,7 @@ def test_daemon_and_processor_over_pipes_with_a_recording(tmp_path):
         assert shard["checkpoint"] == "SHARD_END" and shard["checkpoint_errors"] == {"ThrottlingException": 1}
         rows = _out_rows(out, shard["shard_id"])
         assert [r["sequenceNumber"] for r in rows] == [seq(index, n) for n in range(200)]
-        assert rows[7]["data"] == f"{shard['shard_id']} record 7" and rows[7]["partitionKey"] == "pk-7"
+        assert rows[7]["data"] == f"{shard['shard_id']} event 000000007" and rows[7]["partitionKey"] == "pk-7"
     data = pcap.read_bytes()
     assert data[:4] == bytes.fromhex("d4c3b2a1")
     assert b'{"action":"initialize","shardId":"shardId-000000000002","sequenceNumber":"TRIM_HORIZON"' in data
