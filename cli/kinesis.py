@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 
 import click
 from rich.console import Console
@@ -300,7 +301,10 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         except (KeyError, IndexError, ValueError) as err:
             message = f"{opts['key']!r}: use {{n}} and {{line}} only ({err})"
             raise click.BadParameter(message, param_hint="--key") from None
-        shards = from_lines(_read_inputs(opts["inputs"]), opts["shards"], key_template=opts["key"])
+        now_ms = int(time.time() * 1000)  # the records "arrived" when read
+        shards = from_lines(
+            _read_inputs(opts["inputs"]), opts["shards"], key_template=opts["key"], now_ms=now_ms
+        )
     else:
         shards = generated(opts["shards"], opts["records"])
     config = DaemonConfig(
@@ -466,8 +470,9 @@ def mock_processor(**opts) -> None:
             log(str(err))
             sys.stderr.flush()
             os._exit(1)
-        except ValueError as err:  # stdin or stdout is not a pipe, socket or terminal
-            raise _usage_error(f"stdin and stdout must be pipes or sockets: {err}") from err
+        except KeyboardInterrupt:
+            log("interrupted")
+            sys.exit(EXIT_INTERRUPTED)
         result = summary([stats])
     else:
         result, crashed = asyncio.run(_run_tcp(config, opts))

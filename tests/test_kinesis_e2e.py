@@ -442,3 +442,49 @@ def test_input_lines_are_routed_by_partition_key(tmp_path):
     assert [s["records"] for s in summary["shards"]] == [
         sum(shard_for_key(str(n), 2) == i for n in range(40)) for i in range(2)
     ]
+
+
+def test_mock_processor_answers_a_recorded_conversation_with_kclpys_bytes(tmp_path):
+    mld = tmp_path / "from-mld.txt"
+    mld.write_bytes(
+        b'{"action":"initialize","shardId":"shardId-000000000003","sequenceNumber":"TRIM_HORIZON",'
+        b'"subSequenceNumber":0}\n'
+        b'{"action":"processRecords","records":[{"data":"aGVsbG8=","partitionKey":"k1","sequenceNumber":"11",'
+        b'"approximateArrivalTimestamp":1700000000000,"subSequenceNumber":0,"action":"record"},'
+        b'{"data":"d29ybGQ=","partitionKey":"k2","sequenceNumber":"12",'
+        b'"approximateArrivalTimestamp":1700000000001,"subSequenceNumber":0,"action":"record"}],'
+        b'"millisBehindLatest":0}\n'
+        b'{"action":"shardEnded"}\n'
+        b'{"action":"checkpoint","sequenceNumber":null,"subSequenceNumber":null,"error":null}\n'
+    )
+    out = tmp_path / "records.jsonl"
+    with open(mld, "rb") as stdin:
+        result = subprocess.run(
+            [*PROCESSOR, "--checkpoint-every", "0", "--out", str(out)],
+            stdin=stdin,
+            capture_output=True,
+            timeout=120,
+        )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        b'\n{"action": "status", "responseFor": "initialize"}\n'
+        b'\n{"action": "status", "responseFor": "processRecords"}\n'
+        b'\n{"action": "checkpoint", "sequenceNumber": null, "subSequenceNumber": null}\n'
+        b'\n{"action": "status", "responseFor": "shardEnded"}\n'
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["shard"], r["sequenceNumber"], r["partitionKey"], r["data"]) for r in rows] == [
+        ("shardId-000000000003", "11", "k1", "hello"),
+        ("shardId-000000000003", "12", "k2", "world"),
+    ]
+
+
+def test_mock_processor_reports_a_daemon_line_it_cannot_read(tmp_path):
+    mld = tmp_path / "from-mld.txt"
+    mld.write_bytes(
+        b'{"action":"initialize","shardId":"s","sequenceNumber":null,"subSequenceNumber":null}\n\n'
+    )
+    with open(mld, "rb") as stdin:
+        result = subprocess.run([*PROCESSOR], stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "line 2 from the daemon: the processor cannot read this line: a blank line" in result.stderr

@@ -441,12 +441,14 @@ class Session:
     async def finish(self) -> None:
         """After the final status: close the processor's input, drain its output, wait for it."""
         await self.channel.close_input()
-        while await self._next_line() is not None:
-            pass
         grace = self.daemon.config.exit_grace
         try:
+            async with asyncio.timeout(grace):
+                while await self._next_line() is not None:
+                    pass
             code = await self.channel.wait(grace)
         except TimeoutError:
+            await self.channel.kill()
             raise ShardFailure(
                 f"the processor did not exit within {grace:g} s after its input closed "
                 "(the Java MLD waits for it forever); killed"

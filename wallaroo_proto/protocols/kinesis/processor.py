@@ -282,24 +282,47 @@ def _show(data: bytes, limit: int = 200) -> str:
 
 
 async def serve_stdio(config: ProcessorConfig, log: Callable[[str], None]) -> ProcessorStats:
-    """One conversation on stdin and stdout, as the MLD spawns a processor."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=_READ_SIZE)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", 0))
-    transport, protocol = await loop.connect_write_pipe(
-        lambda: asyncio.streams.FlowControlMixin(), os.fdopen(1, "wb", 0)
-    )
-    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    """One conversation on stdin and stdout, as the MLD spawns a processor.
 
-    async def write(data: bytes) -> None:
-        writer.write(data)
-        await writer.drain()
+    Pipes, sockets and terminals are read and written by the event loop; a
+    regular file (a recorded conversation replayed, output kept) is read in a
+    thread and written directly, since a file never blocks for long.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        reader = asyncio.StreamReader(limit=_READ_SIZE)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(0, "rb", 0, closefd=False)
+        )
+
+        def read():
+            return reader.read(_READ_SIZE)
+
+    except ValueError:
+
+        async def read() -> bytes:
+            return await loop.run_in_executor(None, os.read, 0, _READ_SIZE)
+
+    try:
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(1, "wb", 0, closefd=False)
+        )
+        writer = asyncio.StreamWriter(transport, protocol, None, loop)
+
+        async def write(data: bytes) -> None:
+            writer.write(data)
+            await writer.drain()
+
+    except ValueError:
+
+        async def write(data: bytes) -> None:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(1, view) :]
 
     out = RecordOut(config.out) if config.out else None
     try:
-        return await ShardProcessor(
-            config, lambda: reader.read(_READ_SIZE), write, out=out, log=log, name="stdio"
-        ).run()
+        return await ShardProcessor(config, read, write, out=out, log=log, name="stdio").run()
     finally:
         if out is not None:
             out.close()
