@@ -72,7 +72,9 @@ class Verdict(NamedTuple):
     def describe(self) -> str:
         """One line for a person: who, which line, what."""
         where = f"{self.sender} line {self.line}" if self.line is not None else self.sender
-        what = self.reason or self.note or (self.message.action if self.message is not None else "")
+        what = (
+            self.reason or self.note or (self.message.action if self.message is not None else "an empty line")
+        )
         return f"{where}: {self.kind.value}: {what}"
 
 
