@@ -348,7 +348,10 @@ class TcpProcessors:
 
         proc = ShardProcessor(self.config, lambda: reader.read(_READ_SIZE), write, out=self.out, log=self.log)
         try:
-            self.results.append(await proc.run())
+            stats = await proc.run()
+            self.results.append(stats)
+            if stats.failure:
+                self.log(f"{stats.shard_id or 'a connection'}: {stats.failure}")
         except Crash as err:
             self.crashed = str(err)
             proc.stats.end = "crashed"

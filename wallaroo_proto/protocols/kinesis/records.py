@@ -14,7 +14,7 @@ import base64
 import binascii
 import bisect
 import hashlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 from .codec import CURRENT, RECORD_JSON, LazyRecords, ProcessRecords, Record, encode, records_line
 
@@ -88,12 +88,6 @@ class ShardRecords:
         keys = [int(r.sequence_number) for r in self._records]
         return bisect.bisect_right(keys, key)
 
-    def batches(self, start: int, size: int) -> Iterator[Sequence[Record]]:
-        """Lists of at most ``size`` records from index ``start``."""
-        total = len(self)
-        for first in range(start, total, size):
-            yield self.slice(first, min(first + size, total))
-
     def slice(self, first: int, last: int) -> Sequence[Record]:
         if self._records is not None:
             return self._records[first:last]
@@ -158,13 +152,12 @@ def from_lines(
     """One record per input line (its bytes are the data), routed by partition key."""
     per: list[list[Record]] = [[] for _ in range(shards)]
     for n, raw in enumerate(lines):
-        data = raw.rstrip(b"\r\n") if raw.endswith(b"\n") else raw
-        key = key_template.format(n=n, line=data.decode("utf-8", errors="replace"))
+        key = key_template.format(n=n, line=raw.decode("utf-8", errors="replace"))
         index = shard_for_key(key, shards)
         bucket = per[index]
         bucket.append(
             Record(
-                base64.b64encode(data).decode("ascii"),
+                base64.b64encode(raw).decode("ascii"),
                 key,
                 sequence_number(index, len(bucket)),
                 now_ms,
