@@ -488,3 +488,32 @@ def test_mock_processor_reports_a_daemon_line_it_cannot_read(tmp_path):
         result = subprocess.run([*PROCESSOR], stdin=stdin, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "line 2 from the daemon: the processor cannot read this line: a blank line" in result.stderr
+
+
+def test_a_processor_gone_before_its_pipe_is_sized_still_gets_a_channel():
+    """A child can exit while it is being spawned; its stdin pipe is then closed when sized."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from wallaroo_proto.protocols.kinesis.daemon import ChildChannel
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed = os.fdopen(write_end, "wb")
+    closed.close()
+
+    class Transport:
+        def set_write_buffer_limits(self, high: int) -> None:
+            pass
+
+        def get_extra_info(self, name: str):
+            return closed
+
+    async def spawn() -> None:
+        stderr = asyncio.StreamReader()
+        stderr.feed_eof()
+        proc = SimpleNamespace(stdin=SimpleNamespace(transport=Transport()), stderr=stderr)
+        channel = ChildChannel(proc, "shardId-000000000000", lambda line: None)
+        await channel._stderr
+
+    asyncio.run(spawn())

@@ -186,7 +186,8 @@ class ChildChannel(Channel):
     def __init__(self, proc: asyncio.subprocess.Process, shard_id: str, echo: Callable[[str], None]) -> None:
         self.proc = proc
         _flush_on_drain(proc.stdin.transport)
-        with contextlib.suppress(OSError, AttributeError):  # fewer wake-ups for a batch line (Linux)
+        # Fewer wake-ups for a batch line (Linux); a processor already gone has no pipe left to size.
+        with contextlib.suppress(OSError, AttributeError, ValueError):
             fcntl.fcntl(proc.stdin.transport.get_extra_info("pipe").fileno(), fcntl.F_SETPIPE_SZ, _READ_SIZE)
         self._stderr = asyncio.ensure_future(self._echo(shard_id, echo))
 
@@ -353,9 +354,9 @@ class Session:
             ) from None
 
     async def _exit_note(self) -> str:
+        """How the processor ended, for a failure report; one that closed its pipes but lives on is killed."""
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(1):
-                await self.channel.wait(1)
+            await self.channel.wait(self.daemon.config.exit_grace)
         return self.channel.describe_exit()
 
     async def _next_line(self) -> Line | None:
@@ -582,14 +583,19 @@ class MockDaemon:
         try:
             await self._serve_shard(shard, stats)
         except ShardFailure as err:
-            stats.failure = str(err)
-            stats.end = "failed"
-            if self.failed is None:
-                self.failed = shard.shard_id
-            self.log(f"{shard.shard_id}: {err}")
+            self._fail(stats, str(err))
+        except Exception as err:  # a fault of ours: the shard still fails visibly, and the others stop
+            self._fail(stats, f"internal error: {type(err).__name__}: {err}")
         except asyncio.CancelledError:
             stats.end = "stopped"
             raise
+
+    def _fail(self, stats: ShardStats, reason: str) -> None:
+        stats.failure = reason
+        stats.end = "failed"
+        if self.failed is None:
+            self.failed = stats.shard_id
+        self.log(f"{stats.shard_id}: {reason}")
 
     async def _serve_shard(self, shard: ShardRecords, stats: ShardStats) -> None:
         lease = self.leases.get(shard.shard_id)
