@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wallaroo_proto.protocols.kinesis.codec import (
@@ -254,6 +254,7 @@ _stream = st.lists(
 ).map(b"".join)
 
 
+@settings(deadline=None)  # a loaded machine is no failure
 @given(_stream, st.lists(st.integers(1, 7), max_size=30))
 def test_any_chunking_gives_readlines_lines(data, cuts):
     splitter = LineSplitter()
@@ -267,6 +268,7 @@ def test_any_chunking_gives_readlines_lines(data, cuts):
     assert all(data[ln.offset : ln.offset + len(ln.data)] == ln.data for ln in lines)
 
 
+@settings(deadline=None)  # a loaded machine is no failure
 @given(_stream, st.integers(1, 50), _stream)
 def test_after_a_gap_only_whole_lines_come_back_at_their_offsets(before, missing, after):
     splitter = LineSplitter()
@@ -293,6 +295,7 @@ _requests = st.one_of(
 )
 
 
+@settings(deadline=None)  # a loaded machine is no failure
 @given(_requests)
 def test_every_request_the_daemon_encodes_reads_back(msg):
     wire = encode(msg)
@@ -300,6 +303,7 @@ def test_every_request_the_daemon_encodes_reads_back(msg):
     assert decode_from_daemon(wire[:-1]) == msg
 
 
+@settings(deadline=None)  # a loaded machine is no failure
 @given(
     st.one_of(
         st.builds(Status, _text), st.builds(Checkpoint, st.one_of(st.none(), _seq), st.none(), st.none())
@@ -311,6 +315,7 @@ def test_every_processor_message_reads_back_through_its_lines(msg):
     assert decode_from_processor(lines[0].data)[0] == msg
 
 
+@settings(deadline=None)  # a loaded machine is no failure
 @given(st.integers(0, 50), st.integers(0, 10**6), st.integers(1, 40), st.integers(0, 2**41))
 def test_a_generated_batch_line_is_what_the_plain_json_encoder_writes(index, first, count, t0):
     from wallaroo_proto.protocols.kinesis.records import ShardRecords
