@@ -27,6 +27,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dissect": ("dissect", "Show, filter and validate the frames in pcap/pcapng captures."),
     "wireshark-dissector": ("wireshark", "Write a Wireshark Lua plugin for the protocol."),
     "spark-replay": ("spark_replay", "Feed captures into a PySpark batch job."),
+    "kinesis": ("kinesis", "Kinesis MultiLangDaemon: a mock daemon and a mock record processor."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }
 

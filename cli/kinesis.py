@@ -1,0 +1,483 @@
+"""``wallaroo-proto kinesis``: the KCL MultiLangDaemon protocol's mock peers.
+
+``mock-daemon`` plays the MLD for a record processor being written;
+``mock-processor`` plays a record processor for a daemon being written (such
+as erlmld). Options in, ``wallaroo_proto.protocols.kinesis`` does the work;
+the summary goes to stdout (``--format json`` for scripts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from wallaroo_proto.protocols.kinesis.codec import DIALECTS
+from wallaroo_proto.protocols.kinesis.daemon import DaemonConfig, Faults, MockDaemon, parse_checkpoint_error
+from wallaroo_proto.protocols.kinesis.leases import LeaseTable, StateError
+from wallaroo_proto.protocols.kinesis.processor import (
+    Crash,
+    ProcessorConfig,
+    TcpProcessors,
+    serve_stdio,
+    summary,
+)
+from wallaroo_proto.protocols.kinesis.records import from_lines, generated
+
+EXIT_INTERRUPTED = 130
+
+
+def _usage_error(message: str) -> click.ClickException:
+    err = click.ClickException(message)
+    err.exit_code = 2
+    return err
+
+
+def _address(value: str | None, option: str) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint=option)
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _tune_gc() -> None:
+    """The peers allocate a dict per record and build no cycles worth chasing.
+
+    With the default thresholds the cyclic collector walks the young records
+    every few hundred allocations, which costs more than parsing them; start-up
+    objects are frozen out of its way and young passes made rare.
+    """
+    gc.freeze()
+    gc.set_threshold(100_000, 50, 100)
+
+
+def _log(prefix: str):
+    def log(line: str) -> None:
+        click.echo(f"{prefix}: {line}", err=True)
+
+    return log
+
+
+@click.group(name="kinesis")
+def command() -> None:
+    """Kinesis MultiLangDaemon (KCL multi-language protocol): mock daemon and mock record processor."""
+
+
+# --------------------------------------------------------------------------- mock-daemon
+
+
+def _read_inputs(paths: tuple[str, ...]) -> list[bytes]:
+    lines: list[bytes] = []
+    for path in paths:
+        try:
+            if path == "-":
+                lines.extend(sys.stdin.buffer.read().splitlines())
+            else:
+                with open(path, "rb") as f:
+                    lines.extend(f.read().splitlines())
+        except OSError as err:
+            raise _usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
+    return lines
+
+
+def _print_daemon_summary(summary_: dict, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(summary_))
+        return
+    out = Console(
+        file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
+    )
+    out.print(
+        f"kinesis mock-daemon summary: {summary_['records_delivered']:,} records delivered "
+        f"({summary_['records_redelivered']:,} again), {summary_['records_checkpointed']:,} checkpointed, "
+        f"{summary_['checkpoints']} checkpoints, "
+        f"{summary_['checkpoint_errors']} checkpoint errors, {summary_['seconds']:.1f}s "
+        f"({summary_['records_per_second']:,.0f} records/s)"
+    )
+    table = Table(title="shards")
+    columns = (
+        "shard",
+        "records",
+        "delivered",
+        "checkpointed",
+        "checkpoints",
+        "errors",
+        "checkpoint",
+        "end",
+        "processors",
+    )
+    for col in columns:
+        table.add_column(col)
+    for s in summary_["shards"]:
+        errors = ", ".join(f"{k} {v}" for k, v in s["checkpoint_errors"].items())
+        table.add_row(
+            s["shard_id"],
+            f"{s['records']:,}",
+            f"{s['delivered']:,}",
+            f"{s['checkpointed']:,}",
+            str(s["checkpoints"]),
+            errors,
+            "" if s["checkpoint"] is None else f"{s['checkpoint']}/{s['sub_sequence_number']}",
+            s["end"],
+            f"{s['spawns']}" + (f" ({s['kills']} killed)" if s["kills"] else ""),
+        )
+    out.print(table)
+    for failure in summary_["failures"]:
+        out.print(f"[bold red]FAILED[/] {failure}")
+
+
+async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
+    try:
+        address = await daemon.start()
+    except OSError as err:
+        raise _usage_error(f"cannot listen on {daemon.config.listen}: {err.strerror or err}") from err
+    loop = asyncio.get_running_loop()
+    run = asyncio.ensure_future(daemon.run())
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            click.echo("kinesis mock-daemon: stopping: shutdownRequested, leaseLost to every shard", err=True)
+            daemon.stop()
+        else:
+            run.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    if address is not None:
+        click.echo(f"wallaroo-proto kinesis mock-daemon: listening on {address[0]}:{address[1]}")
+        sys.stdout.flush()
+    try:
+        return await run, False
+    except asyncio.CancelledError:
+        return daemon.summary(), True
+
+
+@command.command(name="mock-daemon", context_settings={"allow_interspersed_args": False})
+@click.argument("processor_command", nargs=-1, metavar="[-- COMMAND...]")
+@click.option(
+    "--listen", default=None, metavar="HOST:PORT", help="Wait for one processor connection per shard."
+)
+@click.option(
+    "--connect", default=None, metavar="HOST:PORT", help="Open one connection per shard to a processor."
+)
+@click.option(
+    "--input",
+    "inputs",
+    multiple=True,
+    metavar="FILE|-",
+    help="Records: one per line (repeatable; - is stdin). Without it, records are generated.",
+)
+@click.option(
+    "--shards", type=click.IntRange(1, 10_000), default=1, show_default=True, help="Number of shards."
+)
+@click.option(
+    "--records", type=click.IntRange(0), default=100, show_default=True, help="Generated records per shard."
+)
+@click.option(
+    "--key",
+    default="{n}",
+    show_default=True,
+    help="Partition key of an input line ({n}: line number from 0, {line}: its text); it picks the shard.",
+)
+@click.option(
+    "--batch-size", type=click.IntRange(1), default=100, show_default=True, help="Records per batch."
+)
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Lease table (shard -> checkpoint), written durably at each checkpoint; shards resume from it.",
+)
+@click.option(
+    "--dialect",
+    type=click.Choice(DIALECTS),
+    default="current",
+    show_default=True,
+    help="current: KCL 2.1+; v2: KCL 1.7.2-2.0 (shutdown with a reason); v1: KCL 1.7.1 and older.",
+)
+@click.option(
+    "--checkpoint-error",
+    "checkpoint_errors",
+    multiple=True,
+    metavar="NAME[@N[-M]]",
+    help="Answer a shard's checkpoint requests N..M (no @: all) with this error, e.g. ThrottlingException@1.",
+)
+@click.option(
+    "--lease-lost-after", type=click.IntRange(0), default=0, help="leaseLost once a shard got N records."
+)
+@click.option(
+    "--shutdown-requested-after",
+    type=click.IntRange(0),
+    default=0,
+    help="shutdownRequested then leaseLost once a shard got N records.",
+)
+@click.option(
+    "--shard-end", is_flag=True, help="End each shard's records with shardEnded (a checkpoint is due)."
+)
+@click.option(
+    "--kill-after",
+    type=click.IntRange(0),
+    default=0,
+    help="Kill a shard's processor once it got N records; a new one resumes from the checkpoint.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0),
+    default=0.0,
+    help="Fail a shard whose processor sends no line for this many seconds (0: wait forever, as the MLD).",
+)
+@click.option(
+    "--exit-grace",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="Seconds a processor has to exit once its input is closed.",
+)
+@click.option(
+    "--record",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Record every shard's conversation as a loopback TCP connection into this pcap.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
+def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
+    """Play the KCL MultiLangDaemon for a record processor.
+
+    Spawns COMMAND once per shard and speaks the protocol on its stdin and
+    stdout (stderr is echoed with the shard's name), or talks over TCP with
+    --listen/--connect. Exit 0 when every shard ended cleanly, 1 when a
+    processor broke the protocol or went away (the report says where), 2 on
+    bad usage.
+    """
+    transports = sum(bool(x) for x in (processor_command, opts["listen"], opts["connect"]))
+    if transports != 1:
+        raise click.UsageError("give exactly one of: -- COMMAND..., --listen HOST:PORT, --connect HOST:PORT")
+    command_ = list(processor_command)
+    if command_ and shutil.which(command_[0]) is None:
+        raise _usage_error(f"COMMAND {command_[0]!r} is not an executable file or on PATH")
+    try:
+        faults = Faults(
+            checkpoint_errors=[parse_checkpoint_error(spec) for spec in opts["checkpoint_errors"]],
+            lease_lost_after=opts["lease_lost_after"],
+            shutdown_requested_after=opts["shutdown_requested_after"],
+            kill_after=opts["kill_after"],
+            shard_end=opts["shard_end"],
+        )
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--checkpoint-error") from err
+    try:
+        leases = LeaseTable.open(opts["state_path"])
+        leases.save()  # find out now, not at the first checkpoint, that it cannot be written
+    except StateError as err:
+        raise _usage_error(str(err)) from err
+    except OSError as err:
+        raise _usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
+    if opts["inputs"]:
+        try:
+            opts["key"].format(n=0, line="")
+        except (KeyError, IndexError, ValueError) as err:
+            message = f"{opts['key']!r}: use {{n}} and {{line}} only ({err})"
+            raise click.BadParameter(message, param_hint="--key") from None
+        now_ms = int(time.time() * 1000)  # the records "arrived" when read
+        shards = from_lines(
+            _read_inputs(opts["inputs"]), opts["shards"], key_template=opts["key"], now_ms=now_ms
+        )
+    else:
+        shards = generated(opts["shards"], opts["records"])
+    config = DaemonConfig(
+        command=command_ or None,
+        listen=_address(opts["listen"], "--listen"),
+        connect=_address(opts["connect"], "--connect"),
+        batch_size=opts["batch_size"],
+        dialect=opts["dialect"],
+        timeout=opts["timeout"],
+        exit_grace=opts["exit_grace"],
+        record=opts["record"],
+        faults=faults,
+    )
+    _tune_gc()
+    try:
+        daemon = MockDaemon(config, shards, leases, _log("kinesis mock-daemon"))
+        result, interrupted = asyncio.run(_run_daemon(daemon))
+    except OSError as err:
+        raise _usage_error(f"cannot write {err.filename}: {err.strerror or err}") from err
+    _print_daemon_summary(result, opts["fmt"])
+    if interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    if not result["ok"]:
+        sys.exit(1)
+
+
+# --------------------------------------------------------------------------- mock-processor
+
+
+def _print_processor_summary(result: dict, fmt: str, *, err: bool) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(result), err=err)
+        return
+    out = Console(file=sys.stderr if err else sys.stdout, highlight=False, soft_wrap=True)
+    out.print(
+        f"kinesis mock-processor summary: {result['records']:,} records, "
+        f"{result['checkpoints']} checkpoints, "
+        f"{result['checkpoint_errors']} checkpoint errors, {len(result['conversations'])} conversations"
+    )
+    for c in result["conversations"]:
+        errors = ", ".join(f"{k} {v}" for k, v in c["checkpoint_errors"].items())
+        out.print(
+            f"  {c['shard_id']}: {c['records']:,} records, {c['checkpoints']} checkpoints"
+            + (f" (errors: {errors})" if errors else "")
+            + f", end: {c['end']}"
+        )
+    for failure in result["failures"]:
+        out.print(f"  FAILED {failure}")
+
+
+async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
+    procs = TcpProcessors(config, _log("kinesis mock-processor"))
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    listen = _address(opts["listen"], "--listen")
+    if listen is not None:
+        try:
+            host, port = await procs.listen(*listen)
+        except OSError as err:
+            raise _usage_error(f"cannot listen on {opts['listen']}: {err.strerror or err}") from err
+        click.echo(f"wallaroo-proto kinesis mock-processor: listening on {host}:{port}")
+        sys.stdout.flush()
+        waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(procs.crash_event.wait())]
+    else:
+        host, port = _address(opts["connect"], "--connect")
+        work = asyncio.ensure_future(procs.connect(host, port, opts["connections"]))
+        waits = [work, asyncio.ensure_future(stop.wait())]
+    done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    for task in done:
+        exc = task.exception()
+        if isinstance(exc, OSError):
+            raise _usage_error(f"cannot connect to {opts['connect']}: {exc.strerror or exc}")
+    await procs.close()
+    return summary(procs.results, procs.crashed), procs.crashed is not None
+
+
+@command.command(name="mock-processor")
+@click.option(
+    "--listen", default=None, metavar="HOST:PORT", help="Accept daemon connections (port 0: a free one)."
+)
+@click.option("--connect", default=None, metavar="HOST:PORT", help="Connect to a daemon listening there.")
+@click.option(
+    "--connections",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="With --connect: one per shard.",
+)
+@click.option(
+    "--out",
+    default=None,
+    metavar="FILE",
+    help="Append every record as a JSON line ({shard} in the name: one file per shard).",
+)
+@click.option(
+    "--checkpoint-every",
+    type=click.IntRange(0),
+    default=100,
+    show_default=True,
+    help="Checkpoint at the last record once N records came since the last checkpoint (0: only at the end).",
+)
+@click.option("--retries", type=click.IntRange(1), default=5, show_default=True, help="Tries per checkpoint.")
+@click.option(
+    "--retry-sleep",
+    type=click.FloatRange(0),
+    default=50.0,
+    show_default=True,
+    help="Milliseconds between tries.",
+)
+@click.option(
+    "--slow", type=click.FloatRange(0), default=0.0, metavar="MS", help="Sleep this long per batch."
+)
+@click.option("--crash-after", type=click.IntRange(0), default=0, help="Exit 1 abruptly once N records came.")
+@click.option(
+    "--bad-response-after",
+    type=click.IntRange(0),
+    default=0,
+    help="Answer with a wrong responseFor once N records came.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
+def mock_processor(**opts) -> None:
+    """Play a KCL record processor for a daemon (such as erlmld).
+
+    Without --listen or --connect it speaks on stdin and stdout, as the MLD
+    spawns it (its summary then goes to stderr). Answers as kclpy does,
+    writes records out, checkpoints every N records and at shardEnded and
+    shutdownRequested. Exit 0 when every conversation ended cleanly, 1 when
+    the daemon broke the protocol or a fault fired, 2 on bad usage.
+    """
+    if opts["listen"] and opts["connect"]:
+        raise click.UsageError("give at most one of --listen and --connect")
+    config = ProcessorConfig(
+        out=opts["out"],
+        checkpoint_every=opts["checkpoint_every"],
+        retries=opts["retries"],
+        retry_sleep=opts["retry_sleep"] / 1000,
+        slow_ms=opts["slow"],
+        crash_after=opts["crash_after"],
+        bad_response_after=opts["bad_response_after"],
+    )
+    if opts["out"]:
+        directory = os.path.dirname(os.path.abspath(opts["out"].replace("{shard}", "x")))
+        if not os.path.isdir(directory):
+            raise _usage_error(f"--out {opts['out']}: no directory {directory}")
+    stdio = not (opts["listen"] or opts["connect"])
+    _tune_gc()
+    if stdio:
+        log = _log("kinesis mock-processor")
+        try:
+            stats = asyncio.run(serve_stdio(config, log))
+        except Crash as err:
+            log(str(err))
+            sys.stderr.flush()
+            os._exit(1)
+        except KeyboardInterrupt:
+            log("interrupted")
+            sys.exit(EXIT_INTERRUPTED)
+        result = summary([stats])
+    else:
+        result, crashed = asyncio.run(_run_tcp(config, opts))
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+    _print_processor_summary(result, opts["fmt"], err=stdio)
+    if not result["ok"]:
+        sys.exit(1)

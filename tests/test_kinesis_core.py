@@ -1,0 +1,256 @@
+"""The MLD conversation rules: hand-written lines of both sides through core.Conversation."""
+
+from __future__ import annotations
+
+import pytest
+
+from wallaroo_proto.protocols.kinesis.codec import V1, Checkpoint
+from wallaroo_proto.protocols.kinesis.core import DAEMON, PROCESSOR, Conversation, Kind, checkpoint_error
+
+INIT = (
+    b'{"action":"initialize","shardId":"shardId-000000000000","sequenceNumber":"TRIM_HORIZON",'
+    b'"subSequenceNumber":0}'
+)
+RECORDS = (
+    b'{"action":"processRecords","records":[{"data":"eA==","partitionKey":"k","sequenceNumber":"100",'
+    b'"approximateArrivalTimestamp":1700000000000,"subSequenceNumber":0,"action":"record"},'
+    b'{"data":"eQ==","partitionKey":"k","sequenceNumber":"200","approximateArrivalTimestamp":1700000000001,'
+    b'"subSequenceNumber":0,"action":"record"}],"millisBehindLatest":0}'
+)
+
+
+def status(action: str) -> bytes:
+    return b'{"action": "status", "responseFor": "%s"}' % action.encode()
+
+
+def checkpoint(seq: str | None = None) -> bytes:
+    value = b"null" if seq is None else b'"%s"' % seq.encode()
+    return b'{"action": "checkpoint", "sequenceNumber": %s, "subSequenceNumber": null}' % value
+
+
+def reply(seq: str | None = None, error: str | None = None) -> bytes:
+    value = b"null" if seq is None else b'"%s"' % seq.encode()
+    err = b"null" if error is None else b'"%s"' % error.encode()
+    return b'{"action":"checkpoint","sequenceNumber":%s,"subSequenceNumber":null,"error":%s}' % (value, err)
+
+
+def play(conv: Conversation, *steps: tuple[str, bytes]):
+    verdicts = []
+    for sender, line in steps:
+        verdicts.append(conv.from_daemon(line) if sender == DAEMON else conv.from_processor(line))
+    return verdicts
+
+
+D, P = DAEMON, PROCESSOR
+
+
+def test_a_whole_lease_with_kclpy_lines_is_accepted():
+    conv = Conversation()
+    verdicts = play(
+        conv,
+        (D, INIT),
+        (P, b""),
+        (P, status("initialize")),
+        (P, b""),
+        (D, RECORDS),
+        (P, b""),
+        (P, checkpoint("200")),
+        (D, reply("200")),
+        (P, b""),
+        (P, status("processRecords")),
+        (D, b'{"action":"shardEnded"}'),
+        (P, checkpoint()),
+        (D, reply()),
+        (P, status("shardEnded")),
+    )
+    assert [v.kind for v in verdicts if v.kind is not Kind.SKIPPED] == [Kind.ACCEPTED] * 10
+    assert conv.done and conv.violations == []
+    assert conv.records == 2 and conv.checkpoints == 2 and conv.last_checkpoint == ("SHARD_END", 0)
+
+
+def test_a_status_for_the_wrong_request_names_the_line_and_the_expected_one():
+    conv = Conversation()
+    *_, bad = play(
+        conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, b""), (P, status("initialize"))
+    )
+    assert bad.kind is Kind.VIOLATION and bad.line == 3
+    assert bad.reason == "status with responseFor 'initialize', expected 'processRecords'"
+
+
+def test_a_status_with_no_responsefor_or_no_request():
+    conv = Conversation()
+    assert play(conv, (P, status("initialize")))[0].reason == "a status with no request pending"
+    conv = Conversation()
+    *_, bad = play(conv, (D, INIT), (P, b'{"action":"status"}'))
+    assert bad.reason == "status with no responseFor, expected 'initialize'"
+
+
+def test_checkpoints_only_while_a_request_is_pending_and_one_at_a_time():
+    conv = Conversation()
+    assert play(conv, (P, checkpoint()))[0].reason == "a checkpoint with no request pending"
+    conv = Conversation()
+    *_, bad = play(
+        conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint()), (P, checkpoint())
+    )
+    assert bad.reason == "a second checkpoint before the reply to the first"
+    conv = Conversation()
+    *_, bad = play(
+        conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint()), (P, status("x"))
+    )
+    assert bad.reason == "a status while its checkpoint awaits the reply"
+
+
+@pytest.mark.parametrize("during", ["initialize", "leaseLost"])
+def test_no_checkpointer_during_initialize_and_leaselost(during):
+    def conv_at_request() -> Conversation:
+        conv = Conversation()
+        if during == "leaseLost":
+            play(conv, (D, INIT), (P, status("initialize")), (D, b'{"action":"leaseLost"}'))
+        else:
+            play(conv, (D, INIT))
+        return conv
+
+    conv = conv_at_request()
+    ok = play(conv, (P, checkpoint()), (D, reply(None, "InvalidStateException")), (P, status(during)))
+    assert [v.kind for v in ok] == [Kind.ACCEPTED] * 3
+    conv = conv_at_request()
+    *_, bad = play(conv, (P, checkpoint()), (D, reply()))
+    assert bad.kind is Kind.VIOLATION and bad.sender == DAEMON
+    assert f"a checkpoint during {during} must fail with InvalidStateException" in bad.reason
+
+
+def _at_shard_end() -> Conversation:
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, status("processRecords")))
+    play(conv, (D, b'{"action":"shardEnded"}'))
+    return conv
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [],  # no checkpoint at all
+        [(P, checkpoint()), (D, reply(None, "ThrottlingException"))],  # a failed one
+        [(P, checkpoint("200")), (D, reply("200"))],  # at a record, not at the end of the shard
+    ],
+)
+def test_shard_ended_needs_a_successful_checkpoint_at_the_end(steps):
+    conv = _at_shard_end()
+    *_, bad = play(conv, *steps, (P, status("shardEnded")))
+    assert (
+        bad.kind is Kind.VIOLATION and "without a successful checkpoint at the end of the shard" in bad.reason
+    )
+    assert not conv.done
+
+
+def test_the_daemon_keeps_strict_alternation():
+    conv = Conversation()
+    assert play(conv, (D, RECORDS))[0].reason == "processRecords before initialize"
+    conv = Conversation()
+    *_, bad = play(conv, (D, INIT), (D, RECORDS))
+    assert bad.reason == "processRecords while initialize still awaits its status"
+    conv = Conversation()
+    *_, bad = play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint()), (D, RECORDS))
+    assert "while the processor waits for the reply to its checkpoint" in bad.reason
+    conv = Conversation()
+    *_, bad = play(conv, (D, INIT), (P, status("initialize")), (D, reply()))
+    assert bad.reason == "a checkpoint reply with no checkpoint asked"
+    conv = Conversation()
+    *_, bad = play(conv, (D, INIT), (P, status("initialize")), (D, b'{"action":"leaseLost"}'))
+    play(conv, (P, status("leaseLost")))
+    assert play(conv, (D, RECORDS))[0].reason == "processRecords after the conversation ended"
+
+
+def test_a_daemon_line_kclpy_cannot_read_is_a_violation():
+    conv = Conversation()
+    (bad,) = play(conv, (D, b""))
+    assert bad.kind is Kind.VIOLATION and "blank line" in bad.reason and bad.line == 1
+
+
+def test_skipped_and_ignored_processor_lines_change_nothing():
+    conv = Conversation()
+    verdicts = play(
+        conv,
+        (D, INIT),
+        (P, b"print() output"),
+        (P, b'{"action":"status","responseFor":"initialize","extra":1}'),
+        (P, b'{"action":"processRecords","records":[]}'),
+        (P, status("initialize")),
+    )
+    assert [v.kind for v in verdicts] == [
+        Kind.ACCEPTED,
+        Kind.SKIPPED,
+        Kind.SKIPPED,
+        Kind.IGNORED,
+        Kind.ACCEPTED,
+    ]
+    assert "unknown field 'extra'" in verdicts[2].note
+
+
+def test_the_processor_closing_early_is_reported_with_what_was_owed():
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, b""))
+    verdict = conv.close(PROCESSOR)
+    assert verdict.kind is Kind.VIOLATION
+    assert verdict.reason == "closed its output before its status for processRecords (after line 2)"
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")))
+    assert "before leaseLost or shardEnded" in conv.close(PROCESSOR).reason
+
+
+def test_lines_after_the_final_status_are_drained():
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")), (D, b'{"action":"leaseLost"}'), (P, status("leaseLost")))
+    assert play(conv, (P, status("leaseLost")))[0].kind is Kind.IGNORED
+    assert conv.close(PROCESSOR) is None
+
+
+def test_v2_shutdown_reasons():
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")), (D, b'{"action":"shutdown","reason":"TERMINATE"}'))
+    assert play(conv, (P, status("shutdown")))[0].kind is Kind.VIOLATION
+    play(conv, (P, checkpoint()), (D, reply()))
+    assert play(conv, (P, status("shutdown")))[0].kind is Kind.ACCEPTED and conv.done
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")), (D, b'{"action":"shutdown","reason":"ZOMBIE"}'))
+    *_, bad = play(conv, (P, checkpoint()), (D, reply()))
+    assert "during shutdown must fail with InvalidStateException" in bad.reason
+
+
+def test_v1_is_detected_and_its_checkpoint_form_read():
+    conv = Conversation()
+    v1_records = (
+        b'{"action":"processRecords","records":[{"data":"eA==","partitionKey":"k","sequenceNumber":"7"}]}'
+    )
+    verdicts = play(
+        conv,
+        (D, b'{"action":"initialize","shardId":"shardId-1"}'),
+        (P, status("initialize")),
+        (D, v1_records),
+        (P, b'{"action":"checkpoint","checkpoint":"7"}'),
+        (D, b'{"action":"checkpoint","checkpoint":"7","error":null}'),
+        (P, status("processRecords")),
+    )
+    assert conv.dialect == V1
+    assert [v.kind for v in verdicts] == [Kind.ACCEPTED] * 6
+    assert conv.last_checkpoint == ("7", None)
+
+
+def test_the_checkpointer_validates_like_the_kcl():
+    def err(seq, sub=None, action="processRecords", last=(100, 0), largest=(200, 0), reason=None):
+        return checkpoint_error(
+            Checkpoint(seq, sub), action=action, last=last, largest=largest, reason=reason
+        )
+
+    assert err(None) is None and err("200") is None and err("100") is None and err("150", 3) is None
+    assert err("99") == "IllegalArgumentException"  # before the last checkpoint
+    assert err("201") == "IllegalArgumentException"  # beyond the records delivered
+    assert err("150", -1) == "IllegalArgumentException"
+    assert err("12ab") == "IllegalArgumentException"
+    assert err("SHARD_END") == "IllegalArgumentException"
+    assert err("SHARD_END", action="shardEnded") is None
+    assert err(None, action="initialize") == "InvalidStateException"
+    assert err(None, action="leaseLost") == "InvalidStateException"
+    assert err(None, action="shutdown", reason="ZOMBIE") == "InvalidStateException"
+    assert err(None, action="shutdown", reason="TERMINATE") is None
+    assert err("150", largest=None) == "IllegalArgumentException"

@@ -1,0 +1,519 @@
+"""mock-daemon and mock-processor as real processes: a kclpy processor, pipes, TCP, faults, restarts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support import COMMAND, Server, run_cli
+
+PY = sys.executable
+PROCESSOR = [PY, "-m", "wallaroo_proto_cli", "kinesis", "mock-processor"]
+
+# A record processor written against amazon_kclpy's v3 interface, as a KCL user writes one: it
+# checkpoints at the end of each batch, retries a failed checkpoint, and logs what it saw.
+KCLPY_PROCESSOR = """
+import json, os, sys, time
+from amazon_kclpy import kcl
+from amazon_kclpy.v3 import processor
+
+LOG = os.environ["KCL_TEST_LOG"]
+
+
+class Processor(processor.RecordProcessorBase):
+    shard = None
+
+    def log(self, **event):
+        with open(LOG, "a") as f:
+            f.write(json.dumps({"shard": self.shard, **event}) + "\\n")
+
+    def initialize(self, initialize_input):
+        self.shard = initialize_input.shard_id
+        self.log(event="initialize", sequenceNumber=initialize_input.sequence_number)
+
+    def process_records(self, process_records_input):
+        records = process_records_input.records
+        for r in records:
+            self.log(event="record", sequenceNumber=r.sequence_number, key=r.partition_key,
+                     data=r.binary_data.decode())
+        if os.environ.get("KCL_TEST_SLOW"):
+            time.sleep(float(os.environ["KCL_TEST_SLOW"]))
+        if records:
+            self.checkpoint(process_records_input.checkpointer, records[-1].sequence_number)
+
+    def lease_lost(self, lease_lost_input):
+        self.log(event="leaseLost")
+
+    def shard_ended(self, shard_ended_input):
+        self.log(event="shardEnded")
+        self.checkpoint(shard_ended_input.checkpointer, None)
+
+    def shutdown_requested(self, shutdown_requested_input):
+        self.log(event="shutdownRequested")
+        self.checkpoint(shutdown_requested_input.checkpointer, None)
+
+    def checkpoint(self, checkpointer, sequence_number):
+        for _ in range(5):
+            try:
+                checkpointer.checkpoint(sequence_number)
+                self.log(event="checkpoint", sequenceNumber=sequence_number)
+                return
+            except kcl.CheckpointError as err:
+                self.log(event="checkpoint_error", error=err.value)
+                if err.value == "ShutdownException":
+                    return
+
+
+if __name__ == "__main__":
+    print("a debug line on stdout, which the daemon skips")
+    kcl.KCLProcess(Processor()).run()
+"""
+
+
+@pytest.fixture
+def kclpy_app(tmp_path: Path) -> tuple[list[str], Path]:
+    pytest.importorskip("amazon_kclpy")
+    script = tmp_path / "app.py"
+    script.write_text(KCLPY_PROCESSOR)
+    return [PY, str(script)], tmp_path / "events.jsonl"
+
+
+def daemon(*args: str, env: dict | None = None, **kwargs) -> tuple[subprocess.CompletedProcess, dict]:
+    result = run_cli(
+        "kinesis", "mock-daemon", "--format", "json", *args, env={**os.environ, **(env or {})}, **kwargs
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no summary (exit {result.returncode}): {result.stdout}\n{result.stderr}"
+    return result, json.loads(lines[-1])
+
+
+def events(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def leases(path: Path) -> dict[str, str]:
+    return {shard: lease["checkpoint"] for shard, lease in json.loads(path.read_text())["leases"].items()}
+
+
+def seq(shard_index: int, n: int) -> str:
+    from wallaroo_proto.protocols.kinesis.records import sequence_number
+
+    return sequence_number(shard_index, n)
+
+
+# ----------------------------------------------------------------------------- a real kclpy processor
+
+
+def test_kclpy_processor_gets_every_record_once_and_its_checkpoint_errors(kclpy_app, tmp_path):
+    app, log = kclpy_app
+    state = tmp_path / "leases.json"
+    args = ["--shards", "2", "--records", "30", "--batch-size", "10", "--state", str(state), "--shard-end"]
+    result, summary = daemon(
+        *args, "--checkpoint-error", "ThrottlingException@1", "--", *app, env={"KCL_TEST_LOG": str(log)}
+    )
+    assert result.returncode == 0, result.stderr
+    assert summary["ok"] and summary["records_delivered"] == 60
+    for shard in summary["shards"]:
+        assert (shard["delivered"], shard["redelivered"], shard["end"]) == (30, 0, "shardEnded")
+        assert shard["checkpoint"] == "SHARD_END" and shard["checkpointed"] == 30
+        assert shard["checkpoint_errors"] == {"ThrottlingException": 1}
+        assert shard["exit_codes"] == [0]
+    assert leases(state) == {"shardId-000000000000": "SHARD_END", "shardId-000000000001": "SHARD_END"}
+    seen = events(log)
+    for index, shard_id in enumerate(("shardId-000000000000", "shardId-000000000001")):
+        mine = [e for e in seen if e["shard"] == shard_id]
+        records = [e["sequenceNumber"] for e in mine if e["event"] == "record"]
+        assert records == [seq(index, n) for n in range(30)]  # each once, in order
+        assert [e["data"] for e in mine if e["event"] == "record"][:2] == [
+            f"{shard_id} event 000000000",
+            f"{shard_id} event 000000001",
+        ]
+        # the injected error reached the processor as its CheckpointError, and its retry succeeded
+        assert [e["event"] for e in mine if e["event"].startswith("checkpoint")][:2] == [
+            "checkpoint_error",
+            "checkpoint",
+        ]
+        assert {e.get("error") for e in mine if e["event"] == "checkpoint_error"} == {"ThrottlingException"}
+        assert [e["event"] for e in mine][-2:] == ["shardEnded", "checkpoint"]
+    assert "skipped: not JSON" in result.stderr and "a debug line on stdout" in result.stderr
+
+    # A second run finds both shards ended in the lease table.
+    result, summary = daemon(*args, "--", *app, env={"KCL_TEST_LOG": str(log)})
+    assert result.returncode == 0 and summary["records_delivered"] == 0
+    assert {s["end"] for s in summary["shards"]} == {"already ended (lease at SHARD_END)"}
+
+
+def test_kclpy_processor_resumes_from_the_lease_table(kclpy_app, tmp_path):
+    app, log = kclpy_app
+    state = tmp_path / "leases.json"
+    env = {"KCL_TEST_LOG": str(log)}
+    common = ["--shards", "2", "--records", "50", "--batch-size", "10", "--state", str(state)]
+    result, summary = daemon(*common, "--lease-lost-after", "20", "--", *app, env=env)
+    assert result.returncode == 0, result.stderr
+    assert [s["end"] for s in summary["shards"]] == ["leaseLost", "leaseLost"]
+    assert leases(state) == {"shardId-000000000000": seq(0, 19), "shardId-000000000001": seq(1, 19)}
+
+    log.write_text("")
+    result, summary = daemon(*common, "--shard-end", "--", *app, env=env)
+    assert result.returncode == 0, result.stderr
+    assert [s["delivered"] for s in summary["shards"]] == [30, 30]
+    seen = events(log)
+    for index, shard_id in enumerate(("shardId-000000000000", "shardId-000000000001")):
+        mine = [e for e in seen if e["shard"] == shard_id]
+        assert mine[0] == {"shard": shard_id, "event": "initialize", "sequenceNumber": seq(index, 19)}
+        assert [e["sequenceNumber"] for e in mine if e["event"] == "record"] == [
+            seq(index, n) for n in range(20, 50)
+        ]
+
+
+def test_a_killed_daemon_restarts_from_its_lease_table(kclpy_app, tmp_path):
+    app, log = kclpy_app
+    state = tmp_path / "leases.json"
+    common = ["--shards", "2", "--records", "40", "--batch-size", "5", "--state", str(state)]
+    env = {**os.environ, "KCL_TEST_LOG": str(log), "KCL_TEST_SLOW": "0.2"}
+    proc = subprocess.Popen(
+        [*COMMAND, "kinesis", "mock-daemon", *common, "--", *app],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # both shards have a checkpoint past their first batch
+            if state.exists() and len(leases(state)) == 2:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("no checkpoint for both shards")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        while time.monotonic() < deadline:  # the orphaned processors see their input end and exit
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the killed daemon's processors did not exit")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    at_kill = leases(state)
+    assert all(v.isdigit() for v in at_kill.values())
+    first_run = Counter((e["shard"], e["sequenceNumber"]) for e in events(log) if e["event"] == "record")
+
+    log.write_text("")
+    result, summary = daemon(*common, "--shard-end", "--", *app, env={"KCL_TEST_LOG": str(log)})
+    assert result.returncode == 0, result.stderr
+    seen = events(log)
+    for index, shard in enumerate(summary["shards"]):
+        shard_id = shard["shard_id"]
+        done = [n for n in range(40) if seq(index, n) == at_kill[shard_id]][0] + 1
+        assert shard["delivered"] == 40 - done and shard["checkpoint"] == "SHARD_END"
+        initialize = next(e for e in seen if e["shard"] == shard_id and e["event"] == "initialize")
+        assert initialize["sequenceNumber"] == at_kill[shard_id]
+        second = [e["sequenceNumber"] for e in seen if e["shard"] == shard_id and e["event"] == "record"]
+        assert second == [seq(index, n) for n in range(done, 40)]
+        assert all((shard_id, seq(index, n)) in first_run for n in range(done))  # nothing lost in between
+
+
+# --------------------------------------------------------------------------- mock-daemon with mock-processor
+
+
+def _out_rows(pattern: Path, shard_id: str) -> list[dict]:
+    return [
+        json.loads(line) for line in Path(str(pattern).replace("{shard}", shard_id)).read_text().splitlines()
+    ]
+
+
+def test_daemon_and_processor_over_pipes_with_a_recording(tmp_path):
+    out = tmp_path / "out-{shard}.jsonl"
+    pcap = tmp_path / "conversation.pcap"
+    result, summary = daemon(
+        *("--shards", "3", "--records", "200", "--batch-size", "25", "--shard-end"),
+        *("--checkpoint-error", "ThrottlingException@2", "--record", str(pcap)),
+        "--",
+        *PROCESSOR,
+        *("--checkpoint-every", "50", "--out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    assert summary["records_delivered"] == 600 and summary["records_checkpointed"] == 600
+    for index, shard in enumerate(summary["shards"]):
+        assert shard["checkpoint"] == "SHARD_END" and shard["checkpoint_errors"] == {"ThrottlingException": 1}
+        rows = _out_rows(out, shard["shard_id"])
+        assert [r["sequenceNumber"] for r in rows] == [seq(index, n) for n in range(200)]
+        assert rows[7]["data"] == f"{shard['shard_id']} event 000000007" and rows[7]["partitionKey"] == "pk-7"
+    data = pcap.read_bytes()
+    assert data[:4] == bytes.fromhex("d4c3b2a1")
+    assert b'{"action":"initialize","shardId":"shardId-000000000002","sequenceNumber":"TRIM_HORIZON"' in data
+    assert b'\n{"action": "status", "responseFor": "shardEnded"}\n' in data
+    dissected = run_cli("dissect", "--summary", str(pcap))
+    assert dissected.returncode == 0, dissected.stderr
+
+
+def test_daemon_connects_to_a_listening_processor_as_erlmld(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with Server(
+        "kinesis", "mock-processor", "--listen", "127.0.0.1:0", "--out", str(out), "--format", "json"
+    ) as proc:
+        result, summary = daemon(
+            "--connect",
+            proc.address,
+            "--shards",
+            "2",
+            "--records",
+            "100",
+            "--batch-size",
+            "30",
+            "--shard-end",
+        )
+        assert result.returncode == 0, result.stderr
+        assert [s["checkpoint"] for s in summary["shards"]] == ["SHARD_END", "SHARD_END"]
+        code, stdout, stderr = proc.stop()
+    assert code == 0, stderr
+    processed = json.loads(stdout.splitlines()[-1])
+    assert processed["records"] == 200 and len(processed["conversations"]) == 2
+    assert {c["end"] for c in processed["conversations"]} == {"shardEnded"}
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert Counter(r["shard"] for r in rows) == {"shardId-000000000000": 100, "shardId-000000000001": 100}
+
+
+def test_processor_connects_to_a_listening_daemon(tmp_path):
+    with Server(
+        "kinesis", "mock-daemon", "--listen", "127.0.0.1:0", "--shards", "2", "--records", "60"
+    ) as mld:
+        result = run_cli("kinesis", "mock-processor", "--connect", mld.address, "--connections", "2")
+        assert result.returncode == 0, result.stderr
+        out, err = mld.proc.communicate(timeout=60)
+    assert mld.proc.returncode == 0, err
+    assert "120 records delivered" in out and "120 checkpointed" in out
+    assert "records" in result.stdout and "end: leaseLost" in result.stdout
+
+
+@pytest.mark.parametrize("dialect", ["v1", "v2"])
+def test_old_dialects_end_to_end(tmp_path, dialect):
+    state = tmp_path / "leases.json"
+    result, summary = daemon(
+        *(
+            "--dialect",
+            dialect,
+            "--records",
+            "30",
+            "--batch-size",
+            "10",
+            "--shard-end",
+            "--state",
+            str(state),
+        ),
+        "--",
+        *PROCESSOR,
+        *("--checkpoint-every", "10"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert summary["shards"][0]["checkpoint"] == "SHARD_END" and summary["shards"][0]["checkpoints"] == 4
+
+
+def test_a_killed_processor_is_replaced_and_resumes_after_its_checkpoint(tmp_path):
+    out = tmp_path / "out.jsonl"
+    result, summary = daemon(
+        *("--records", "100", "--batch-size", "10", "--kill-after", "35", "--shard-end"),
+        "--",
+        *PROCESSOR,
+        *("--checkpoint-every", "20", "--out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    shard = summary["shards"][0]
+    assert (shard["kills"], shard["spawns"], shard["redelivered"], shard["delivered"]) == (1, 2, 15, 115)
+    rows = [json.loads(line)["sequenceNumber"] for line in out.read_text().splitlines()]
+    assert len(rows) == 115 and sorted(set(rows)) == [seq(0, n) for n in range(100)]
+    assert "killed the processor after 35 records" in result.stderr
+
+
+# ------------------------------------------------------------------------- processors that break the protocol
+
+
+BAD_JSON_THEN_EXIT = "import sys\nsys.stdout.write('{not json\\n')\n"
+
+
+@pytest.mark.parametrize(
+    ("processor", "expected"),
+    [
+        (
+            [*PROCESSOR, "--bad-response-after", "10"],
+            "line 4 of the processor's output: status with responseFor 'processRecordz', "
+            "expected 'processRecords'",
+        ),
+        (
+            [*PROCESSOR, "--crash-after", "10"],
+            "closed its output before its status for processRecords (after line 2) (it exited with code 1)",
+        ),
+        (
+            [PY, "-c", BAD_JSON_THEN_EXIT],
+            "closed its output before its status for initialize (after line 1) (it exited with code 0)",
+        ),
+    ],
+)
+def test_a_processor_that_breaks_the_protocol_fails_the_daemon(processor, expected):
+    result, summary = daemon("--shards", "2", "--records", "30", "--batch-size", "10", "--", *processor)
+    assert result.returncode == 1
+    assert not summary["ok"] and any(expected in failure for failure in summary["failures"]), summary[
+        "failures"
+    ]
+    assert {s["end"] for s in summary["shards"]} <= {"failed", "stopped: shardId-000000000000 failed"} | {
+        "stopped: shardId-000000000001 failed"
+    }
+    assert "Traceback" not in result.stderr
+
+
+def test_skipped_lines_are_reported_with_their_reason():
+    result, _ = daemon("--", PY, "-c", BAD_JSON_THEN_EXIT)
+    assert "processor line 1 skipped: not JSON" in result.stderr and "'{not json'" in result.stderr
+
+
+SKIPPED_STATUS_THEN_SILENCE = (
+    "import sys, time\n"
+    'sys.stdout.write(\'{"action":"status","responseFor":"initialize","extra":1}\\n\')\n'
+    "sys.stdout.flush()\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_timeout_fails_a_processor_that_never_answers():
+    result, summary = daemon("--timeout", "3", "--", PY, "-c", SKIPPED_STATUS_THEN_SILENCE)
+    assert result.returncode == 1
+    assert (
+        "no line from the processor within 3 s (--timeout); expected the processor's status for initialize"
+        in (summary["failures"][0])
+    )
+
+
+def test_sigterm_stops_a_daemon_waiting_for_processors():
+    with Server("kinesis", "mock-daemon", "--listen", "127.0.0.1:0", "--shards", "2") as mld:
+        code, out, err = mld.stop(signal.SIGTERM)
+    assert code == 0, err
+    assert out.count("stopped before start") == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give exactly one of"),
+        (["--listen", "127.0.0.1:0", "--connect", "127.0.0.1:1"], "give exactly one of"),
+        (["--checkpoint-error", "Throttling@x", "--", PY], "expected NAME, NAME@N or NAME@N-M"),
+        (["--", "/no/such/processor"], "is not an executable file"),
+        (["--listen", "nowhere"], "is not HOST:PORT"),
+        (["--input", "/no/such/file", "--", PY], "cannot read --input /no/such/file"),
+    ],
+)
+def test_daemon_usage_errors_exit_2(args, message):
+    result = run_cli("kinesis", "mock-daemon", *args)
+    assert result.returncode == 2 and message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unusable_state_file_exits_2(tmp_path):
+    state = tmp_path / "state.json"
+    state.write_text('{"something": "else"}')
+    result = run_cli("kinesis", "mock-daemon", "--state", str(state), "--", PY)
+    assert result.returncode == 2 and "is not a wallaroo-proto kinesis lease table" in result.stderr
+
+
+def test_input_lines_are_routed_by_partition_key(tmp_path):
+    lines = [f"line {n}" for n in range(40)]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out.jsonl"
+    result, summary = daemon(
+        "--input", str(tmp_path / "in.txt"), "--shards", "2", "--", *PROCESSOR, "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["data"] for r in rows) == sorted(lines)
+    from wallaroo_proto.protocols.kinesis.records import shard_for_key
+
+    assert all(r["shard"] == f"shardId-{shard_for_key(r['partitionKey'], 2):012d}" for r in rows)
+    assert [s["records"] for s in summary["shards"]] == [
+        sum(shard_for_key(str(n), 2) == i for n in range(40)) for i in range(2)
+    ]
+
+
+def test_mock_processor_answers_a_recorded_conversation_with_kclpys_bytes(tmp_path):
+    mld = tmp_path / "from-mld.txt"
+    mld.write_bytes(
+        b'{"action":"initialize","shardId":"shardId-000000000003","sequenceNumber":"TRIM_HORIZON",'
+        b'"subSequenceNumber":0}\n'
+        b'{"action":"processRecords","records":[{"data":"aGVsbG8=","partitionKey":"k1","sequenceNumber":"11",'
+        b'"approximateArrivalTimestamp":1700000000000,"subSequenceNumber":0,"action":"record"},'
+        b'{"data":"d29ybGQ=","partitionKey":"k2","sequenceNumber":"12",'
+        b'"approximateArrivalTimestamp":1700000000001,"subSequenceNumber":0,"action":"record"}],'
+        b'"millisBehindLatest":0}\n'
+        b'{"action":"shardEnded"}\n'
+        b'{"action":"checkpoint","sequenceNumber":null,"subSequenceNumber":null,"error":null}\n'
+    )
+    out = tmp_path / "records.jsonl"
+    with open(mld, "rb") as stdin:
+        result = subprocess.run(
+            [*PROCESSOR, "--checkpoint-every", "0", "--out", str(out)],
+            stdin=stdin,
+            capture_output=True,
+            timeout=120,
+        )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (
+        b'\n{"action": "status", "responseFor": "initialize"}\n'
+        b'\n{"action": "status", "responseFor": "processRecords"}\n'
+        b'\n{"action": "checkpoint", "sequenceNumber": null, "subSequenceNumber": null}\n'
+        b'\n{"action": "status", "responseFor": "shardEnded"}\n'
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["shard"], r["sequenceNumber"], r["partitionKey"], r["data"]) for r in rows] == [
+        ("shardId-000000000003", "11", "k1", "hello"),
+        ("shardId-000000000003", "12", "k2", "world"),
+    ]
+
+
+def test_mock_processor_reports_a_daemon_line_it_cannot_read(tmp_path):
+    mld = tmp_path / "from-mld.txt"
+    mld.write_bytes(
+        b'{"action":"initialize","shardId":"s","sequenceNumber":null,"subSequenceNumber":null}\n\n'
+    )
+    with open(mld, "rb") as stdin:
+        result = subprocess.run([*PROCESSOR], stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "line 2 from the daemon: the processor cannot read this line: a blank line" in result.stderr
+
+
+def test_a_processor_gone_before_its_pipe_is_sized_still_gets_a_channel():
+    """A child can exit while it is being spawned; its stdin pipe is then closed when sized."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from wallaroo_proto.protocols.kinesis.daemon import ChildChannel
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    closed = os.fdopen(write_end, "wb")
+    closed.close()
+
+    class Transport:
+        def set_write_buffer_limits(self, high: int) -> None:
+            pass
+
+        def get_extra_info(self, name: str):
+            return closed
+
+    async def spawn() -> None:
+        stderr = asyncio.StreamReader()
+        stderr.feed_eof()
+        proc = SimpleNamespace(stdin=SimpleNamespace(transport=Transport()), stderr=stderr)
+        channel = ChildChannel(proc, "shardId-000000000000", lambda line: None)
+        await channel._stderr
+
+    asyncio.run(spawn())

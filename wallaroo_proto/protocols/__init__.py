@@ -1,0 +1,1 @@
+"""Protocols beside Wallaroo's: one self-contained package each."""

@@ -1,0 +1,733 @@
+"""The mock MultiLangDaemon: plays the KCL's MLD for a record processor being written.
+
+One record processor per shard, as the MLD runs them: a child process
+spoken to over its stdin and stdout (its stderr echoed with the shard's name),
+or a TCP connection (erlmld's bridge). Each shard gets ``initialize`` from its
+lease table checkpoint, its records in ``processRecords`` batches, and at the
+end of its records ``shardEnded`` (``--shard-end``) or a worker's graceful
+stop, ``shutdownRequested`` then ``leaseLost``. Checkpoints are answered as the
+KCL checkpointer answers them and kept durably before the reply.
+
+Every line in both directions runs through ``core.Conversation``; a processor
+that breaks the protocol (closes its output early, answers for the wrong
+request, asks for a checkpoint when it may not) fails its shard, and, as the
+Java MLD exits on any failure, stops every shard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import ipaddress
+import signal
+import sys
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
+
+from .codec import (
+    CURRENT,
+    V1,
+    Checkpoint,
+    Initialize,
+    LeaseLost,
+    Line,
+    LineSplitter,
+    Message,
+    ProcessRecords,
+    ShardEnded,
+    Shutdown,
+    ShutdownRequested,
+    Status,
+    encode,
+)
+from .core import PROCESSOR, SHARD_END, Conversation, Kind, checkpoint_error, seq_key
+from .leases import LeaseTable
+from .records import ShardRecords
+
+#: Port the processor end gets in a ``--record`` capture of a pipe conversation.
+RECORD_PORT = 7300
+_READ_SIZE = 256 * 1024
+
+
+class ShardFailure(Exception):
+    """The processor broke the protocol or went away: what, where and what was expected."""
+
+
+@dataclass
+class Faults:
+    """Injected by rule; counts are per shard."""
+
+    #: (exception name, first, last): checkpoint requests (from 1) that get this error; last 0: no end.
+    checkpoint_errors: list[tuple[str, int, int]] = field(default_factory=list)
+    lease_lost_after: int = 0
+    shutdown_requested_after: int = 0
+    kill_after: int = 0
+    shard_end: bool = False
+
+    def checkpoint_error(self, number: int) -> str | None:
+        for name, first, last in self.checkpoint_errors:
+            if number >= first and (last == 0 or number <= last):
+                return name
+        return None
+
+
+def parse_checkpoint_error(spec: str) -> tuple[str, int, int]:
+    """``NAME``, ``NAME@3`` or ``NAME@2-4`` (checkpoint requests of a shard, from 1)."""
+    name, _, which = spec.partition("@")
+    if not name.isidentifier():
+        raise ValueError(f"--checkpoint-error {spec!r}: {name!r} is not an exception name")
+    if not which:
+        return name, 1, 0
+    first, dash, last = which.partition("-")
+    try:
+        lo = int(first)
+        hi = (int(last) if last else 0) if dash else lo
+    except ValueError:
+        raise ValueError(f"--checkpoint-error {spec!r}: expected NAME, NAME@N or NAME@N-M") from None
+    if lo < 1 or (hi and hi < lo):
+        raise ValueError(f"--checkpoint-error {spec!r}: checkpoint numbers start at 1, N-M with M >= N")
+    return name, lo, hi
+
+
+@dataclass
+class DaemonConfig:
+    command: list[str] | None = None
+    listen: tuple[str, int] | None = None
+    connect: tuple[str, int] | None = None
+    batch_size: int = 100
+    dialect: str = CURRENT
+    #: Seconds to wait for the processor's next line (0: forever, as the MLD by default).
+    timeout: float = 0.0
+    #: Seconds a processor gets to exit once its input is closed.
+    exit_grace: float = 10.0
+    record: str | None = None
+    faults: Faults = field(default_factory=Faults)
+
+
+@dataclass
+class ShardStats:
+    shard_id: str
+    records: int = 0
+    delivered: int = 0
+    redelivered: int = 0
+    batches: int = 0
+    checkpoint_requests: int = 0
+    checkpoints: int = 0
+    checkpoint_errors: Counter = field(default_factory=Counter)
+    checkpoint: str | None = None
+    sub_sequence_number: int | None = None
+    checkpointed: int = 0  # records at or before the checkpoint
+    end: str = "not started"
+    failure: str | None = None
+    spawns: int = 0
+    kills: int = 0
+    skipped_lines: int = 0
+    exit_codes: list = field(default_factory=list)
+    high_water: int = 0  # records up to this index were delivered at least once
+
+    def as_dict(self) -> dict:
+        return {
+            "shard_id": self.shard_id,
+            "records": self.records,
+            "delivered": self.delivered,
+            "redelivered": self.redelivered,
+            "batches": self.batches,
+            "checkpoint_requests": self.checkpoint_requests,
+            "checkpoints": self.checkpoints,
+            "checkpoint_errors": dict(self.checkpoint_errors),
+            "checkpoint": self.checkpoint,
+            "sub_sequence_number": self.sub_sequence_number,
+            "checkpointed": self.checkpointed,
+            "end": self.end,
+            "failure": self.failure,
+            "spawns": self.spawns,
+            "kills": self.kills,
+            "skipped_lines": self.skipped_lines,
+            "exit_codes": self.exit_codes,
+        }
+
+
+# --------------------------------------------------------------------------- channels
+
+
+class Channel:
+    """One processor: bytes to it, bytes from it."""
+
+    #: (daemon address, processor address) for a recording, and whether the daemon opened it.
+    ends: tuple[tuple[str, int], tuple[str, int]] = (("127.0.0.1", 0), ("127.0.0.1", RECORD_PORT))
+    daemon_is_client = True
+
+    async def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    async def read(self) -> bytes:
+        raise NotImplementedError
+
+    async def close_input(self) -> None:
+        """The processor's input ends (stdin closed, or the connection half-closed)."""
+
+    async def kill(self) -> None:
+        raise NotImplementedError
+
+    async def wait(self, grace: float) -> int | None:
+        """Exit code once the processor is gone (None for a connection); kills it after ``grace`` s."""
+        return None
+
+    def describe_exit(self) -> str:
+        return ""
+
+
+class ChildChannel(Channel):
+    def __init__(self, proc: asyncio.subprocess.Process, shard_id: str, echo: Callable[[str], None]) -> None:
+        self.proc = proc
+        _flush_on_drain(proc.stdin.transport)
+        # Fewer wake-ups for a batch line (Linux); a processor already gone has no pipe left to size.
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            fcntl.fcntl(proc.stdin.transport.get_extra_info("pipe").fileno(), fcntl.F_SETPIPE_SZ, _READ_SIZE)
+        self._stderr = asyncio.ensure_future(self._echo(shard_id, echo))
+
+    @classmethod
+    async def spawn(cls, command: list[str], shard_id: str, echo: Callable[[str], None]) -> ChildChannel:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            limit=_READ_SIZE,
+        )
+        return cls(proc, shard_id, echo)
+
+    async def _echo(self, shard_id: str, echo: Callable[[str], None]) -> None:
+        stream = self.proc.stderr
+        while True:
+            try:
+                line = await stream.readline()
+            except ValueError:  # a line longer than the limit: take what is there
+                line = await stream.read(_READ_SIZE)
+            if not line:
+                return
+            echo(f"[{shard_id}] {line.decode('utf-8', errors='replace').rstrip()}")
+
+    async def write(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
+
+    async def read(self) -> bytes:
+        return await self.proc.stdout.read(_READ_SIZE)
+
+    async def close_input(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+            await self.proc.stdin.wait_closed()
+
+    async def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        await self.proc.wait()
+        await self._drain_stderr()
+
+    async def wait(self, grace: float) -> int | None:
+        try:
+            async with asyncio.timeout(grace):
+                code = await self.proc.wait()
+        except TimeoutError:
+            await self.kill()
+            raise
+        await self._drain_stderr()
+        return code
+
+    async def _drain_stderr(self) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5):
+                await self._stderr
+
+    def describe_exit(self) -> str:
+        code = self.proc.returncode
+        if code is None:
+            return ""
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f" (it was killed by {signal.Signals(-code).name})"
+        return f" (it exited with code {code})"
+
+
+class TcpChannel(Channel):
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, daemon_is_client: bool):
+        self.reader, self.writer = reader, writer
+        self.daemon_is_client = daemon_is_client
+        _flush_on_drain(writer.transport)
+        self.ends = (_v4(writer.get_extra_info("sockname")), _v4(writer.get_extra_info("peername")))
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def read(self) -> bytes:
+        return await self.reader.read(_READ_SIZE)
+
+    async def close_input(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.writer.can_write_eof():
+                self.writer.write_eof()
+
+    async def kill(self) -> None:
+        self.writer.transport.abort()
+
+    async def wait(self, grace: float) -> int | None:
+        self.writer.close()
+        with contextlib.suppress(OSError):
+            await self.writer.wait_closed()
+        return None
+
+
+def _flush_on_drain(transport: asyncio.WriteTransport) -> None:
+    """``drain()`` returns once a request is all with the kernel, not merely buffered.
+
+    Otherwise the tail of a long processRecords line waits in the transport
+    while the daemon encodes the next batch, and the processor waits with it.
+    """
+    transport.set_write_buffer_limits(high=0)
+
+
+def _v4(address: tuple | None) -> tuple[str, int]:
+    """An address a pcap can hold (the writer synthesises IPv4); IPv6 becomes loopback v4."""
+    if not address:
+        return ("127.0.0.1", 0)
+    host, port = address[0], address[1]
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        host = "127.0.0.1"
+    return host, port
+
+
+# --------------------------------------------------------------------------- one conversation
+
+
+class Session:
+    """One processor's conversation for one shard: sends requests, answers checkpoints."""
+
+    def __init__(self, daemon: MockDaemon, shard: ShardRecords, stats: ShardStats, channel: Channel) -> None:
+        self.daemon = daemon
+        self.shard = shard
+        self.stats = stats
+        self.channel = channel
+        self.dialect = daemon.config.dialect
+        self.conv = Conversation(self.dialect)
+        self.splitter = LineSplitter()
+        self.lines: deque[Line] = deque()
+        self.eof = False
+        self.pcap: TcpSession | None = None
+        if daemon.pcap is not None:
+            daemon.sessions += 1
+            mine, theirs = channel.ends
+            if mine[1] == 0:
+                mine = ("127.0.0.1", 40000 + daemon.sessions)
+            client, server = (mine, theirs) if channel.daemon_is_client else (theirs, mine)
+            self.pcap = daemon.pcap.tcp_session(client, server)
+
+    async def request(self, msg: Message) -> None:
+        """Send one request and serve the processor until its status."""
+        await self.send_request(msg, encode(msg, self.dialect))
+        await self.until_status()
+
+    async def send_request(self, msg: Message, data: bytes) -> None:
+        """Send a request already encoded as ``data``."""
+        verdict = self.conv.daemon_sent(msg)
+        assert verdict.ok, verdict.describe()
+        await self._send(data, msg.action)
+
+    async def _send(self, data: bytes, what: str) -> None:
+        if self.pcap is not None:
+            self.pcap.send(self.channel.daemon_is_client, data)
+        try:
+            await self.channel.write(data)
+        except (ConnectionError, OSError) as err:
+            raise ShardFailure(
+                f"cannot write {what} to the processor: {err.strerror or err}{await self._exit_note()}; "
+                f"it was to read {what} next (after its output line {self.splitter.lines})"
+            ) from None
+
+    async def _exit_note(self) -> str:
+        """How the processor ended, for a failure report; one that closed its pipes but lives on is killed."""
+        with contextlib.suppress(TimeoutError):
+            await self.channel.wait(self.daemon.config.exit_grace)
+        return self.channel.describe_exit()
+
+    async def _next_line(self) -> Line | None:
+        while not self.lines:
+            if self.eof:
+                return None
+            timeout = self.daemon.config.timeout or None
+            try:
+                async with asyncio.timeout(timeout):
+                    chunk = await self.channel.read()
+            except TimeoutError:
+                raise ShardFailure(
+                    f"no line from the processor within {timeout:g} s (--timeout); expected "
+                    f"{self.conv.expecting()} (after its output line {self.splitter.lines})"
+                ) from None
+            except (ConnectionError, OSError):
+                chunk = b""
+            if chunk:
+                if self.pcap is not None:
+                    self.pcap.send(not self.channel.daemon_is_client, chunk)
+                self.lines.extend(self.splitter.feed(chunk))
+            else:
+                self.eof = True
+                self.lines.extend(self.splitter.end())
+        return self.lines.popleft()
+
+    async def until_status(self) -> None:
+        """Serve the processor (answer its checkpoints) until its status for the pending request."""
+        while True:
+            line = await self._next_line()
+            if line is None:
+                verdict = self.conv.close(PROCESSOR)
+                reason = verdict.reason if verdict is not None else "closed its output"
+                raise ShardFailure(f"the processor {reason}{await self._exit_note()}")
+            verdict = self.conv.from_processor(line)
+            kind = verdict.kind
+            if kind is Kind.ACCEPTED:
+                if isinstance(verdict.message, Status):
+                    return
+                await self._answer(verdict.message)
+            elif kind is Kind.VIOLATION:
+                reason = verdict.reason
+                if "expected" not in reason:
+                    reason += f"; expected {self.conv.expecting()}"
+                raise ShardFailure(
+                    f"line {line.number} of the processor's output: {reason}: {_show(line.data)}"
+                )
+            elif line.data or verdict.note:
+                self.stats.skipped_lines += 1
+                self.daemon.log(
+                    f"{self.stats.shard_id}: processor line {line.number} {kind.value}: {verdict.note}: "
+                    f"{_show(line.data)}"
+                )
+
+    async def _answer(self, request: Checkpoint) -> None:
+        stats, conv = self.stats, self.conv
+        stats.checkpoint_requests += 1
+        lease = self.daemon.leases.get(stats.shard_id)
+        last = seq_key(*lease) if lease is not None and lease[0].isdigit() else None
+        error = checkpoint_error(
+            request, action=conv.pending, last=last, largest=conv.largest, reason=conv.pending_reason
+        )
+        if error is None:
+            error = self.daemon.config.faults.checkpoint_error(stats.checkpoint_requests)
+        if error is None:
+            if request.sequence_number is None:
+                ending = conv.pending == "shardEnded" or conv.pending_reason == "TERMINATE"
+                at = (SHARD_END, 0) if ending else conv.largest_seq
+            else:
+                at = (request.sequence_number, request.sub_sequence_number or 0)
+            if at is not None:
+                self.daemon.leases.set(stats.shard_id, at[0], at[1])
+                stats.checkpoint, stats.sub_sequence_number = at[0], at[1] or 0
+                stats.checkpointed = self.shard.start_after(at)
+            stats.checkpoints += 1
+        else:
+            stats.checkpoint_errors[error] += 1
+        reply = Checkpoint(request.sequence_number, request.sub_sequence_number, error)
+        verdict = conv.daemon_sent(reply)
+        assert verdict.ok, verdict.describe()
+        await self._send(encode(reply, self.dialect, reply=True), "a checkpoint reply")
+
+    async def finish(self) -> None:
+        """After the final status: close the processor's input, drain its output, wait for it."""
+        await self.channel.close_input()
+        grace = self.daemon.config.exit_grace
+        try:
+            async with asyncio.timeout(grace):
+                while await self._next_line() is not None:
+                    pass
+            code = await self.channel.wait(grace)
+        except TimeoutError:
+            await self.channel.kill()
+            raise ShardFailure(
+                f"the processor did not exit within {grace:g} s after its input closed "
+                "(the Java MLD waits for it forever); killed"
+            ) from None
+        if code is not None:
+            self.stats.exit_codes.append(code)
+        if self.pcap is not None:
+            self.pcap.close(self.channel.daemon_is_client)
+
+    async def abort(self) -> None:
+        await self.channel.kill()
+        if isinstance(self.channel, ChildChannel) and self.channel.proc.returncode is not None:
+            self.stats.exit_codes.append(self.channel.proc.returncode)
+        if self.pcap is not None:
+            self.pcap.reset(self.channel.daemon_is_client)
+
+
+def _show(data: bytes, limit: int = 200) -> str:
+    text = data.decode("utf-8", errors="replace")
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+# --------------------------------------------------------------------------- the daemon
+
+
+class MockDaemon:
+    def __init__(
+        self,
+        config: DaemonConfig,
+        shards: list[ShardRecords],
+        leases: LeaseTable,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self.config = config
+        self.shards = shards
+        self.leases = leases
+        self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+        #: A processor's stderr lines, already prefixed with its shard.
+        self.echo = lambda line: print(line, file=sys.stderr, flush=True)
+        self.stats = {s.shard_id: ShardStats(s.shard_id, records=len(s)) for s in shards}
+        self.stopping = False
+        self.failed: str | None = None
+        self.pcap: PcapWriter | None = None
+        self.sessions = 0
+        self._server: asyncio.AbstractServer | None = None
+        self._accepted: asyncio.Queue = asyncio.Queue()
+        self._stop = asyncio.Event()
+        self._started = 0.0
+        self._seconds = 0.0
+        #: From the first processRecords sent to the last one answered: the rate leaves process start-up out.
+        self._first_batch: float | None = None
+        self._last_batch = 0.0
+
+    async def start(self) -> tuple[str, int] | None:
+        """Open what must be open before the shards start: the listening socket, the recording."""
+        if self.config.record:
+            self.pcap = PcapWriter(self.config.record)
+        if self.config.listen is not None:
+            host, port = self.config.listen
+
+            async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await self._accepted.put((reader, writer))
+
+            self._server = await asyncio.start_server(accepted, host, port, limit=_READ_SIZE)
+            return self._server.sockets[0].getsockname()[:2]
+        return None
+
+    def stop(self) -> None:
+        """A graceful stop: every shard ends at its next request with shutdownRequested, leaseLost."""
+        self.stopping = True
+        self._stop.set()
+
+    async def run(self) -> dict:
+        self._started = time.monotonic()
+        now_ms = int(time.time() * 1000)
+        tasks = {}
+        for shard in self.shards:
+            shard.stamp(now_ms)
+            tasks[asyncio.ensure_future(self._shard(shard))] = shard.shard_id
+        pending = set(tasks)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                if self.failed is not None and pending:
+                    for task in pending:  # as the Java MLD exits on a failure, every shard stops
+                        task.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                    for task in pending:
+                        stats = self.stats[tasks[task]]
+                        stats.end = f"stopped: {self.failed} failed"
+                    pending = set()
+        finally:
+            for task in pending:
+                task.cancel()
+            self._seconds = time.monotonic() - self._started
+            if self._server is not None:
+                self._server.close()
+            if self.pcap is not None:
+                self.pcap.close()
+        return self.summary()
+
+    async def _open(self, shard_id: str) -> Channel | None:
+        """The shard's processor; None when the daemon stops before one connects."""
+        config = self.config
+        if config.command:
+            try:
+                return await ChildChannel.spawn(config.command, shard_id, self.echo)
+            except OSError as err:
+                raise ShardFailure(f"cannot run {config.command[0]!r}: {err.strerror or err}") from None
+        if config.connect is not None:
+            host, port = config.connect
+            try:
+                reader, writer = await asyncio.open_connection(host, port, limit=_READ_SIZE)
+            except OSError as err:
+                raise ShardFailure(
+                    f"cannot connect to the processor at {host}:{port}: {err.strerror or err}"
+                ) from None
+            return TcpChannel(reader, writer, daemon_is_client=True)
+        get = asyncio.ensure_future(self._accepted.get())
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait({get, stop}, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        if not get.done():
+            get.cancel()
+            return None
+        reader, writer = get.result()
+        return TcpChannel(reader, writer, daemon_is_client=False)
+
+    async def _shard(self, shard: ShardRecords) -> None:
+        stats = self.stats[shard.shard_id]
+        try:
+            await self._serve_shard(shard, stats)
+        except ShardFailure as err:
+            self._fail(stats, str(err))
+        except Exception as err:  # a fault of ours: the shard still fails visibly, and the others stop
+            self._fail(stats, f"internal error: {type(err).__name__}: {err}")
+        except asyncio.CancelledError:
+            stats.end = "stopped"
+            raise
+
+    def _fail(self, stats: ShardStats, reason: str) -> None:
+        stats.failure = reason
+        stats.end = "failed"
+        if self.failed is None:
+            self.failed = stats.shard_id
+        self.log(f"{stats.shard_id}: {reason}")
+
+    async def _serve_shard(self, shard: ShardRecords, stats: ShardStats) -> None:
+        lease = self.leases.get(shard.shard_id)
+        if lease is not None:
+            stats.checkpoint, stats.sub_sequence_number = lease
+            stats.checkpointed = shard.start_after(lease)
+        if lease is not None and lease[0] == SHARD_END:
+            stats.end = "already ended (lease at SHARD_END)"
+            return
+        while True:  # one processor per pass; a killed one is replaced, as a new lease owner would be
+            if self.stopping:
+                stats.end = "stopped before start"
+                return
+            lease = self.leases.get(shard.shard_id)
+            index = shard.start_after(lease)
+            channel = await self._open(shard.shard_id)
+            if channel is None:
+                stats.end = "stopped before start"
+                return
+            stats.spawns += 1
+            session = Session(self, shard, stats, channel)
+            try:
+                seq, sub = lease if lease is not None else ("TRIM_HORIZON", 0)
+                await session.request(Initialize(shard.shard_id, seq, sub))
+                stats.end = "initialized"
+                end = await self._deliver(session, shard, stats, index)
+                if end == "killed":
+                    continue
+                await self._end(session, end)
+                await session.finish()
+                return
+            except BaseException:
+                await session.abort()
+                raise
+
+    async def _deliver(self, session: Session, shard: ShardRecords, stats: ShardStats, index: int) -> str:
+        """processRecords until the records or a fault end it; says how the lease ends.
+
+        The next batch is encoded while the processor works on the current one,
+        so the daemon's encoding and the processor's decoding overlap.
+        """
+        total = len(shard)
+        prepared: tuple[int, int, ProcessRecords, bytes] | None = None
+        while True:
+            end = self._end_of_delivery(stats, index, total)
+            if end == "killed":
+                stats.kills += 1
+                await session.abort()
+                self.log(
+                    f"{shard.shard_id}: killed the processor after {stats.delivered} records (--kill-after)"
+                )
+            if end is not None:
+                return end
+            if prepared is None or prepared[0] != index:
+                prepared = self._prepare(shard, stats.delivered, stats.kills, index)
+            _, last, msg, data = prepared
+            stats.batches += 1
+            stats.delivered += last - index
+            if index < stats.high_water:
+                stats.redelivered += min(last, stats.high_water) - index
+            stats.high_water = max(stats.high_water, last)
+            if self._first_batch is None:
+                self._first_batch = time.monotonic()
+            await session.send_request(msg, data)
+            prepared = None
+            if self._end_of_delivery(stats, last, total) is None:
+                prepared = self._prepare(shard, stats.delivered, stats.kills, last)
+            await session.until_status()
+            self._last_batch = time.monotonic()
+            index = last
+
+    def _end_of_delivery(self, stats: ShardStats, index: int, total: int) -> str | None:
+        """Why no batch follows now (a fault, a stop, the end of the records), or None."""
+        faults, sent = self.config.faults, stats.delivered
+        if faults.kill_after and not stats.kills and sent >= faults.kill_after:
+            return "killed"
+        if faults.lease_lost_after and sent >= faults.lease_lost_after:
+            return "leaseLost"
+        if faults.shutdown_requested_after and sent >= faults.shutdown_requested_after:
+            return "shutdownRequested"
+        if self.stopping:
+            return "shutdownRequested"
+        if index >= total:
+            return "shardEnded" if faults.shard_end else "shutdownRequested"
+        return None
+
+    def _prepare(
+        self, shard: ShardRecords, sent: int, kills: int, index: int
+    ) -> tuple[int, int, ProcessRecords, bytes]:
+        """The batch from ``index``, cut short where a fault is due, and its line."""
+        faults = self.config.faults
+        limit = self.config.batch_size
+        for after in (
+            0 if kills else faults.kill_after,
+            faults.lease_lost_after,
+            faults.shutdown_requested_after,
+        ):
+            if after and sent < after:
+                limit = min(limit, after - sent)
+        last = min(index + limit, len(shard))
+        msg, data = shard.request(index, last, self.config.dialect)
+        return index, last, msg, data
+
+    async def _end(self, session: Session, how: str) -> None:
+        legacy = self.config.dialect != CURRENT
+        stats = session.stats
+        if how == "shardEnded":
+            await session.request(Shutdown("TERMINATE") if legacy else ShardEnded())
+            stats.end = "shardEnded"
+            return
+        if how == "shutdownRequested" and self.config.dialect != V1:
+            await session.request(ShutdownRequested())
+        await session.request(Shutdown("ZOMBIE") if legacy else LeaseLost())
+        stats.end = "leaseLost" if how == "leaseLost" else "shutdownRequested, leaseLost"
+
+    def summary(self) -> dict:
+        shards = [s.as_dict() for s in self.stats.values()]
+        delivered = sum(s["delivered"] for s in shards)
+        seconds = self._seconds or (time.monotonic() - self._started if self._started else 0.0)
+        failures = [f"{s['shard_id']}: {s['failure']}" for s in shards if s["failure"]]
+        delivering = self._last_batch - self._first_batch if self._first_batch is not None else 0.0
+        return {
+            "ok": not failures,
+            "shards": shards,
+            "records_delivered": delivered,
+            "records_redelivered": sum(s["redelivered"] for s in shards),
+            "records_checkpointed": sum(s["checkpointed"] for s in shards),
+            "checkpoints": sum(s["checkpoints"] for s in shards),
+            "checkpoint_errors": sum(sum(s["checkpoint_errors"].values()) for s in shards),
+            "failures": failures,
+            "seconds": round(seconds, 3),
+            "delivery_seconds": round(delivering, 3),
+            "records_per_second": round(delivered / delivering, 1) if delivering > 0 else 0.0,
+            "state_saves": self.leases.saves,
+        }
