@@ -37,6 +37,8 @@ from wallaroo_proto.spark.example_job import key_counts
 from wallaroo_proto.spark.session import build_session
 from wallaroo_proto.twopc import ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
 
+pytestmark = pytest.mark.slow
+
 EPOCH_MS = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC, a multiple of 10 s
 
 
