@@ -17,14 +17,14 @@ from support import COMMAND, Server, run_cli
 PY = sys.executable
 PROCESSOR = [PY, "-m", "wallaroo_proto_cli", "kinesis", "mock-processor"]
 
+pytestmark = pytest.mark.slow
+
 # A record processor written against amazon_kclpy's v3 interface, as a KCL user writes one: it
 # checkpoints at the end of each batch, retries a failed checkpoint, and logs what it saw.
 KCLPY_PROCESSOR = """
 import json, os, sys, time
 from amazon_kclpy import kcl
 from amazon_kclpy.v3 import processor
-
-pytestmark = pytest.mark.slow
 
 LOG = os.environ["KCL_TEST_LOG"]
 
