@@ -111,7 +111,7 @@ def test_a_silent_peer_that_never_reads_is_aborted_while_the_worker_sends_it_ack
         assert recv_exactly(stuck, 9) == ok_bytes(1000000)
         stuck.sendall(b"".join(notify(s, b"s%d" % s) for s in streams))
         assert recv_exactly(stuck, 22 * len(streams)) == b"".join(notify_ack_bytes(1, s, 0) for s in streams)
-        stuck.sendall(b"".join(message(s, 0, b"m") for s in streams))  # then it only waits, reading nothing
+        stuck.sendall(b"".join(message(s, 1, b"m") for s in streams))  # then it only waits, reading nothing
         # The checkpoint's ACK carries 1000 streams (16 KB), well past its window.
         wait_until(lambda: tcp_state(stuck) != ESTABLISHED, "the worker never aborted the silent peer")
 
