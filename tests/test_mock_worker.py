@@ -555,7 +555,7 @@ def test_sigint_also_shuts_down_cleanly_with_text_summary() -> None:
 # --- the delivery hook: a slow consumer slows the connector down ---------------------------------------
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(90)
 def test_slow_consumer_stops_the_worker_reading_instead_of_buffering() -> None:
     async def scenario() -> None:
         gate = asyncio.Event()
@@ -610,7 +610,7 @@ def test_slow_consumer_stops_the_worker_reading_instead_of_buffering() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(90)
 def test_a_failing_consumer_gets_the_connector_an_error_not_a_silent_loss() -> None:
     async def scenario() -> None:
         class Broken:
