@@ -65,8 +65,8 @@ def command(
     fmt: str,
     quiet: bool,
 ) -> None:
-    """A connector sink: HELLO/OK, NOTIFY_ACK, REPLY_UNCOMMITTED, stream-1 data at byte offsets,
-    and PHASE1/PHASE2 made durable in a checksummed, fsynced transaction log.
+    """A connector sink: HELLO/OK, NOTIFY_ACK, REPLY_UNCOMMITTED, data at byte offsets on the
+    NOTIFYed stream, and PHASE1/PHASE2 made durable in a checksummed, fsynced transaction log.
 
     Survives kill -9 at any moment: on start it recovers every instance in --out-dir.
     Exit 0 on SIGINT/SIGTERM; 2 on bad usage (a bad fault file, an unusable directory).

@@ -59,14 +59,15 @@ def phase2(txn: bytes, commit: bool) -> bytes:
 class Worker:
     """A raw-socket worker that reads the sink's frames by hand."""
 
-    def __init__(self, port: int, instance: bytes | None = b"w1", rtag: int = 7) -> None:
+    def __init__(self, port: int, instance: bytes | None = b"w1", rtag: int = 7, stream: int = 1) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=15)
         self.buf = b""
+        self.stream = stream
         if instance is not None:
-            self.send(hello(instance), notify(), list_uncommitted(rtag))
+            self.send(hello(instance), notify(stream), list_uncommitted(rtag))
             assert self.read() == ("OK", 500)
-            kind, success, stream, self.last_point = self.read()
-            assert (kind, success, stream) == ("NOTIFY_ACK", 1, 1)
+            kind, success, got_stream, self.last_point = self.read()
+            assert (kind, success, got_stream) == ("NOTIFY_ACK", 1, stream)
             kind, got_rtag, self.uncommitted = self.read()
             assert (kind, got_rtag) == ("REPLY_UNCOMMITTED", rtag)
 
@@ -118,7 +119,7 @@ class Worker:
 
     def round(self, txn: bytes, start: int, end: int, *, commit: bool | None = None) -> bool:
         """PHASE1 -> REPLY vote -> PHASE2 (the vote, unless ``commit`` overrides)."""
-        self.send(phase1(txn, (1, start, end)))
+        self.send(phase1(txn, (self.stream, start, end)))
         kind, got, vote = self.read()
         assert (kind, got) == ("REPLY", txn)
         self.send(phase2(txn, vote if commit is None else commit))
@@ -232,6 +233,37 @@ def test_bad_where_list_votes_abort(shared, where, why):
     w.send(phase2(b"t2", False))
     _sync(w)
     assert _output(tmp, name.decode()) == b"aaaa"
+
+
+def test_data_stream_is_the_one_the_worker_notified(shared):
+    server, tmp = shared
+    w = Worker(server.port, b"stream7", stream=7)
+    w.send(message(7, 0, b"seven\n"))
+    assert w.round(b"t1", 0, 6) is True
+    w.send(message(7, 6, b"more"), phase1(b"t2", (1, 6, 10)))  # the where-list names stream 1
+    assert w.read() == ("REPLY", b"t2", False)
+    w.send(phase2(b"t2", False), notify(8), notify(0), notify(7))  # one data stream, notified once
+    assert [w.read() for _ in range(3)] == [("NOTIFY_ACK", 0, s, 0) for s in (8, 0, 7)]
+    w.send(message(7, 6, b"again"))
+    assert w.round(b"t3", 6, 11) is True
+    _sync(w)
+    assert _output(tmp, "stream7") == b"seven\nagain"
+
+
+@pytest.mark.parametrize("stream", [1, 8])
+def test_data_on_a_stream_that_was_not_notified_gets_error(shared, stream):
+    server, tmp = shared
+    name = f"not-notified{stream}".encode()
+    w = Worker(server.port, name, stream=7)
+    w.send(notify(8), message(7, 0, b"ok"))
+    assert w.read() == ("NOTIFY_ACK", 0, 8, 0)
+    w.send(message(stream, 2, b"stray"))
+    reply = w.read()
+    assert reply[0] == "ERROR" and f"Bad/unregistered stream_id {stream} with message_id 2" in reply[1]
+    assert w.read() is None
+    w = Worker(server.port, name, stream=7)  # nothing of the session was voted: nothing kept
+    assert w.last_point == 0 and w.uncommitted == []
+    w.close()
 
 
 def test_second_connection_of_a_connected_instance_gets_error(shared):

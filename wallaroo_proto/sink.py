@@ -38,7 +38,7 @@ from .frames import (
 )
 from .peer import ConnectionClosed, FramedConnection, describe_protocol_error
 from .protocol import Side, Use, Verdict, check_hello
-from .twopc import SINK_DATA_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
+from .twopc import TWOPC_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
 from .txnlog import LOG_SUFFIX, Decision, TxnLog, TxnLogError, Vote, instance_paths, scan_log, txn_bytes
 from .wire import as_text
 
@@ -123,7 +123,7 @@ class InstanceStore:
             raise PeerError(f"{what} while txn {txns} (voted commit) awaits its PHASE2; settle it first")
 
     def data(self, offset: int, payload: bytes) -> None:
-        """Apply a stream-1 MESSAGE whose id is its byte offset."""
+        """Apply a data MESSAGE whose id is its byte offset."""
         if self.scan.undecided:
             self._refuse_unsettled(f"data at offset {offset}")
         if self.doomed is not None:
@@ -192,14 +192,21 @@ class InstanceStore:
             pos += len(chunk)
         return crc
 
-    def validate(self, where: tuple[tuple[int, int, int], ...]) -> tuple[str | None, int]:
-        """(reason to vote abort or None, end of the range) for a where-list."""
+    def validate(
+        self, where: tuple[tuple[int, int, int], ...], data_stream: int | None
+    ) -> tuple[str | None, int]:
+        """(reason to vote abort or None, end of the range) for a where-list over ``data_stream``."""
         if not where:
             return "empty where-list", self.committed
         expected = self.committed
         for stream_id, start, end in where:
-            if stream_id != SINK_DATA_STREAM:
-                return f"where-list names stream {stream_id}; a sink's data is stream 1", expected
+            if stream_id != data_stream:
+                if data_stream is None:
+                    return f"where-list names stream {stream_id}, but no data stream was NOTIFYed", expected
+                return (
+                    f"where-list names stream {stream_id}; this connection's data stream is {data_stream}",
+                    expected,
+                )
             if start != expected:
                 return (
                     f"where-list range starts at {start}, expected {expected} (last committed offset)",
@@ -212,11 +219,13 @@ class InstanceStore:
             expected = end
         return None, expected
 
-    def vote(self, txn_id: Text, where: tuple[tuple[int, int, int], ...]) -> tuple[bool, str]:
+    def vote(
+        self, txn_id: Text, where: tuple[tuple[int, int, int], ...], data_stream: int | None
+    ) -> tuple[bool, str]:
         """Decide and durably log the vote; data is fsynced first on a commit vote."""
         self._refuse_unsettled(f"PHASE1 of txn {show_text(txn_id)!r}")
         shown = show_text(txn_id)
-        reason, end = self.validate(where)
+        reason, end = self.validate(where, data_stream)
         reason = reason or self.doomed or self.faults.abort_vote_for_txn(shown)
         start = self.committed
         self.flush()
@@ -436,11 +445,12 @@ class SinkServer:
         conn = session.conn
         if isinstance(frame, Message):
             store = session.store
+            is_data = frame.stream_id != TWOPC_STREAM  # the core lets data only on the NOTIFYed stream
             if self._payload_rules:
-                payload_fault = self.faults.payload_abort(frame.stream_id, frame.payload)
+                payload_fault = self.faults.payload_abort(int(is_data), frame.payload)  # rules: 1 = data
                 if payload_fault and store is not None:
                     store.doomed = store.doomed or payload_fault
-            if frame.stream_id == SINK_DATA_STREAM:
+            if is_data:
                 self.stats.messages += 1
                 self.stats.bytes += len(frame.payload)
                 store.data(frame.message_id, frame.payload)
@@ -463,7 +473,11 @@ class SinkServer:
             await conn.send(Ok(self.credits))
             return False
         if isinstance(frame, Notify):
-            ok = frame.stream_id == SINK_DATA_STREAM
+            # One output per instance, so one data stream per connection: the first one NOTIFYed
+            # (the shipped worker's is 1). Another stream, stream 0 or a repeat is refused.
+            ok = session.data_stream is None and frame.stream_id != TWOPC_STREAM
+            if ok:
+                session.data_stream = frame.stream_id
             await conn.send(NotifyAck(ok, frame.stream_id, session.store.committed if ok else 0))
             return False
         if isinstance(frame, EosMessage):
@@ -479,7 +493,7 @@ class SinkServer:
             return False
         if isinstance(msg, Phase1):
             shown = show_text(msg.txn_id)
-            commit, reason = store.vote(msg.txn_id, msg.where)
+            commit, reason = store.vote(msg.txn_id, msg.where, session.data_stream)
             self.log(
                 f"{session.who}: PHASE1 {shown!r} {list(msg.where)} -> vote "
                 + ("commit" if commit else f"abort: {reason}")
@@ -522,6 +536,8 @@ class _Session:
     store: InstanceStore | None = None
     key: str | None = None
     who: str = ""
+    #: The stream the worker NOTIFYed for its output on this connection.
+    data_stream: int | None = None
 
     def __post_init__(self) -> None:
         self.who = self.conn.peer
