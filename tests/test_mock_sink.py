@@ -280,6 +280,21 @@ def test_second_connection_of_a_connected_instance_gets_error(shared):
     first.close()
 
 
+def test_a_worker_back_before_the_sink_saw_it_leave_is_served(tmp_path):
+    faults = tmp_path / "faults.toml"
+    faults.write_text('[[delay]]\nreply = "uncommitted"\nms = 1000\ncount = 1\n')
+    with _sink(tmp_path, "--faults", str(faults)) as server:
+        first = Worker(server.port, None)
+        first.send(hello(b"w1"), notify(), list_uncommitted(1))
+        assert first.read() == ("OK", 500) and first.read()[:2] == ("NOTIFY_ACK", 1)
+        first.close()  # gone while its session still waits to send REPLY_UNCOMMITTED
+        second = Worker(server.port)  # not "already connected": the old session ends first
+        second.send(message(1, 0, b"x"))
+        assert second.round(b"t1", 0, 1) is True
+        _sync(second)
+    assert _output(tmp_path) == b"x"
+
+
 @pytest.mark.parametrize(
     ("instance", "frames", "reason"),
     [

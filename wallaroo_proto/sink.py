@@ -46,6 +46,9 @@ from .wire import as_text
 FLUSH_BYTES = 1 << 20
 #: The shipped test sink's OK credits (the worker ignores them: sinks rely on TCP back-pressure).
 SINK_CREDITS = 500
+#: Seconds a HELLO for a connected instance waits for that connection to end before its ERROR:
+#: a worker that reconnects at once may be ahead of the sink noticing its old connection close.
+HANDOVER_GRACE = 2.0
 
 
 class PeerError(Exception):
@@ -331,7 +334,8 @@ class SinkServer:
         self.log = log
         self.stores: dict[str, InstanceStore] = {}
         self.broken: dict[str, str] = {}
-        self.connected: set[str] = set()
+        #: Instances with a connection -> set when that connection lets go of the instance.
+        self.connected: dict[str, asyncio.Event] = {}
         self.stats = SinkStats()
         self._tasks: set[asyncio.Task] = set()
         self._payload_rules = bool(faults.payload_rules(0) or faults.payload_rules(1))
@@ -406,7 +410,7 @@ class SinkServer:
         finally:
             self._tasks.discard(task)
             if session.key is not None:
-                self.connected.discard(session.key)
+                self.connected.pop(session.key).set()
             with contextlib.suppress(asyncio.CancelledError):
                 await conn.close()
 
@@ -464,10 +468,13 @@ class SinkServer:
             key = str(instance_paths(self.out_dir, name)[0])
             session.who = f"{conn.peer} ({show_text(name)})"
             if key in self.connected:
-                raise PeerError(f"instance {show_text(name)!r} is already connected to this sink")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.connected[key].wait(), HANDOVER_GRACE)
+                if key in self.connected:
+                    raise PeerError(f"instance {show_text(name)!r} is already connected to this sink")
             session.store = self._store(name)
             session.key = key
-            self.connected.add(key)
+            self.connected[key] = asyncio.Event()
             self.stats.instances.add(show_text(name))
             session.store.new_session()
             await conn.send(Ok(self.credits))
