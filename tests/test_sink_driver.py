@@ -103,12 +103,21 @@ def parse_worker_frame(body: bytes) -> tuple:
 
 class HandSink:
     """A scripted sink on a raw socket. ``vote(conn_no, round_no, txn)`` returns True/False, or
-    "silent" (no reply) or "close"; ``listed(conn_no)`` the txns to put in REPLY_UNCOMMITTED."""
+    "silent" (no reply) or "close"; ``listed(conn_no)`` the txns to put in REPLY_UNCOMMITTED;
+    ``hello_error`` answers every HELLO with ERROR; ``session_error[conn_no]`` is an ERROR sent
+    (then a close) at that connection's first data, after a complete handshake."""
 
-    def __init__(self, vote=None, listed=None, hello_error: bytes | None = None) -> None:
+    def __init__(
+        self,
+        vote=None,
+        listed=None,
+        hello_error: bytes | None = None,
+        session_error: dict[int, bytes] | None = None,
+    ) -> None:
         self.vote = vote or (lambda conn_no, round_no, txn: True)
         self.listed = listed or (lambda conn_no: [])
         self.hello_error = hello_error
+        self.session_error = session_error or {}
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.connections: list[list[tuple]] = []
@@ -175,6 +184,9 @@ class HandSink:
         round_no = 0
         while (frame := read()) is not None:
             kind = frame[0]
+            if kind == "DATA" and conn_no in self.session_error:
+                sock.sendall(error(self.session_error[conn_no]))
+                return
             if kind == "DATA":
                 if in_round is not None:
                     self.problems.append(f"data between PHASE1 and PHASE2 of {in_round!r}")
@@ -338,14 +350,29 @@ def test_lost_connection_mid_round_reconnects_and_settles_the_txn(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_hello_refused_is_fatal_not_retried(tmp_path):
-    sink = HandSink(hello_error=b"Bad cookie")
+@pytest.mark.parametrize("reason", ["Bad cookie", "instance 'w1' is already connected to this sink"])
+def test_an_error_in_answer_to_hello_is_fatal_not_retried(tmp_path, reason):
+    sink = HandSink(hello_error=reason.encode())
     try:
-        code, stats, err = run_driver(sink.port, "--input", "gen:10")
+        code, stats, err = run_driver(sink.port, "--input", "gen:10", "--give-up", "5")
     finally:
         sink.close()
-    assert code == 1 and "the sink refused our HELLO: Bad cookie" in err
+    assert code == 1 and f"the sink refused our HELLO: {reason}" in err
     assert len(sink.connections) == 1
+
+
+@pytest.mark.timeout(60)
+def test_an_error_after_the_handshake_is_transient_whatever_it_says(tmp_path):
+    source = _lines(tmp_path, 100)
+    sink = HandSink(session_error={0: b"Bad cookie"})  # a refusal's words, but after OK
+    try:
+        code, stats, err = run_driver(sink.port, "--input", str(source), "--every", "40", "--give-up", "5")
+    finally:
+        sink.close()
+    assert code == 0, err
+    assert len(sink.connections) == 2 and stats["reconnects"] == 1
+    assert "sink sent ERROR: Bad cookie" in stats["last_problem"]
+    assert bytes(sink.data) == source.read_bytes() and sink.committed == len(sink.data)
 
 
 @pytest.mark.timeout(60)
