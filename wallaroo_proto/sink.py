@@ -39,7 +39,17 @@ from .frames import (
 from .peer import ConnectionClosed, FramedConnection, describe_protocol_error
 from .protocol import Side, Use, Verdict, check_hello
 from .twopc import TWOPC_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
-from .txnlog import LOG_SUFFIX, Decision, TxnLog, TxnLogError, Vote, instance_paths, scan_log, txn_bytes
+from .txnlog import (
+    COMPACT_AT,
+    LOG_SUFFIX,
+    Decision,
+    TxnLog,
+    TxnLogError,
+    Vote,
+    instance_paths,
+    scan_log,
+    txn_bytes,
+)
 from .wire import as_text
 
 #: Gathered appends are written once they reach this size (or at the end of each received batch).
@@ -62,12 +72,19 @@ class StorageError(Exception):
 class InstanceStore:
     """One worker instance's output file + transaction log, recovered on open."""
 
-    def __init__(self, out_dir: str | os.PathLike, instance_name: Text, faults: Faults = NO_FAULTS) -> None:
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        instance_name: Text,
+        faults: Faults = NO_FAULTS,
+        *,
+        compact_at: int = COMPACT_AT,
+    ) -> None:
         self.name = instance_name
         self.faults = faults
         log_path, out_path = instance_paths(out_dir, instance_name)
         self.out_path = out_path
-        self.log = TxnLog(log_path, instance_name)
+        self.log = TxnLog(log_path, instance_name, compact_at=compact_at)
         self.fd = os.open(out_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             durable = self.scan.undecided_end
@@ -323,8 +340,10 @@ class SinkServer:
         reply_phase2: bool = False,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         log: Callable[[str], None] = _stderr,
+        compact_at: int = COMPACT_AT,
     ) -> None:
         self.out_dir = Path(out_dir)
+        self.compact_at = compact_at
         self.version = version
         self.cookie = cookie
         self.faults = faults
@@ -370,7 +389,9 @@ class SinkServer:
         store = self.stores.get(key)
         if store is None:
             try:
-                store = self.stores[key] = InstanceStore(self.out_dir, name, self.faults)
+                store = self.stores[key] = InstanceStore(
+                    self.out_dir, name, self.faults, compact_at=self.compact_at
+                )
             except OSError as err:
                 raise StorageError(f"opening the files of instance {show_text(name)!r}: {err}") from err
         return store
@@ -501,6 +522,7 @@ class SinkServer:
         if isinstance(msg, Phase1):
             shown = show_text(msg.txn_id)
             commit, reason = store.vote(msg.txn_id, msg.where, session.data_stream)
+            self._compaction_note(session)
             self.log(
                 f"{session.who}: PHASE1 {shown!r} {list(msg.where)} -> vote "
                 + ("commit" if commit else f"abort: {reason}")
@@ -517,6 +539,7 @@ class SinkServer:
             return False
         if isinstance(msg, Phase2):
             done = store.phase2(msg.txn_id, msg.commit)
+            self._compaction_note(session)
             if msg.commit:
                 self.stats.commits += 1
             else:
@@ -530,6 +553,12 @@ class SinkServer:
                 await conn.send(twopc_frame(Reply(msg.txn_id, msg.commit)))
             return False
         return False
+
+    def _compaction_note(self, session: _Session) -> None:
+        log = session.store.log
+        if log.compaction_error:
+            self.log(f"{session.who}: {log.compaction_error}")
+            log.compaction_error = ""
 
 
 async def _delay(ms: int) -> None:
