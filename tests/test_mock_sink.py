@@ -11,6 +11,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 
 import pytest
@@ -486,6 +487,73 @@ def _limited_sink(tmp_path, limit: int) -> subprocess.Popen:
     line = proc.stdout.readline()
     proc.port = int(READY.search(line).group(2))
     return proc
+
+
+# A disk on which the fsyncs of instance "slow" hang while the flag file exists: mock-sink
+# itself, in its own process, with os.fsync wrapped before it starts.
+_SLOW_DISK = """
+import os, sys, time
+from pathlib import Path
+
+flag = Path(sys.argv[1])
+real_fsync = os.fsync
+
+def fsync(fd):
+    if flag.exists() and "slow" in os.readlink(f"/proc/self/fd/{fd}"):
+        flag.with_name("blocked").touch()
+        deadline = time.monotonic() + 60
+        while flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    real_fsync(fd)
+
+os.fsync = fsync
+sys.argv = ["wallaroo-proto", *sys.argv[2:]]
+from wallaroo_proto_cli.main import main
+main()
+"""
+
+
+def test_an_instance_waiting_on_its_disk_does_not_hold_up_the_others(tmp_path):
+    flag = tmp_path / "hang"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _SLOW_DISK,
+            str(flag),
+            "mock-sink",
+            "--port",
+            "0",
+            "--out-dir",
+            str(tmp_path / "out"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(READY.search(proc.stdout.readline()).group(2))
+        slow, fast = Worker(port, b"slow"), Worker(port, b"fast")
+        flag.touch()
+        slow.send(message(1, 0, b"slow data"), phase1(b"s1", (1, 0, 9)))
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "blocked").exists():  # its PHASE1's fsync hangs
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        fast.send(message(1, 0, b"fast data"))
+        assert fast.round(b"f1", 0, 9) is True  # served meanwhile (a 15 s socket timeout otherwise)
+        _sync(fast)
+        assert _output(tmp_path, "fast") == b"fast data"
+        flag.unlink()
+        assert slow.read() == ("REPLY", b"s1", True)
+        slow.send(phase2(b"s1", True))
+        _sync(slow)
+    finally:
+        flag.unlink(missing_ok=True)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert _output(tmp_path, "slow") == b"slow data"
+    assert _check(tmp_path)["ok"]
 
 
 def test_disk_that_refuses_writes_gives_a_clear_error_and_loses_no_committed_byte(tmp_path):

@@ -3,7 +3,9 @@
 ``InstanceStore`` keeps one worker instance's output file and transaction log
 and applies the 2PC rules to them; ``SinkServer`` speaks the protocol over
 asyncio through ``FramedConnection`` and answers each bad peer alone with
-ERROR and a close. Durability order (what a kill -9 at any point relies on):
+ERROR and a close. Each store's blocking writes and fsyncs run in that store's
+own thread, in order, so one instance's disk waits never hold up another's
+rounds. Durability order (what a kill -9 at any point relies on):
 data bytes are written with ``pwrite``; at PHASE1 they are fsynced, then the
 vote record is appended and fsynced, and only then is REPLY sent; a PHASE2
 commit is durable once its log record is fsynced; a PHASE2 abort is logged,
@@ -16,9 +18,11 @@ import asyncio
 import contextlib
 import os
 import sys
+import threading
 import traceback
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +58,8 @@ from .wire import as_text
 
 #: Gathered appends are written once they reach this size (or at the end of each received batch).
 FLUSH_BYTES = 1 << 20
+#: Fault rules count their matches, and the stores' threads consult exit and txn-id rules.
+_FAULTS_LOCK = threading.Lock()
 #: The shipped test sink's OK credits (the worker ignores them: sinks rely on TCP back-pressure).
 SINK_CREDITS = 500
 #: Seconds a HELLO for a connected instance waits for that connection to end before its ERROR:
@@ -82,6 +88,7 @@ class InstanceStore:
     ) -> None:
         self.name = instance_name
         self.faults = faults
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-store")
         log_path, out_path = instance_paths(out_dir, instance_name)
         self.out_path = out_path
         self.log = TxnLog(log_path, instance_name, compact_at=compact_at)
@@ -121,7 +128,12 @@ class InstanceStore:
     def undecided_ids(self) -> list[bytes]:
         return list(self.scan.undecided)
 
+    def io(self, method: Callable, *args) -> asyncio.Future:
+        """Run a blocking method of this store in its thread, after those already queued."""
+        return asyncio.get_running_loop().run_in_executor(self._thread, method, *args)
+
     def close(self) -> None:
+        self._thread.shutdown(wait=True)
         with contextlib.suppress(OSError):
             os.close(self.fd)
         with contextlib.suppress(OSError, AttributeError):
@@ -132,7 +144,8 @@ class InstanceStore:
         self.doomed = None
 
     def _exit_at(self, point: str, txn: str = "") -> None:
-        code = self.faults.exit_code(point, txn)
+        with _FAULTS_LOCK:
+            code = self.faults.exit_code(point, txn)
         if code is not None:
             os.write(2, f"wallaroo-proto mock-sink: fault: hard exit at {point} (status {code})\n".encode())
             os._exit(code)
@@ -142,16 +155,17 @@ class InstanceStore:
             txns = ", ".join(repr(show_text(as_text(t))) for t in self.scan.undecided)
             raise PeerError(f"{what} while txn {txns} (voted commit) awaits its PHASE2; settle it first")
 
-    def data(self, offset: int, payload: bytes) -> None:
-        """Apply a data MESSAGE whose id is its byte offset."""
+    def data(self, offset: int, payload: bytes) -> bool:
+        """Apply a data MESSAGE whose id is its byte offset; True when the gathered appends
+        are due to be written (``flush``). A replay (below ``end``) reads the file."""
         if self.scan.undecided:
             self._refuse_unsettled(f"data at offset {offset}")
         if self.doomed is not None:
-            return
+            return False
         end = self.end
         if offset > end:
             self.doomed = f"gap: data at offset {offset} but the output ends at {end}"
-            return
+            return False
         if offset < end:  # a replay: the overlap must match what we hold
             overlap = min(len(payload), end - offset)
             if offset + overlap > self._flushed:
@@ -159,18 +173,17 @@ class InstanceStore:
             held = os.pread(self.fd, overlap, offset)
             if held != payload[:overlap]:
                 self.doomed = f"replay at offset {offset} differs from the {overlap} bytes the sink holds"
-                return
+                return False
             payload = payload[overlap:]
             if not payload:
-                return
+                return False
         # Appends are gathered and written with one pwrite per received batch (``flush``).
         self._pending.append(payload)
         self._pending_len += len(payload)
         self.end = end + len(payload)
         if self._crc_start is not None:
             self._crc = zlib.crc32(payload, self._crc)
-        if self._pending_len >= FLUSH_BYTES:
-            self.flush()
+        return self._pending_len >= FLUSH_BYTES
 
     def flush(self) -> None:
         """Write the gathered appends to the output file (not yet fsynced: PHASE1 does that)."""
@@ -246,7 +259,10 @@ class InstanceStore:
         self._refuse_unsettled(f"PHASE1 of txn {show_text(txn_id)!r}")
         shown = show_text(txn_id)
         reason, end = self.validate(where, data_stream)
-        reason = reason or self.doomed or self.faults.abort_vote_for_txn(shown)
+        if reason is None and self.doomed is None:
+            with _FAULTS_LOCK:
+                reason = self.faults.abort_vote_for_txn(shown)
+        reason = reason or self.doomed
         start = self.committed
         self.flush()
         self._exit_at("before_phase1_fsync", shown)
@@ -449,21 +465,17 @@ class SinkServer:
 
     async def _serve(self, session: _Session) -> None:
         conn = session.conn
-        try:
-            while True:
-                for frame, outcome in await conn.receive():
-                    if outcome.verdict is Verdict.VIOLATION:
-                        raise PeerError(outcome.reason)
-                    if outcome.verdict is Verdict.IGNORED:
-                        continue
-                    if await self._frame(session, frame, outcome.twopc):
-                        return
-                if session.store is not None:
-                    session.store.flush()
-        finally:
-            if session.store is not None and session.store._pending:
-                with contextlib.suppress(StorageError):
-                    session.store.flush()
+        while True:
+            for frame, outcome in await conn.receive():
+                if outcome.verdict is Verdict.VIOLATION:
+                    raise PeerError(outcome.reason)
+                if outcome.verdict is Verdict.IGNORED:
+                    continue
+                if await self._frame(session, frame, outcome.twopc):
+                    return
+            store = session.store
+            if store is not None and store._pending:  # unflushed appends stay with the store
+                await store.io(store.flush)
 
     async def _frame(self, session: _Session, frame, twopc) -> bool:
         """Handle one frame; True when the connection is to be closed."""
@@ -478,7 +490,12 @@ class SinkServer:
             if is_data:
                 self.stats.messages += 1
                 self.stats.bytes += len(frame.payload)
-                store.data(frame.message_id, frame.payload)
+                if frame.message_id < store.end:  # a replay, compared with the file
+                    due = await store.io(store.data, frame.message_id, frame.payload)
+                else:
+                    due = store.data(frame.message_id, frame.payload)
+                if due:
+                    await store.io(store.flush)
                 return False
             return await self._twopc(session, twopc)
         if isinstance(frame, Hello):
@@ -521,7 +538,7 @@ class SinkServer:
             return False
         if isinstance(msg, Phase1):
             shown = show_text(msg.txn_id)
-            commit, reason = store.vote(msg.txn_id, msg.where, session.data_stream)
+            commit, reason = await store.io(store.vote, msg.txn_id, msg.where, session.data_stream)
             self._compaction_note(session)
             self.log(
                 f"{session.who}: PHASE1 {shown!r} {list(msg.where)} -> vote "
@@ -538,7 +555,7 @@ class SinkServer:
                 return True
             return False
         if isinstance(msg, Phase2):
-            done = store.phase2(msg.txn_id, msg.commit)
+            done = await store.io(store.phase2, msg.txn_id, msg.commit)
             self._compaction_note(session)
             if msg.commit:
                 self.stats.commits += 1
