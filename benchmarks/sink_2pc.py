@@ -13,7 +13,12 @@ For each round size N (``--every``, messages per 2PC round), the same run measur
 It prints messages/s and MB/s of both, the ratio sink/bare, and the phase-1 -> REPLY
 latency p50/p99 seen by the driver. Temp files are removed at the end.
 
+``--instances K`` (K > 1) measures instead K drivers with K instance names at once
+against one mock-sink, each sending ``--messages`` / K payloads: whether one instance's
+fsyncs hold up the others' rounds shows in the phase-1 -> REPLY p50/p99 over all rounds.
+
     python benchmarks/sink_2pc.py [--messages 200000] [--size 64] [--every 100 1000 10000]
+    python benchmarks/sink_2pc.py --instances 8 --every 100
 """
 
 from __future__ import annotations
@@ -52,7 +57,10 @@ def bare_loop(path: str, data: list[bytes], every: int) -> float:
     return time.perf_counter() - start
 
 
-def sink_run(out_dir: str, data: list[bytes], every: int) -> tuple[float, dict]:
+def sink_run(
+    out_dir: str, data: list[bytes], every: int, instances: int = 1
+) -> tuple[float, list[SinkDriver]]:
+    """Drive ``instances`` drivers at once (each sends all of ``data``); (seconds, drivers)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "wallaroo_proto_cli", "mock-sink", "--port", "0", "--out-dir", out_dir, "-q"],
         stdout=subprocess.PIPE,
@@ -62,23 +70,60 @@ def sink_run(out_dir: str, data: list[bytes], every: int) -> tuple[float, dict]:
     try:
         match = READY.search(proc.stdout.readline())
         host, port = match.group(1), int(match.group(2))
-        driver = SinkDriver(
-            host,
-            port,
-            checkpoint_every_messages=every,
-            checkpoint_every_ms=60_000,
-            reply_timeout=30,
-            instance_name="bench",
-        )
+        drivers = [
+            SinkDriver(
+                host,
+                port,
+                checkpoint_every_messages=every,
+                checkpoint_every_ms=60_000,
+                reply_timeout=30,
+                instance_name=f"bench{i}" if instances > 1 else "bench",
+            )
+            for i in range(instances)
+        ]
+
+        async def run_all() -> None:
+            await asyncio.gather(*(drive(driver, data) for driver in drivers))
+
         start = time.perf_counter()
-        stats = asyncio.run(drive(driver, data))
+        asyncio.run(run_all())
         elapsed = time.perf_counter() - start
     finally:
         proc.terminate()
         proc.wait(30)
-    size = os.path.getsize(os.path.join(out_dir, "bench.out"))
-    assert size == sum(map(len, data)), "sink output does not hold every byte"
-    return elapsed, stats.as_dict()
+    for driver in drivers:
+        size = os.path.getsize(os.path.join(out_dir, f"{driver.instance_name}.out"))
+        assert size == sum(map(len, data)), "sink output does not hold every byte"
+    return elapsed, drivers
+
+
+def percentiles(latencies: list[float]) -> tuple[float, float]:
+    """(p50, p99) in ms."""
+    lat = sorted(latencies)
+    if not lat:
+        return 0.0, 0.0
+    return lat[len(lat) // 2] * 1000, lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
+
+
+def many_instances(tmp: str, args: argparse.Namespace) -> None:
+    per = args.messages // args.instances
+    data = payloads(per, args.size)
+    total = sum(map(len, data)) * args.instances
+    print(
+        f"{args.instances} instances at once, {per} messages of {args.size} bytes each ({total / 1e6:.1f} MB)"
+    )
+    print(
+        f"{'round every':>12} {'msg/s':>10} {'MB/s':>7} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}"
+        f" {'rounds':>7}"
+    )
+    for every in args.every:
+        elapsed, drivers = sink_run(os.path.join(tmp, f"sink-{every}"), data, every, args.instances)
+        latencies = [lat for driver in drivers for lat in driver.stats.phase1_latencies]
+        p50, p99 = percentiles(latencies)
+        print(
+            f"{every:>12} {per * args.instances / elapsed:>10,.0f} {total / elapsed / 1e6:>7.1f} "
+            f"{p50:>8.2f} {p99:>8.2f} {max(latencies, default=0) * 1000:>8.2f} {len(latencies):>7}"
+        )
 
 
 def main() -> None:
@@ -86,10 +131,17 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=200_000)
     parser.add_argument("--size", type=int, default=64)
     parser.add_argument("--every", type=int, nargs="+", default=[100, 1000, 10_000])
+    parser.add_argument("--instances", type=int, default=1, help="K > 1: K instances at once")
     args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="sink-2pc-bench-")
+    if args.instances > 1:
+        try:
+            many_instances(tmp, args)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     data = payloads(args.messages, args.size)
     total = sum(map(len, data))
-    tmp = tempfile.mkdtemp(prefix="sink-2pc-bench-")
     try:
         print(f"{args.messages} messages of {args.size} bytes ({total / 1e6:.1f} MB) per run")
         print(
@@ -99,7 +151,8 @@ def main() -> None:
         for every in args.every:
             bare = bare_loop(os.path.join(tmp, "bare.out"), data, every)
             out_dir = os.path.join(tmp, f"sink-{every}")
-            elapsed, stats = sink_run(out_dir, data, every)
+            elapsed, [driver] = sink_run(out_dir, data, every)
+            stats = driver.stats.as_dict()
             print(
                 f"{every:>12} {args.messages / bare:>12,.0f} {total / bare / 1e6:>10.1f} "
                 f"{args.messages / elapsed:>12,.0f} {total / elapsed / 1e6:>10.1f} "

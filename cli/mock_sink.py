@@ -17,7 +17,7 @@ import click
 from wallaroo_proto.faults import NO_FAULTS, FaultFileError, load_faults
 from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION
 from wallaroo_proto.sink import SinkServer
-from wallaroo_proto.txnlog import check_directory
+from wallaroo_proto.txnlog import COMPACT_AT, check_directory
 
 
 def _console(stderr: bool):
@@ -44,6 +44,13 @@ def _console(stderr: bool):
 @click.option("--reply-phase2", is_flag=True, help="Also REPLY to PHASE2 (the shipped sink does not).")
 @click.option("--max-frame-size", type=click.IntRange(64), default=DEFAULT_MAX_FRAME_SIZE, show_default=True)
 @click.option(
+    "--compact-log-at",
+    type=click.IntRange(1),
+    default=COMPACT_AT,
+    show_default=True,
+    help="Compact an instance's transaction log once it is this many bytes.",
+)
+@click.option(
     "--check",
     "check_dir",
     type=click.Path(),
@@ -61,12 +68,13 @@ def command(
     cookie: str,
     reply_phase2: bool,
     max_frame_size: int,
+    compact_log_at: int,
     check_dir: str | None,
     fmt: str,
     quiet: bool,
 ) -> None:
-    """A connector sink: HELLO/OK, NOTIFY_ACK, REPLY_UNCOMMITTED, stream-1 data at byte offsets,
-    and PHASE1/PHASE2 made durable in a checksummed, fsynced transaction log.
+    """A connector sink: HELLO/OK, NOTIFY_ACK, REPLY_UNCOMMITTED, data at byte offsets on the
+    NOTIFYed stream, and PHASE1/PHASE2 made durable in a checksummed, fsynced transaction log.
 
     Survives kill -9 at any moment: on start it recovers every instance in --out-dir.
     Exit 0 on SIGINT/SIGTERM; 2 on bad usage (a bad fault file, an unusable directory).
@@ -94,6 +102,7 @@ def command(
         reply_phase2=reply_phase2,
         max_frame_size=max_frame_size,
         log=log,
+        compact_at=compact_log_at,
     )
     try:
         for note in server.recover_all():

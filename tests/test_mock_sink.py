@@ -11,6 +11,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import time
 
 import pytest
@@ -59,14 +60,15 @@ def phase2(txn: bytes, commit: bool) -> bytes:
 class Worker:
     """A raw-socket worker that reads the sink's frames by hand."""
 
-    def __init__(self, port: int, instance: bytes | None = b"w1", rtag: int = 7) -> None:
+    def __init__(self, port: int, instance: bytes | None = b"w1", rtag: int = 7, stream: int = 1) -> None:
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=15)
         self.buf = b""
+        self.stream = stream
         if instance is not None:
-            self.send(hello(instance), notify(), list_uncommitted(rtag))
+            self.send(hello(instance), notify(stream), list_uncommitted(rtag))
             assert self.read() == ("OK", 500)
-            kind, success, stream, self.last_point = self.read()
-            assert (kind, success, stream) == ("NOTIFY_ACK", 1, 1)
+            kind, success, got_stream, self.last_point = self.read()
+            assert (kind, success, got_stream) == ("NOTIFY_ACK", 1, stream)
             kind, got_rtag, self.uncommitted = self.read()
             assert (kind, got_rtag) == ("REPLY_UNCOMMITTED", rtag)
 
@@ -118,7 +120,7 @@ class Worker:
 
     def round(self, txn: bytes, start: int, end: int, *, commit: bool | None = None) -> bool:
         """PHASE1 -> REPLY vote -> PHASE2 (the vote, unless ``commit`` overrides)."""
-        self.send(phase1(txn, (1, start, end)))
+        self.send(phase1(txn, (self.stream, start, end)))
         kind, got, vote = self.read()
         assert (kind, got) == ("REPLY", txn)
         self.send(phase2(txn, vote if commit is None else commit))
@@ -234,6 +236,37 @@ def test_bad_where_list_votes_abort(shared, where, why):
     assert _output(tmp, name.decode()) == b"aaaa"
 
 
+def test_data_stream_is_the_one_the_worker_notified(shared):
+    server, tmp = shared
+    w = Worker(server.port, b"stream7", stream=7)
+    w.send(message(7, 0, b"seven\n"))
+    assert w.round(b"t1", 0, 6) is True
+    w.send(message(7, 6, b"more"), phase1(b"t2", (1, 6, 10)))  # the where-list names stream 1
+    assert w.read() == ("REPLY", b"t2", False)
+    w.send(phase2(b"t2", False), notify(8), notify(0), notify(7))  # one data stream, notified once
+    assert [w.read() for _ in range(3)] == [("NOTIFY_ACK", 0, s, 0) for s in (8, 0, 7)]
+    w.send(message(7, 6, b"again"))
+    assert w.round(b"t3", 6, 11) is True
+    _sync(w)
+    assert _output(tmp, "stream7") == b"seven\nagain"
+
+
+@pytest.mark.parametrize("stream", [1, 8])
+def test_data_on_a_stream_that_was_not_notified_gets_error(shared, stream):
+    server, tmp = shared
+    name = f"not-notified{stream}".encode()
+    w = Worker(server.port, name, stream=7)
+    w.send(notify(8), message(7, 0, b"ok"))
+    assert w.read() == ("NOTIFY_ACK", 0, 8, 0)
+    w.send(message(stream, 2, b"stray"))
+    reply = w.read()
+    assert reply[0] == "ERROR" and f"Bad/unregistered stream_id {stream} with message_id 2" in reply[1]
+    assert w.read() is None
+    w = Worker(server.port, name, stream=7)  # nothing of the session was voted: nothing kept
+    assert w.last_point == 0 and w.uncommitted == []
+    w.close()
+
+
 def test_second_connection_of_a_connected_instance_gets_error(shared):
     server, tmp = shared
     first = Worker(server.port, b"dup")
@@ -246,6 +279,21 @@ def test_second_connection_of_a_connected_instance_gets_error(shared):
     assert first.round(b"t1", 0, 1) is True
     other.close()
     first.close()
+
+
+def test_a_worker_back_before_the_sink_saw_it_leave_is_served(tmp_path):
+    faults = tmp_path / "faults.toml"
+    faults.write_text('[[delay]]\nreply = "uncommitted"\nms = 1000\ncount = 1\n')
+    with _sink(tmp_path, "--faults", str(faults)) as server:
+        first = Worker(server.port, None)
+        first.send(hello(b"w1"), notify(), list_uncommitted(1))
+        assert first.read() == ("OK", 500) and first.read()[:2] == ("NOTIFY_ACK", 1)
+        first.close()  # gone while its session still waits to send REPLY_UNCOMMITTED
+        second = Worker(server.port)  # not "already connected": the old session ends first
+        second.send(message(1, 0, b"x"))
+        assert second.round(b"t1", 0, 1) is True
+        _sync(second)
+    assert _output(tmp_path) == b"x"
 
 
 @pytest.mark.parametrize(
@@ -439,6 +487,73 @@ def _limited_sink(tmp_path, limit: int) -> subprocess.Popen:
     line = proc.stdout.readline()
     proc.port = int(READY.search(line).group(2))
     return proc
+
+
+# A disk on which the fsyncs of instance "slow" hang while the flag file exists: mock-sink
+# itself, in its own process, with os.fsync wrapped before it starts.
+_SLOW_DISK = """
+import os, sys, time
+from pathlib import Path
+
+flag = Path(sys.argv[1])
+real_fsync = os.fsync
+
+def fsync(fd):
+    if flag.exists() and "slow" in os.readlink(f"/proc/self/fd/{fd}"):
+        flag.with_name("blocked").touch()
+        deadline = time.monotonic() + 60
+        while flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    real_fsync(fd)
+
+os.fsync = fsync
+sys.argv = ["wallaroo-proto", *sys.argv[2:]]
+from wallaroo_proto_cli.main import main
+main()
+"""
+
+
+def test_an_instance_waiting_on_its_disk_does_not_hold_up_the_others(tmp_path):
+    flag = tmp_path / "hang"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _SLOW_DISK,
+            str(flag),
+            "mock-sink",
+            "--port",
+            "0",
+            "--out-dir",
+            str(tmp_path / "out"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        port = int(READY.search(proc.stdout.readline()).group(2))
+        slow, fast = Worker(port, b"slow"), Worker(port, b"fast")
+        flag.touch()
+        slow.send(message(1, 0, b"slow data"), phase1(b"s1", (1, 0, 9)))
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "blocked").exists():  # its PHASE1's fsync hangs
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.01)
+        fast.send(message(1, 0, b"fast data"))
+        assert fast.round(b"f1", 0, 9) is True  # served meanwhile (a 15 s socket timeout otherwise)
+        _sync(fast)
+        assert _output(tmp_path, "fast") == b"fast data"
+        flag.unlink()
+        assert slow.read() == ("REPLY", b"s1", True)
+        slow.send(phase2(b"s1", True))
+        _sync(slow)
+    finally:
+        flag.unlink(missing_ok=True)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert _output(tmp_path, "slow") == b"slow data"
+    assert _check(tmp_path)["ok"]
 
 
 def test_disk_that_refuses_writes_gives_a_clear_error_and_loses_no_committed_byte(tmp_path):

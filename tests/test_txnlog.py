@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
+import subprocess
+import sys
 import zlib
 
 import pytest
 
 from wallaroo_proto.faults import FaultFileError, load_faults, parse_faults
+from wallaroo_proto.sink import InstanceStore
 from wallaroo_proto.txnlog import (
+    COMPACT_STEPS,
     Decision,
     TxnLog,
     TxnLogError,
     Vote,
     check_directory,
+    crc32_concat,
     encode_record,
     instance_paths,
     scan_log,
@@ -38,6 +44,14 @@ def _decision(txn: bytes, commit: int) -> bytes:
 
 def _header(name: bytes) -> bytes:
     return _record(b"H" + struct.pack(">H", len(name)) + name)
+
+
+def _base(committed: int, crc: int) -> bytes:
+    return _record(b"B" + struct.pack(">QI", committed, crc))
+
+
+def _remembered(txn: bytes, commit: int) -> bytes:
+    return _record(b"R" + bytes([commit]) + struct.pack(">H", len(txn)) + txn)
 
 
 def test_record_bytes_match_the_documented_layout():
@@ -235,3 +249,132 @@ def test_a_log_append_the_disk_refuses_leaves_no_partial_record(tmp_path):
     assert log.read_bytes() == before  # the partial record was cut off again
     scan = scan_log(log)
     assert scan.committed == 4 and scan.torn_bytes == 0
+
+
+# --- compaction ------------------------------------------------------------------------------
+
+DATA = b"aaaabbbbbbcc"  # t1 commits [0, 4), t2 votes abort, t3 commits [4, 10), t4 voted [10, 12)
+OLD_LOG = b"".join(
+    [
+        _header(b"w1"),
+        _vote(b"t1", 1, 0, 4, zlib.crc32(b"aaaa")),
+        _decision(b"t1", 1),
+        _vote(b"t2", 0, 4, 10, 0),
+        _decision(b"t2", 0),
+        _vote(b"t3", 1, 4, 10, zlib.crc32(b"bbbbbb")),
+        _decision(b"t3", 1),
+        _vote(b"t4", 1, 10, 12, zlib.crc32(b"cc")),  # undecided
+    ]
+)
+COMPACTED = b"".join(
+    [
+        _header(b"w1"),
+        _base(10, zlib.crc32(b"aaaabbbbbb")),
+        _remembered(b"t1", 1),
+        _remembered(b"t2", 0),
+        _remembered(b"t3", 1),
+        _vote(b"t4", 1, 10, 12, zlib.crc32(b"cc")),
+    ]
+)
+
+_COMPACT_AND_DIE = """
+import os, signal, sys
+from wallaroo_proto.txnlog import TxnLog
+
+def step(name):
+    if name == sys.argv[2]:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+TxnLog(sys.argv[1], "w1", on_compact_step=step).compact()
+print("compacted")
+"""
+
+
+def test_crc32_concat_matches_the_crc_of_the_joined_bytes():
+    a, b = os.urandom(1000), os.urandom((1 << 20) + 777)  # more zeros than one chunk
+    assert crc32_concat(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+    assert crc32_concat(0, zlib.crc32(b), len(b)) == zlib.crc32(b)
+    assert crc32_concat(zlib.crc32(a), 0, 0) == zlib.crc32(a)
+
+
+@pytest.mark.parametrize("kill_at", [*COMPACT_STEPS, None])
+def test_kill_9_at_each_step_of_a_compaction_loses_nothing(tmp_path, kill_at):
+    log, out = _write_log(tmp_path, OLD_LOG)
+    out.write_bytes(DATA + b"unvoted")
+    result = subprocess.run(
+        [sys.executable, "-c", _COMPACT_AND_DIE, str(log), str(kill_at)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if kill_at is None:
+        assert result.returncode == 0 and "compacted" in result.stdout, result.stderr
+    else:
+        assert result.returncode == -9, result.stderr
+    renamed = kill_at is None or COMPACT_STEPS.index(kill_at) >= COMPACT_STEPS.index("after_rename")
+    assert log.read_bytes() == (COMPACTED if renamed else OLD_LOG)  # one whole log or the other
+    [before] = check_directory(tmp_path)  # read only, a stray temp file is no instance
+    assert before.ok and before.committed == 10 and before.undecided == [("t4", 10, 12)], before.problems
+
+    store = InstanceStore(tmp_path, "w1")  # recovery
+    try:
+        assert (store.committed, store.scan.committed_crc) == (10, zlib.crc32(DATA[:10]))
+        assert list(store.scan.undecided) == [b"t4"] and store.end == 12
+        assert store.scan.decided == {b"t1": True, b"t2": False, b"t3": True}
+        assert store.phase2(b"t3", True) == "already committed"
+        assert store.phase2(b"t4", True) == "committed [10, 12)"
+    finally:
+        store.close()
+    assert not log.with_name(log.name + ".tmp").exists()
+    assert out.read_bytes() == DATA  # no committed byte lost, the unvoted tail dropped
+    [after] = check_directory(tmp_path)
+    assert after.ok and after.committed == 12 and after.undecided == [], after.problems
+
+
+def test_a_compaction_that_fails_before_its_rename_leaves_the_old_log(tmp_path):
+    log, out = _write_log(tmp_path, OLD_LOG)
+    out.write_bytes(DATA)
+
+    def failing_fsync(step: str) -> None:
+        if step == "after_temp_write":
+            raise OSError(5, "Input/output error")
+
+    opened = TxnLog(log, "w1", on_compact_step=failing_fsync)
+    opened.compact()
+    assert "Input/output error" in opened.compaction_error
+    assert log.read_bytes() == OLD_LOG and not log.with_name(log.name + ".tmp").exists()
+    opened.append(Decision(b"t4", True))  # the log carries on
+    opened.close()
+    assert log.read_bytes() == OLD_LOG + _decision(b"t4", 1)
+    assert scan_log(log).committed == 12
+
+
+def test_the_log_stays_bounded_over_many_rounds(tmp_path):
+    compact_at = 16 * 1024
+    store = InstanceStore(tmp_path, "w1", compact_at=compact_at)
+    log_path, out_path = instance_paths(tmp_path, "w1")
+    sizes, offset = [], 0
+    try:
+        for n in range(700):  # about 56 KB of votes and decisions
+            payload = b"%05d\n" % n
+            store.data(offset, payload)
+            txn = f"w1:c_id={n}"
+            assert store.vote(txn, ((1, offset, offset + 6),), 1) == (True, "")
+            store.phase2(txn, n % 7 != 3)  # some decided abort: the data is sent again
+            if n % 7 == 3:
+                store.data(offset, payload)
+                assert store.vote(txn + "b", ((1, offset, offset + 6),), 1) == (True, "")
+                store.phase2(txn + "b", True)
+            offset += 6
+            sizes.append(log_path.stat().st_size)
+    finally:
+        store.close()
+    compacted = len(_header(b"w1")) + len(_base(0, 0)) + 256 * len(_remembered(b"w1:c_id=000b", 1))
+    assert max(sizes) < max(compact_at, 2 * compacted) + 100  # one record past the threshold at most
+    assert min(sizes[300:]) < max(sizes[300:]) // 2  # compacted again and again
+    expected = b"".join(b"%05d\n" % n for n in range(700))
+    assert out_path.read_bytes() == expected
+    scan = scan_log(log_path)
+    assert (scan.committed, scan.committed_crc, scan.undecided) == (len(expected), zlib.crc32(expected), {})
+    [result] = check_directory(tmp_path)
+    assert result.ok and result.committed == len(expected), result.problems

@@ -3,7 +3,9 @@
 ``InstanceStore`` keeps one worker instance's output file and transaction log
 and applies the 2PC rules to them; ``SinkServer`` speaks the protocol over
 asyncio through ``FramedConnection`` and answers each bad peer alone with
-ERROR and a close. Durability order (what a kill -9 at any point relies on):
+ERROR and a close. Each store's blocking writes and fsyncs run in that store's
+own thread, in order, so one instance's disk waits never hold up another's
+rounds. Durability order (what a kill -9 at any point relies on):
 data bytes are written with ``pwrite``; at PHASE1 they are fsynced, then the
 vote record is appended and fsynced, and only then is REPLY sent; a PHASE2
 commit is durable once its log record is fsynced; a PHASE2 abort is logged,
@@ -16,9 +18,11 @@ import asyncio
 import contextlib
 import os
 import sys
+import threading
 import traceback
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,14 +42,29 @@ from .frames import (
 )
 from .peer import ConnectionClosed, FramedConnection, describe_protocol_error
 from .protocol import Side, Use, Verdict, check_hello
-from .twopc import SINK_DATA_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
-from .txnlog import LOG_SUFFIX, Decision, TxnLog, TxnLogError, Vote, instance_paths, scan_log, txn_bytes
+from .twopc import TWOPC_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
+from .txnlog import (
+    COMPACT_AT,
+    LOG_SUFFIX,
+    Decision,
+    TxnLog,
+    TxnLogError,
+    Vote,
+    instance_paths,
+    scan_log,
+    txn_bytes,
+)
 from .wire import as_text
 
 #: Gathered appends are written once they reach this size (or at the end of each received batch).
 FLUSH_BYTES = 1 << 20
+#: Fault rules count their matches, and the stores' threads consult exit and txn-id rules.
+_FAULTS_LOCK = threading.Lock()
 #: The shipped test sink's OK credits (the worker ignores them: sinks rely on TCP back-pressure).
 SINK_CREDITS = 500
+#: Seconds a HELLO for a connected instance waits for that connection to end before its ERROR:
+#: a worker that reconnects at once may be ahead of the sink noticing its old connection close.
+HANDOVER_GRACE = 2.0
 
 
 class PeerError(Exception):
@@ -59,12 +78,20 @@ class StorageError(Exception):
 class InstanceStore:
     """One worker instance's output file + transaction log, recovered on open."""
 
-    def __init__(self, out_dir: str | os.PathLike, instance_name: Text, faults: Faults = NO_FAULTS) -> None:
+    def __init__(
+        self,
+        out_dir: str | os.PathLike,
+        instance_name: Text,
+        faults: Faults = NO_FAULTS,
+        *,
+        compact_at: int = COMPACT_AT,
+    ) -> None:
         self.name = instance_name
         self.faults = faults
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sink-store")
         log_path, out_path = instance_paths(out_dir, instance_name)
         self.out_path = out_path
-        self.log = TxnLog(log_path, instance_name)
+        self.log = TxnLog(log_path, instance_name, compact_at=compact_at)
         self.fd = os.open(out_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             durable = self.scan.undecided_end
@@ -101,7 +128,12 @@ class InstanceStore:
     def undecided_ids(self) -> list[bytes]:
         return list(self.scan.undecided)
 
+    def io(self, method: Callable, *args) -> asyncio.Future:
+        """Run a blocking method of this store in its thread, after those already queued."""
+        return asyncio.get_running_loop().run_in_executor(self._thread, method, *args)
+
     def close(self) -> None:
+        self._thread.shutdown(wait=True)
         with contextlib.suppress(OSError):
             os.close(self.fd)
         with contextlib.suppress(OSError, AttributeError):
@@ -112,7 +144,8 @@ class InstanceStore:
         self.doomed = None
 
     def _exit_at(self, point: str, txn: str = "") -> None:
-        code = self.faults.exit_code(point, txn)
+        with _FAULTS_LOCK:
+            code = self.faults.exit_code(point, txn)
         if code is not None:
             os.write(2, f"wallaroo-proto mock-sink: fault: hard exit at {point} (status {code})\n".encode())
             os._exit(code)
@@ -122,16 +155,17 @@ class InstanceStore:
             txns = ", ".join(repr(show_text(as_text(t))) for t in self.scan.undecided)
             raise PeerError(f"{what} while txn {txns} (voted commit) awaits its PHASE2; settle it first")
 
-    def data(self, offset: int, payload: bytes) -> None:
-        """Apply a stream-1 MESSAGE whose id is its byte offset."""
+    def data(self, offset: int, payload: bytes) -> bool:
+        """Apply a data MESSAGE whose id is its byte offset; True when the gathered appends
+        are due to be written (``flush``). A replay (below ``end``) reads the file."""
         if self.scan.undecided:
             self._refuse_unsettled(f"data at offset {offset}")
         if self.doomed is not None:
-            return
+            return False
         end = self.end
         if offset > end:
             self.doomed = f"gap: data at offset {offset} but the output ends at {end}"
-            return
+            return False
         if offset < end:  # a replay: the overlap must match what we hold
             overlap = min(len(payload), end - offset)
             if offset + overlap > self._flushed:
@@ -139,18 +173,17 @@ class InstanceStore:
             held = os.pread(self.fd, overlap, offset)
             if held != payload[:overlap]:
                 self.doomed = f"replay at offset {offset} differs from the {overlap} bytes the sink holds"
-                return
+                return False
             payload = payload[overlap:]
             if not payload:
-                return
+                return False
         # Appends are gathered and written with one pwrite per received batch (``flush``).
         self._pending.append(payload)
         self._pending_len += len(payload)
         self.end = end + len(payload)
         if self._crc_start is not None:
             self._crc = zlib.crc32(payload, self._crc)
-        if self._pending_len >= FLUSH_BYTES:
-            self.flush()
+        return self._pending_len >= FLUSH_BYTES
 
     def flush(self) -> None:
         """Write the gathered appends to the output file (not yet fsynced: PHASE1 does that)."""
@@ -192,14 +225,21 @@ class InstanceStore:
             pos += len(chunk)
         return crc
 
-    def validate(self, where: tuple[tuple[int, int, int], ...]) -> tuple[str | None, int]:
-        """(reason to vote abort or None, end of the range) for a where-list."""
+    def validate(
+        self, where: tuple[tuple[int, int, int], ...], data_stream: int | None
+    ) -> tuple[str | None, int]:
+        """(reason to vote abort or None, end of the range) for a where-list over ``data_stream``."""
         if not where:
             return "empty where-list", self.committed
         expected = self.committed
         for stream_id, start, end in where:
-            if stream_id != SINK_DATA_STREAM:
-                return f"where-list names stream {stream_id}; a sink's data is stream 1", expected
+            if stream_id != data_stream:
+                if data_stream is None:
+                    return f"where-list names stream {stream_id}, but no data stream was NOTIFYed", expected
+                return (
+                    f"where-list names stream {stream_id}; this connection's data stream is {data_stream}",
+                    expected,
+                )
             if start != expected:
                 return (
                     f"where-list range starts at {start}, expected {expected} (last committed offset)",
@@ -212,12 +252,17 @@ class InstanceStore:
             expected = end
         return None, expected
 
-    def vote(self, txn_id: Text, where: tuple[tuple[int, int, int], ...]) -> tuple[bool, str]:
+    def vote(
+        self, txn_id: Text, where: tuple[tuple[int, int, int], ...], data_stream: int | None
+    ) -> tuple[bool, str]:
         """Decide and durably log the vote; data is fsynced first on a commit vote."""
         self._refuse_unsettled(f"PHASE1 of txn {show_text(txn_id)!r}")
         shown = show_text(txn_id)
-        reason, end = self.validate(where)
-        reason = reason or self.doomed or self.faults.abort_vote_for_txn(shown)
+        reason, end = self.validate(where, data_stream)
+        if reason is None and self.doomed is None:
+            with _FAULTS_LOCK:
+                reason = self.faults.abort_vote_for_txn(shown)
+        reason = reason or self.doomed
         start = self.committed
         self.flush()
         self._exit_at("before_phase1_fsync", shown)
@@ -311,8 +356,10 @@ class SinkServer:
         reply_phase2: bool = False,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         log: Callable[[str], None] = _stderr,
+        compact_at: int = COMPACT_AT,
     ) -> None:
         self.out_dir = Path(out_dir)
+        self.compact_at = compact_at
         self.version = version
         self.cookie = cookie
         self.faults = faults
@@ -322,7 +369,8 @@ class SinkServer:
         self.log = log
         self.stores: dict[str, InstanceStore] = {}
         self.broken: dict[str, str] = {}
-        self.connected: set[str] = set()
+        #: Instances with a connection -> set when that connection lets go of the instance.
+        self.connected: dict[str, asyncio.Event] = {}
         self.stats = SinkStats()
         self._tasks: set[asyncio.Task] = set()
         self._payload_rules = bool(faults.payload_rules(0) or faults.payload_rules(1))
@@ -357,7 +405,9 @@ class SinkServer:
         store = self.stores.get(key)
         if store is None:
             try:
-                store = self.stores[key] = InstanceStore(self.out_dir, name, self.faults)
+                store = self.stores[key] = InstanceStore(
+                    self.out_dir, name, self.faults, compact_at=self.compact_at
+                )
             except OSError as err:
                 raise StorageError(f"opening the files of instance {show_text(name)!r}: {err}") from err
         return store
@@ -397,7 +447,7 @@ class SinkServer:
         finally:
             self._tasks.discard(task)
             if session.key is not None:
-                self.connected.discard(session.key)
+                self.connected.pop(session.key).set()
             with contextlib.suppress(asyncio.CancelledError):
                 await conn.close()
 
@@ -415,35 +465,37 @@ class SinkServer:
 
     async def _serve(self, session: _Session) -> None:
         conn = session.conn
-        try:
-            while True:
-                for frame, outcome in await conn.receive():
-                    if outcome.verdict is Verdict.VIOLATION:
-                        raise PeerError(outcome.reason)
-                    if outcome.verdict is Verdict.IGNORED:
-                        continue
-                    if await self._frame(session, frame, outcome.twopc):
-                        return
-                if session.store is not None:
-                    session.store.flush()
-        finally:
-            if session.store is not None and session.store._pending:
-                with contextlib.suppress(StorageError):
-                    session.store.flush()
+        while True:
+            for frame, outcome in await conn.receive():
+                if outcome.verdict is Verdict.VIOLATION:
+                    raise PeerError(outcome.reason)
+                if outcome.verdict is Verdict.IGNORED:
+                    continue
+                if await self._frame(session, frame, outcome.twopc):
+                    return
+            store = session.store
+            if store is not None and store._pending:  # unflushed appends stay with the store
+                await store.io(store.flush)
 
     async def _frame(self, session: _Session, frame, twopc) -> bool:
         """Handle one frame; True when the connection is to be closed."""
         conn = session.conn
         if isinstance(frame, Message):
             store = session.store
+            is_data = frame.stream_id != TWOPC_STREAM  # the core lets data only on the NOTIFYed stream
             if self._payload_rules:
-                payload_fault = self.faults.payload_abort(frame.stream_id, frame.payload)
+                payload_fault = self.faults.payload_abort(int(is_data), frame.payload)  # rules: 1 = data
                 if payload_fault and store is not None:
                     store.doomed = store.doomed or payload_fault
-            if frame.stream_id == SINK_DATA_STREAM:
+            if is_data:
                 self.stats.messages += 1
                 self.stats.bytes += len(frame.payload)
-                store.data(frame.message_id, frame.payload)
+                if frame.message_id < store.end:  # a replay, compared with the file
+                    due = await store.io(store.data, frame.message_id, frame.payload)
+                else:
+                    due = store.data(frame.message_id, frame.payload)
+                if due:
+                    await store.io(store.flush)
                 return False
             return await self._twopc(session, twopc)
         if isinstance(frame, Hello):
@@ -454,16 +506,23 @@ class SinkServer:
             key = str(instance_paths(self.out_dir, name)[0])
             session.who = f"{conn.peer} ({show_text(name)})"
             if key in self.connected:
-                raise PeerError(f"instance {show_text(name)!r} is already connected to this sink")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.connected[key].wait(), HANDOVER_GRACE)
+                if key in self.connected:
+                    raise PeerError(f"instance {show_text(name)!r} is already connected to this sink")
             session.store = self._store(name)
             session.key = key
-            self.connected.add(key)
+            self.connected[key] = asyncio.Event()
             self.stats.instances.add(show_text(name))
             session.store.new_session()
             await conn.send(Ok(self.credits))
             return False
         if isinstance(frame, Notify):
-            ok = frame.stream_id == SINK_DATA_STREAM
+            # One output per instance, so one data stream per connection: the first one NOTIFYed
+            # (the shipped worker's is 1). Another stream, stream 0 or a repeat is refused.
+            ok = session.data_stream is None and frame.stream_id != TWOPC_STREAM
+            if ok:
+                session.data_stream = frame.stream_id
             await conn.send(NotifyAck(ok, frame.stream_id, session.store.committed if ok else 0))
             return False
         if isinstance(frame, EosMessage):
@@ -479,7 +538,8 @@ class SinkServer:
             return False
         if isinstance(msg, Phase1):
             shown = show_text(msg.txn_id)
-            commit, reason = store.vote(msg.txn_id, msg.where)
+            commit, reason = await store.io(store.vote, msg.txn_id, msg.where, session.data_stream)
+            self._compaction_note(session)
             self.log(
                 f"{session.who}: PHASE1 {shown!r} {list(msg.where)} -> vote "
                 + ("commit" if commit else f"abort: {reason}")
@@ -495,7 +555,8 @@ class SinkServer:
                 return True
             return False
         if isinstance(msg, Phase2):
-            done = store.phase2(msg.txn_id, msg.commit)
+            done = await store.io(store.phase2, msg.txn_id, msg.commit)
+            self._compaction_note(session)
             if msg.commit:
                 self.stats.commits += 1
             else:
@@ -510,6 +571,12 @@ class SinkServer:
             return False
         return False
 
+    def _compaction_note(self, session: _Session) -> None:
+        log = session.store.log
+        if log.compaction_error:
+            self.log(f"{session.who}: {log.compaction_error}")
+            log.compaction_error = ""
+
 
 async def _delay(ms: int) -> None:
     if ms:
@@ -522,6 +589,8 @@ class _Session:
     store: InstanceStore | None = None
     key: str | None = None
     who: str = ""
+    #: The stream the worker NOTIFYed for its output on this connection.
+    data_stream: int | None = None
 
     def __post_init__(self) -> None:
         self.who = self.conn.peer

@@ -54,8 +54,8 @@ KEEP_DECISIONS = 64
 
 
 class SinkRefused(Exception):
-    """The sink refused us (ERROR to HELLO: cookie, version) or disagrees about what is
-    committed: retrying cannot help."""
+    """The sink refused the handshake (an ERROR before its OK: cookie, version, an instance
+    name in use) or disagrees about what is committed: retrying cannot help."""
 
 
 class SinkUnavailable(Exception):
@@ -343,8 +343,10 @@ class SinkDriver:
     def _on_frame(self, frame, twopc) -> None:
         waiters = self._waiters
         if isinstance(frame, Error):
+            # The state it arrives in decides, not its words: before OK it answers the HELLO
+            # (the handshake is refused: fatal); after OK the session failed (reconnect).
             reason = show_text(frame.reason)
-            if not waiters["ok"].done() and "already connected" not in reason:
+            if not waiters["ok"].done():
                 self._lose(reason, SinkRefused(f"the sink refused our HELLO: {reason}"))
             else:
                 self._lose(f"sink sent ERROR: {reason}")

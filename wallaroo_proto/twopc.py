@@ -15,7 +15,7 @@ from .wire import Cursor, Writer
 
 #: The stream that carries 2PC messages in the sink protocol.
 TWOPC_STREAM = 0
-#: The stream that carries the sink's application output.
+#: The stream the shipped worker NOTIFYs for a sink's application output.
 SINK_DATA_STREAM = 1
 
 

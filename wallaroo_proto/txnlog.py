@@ -2,17 +2,27 @@
 
 Each record is ``u32 length | u32 crc32(payload) | payload``, written with one
 ``os.write`` and fsynced before the caller acts on it (replies, truncates).
-Three record kinds (first payload byte):
+Record kinds (first payload byte):
 
 * ``H``: header, once, naming the instance (so ``--check`` can report it);
 * ``V``: a phase-1 vote: vote byte, start, end, crc32 of the data bytes
   [start, end) and the txn id; written only after the data was fsynced;
-* ``D``: a phase-2 decision applied: commit byte and the txn id.
+* ``D``: a phase-2 decision applied: commit byte and the txn id;
+* ``B``: base, written by compaction: the committed offset and the crc32 of
+  the output's bytes [0, committed);
+* ``R``: a decision remembered by compaction (commit byte, txn id), so a
+  repeated PHASE2 is still recognised.
 
 Replaying the records gives the committed offset and the transactions voted
 commit but not yet decided. A crash can tear only the last record (appends are
 sequential), so a short or bad-checksum record at the end is dropped; a bad
 record followed by good ones is corruption, reported and never guessed around.
+
+The log grows by a vote and a decision per round, so once it passes
+``compact_at`` bytes it is rewritten as the state it replays to (H, B, R...,
+undecided V...): written to ``<log>.tmp``, fsynced, renamed over the log, and
+the directory fsynced before the next append. A crash before the rename leaves
+the old log whole (the temp file is deleted on open); after it, the new one.
 """
 
 from __future__ import annotations
@@ -22,7 +32,7 @@ import os
 import struct
 import zlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote, unquote_to_bytes
@@ -31,7 +41,8 @@ from .frames import Text, show_text
 
 _HEAD = struct.Struct(">II")  # payload length, crc32(payload)
 _VOTE = struct.Struct(">cBQQI")  # 'V', vote, start, end, data crc
-_DECISION = struct.Struct(">cB")  # 'D', commit
+_DECISION = struct.Struct(">cB")  # 'D' or 'R', commit
+_BASE = struct.Struct(">cQI")  # 'B', committed offset, crc32 of [0, committed)
 _U16 = struct.Struct(">H")
 #: A record larger than this is a corrupt length field, not a record.
 MAX_RECORD = 70_000
@@ -39,6 +50,18 @@ LOG_SUFFIX = ".txnlog"
 OUT_SUFFIX = ".out"
 #: How many decided txn ids are remembered, to answer a repeated PHASE2 idempotently.
 RECENT_DECIDED = 256
+#: A log this large is compacted (a round adds about 80 bytes).
+COMPACT_AT = 1 << 20
+TEMP_SUFFIX = ".tmp"
+#: The steps of a compaction, in order, as told to ``TxnLog.on_compact_step`` (crash tests).
+COMPACT_STEPS = (
+    "before_temp_write",
+    "after_temp_write",
+    "after_temp_fsync",
+    "after_rename",
+    "after_dir_fsync",
+)
+_ZEROS = bytes(1 << 20)
 
 
 class TxnLogError(Exception):
@@ -82,7 +105,30 @@ class Header:
     instance_name: bytes
 
 
-Record = Vote | Decision | Header
+@dataclass(frozen=True, slots=True)
+class Base:
+    committed: int
+    crc: int
+
+
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    txn_id: bytes
+    commit: bool
+
+
+Record = Vote | Decision | Header | Base | Remembered
+
+
+def crc32_concat(crc1: int, crc2: int, len2: int) -> int:
+    """crc32(A + B) from crc32(A), crc32(B) and len(B), without the bytes: CRC-32 is affine,
+    so crc32(B, crc1) = crc32(B) ^ crc32(zeros, crc1) ^ crc32(zeros) (zeros: len(B) of them)."""
+    with_a, without = crc1, 0
+    while len2 > 0:
+        zeros = memoryview(_ZEROS)[: min(len2, len(_ZEROS))]
+        with_a, without = zlib.crc32(zeros, with_a), zlib.crc32(zeros, without)
+        len2 -= len(zeros)
+    return crc2 ^ with_a ^ without
 
 
 def encode_record(record: Record) -> bytes:
@@ -90,8 +136,11 @@ def encode_record(record: Record) -> bytes:
     if isinstance(record, Vote):
         payload = _VOTE.pack(b"V", int(record.commit), record.start, record.end, record.crc)
         payload += _U16.pack(len(record.txn_id)) + record.txn_id
-    elif isinstance(record, Decision):
-        payload = _DECISION.pack(b"D", int(record.commit)) + _U16.pack(len(record.txn_id)) + record.txn_id
+    elif isinstance(record, Decision | Remembered):
+        kind = b"D" if isinstance(record, Decision) else b"R"
+        payload = _DECISION.pack(kind, int(record.commit)) + _U16.pack(len(record.txn_id)) + record.txn_id
+    elif isinstance(record, Base):
+        payload = _BASE.pack(b"B", record.committed, record.crc)
     else:
         payload = b"H" + _U16.pack(len(record.instance_name)) + record.instance_name
     return _HEAD.pack(len(payload), zlib.crc32(payload)) + payload
@@ -110,9 +159,14 @@ def decode_record(payload: bytes) -> Record:
     if kind == b"V":
         _, vote, start, end, crc = _VOTE.unpack_from(payload, 0)
         return Vote(_short(payload, _VOTE.size), bool(vote), start, end, crc)
-    if kind == b"D":
+    if kind in (b"D", b"R"):
         _, commit = _DECISION.unpack_from(payload, 0)
-        return Decision(_short(payload, _DECISION.size), bool(commit))
+        return (Decision if kind == b"D" else Remembered)(_short(payload, _DECISION.size), bool(commit))
+    if kind == b"B":
+        if len(payload) != _BASE.size:
+            raise ValueError("bad base record length")
+        _, committed, crc = _BASE.unpack(payload)
+        return Base(committed, crc)
     if kind == b"H":
         return Header(_short(payload, 1))
     raise ValueError(f"unknown record kind {kind!r}")
@@ -124,6 +178,8 @@ class LogScan:
 
     instance_name: bytes | None = None
     committed: int = 0
+    #: crc32 of the output's bytes [0, committed).
+    committed_crc: int = 0
     #: txn id -> its commit vote, for txns voted commit and not yet decided (at most one in practice).
     undecided: dict[bytes, Vote] = field(default_factory=dict)
     #: Recently decided txn ids -> commit flag (bounded).
@@ -151,11 +207,22 @@ class LogScan:
         while len(self._decided_order) > RECENT_DECIDED:
             self.decided.pop(self._decided_order.popleft(), None)
 
+    def state_records(self) -> list[Record]:
+        """The fewest records that replay to this state (after the header): a compacted log."""
+        decided = [Remembered(txn, self.decided[txn]) for txn in self._decided_order]
+        return [Base(self.committed, self.committed_crc), *decided, *self.undecided.values()]
+
     def apply(self, record: Record, at: int) -> None:
         """Replay one record onto the state."""
         self.records += 1
         if isinstance(record, Header):
             self.instance_name = record.instance_name
+        elif isinstance(record, Base):
+            self.committed, self.committed_crc = record.committed, record.crc
+            if self.committed_ranges is not None:
+                self.committed_ranges[:] = [(0, record.committed, record.crc)] if record.committed else []
+        elif isinstance(record, Remembered):
+            self.remember(record.txn_id, record.commit)
         elif isinstance(record, Vote):
             if record.commit:
                 if record.start != self.committed or record.end < record.start:
@@ -177,6 +244,7 @@ class LogScan:
                     )
                 else:
                     self.committed = vote.end
+                    self.committed_crc = crc32_concat(self.committed_crc, vote.crc, vote.end - vote.start)
                     if self.committed_ranges is not None:
                         self.committed_ranges.append((vote.start, vote.end, vote.crc))
             self.remember(record.txn_id, record.commit)
@@ -238,10 +306,26 @@ def scan_log(path: str | os.PathLike, *, keep_ranges: bool = False) -> LogScan:
 
 
 class TxnLog:
-    """An open log: replayed on open (dropping a torn tail), then appended to durably."""
+    """An open log: replayed on open (dropping a torn tail), then appended to durably and
+    compacted once it passes ``compact_at`` bytes."""
 
-    def __init__(self, path: str | os.PathLike, instance_name: Text) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        instance_name: Text,
+        *,
+        compact_at: int = COMPACT_AT,
+        on_compact_step: Callable[[str], None] | None = None,
+    ) -> None:
         self.path = Path(path)
+        self.temp_path = self.path.with_name(self.path.name + TEMP_SUFFIX)
+        self.compact_at = compact_at
+        self.on_compact_step = on_compact_step or (lambda step: None)
+        #: Why the last compaction failed before its rename (the old log stands), or "".
+        self.compaction_error = ""
+        self._broken = ""
+        with contextlib.suppress(FileNotFoundError):  # a compaction that died before its rename
+            os.unlink(self.temp_path)
         exists = self.path.exists()
         self.scan = scan_log(self.path) if exists else LogScan()
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
@@ -250,6 +334,7 @@ class TxnLog:
                 os.ftruncate(self.fd, self.scan.good_length)
                 os.fsync(self.fd)
             self.size = self.scan.good_length
+            self._compact_next = compact_at
             if not exists or self.scan.records == 0:
                 self.append(Header(txn_bytes(instance_name)))
                 if not exists:
@@ -260,14 +345,11 @@ class TxnLog:
 
     def append(self, record: Record) -> None:
         """Write and fsync one record; on failure cut the partial record off again and raise."""
+        if self._broken:
+            raise TxnLogError(self._broken)
         data = encode_record(record)
         try:
-            done = 0
-            while done < len(data):  # a short write is retried, so a full disk shows its errno
-                written = os.write(self.fd, memoryview(data)[done:])
-                if written <= 0:
-                    raise OSError(f"no progress writing after {done} of {len(data)} bytes")
-                done += written
+            _write_all(self.fd, data)
             os.fsync(self.fd)
         except OSError as err:
             with contextlib.suppress(OSError):
@@ -275,9 +357,60 @@ class TxnLog:
             raise TxnLogError(f"transaction log {self.path}: write failed: {err}") from err
         self.scan.apply(record, self.size)
         self.size += len(data)
+        if self.size >= self._compact_next:
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the log as the state it replays to: temp file, fsync, rename, fsync the directory.
+
+        A failure before the rename leaves the old log in use (``compaction_error``; tried again
+        once the log has doubled); after it, the log is unusable until reopened (TxnLogError).
+        """
+        name = self.scan.instance_name if self.scan.instance_name is not None else b""
+        image = b"".join(encode_record(r) for r in (Header(name), *self.scan.state_records()))
+        step = self.on_compact_step
+        step("before_temp_write")
+        try:
+            fd = os.open(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_all(fd, image)
+                step("after_temp_write")
+                os.fsync(fd)
+                step("after_temp_fsync")
+            finally:
+                os.close(fd)
+            os.replace(self.temp_path, self.path)
+        except OSError as err:
+            with contextlib.suppress(OSError):
+                os.unlink(self.temp_path)
+            self.compaction_error = f"compacting {self.path} failed, the log stays as it is: {err}"
+            self._compact_next = 2 * self.size
+            return
+        step("after_rename")
+        try:  # appends go to the new file, and only once its name is durable
+            _fsync_dir(self.path.parent)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        except OSError as err:
+            self._broken = f"transaction log {self.path}: compacted, but then {err}; reopen it"
+            raise TxnLogError(self._broken) from err
+        step("after_dir_fsync")
+        os.close(self.fd)
+        self.fd = fd
+        self.size = self.scan.good_length = len(image)
+        self.compaction_error = ""
+        self._compact_next = max(self.compact_at, 2 * self.size)
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    done = 0
+    while done < len(data):  # a short write is retried, so a full disk shows its errno
+        written = os.write(fd, memoryview(data)[done:])
+        if written <= 0:
+            raise OSError(f"no progress writing after {done} of {len(data)} bytes")
+        done += written
 
 
 def _fsync_dir(path: Path) -> None:
