@@ -105,7 +105,9 @@ class HandSink:
     """A scripted sink on a raw socket. ``vote(conn_no, round_no, txn)`` returns True/False, or
     "silent" (no reply) or "close"; ``listed(conn_no)`` the txns to put in REPLY_UNCOMMITTED;
     ``hello_error`` answers every HELLO with ERROR; ``session_error[conn_no]`` is an ERROR sent
-    (then a close) at that connection's first data, after a complete handshake."""
+    (then a close) at that connection's first data, after a complete handshake.
+    ``crash_after_last_phase2``: the first connection acts as a sink killed after the driver sent
+    its last PHASE2 but before applying it: the round stays undecided and is listed next time."""
 
     def __init__(
         self,
@@ -113,11 +115,14 @@ class HandSink:
         listed=None,
         hello_error: bytes | None = None,
         session_error: dict[int, bytes] | None = None,
+        crash_after_last_phase2: bool = False,
     ) -> None:
         self.vote = vote or (lambda conn_no, round_no, txn: True)
         self.listed = listed or (lambda conn_no: [])
         self.hello_error = hello_error
         self.session_error = session_error or {}
+        self.crash_after_last_phase2 = crash_after_last_phase2
+        self.undecided: list[bytes] = []
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self.connections: list[list[tuple]] = []
@@ -178,7 +183,9 @@ class HandSink:
             listing,
         )
         sock.sendall(
-            OK_500 + notify_ack(self.committed) + reply_uncommitted(listing[1], self.listed(conn_no))
+            OK_500
+            + notify_ack(self.committed)
+            + reply_uncommitted(listing[1], self.listed(conn_no) + self.undecided)
         )
         in_round = None
         round_no = 0
@@ -213,11 +220,20 @@ class HandSink:
                 if in_round is not None and txn != in_round:
                     self.problems.append(f"PHASE2 {txn!r} during round {in_round!r}")
                 in_round = None
+                if txn in self.undecided:
+                    self.undecided.remove(txn)
+                self._last_phase2 = (txn, self.committed)
                 if commit:
                     self.committed = len(self.data)
                 else:
                     del self.data[self.committed :]
                 # the shipped test sink sends nothing back for a PHASE2
+            elif kind == "LIST":
+                if self.crash_after_last_phase2 and conn_no == 0:
+                    txn, self.committed = self._last_phase2  # that PHASE2 never reached the log
+                    self.undecided.append(txn)
+                    return
+                sock.sendall(reply_uncommitted(frame[1], self.undecided))
 
     def close(self) -> None:
         self._stop = True
@@ -271,7 +287,8 @@ def test_driver_against_a_sink_that_answers_like_the_shipped_one(tmp_path):
         elif frame[0] == "PHASE1":
             rounds.append(frame[2][0][2])
     assert rounds == sorted(rounds) and len(rounds) == 10  # a round every 100 messages
-    assert [f[0] for f in frames[-2:]] == ["PHASE1", "PHASE2"]
+    # The last act: a listing whose answer proves the sink applied the last PHASE2.
+    assert [f[0] for f in frames[-3:]] == ["PHASE1", "PHASE2", "LIST"]
     assert bytes(sink.data) == source.read_bytes() and sink.committed == len(sink.data)
     assert stats["commits"] == 10 and stats["committed_bytes"] == len(sink.data) and stats["aborts"] == 0
 
@@ -415,28 +432,12 @@ def _fault_file(rng: random.Random, path: Path) -> Path:
 SMALL_LOG = ("--compact-log-at", "1024")
 
 
-def _settled_report(out: Path, server: Server) -> dict:
-    """``--check`` once a live sink has logged what it received: the worker does not wait after
-    its last PHASE2 (nor does the shipped one), so the sink may still be applying it."""
-    deadline = time.monotonic() + 20
-    while True:
-        report = json.loads(run_cli("mock-sink", "--check", str(out), "--format", "json").stdout)
-        if not report["instances"][0]["undecided"] or server.proc.poll() is not None:
-            return report
-        if time.monotonic() > deadline:  # a kill -9 took that PHASE2: see _assert_durable
-            return report
-        time.sleep(0.05)
-
-
-def _assert_durable(report: dict, size: int) -> None:
-    """Every byte committed; or, when a kill -9 took the last PHASE2 before the sink logged it,
-    the last round voted and listed for the next connection to settle."""
+def _assert_durable(out: Path, size: int) -> None:
+    """Every byte committed and nothing left undecided: the driver's last act confirms its PHASE2."""
+    report = json.loads(run_cli("mock-sink", "--check", str(out), "--format", "json").stdout)
     [inst] = report["instances"]
     assert report["ok"], inst["problems"]
-    if inst["undecided"]:
-        assert [(u["start"], u["end"]) for u in inst["undecided"]] == [(inst["committed"], size)]
-    else:
-        assert inst["committed"] == size
+    assert (inst["committed"], inst["undecided"]) == (size, [])
 
 
 @pytest.mark.slow
@@ -499,7 +500,6 @@ def test_randomized_faults_commit_the_input_exactly_once_in_order(tmp_path, seed
                     "mock-sink", "--port", str(port), "--out-dir", str(out), "-q", *SMALL_LOG, *args
                 )
         stdout, stderr = driver.communicate(timeout=30)
-        report = _settled_report(out, server)
     finally:
         if driver.poll() is None:
             driver.kill()
@@ -509,7 +509,7 @@ def test_randomized_faults_commit_the_input_exactly_once_in_order(tmp_path, seed
     stats = json.loads(stdout.strip().splitlines()[-1])
     print(f"seed {seed}: {restarts} sink restarts, driver stats {stats}")
     assert (out / "w1.out").read_bytes() == source.read_bytes()  # exactly once, in order
-    _assert_durable(report, source.stat().st_size)
+    _assert_durable(out, source.stat().st_size)
     assert stats["committed_bytes"] == source.stat().st_size
 
 
@@ -583,7 +583,6 @@ def test_worker_and_sink_kill_9_with_checkpoint_tied_commits_exactly_once(tmp_pa
                 )
         assert worker.poll() is not None, f"worker did not finish: {worker_log.read_text()[-3000:]}"
         stdout, _ = worker.communicate(timeout=30)
-        report = _settled_report(out, server)
     finally:
         if worker.poll() is None:
             worker.kill()
@@ -594,7 +593,7 @@ def test_worker_and_sink_kill_9_with_checkpoint_tied_commits_exactly_once(tmp_pa
         f"seed {seed}: {sink_restarts} sink and {worker_restarts} worker restarts; last run {stdout.strip()}"
     )
     assert (out / "w1.out").read_bytes() == source.read_bytes()  # exactly once, in order
-    _assert_durable(report, source.stat().st_size)
+    _assert_durable(out, source.stat().st_size)
 
 
 @pytest.mark.timeout(60)
@@ -628,3 +627,21 @@ def test_driver_with_a_sink_that_also_replies_to_phase2(tmp_path):
     assert code == 0, err
     assert stats["commits"] == 8 and stats["reconnects"] == 0
     assert (tmp_path / "out" / "w1.out").read_bytes() == source.read_bytes()
+
+
+@pytest.mark.timeout(60)
+def test_a_sink_killed_before_applying_the_last_phase2_is_settled_before_the_driver_ends(tmp_path):
+    source = _lines(tmp_path, 100)
+    sink = HandSink(crash_after_last_phase2=True)
+    try:
+        code, stats, err = run_driver(sink.port, "--input", str(source), "--every", "40")
+    finally:
+        sink.close()
+    assert code == 0, err
+    assert sink.problems == []
+    first, second = sink.connections
+    last_txn = [f for f in first if f[0] == "PHASE2"][-1][1]
+    assert first[-1][0] == "LIST"
+    assert second[3] == ("PHASE2", last_txn, True)  # voted commit, decided commit: settled so
+    assert second[-1][0] == "LIST" and sink.undecided == []
+    assert bytes(sink.data) == source.read_bytes() and sink.committed == len(sink.data)

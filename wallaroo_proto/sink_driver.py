@@ -402,11 +402,28 @@ class SinkDriver:
                 last_round = time.monotonic()
                 continue
             if self._closing and not buf:
+                await self._confirm_settled(conn)
                 return
             self._wake.clear()
             timeout = max(0.0, self.every_s - (now - last_round)) if self._sent and auto else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def _confirm_settled(self, conn: FramedConnection) -> None:
+        """Before the last close, a LIST_UNCOMMITTED round trip.
+
+        No answer comes to a PHASE2, so a sink killed just after our last one was sent
+        could be left with that round voted but undecided, and nobody would come back to
+        settle it. The sink handles a connection's frames in order: once it answers this
+        listing, it has applied every PHASE2 before it. A sink that still lists a txn, or
+        goes away first, is connected to again, and the new session settles what it lists.
+        """
+        self._rtag += 1
+        answer = self._waiters["uncommitted"] = asyncio.get_running_loop().create_future()
+        await conn.send(twopc_frame(ListUncommitted(self._rtag)))
+        listed = (await asyncio.wait_for(answer, self.reply_timeout)).txn_ids
+        if listed:
+            raise _Lost(f"the sink still lists {len(listed)} undecided txn(s) at the end: settling them")
 
     async def _round(self, conn: FramedConnection, end: int, requests: list) -> None:
         """PHASE1 over [committed, end) -> REPLY (or timeout) -> decision -> PHASE2."""
