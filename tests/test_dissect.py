@@ -16,7 +16,7 @@ from test_capture import A4, B4, T, ether, ipv4, pcap_file, pcapng_file, tcp_hea
 from test_reassembly import DATA, NOTIFY_1, OK_20, capture, hello, message, opening
 
 from wallaroo_proto.capture import TCP_ACK, TCP_SYN
-from wallaroo_proto.dissect import Dissector, dissect
+from wallaroo_proto.driver import Dissector, dissect
 from wallaroo_proto.records import (
     FIELD_NAMES,
     FIELDS,

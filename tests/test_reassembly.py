@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
 
 from wallaroo_proto.capture import TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN
-from wallaroo_proto.dissect import Dissector
+from wallaroo_proto.driver import Dissector
 from wallaroo_proto.reassembly import HalfStream
 from wallaroo_proto.resync import find_boundary
 

@@ -19,7 +19,7 @@ from support import run_cli
 
 from wallaroo_proto.capture import CaptureError
 from wallaroo_proto.codec import encode
-from wallaroo_proto.dissect import Dissector
+from wallaroo_proto.driver import Dissector
 from wallaroo_proto.frames import (
     Ack,
     EosMessage,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support import run_cli
 
-from wallaroo_proto.dissect import dissect
+from wallaroo_proto.driver import dissect
 from wallaroo_proto.wireshark import generate, tshark_command
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
