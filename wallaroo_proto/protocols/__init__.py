@@ -19,6 +19,7 @@ from typing import Any
 #: The registry, in detection order: a connection's first bytes go to each detector in turn.
 _PLUGIN_MODULES = (
     "wallaroo_proto.protocols.wallaroo.plugin",
+    "wallaroo_proto.protocols.kinesis.plugin",
 )
 
 
