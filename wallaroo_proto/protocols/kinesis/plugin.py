@@ -69,6 +69,7 @@ def print_summary(console: Console, s: dict) -> None:
     info.add_row(
         "packets", f"{s['first_packet']}..{s['last_packet']} over {s['duration']:.6f} s, {s['closed']}"
     )
+    info.add_row("shard", s["shard_id"] or "unknown (no initialize seen)")
     info.add_row("daemon", f"{s['daemon'] or 'unknown'} (dialect {s['dialect'] or 'unknown'})")
     info.add_row("lines", ", ".join(f"{k} {v}" for k, v in s["lines_by_type"].items()) or "none")
     info.add_row("requests", str(s["requests"]))
