@@ -68,9 +68,9 @@ class Server:
         """What the server wrote to stderr so far."""
         return "".join(self._err)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> tuple[int, str, str]:
-        """Signal the server and wait: (exit code, all of stdout, all of stderr)."""
-        if self.proc.poll() is None:
+    def stop(self, sig: int | None = signal.SIGTERM, timeout: float = 60) -> tuple[int, str, str]:
+        """Signal the server (``None``: let it end by itself) and wait: (exit code, stdout, stderr)."""
+        if sig is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
         self.proc.wait(timeout=timeout)
         for thread in self._drains:

@@ -7,6 +7,8 @@ import os
 import pytest
 from support import run_cli
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(300)
 def test_demo_passes_and_leaves_its_recordings(tmp_path) -> None:

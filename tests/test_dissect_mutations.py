@@ -22,6 +22,8 @@ from wallaroo_proto_cli.dissect import _fields, _Filter, _RichFrames, command
 from wallaroo_proto.driver import dissect
 from wallaroo_proto.records import to_json
 
+pytestmark = pytest.mark.slow
+
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 SAMPLES = {p.name: p.read_bytes() for p in sorted(CAPTURES.glob("*.pcap*"))}
 

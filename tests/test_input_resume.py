@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from support import COMMAND, Server, run_cli
 
+from wallaroo_proto.registry import STATE_FORMAT, STATE_VERSION
 from wallaroo_proto.txnlog import instance_paths, scan_log
 
 LINES = 20_000
@@ -86,6 +87,7 @@ def gen_lines(count: int) -> bytes:
     return b"".join(f"{i:031d}\n".encode() for i in range(count))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["gen", "file"])
 def test_worker_killed_at_random_points_resumes_exactly_once(tmp_path: Path, kind: str) -> None:
     rng = random.Random(f"input-resume-{kind}")
@@ -179,7 +181,7 @@ def test_input_that_cannot_resume_from_the_state_is_refused(
     if offset is not None:
         source = written_for if written_for.startswith("gen:") else str(tmp_path / written_for)
         position = {"offset": offset, "txn": "t", "next_cid": 3, "input": source}
-        doc = {"format": "wallaroo-proto mock-worker state", "version": 1, "streams": [], "sink": position}
+        doc = {"format": STATE_FORMAT, "version": STATE_VERSION, "streams": [], "sink": position}
         state.write_text(json.dumps(doc))
     # No sink listens there: the refusal comes before any connection.
     done = run_cli(*worker_args("127.0.0.1:9", spec, state), cwd=tmp_path, input="x\n")

@@ -555,7 +555,7 @@ def test_sigint_also_shuts_down_cleanly_with_text_summary() -> None:
 # --- the delivery hook: a slow consumer slows the connector down ---------------------------------------
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(90)
 def test_slow_consumer_stops_the_worker_reading_instead_of_buffering() -> None:
     async def scenario() -> None:
         gate = asyncio.Event()
@@ -610,7 +610,7 @@ def test_slow_consumer_stops_the_worker_reading_instead_of_buffering() -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(90)
 def test_a_failing_consumer_gets_the_connector_an_error_not_a_silent_loss() -> None:
     async def scenario() -> None:
         class Broken:
@@ -666,7 +666,7 @@ def test_out_to_a_fifo_checkpoints_and_shuts_down_cleanly(tmp_path) -> None:
     assert len(lines) == 2
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(180)
 def test_a_connector_that_stops_reading_is_aborted_and_frees_its_streams() -> None:
     """It must not hold its streams, its slot or the worker's shutdown forever."""
     import threading
@@ -677,19 +677,20 @@ def test_a_connector_that_stops_reading_is_aborted_and_frees_its_streams() -> No
         stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)  # and it never reads
         stuck.connect((server.host, server.port))
         stuck.sendall(hello())
-        assert stuck.recv(9) == ok_bytes(1000000)  # the last read it ever does
+        assert stuck.recv(9, socket.MSG_WAITALL) == ok_bytes(1000000)  # the last read it ever does
         stuck.sendall(notify(1, b"held"))
 
         def flood() -> None:
-            # NOTIFY_ACKs pile up unread until the worker's writes block.
+            # NOTIFY_ACKs pile up unread in the worker's socket; it aborts, and sendall fails.
             with contextlib.suppress(OSError):
                 for stream_id in range(2, 400_000):
                     stuck.sendall(notify(stream_id, b"x"))
 
         flooder = threading.Thread(target=flood, daemon=True)
         flooder.start()
-        flooder.join(timeout=60)
+        flooder.join(timeout=120)  # a deadline for a slow, loaded machine: it takes about 1 s
         assert not flooder.is_alive(), "the worker never aborted the connection that stopped reading"
+        assert stuck.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == 7  # TCP_CLOSE: reset
 
         other = Connector(server)
         other.handshake(1000000)
@@ -697,9 +698,8 @@ def test_a_connector_that_stops_reading_is_aborted_and_frees_its_streams() -> No
         assert other.read_frame() == notify_ack_bytes(1, 1, 0)  # released by the aborted connection
         other.close()
         stuck.close()
-        started = time.monotonic()
         summary = stop_json(server)
-        assert time.monotonic() - started < 20
+    assert summary["timeouts"] == 1
     [stalled] = [e for e in summary["errors"] if e["kind"] == "stalled"]
     assert "read nothing of our frames for 1 s" in stalled["reason"]
 

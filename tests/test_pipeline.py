@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from support import COMMAND, Server, run_cli
 
+pytestmark = pytest.mark.slow
+
 SEEDS = int(os.environ.get("WALLAROO_PIPELINE_SEEDS", "4"))
 LINES = 1200
 

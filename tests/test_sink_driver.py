@@ -384,6 +384,7 @@ def _fault_file(rng: random.Random, path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_randomized_faults_commit_the_input_exactly_once_in_order(tmp_path, seed):
@@ -456,6 +457,7 @@ def test_randomized_faults_commit_the_input_exactly_once_in_order(tmp_path, seed
     assert stats["committed_bytes"] == source.stat().st_size
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed", range(11, 17))
 def test_worker_and_sink_kill_9_with_checkpoint_tied_commits_exactly_once(tmp_path, seed):

@@ -18,6 +18,8 @@ from support import COMMAND, Server, run_cli
 
 from wallaroo_proto.inputs import stream_id_for
 
+pytestmark = pytest.mark.slow
+
 
 def delivered(out: Path) -> dict[int, list[tuple[int, str]]]:
     """(message id, payload) per stream id, in the order the worker delivered them."""

@@ -37,6 +37,8 @@ from wallaroo_proto.spark.example_job import key_counts
 from wallaroo_proto.spark.session import build_session
 from wallaroo_proto.twopc import ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
 
+pytestmark = pytest.mark.slow
+
 EPOCH_MS = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC, a multiple of 10 s
 
 
@@ -198,7 +200,7 @@ def replayed(spark, captures):
     return names, loaded, reports.build_tables(loaded.frames, loaded.problems)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(480)
 def test_frames_and_audit_equal_the_dissector(captures, replayed):
     names, loaded, tables = replayed
     connections = rows_by(tables["connections"], "capture", "connection")
@@ -246,7 +248,7 @@ def test_frames_and_audit_equal_the_dissector(captures, replayed):
     assert seen_streams == len(audit) >= 3
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(480)
 def test_reports_beyond_the_summary(captures, replayed):
     """Out-of-order ids, zero-credit time, replays after the RESTART, 2PC timings: by hand."""
     _, _, tables = replayed
@@ -275,7 +277,7 @@ def test_reports_beyond_the_summary(captures, replayed):
     ]
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(480)
 def test_example_job_counts_keys_per_window(spark, captures):
     loaded = spark_frames.load_frames(spark, [str(captures["keyed"])])
     result = key_counts(reports.messages(loaded.frames)).collect()
@@ -287,7 +289,7 @@ def test_example_job_counts_keys_per_window(spark, captures):
     assert counts == KEYED_COUNTS
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(480)
 def test_sql_over_the_views(spark, captures, replayed):
     _, _, tables = replayed
     jobs.register_views(tables)
@@ -302,7 +304,7 @@ def test_sql_over_the_views(spark, captures, replayed):
         jobs.load_job("no_colon_here")
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(480)
 def test_damaged_capture_is_named_and_the_others_processed(spark, captures):
     names = [str(captures["sink"]), str(captures["damaged"]), str(captures["garbage"])]
     loaded = spark_frames.load_frames(spark, names)
@@ -342,7 +344,7 @@ def test_listing_and_task_planning(tmp_path):
     ]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(720)
 def test_cli_end_to_end(captures, tmp_path):
     out = tmp_path / "out"
     result = run_cli(
@@ -360,7 +362,7 @@ def test_cli_end_to_end(captures, tmp_path):
         "SELECT type, count(*) AS n FROM frames GROUP BY type",
         "--job",
         "wallaroo_proto.spark.example_job:key_counts",
-        timeout=220,
+        timeout=660,
     )
     assert result.returncode == 1, result.stderr  # a damaged capture is a problem found
     assert f"capture {captures['damaged']}" in result.stderr
@@ -377,7 +379,7 @@ def test_cli_end_to_end(captures, tmp_path):
     ]
     assert sorted(r["txn_id"] for r in lines) == ["sink:c_id=1", "sink:c_id=2"]
 
-    scripted = run_cli("spark-replay", str(captures["sink"]), "--master", "local[1]", "--jsonl", timeout=120)
+    scripted = run_cli("spark-replay", str(captures["sink"]), "--master", "local[1]", "--jsonl", timeout=360)
     assert scripted.returncode == 0, scripted.stderr
     rows = [json.loads(line) for line in scripted.stdout.splitlines()]
     votes = {
@@ -394,7 +396,7 @@ def test_cli_end_to_end(captures, tmp_path):
         "--master",
         "local[1]",
         "--fail-fast",
-        timeout=120,
+        timeout=360,
     )
     assert stopped.returncode == 2
     assert str(captures["damaged"]) in stopped.stderr

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
+import struct
+import sys
 from collections.abc import Iterable
 
 from .codec import encode
@@ -21,6 +24,18 @@ from .protocol import ACCEPTED, Connection, Outcome, Side, Use
 from .reader import FrameReader
 
 READ_SIZE = 256 * 1024
+
+# Bytes of ours the peer has not acknowledged (SIOCOUTQ) or not let into its window
+# (SIOCOUTQNSD). Elsewhere than Linux only asyncio's own buffer is measured.
+_OUTQ: int | None = None
+if sys.platform == "linux":
+    import fcntl
+    import termios
+
+    _OUTQ = termios.TIOCOUTQ
+    _OUTQ_UNSENT = 0x894B
+_TCP_CLOSE = 7  # tcpi_state of a connection the peer reset
+_NO_LINGER = struct.pack("ii", 1, 0)  # close with RST: nothing left for a stalled peer to hold
 
 
 class ConnectionClosed(Exception):
@@ -34,7 +49,7 @@ class ConnectionClosed(Exception):
 
 
 class PeerStalled(ConnectionResetError):
-    """The peer read nothing of our frames for ``write_timeout`` seconds; we aborted."""
+    """The peer took none of our bytes for ``write_timeout`` seconds; we aborted."""
 
 
 class OwnViolation(Exception):
@@ -64,21 +79,93 @@ class FramedConnection:
         self.frames = FrameReader(max_frame_size)
         self.recording = recording
         self._we_are_client = we_connected
-        #: Seconds a peer may leave our writes unread before the connection is aborted.
+        #: Seconds a peer may leave our bytes unconsumed, with no progress, before we abort.
         self.write_timeout = write_timeout
+        #: Why the watchdog aborted the connection, or None.
+        self.stalled: str | None = None
         self._peer_closed_first = False
         self.bytes_in = 0
         self.bytes_out = 0
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self._sock = writer.get_extra_info("socket")
+        self._ask_kernel = _OUTQ is not None and self._sock is not None
+        self._watchdog: asyncio.TimerHandle | None = None
+        if write_timeout and self._sock is not None:
+            self._loop = asyncio.get_running_loop()
+            self._tick = min(max(write_timeout / 4, 0.05), 1.0)
+            self._progress_at = self._loop.time()
+            self._consumed = 0
+            self._watchdog = self._loop.call_later(self._tick, self._watch)
+
+    def unconsumed(self, *, unsent: bool = False) -> int:
+        """Bytes we wrote that the peer has not acknowledged (``unsent``: not even let into its
+        window): asyncio's buffer plus the kernel's queue."""
+        pending = self.writer.transport.get_write_buffer_size()
+        fd = self._sock.fileno() if self._ask_kernel else -1
+        if fd < 0:
+            return pending
+        try:
+            queued = struct.unpack("i", fcntl.ioctl(fd, _OUTQ_UNSENT if unsent else _OUTQ, b"\0\0\0\0"))[0]
+            if queued and self._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_CLOSE:
+                return 0  # reset by the peer: nothing of ours will be taken, nor held
+        except OSError:
+            self._ask_kernel = False  # not a TCP socket after all
+            return pending
+        return pending + queued
+
+    def _watch(self) -> None:
+        """On a timer, never per frame: abort a peer that left bytes of ours untaken for write_timeout.
+
+        Waiting for asyncio's buffer to back up is not enough: the kernel's socket buffers
+        absorb megabytes first, and a peer that never reads but keeps sending never
+        makes our drain() wait at all.
+        """
+        self._watchdog = None
+        if self._sock.fileno() < 0:
+            return  # closed
+        pending = self.unconsumed()
+        consumed = self.bytes_out - pending
+        now = self._loop.time()
+        if pending == 0 or consumed > self._consumed:
+            self._progress_at = now
+        self._consumed = consumed
+        if now - self._progress_at >= self.write_timeout:
+            self.stalled = (
+                f"{self.peer} read nothing of our frames for {self.write_timeout:g} s "
+                f"({pending} bytes waiting); connection aborted"
+            )
+            self.abort()
+            return
+        self._watchdog = self._loop.call_later(self._tick, self._watch)
+
+    def abort(self) -> None:
+        """Reset the connection now (RST): the peer keeps nothing of ours, and we wait on nothing."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self.recording is not None:
+            self.recording.reset(from_client=self._we_are_client)
+        if self._sock is not None and self._sock.fileno() >= 0:
+            with contextlib.suppress(OSError):
+                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+        self.writer.transport.abort()
+
+    def _check_stalled(self) -> None:
+        if self.stalled is not None:
+            raise PeerStalled(self.stalled)
 
     async def receive(self) -> list[tuple[Frame, Outcome]]:
         """Wait for the next bytes; return the whole frames they complete with the core's verdicts.
 
-        Raises ConnectionClosed at EOF and ProtocolError on bytes that are no frame.
+        Raises ConnectionClosed at EOF, PeerStalled once the peer stalled, and ProtocolError
+        on bytes that are no frame.
         """
+        if self.stalled is not None:
+            raise PeerStalled(self.stalled)
         data = await self.reader.read(READ_SIZE)
         if not data:
+            self._check_stalled()
             self._peer_closed_first = True
             self.machine.connection_lost()
             raise ConnectionClosed(self.frames.buffered)
@@ -92,6 +179,8 @@ class FramedConnection:
 
     def write(self, frames: Iterable[Frame], *, check: bool = True) -> None:
         """Queue frames for sending (call ``drain`` to respect back-pressure)."""
+        if self.stalled is not None:
+            raise PeerStalled(self.stalled)
         chunks = []
         process, side = self.machine.process, self.our_side
         for frame in frames:
@@ -108,19 +197,14 @@ class FramedConnection:
         self.writer.write(data)
 
     async def drain(self) -> None:
-        """Wait for the peer to take our bytes, at most ``write_timeout`` seconds.
-
-        A peer that stops reading would otherwise hold this connection, and what
-        it owns (streams, a slot, shutdown), forever.
-        """
+        """Wait for room in our buffer; raises PeerStalled once the watchdog gave up on the peer."""
         try:
-            async with asyncio.timeout(self.write_timeout):
-                await self.writer.drain()
-        except TimeoutError:
-            self.writer.transport.abort()
-            raise PeerStalled(
-                f"{self.peer} read nothing of our frames for {self.write_timeout:g} s; connection aborted"
-            ) from None
+            await self.writer.drain()
+        except ConnectionError:
+            self._check_stalled()
+            raise
+        if self.stalled is not None:
+            raise PeerStalled(self.stalled)
 
     async def send(self, *frames: Frame, check: bool = True) -> None:
         self.write(frames, check=check)
@@ -133,19 +217,31 @@ class FramedConnection:
         await self.close()
 
     async def close(self) -> None:
-        if self.recording is not None:
+        """Close once the peer took everything we sent (ERROR included), or reset a stalled one.
+
+        Closing with bytes still queued would leave the kernel holding them for a peer
+        that may never read, and that peer's connection open.
+        """
+        self.machine.connection_lost()
+        if self._watchdog is not None:  # the watchdog bounds this wait
+            delay = 0.001
+            try:
+                while self.stalled is None and self._sock.fileno() >= 0 and self.unconsumed(unsent=True):
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 0.05)
+            except asyncio.CancelledError:
+                self.abort()
+                raise
+        if self.recording is not None:  # a no-op after the watchdog's reset
             # The side that closed first sends the first FIN.
             self.recording.close(from_client=self._we_are_client != self._peer_closed_first)
-        self.machine.connection_lost()
         if not self.writer.is_closing():
             self.writer.close()
-        try:
-            async with asyncio.timeout(self.write_timeout):
-                await self.writer.wait_closed()  # flushes what is queued: bounded like drain
-        except TimeoutError:
-            self.writer.transport.abort()
-        except (ConnectionError, OSError):
-            pass
+        with contextlib.suppress(ConnectionError, OSError):
+            await self.writer.wait_closed()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
 
 
 def describe_protocol_error(err: ProtocolError) -> str:

@@ -54,7 +54,7 @@ from .frames import (
     show_text,
 )
 from .pcap_writer import PcapWriter, TcpSession
-from .peer import ConnectionClosed, FramedConnection, OwnViolation, PeerStalled, describe_protocol_error
+from .peer import ConnectionClosed, FramedConnection, OwnViolation, describe_protocol_error
 from .protocol import Outcome, Side, Use, Verdict, check_hello
 from .registry import Registry, write_atomic
 from .sink_forwarder import SinkForwarder
@@ -331,9 +331,6 @@ class WorkerConnection:
             self.state = "closed by peer"
         except _Stop:
             pass
-        except PeerStalled as err:
-            self.state = "stalled"
-            self.worker.note_error(self, "stalled", str(err))
         except (ConnectionError, OSError):
             self.state = "reset"
         finally:
@@ -341,7 +338,11 @@ class WorkerConnection:
                 self._ack_task.cancel()
             self.worker.stats.credit_overdraft += self.machine.overdraft
             self.worker.registry.release_all(self)
-            await framed.close()
+            await framed.close()  # waits for the peer to take what we sent, or for its stall
+            if framed.stalled is not None:  # whichever path (ERROR, ACK, reply) was waiting on it
+                self.state = "stalled"
+                self.worker.stats.timeouts += 1
+                self.worker.note_error(self, "stalled", framed.stalled)
 
     async def _handle(self, batch: list[tuple[Frame, Outcome]]) -> None:
         worker = self.worker
@@ -488,21 +489,19 @@ class WorkerConnection:
                 continue
             try:
                 self.framed.write([Ack(credits, pairs)])
-            except OwnViolation:
-                return  # the connection already ended (ERROR or RESTART)
-            self.worker.stats.acks_sent += 1
-            try:
-                await self.framed.drain()
-            except (ConnectionError, OSError):
-                return
+                self.worker.stats.acks_sent += 1
+                await self.framed.drain()  # bounded: the connection's watchdog aborts a stalled peer
+            except (OwnViolation, ConnectionError, OSError):
+                return  # the connection already ended (ERROR, RESTART, stalled or lost)
 
     async def _fail(self, kind: str, reason: str) -> None:
         self.worker.note_error(self, kind, reason)
         self.state = f"error: {reason}"
         if self._ack_task is not None:
             self._ack_task.cancel()
-        await self.framed.fail(reason)
-        raise _Stop
+        with contextlib.suppress(ConnectionError, OSError):
+            self.framed.write([Error(reason)], check=False)
+        raise _Stop  # run() releases the streams, then close() waits for the peer to take the ERROR
 
     async def _restart(self) -> None:
         cfg = self.worker.config
