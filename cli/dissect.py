@@ -1,6 +1,6 @@
 """``wallaroo-proto dissect``: show, filter and validate the frames in captures.
 
-Thin: ``wallaroo_proto.driver.Dissector`` and the protocol plug-ins do the
+Thin: ``wallaroo_proto.capture.dissector.Dissector`` and the protocol plug-ins do the
 work; this module parses options, filters records and renders them (rich
 table, hex dump, JSONL, each plug-in's summary). Exit codes: 0 ok, 1 violations under --strict, 2 a capture
 that could not be read (everything before the damage is still shown).
@@ -17,10 +17,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from wallaroo_proto.capture import CaptureError
-from wallaroo_proto.driver import Dissector
-from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE
+from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.capture.pcap import CaptureError
 from wallaroo_proto.protocols import get_plugin, names, plugins
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import to_json
 
 EXIT_VIOLATIONS = 1

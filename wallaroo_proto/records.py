@@ -184,7 +184,7 @@ def iter_records(
     Raises ``capture.CaptureError`` after yielding every record before the damage.
     ``connection_filter`` picks the connections to reassemble (all by default).
     """
-    from .driver import Dissector
+    from .capture.dissector import Dissector
 
     if capture_name is None:
         capture_name = (

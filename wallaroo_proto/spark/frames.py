@@ -165,7 +165,7 @@ def read_task(
 
     Only part 0 reports a damaged capture, so each capture is named once.
     """
-    from wallaroo_proto.capture import CaptureError
+    from wallaroo_proto.capture.pcap import CaptureError
 
     path, name, part, nparts = task
     connection_filter = None if nparts == 1 else _PartFilter(part, nparts)

@@ -20,14 +20,14 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from wallaroo_proto.capture import format_address
+from wallaroo_proto.capture.pcap import format_address
 from wallaroo_proto.records import to_json
 
 from .codec import REQUESTS, Checkpoint, Initialize, Line, LineSplitter, ProcessRecords, Shutdown, Status
 from .core import DAEMON, PROCESSOR, Conversation, Kind
 
 if TYPE_CHECKING:
-    from wallaroo_proto.driver import Dissector
+    from wallaroo_proto.capture.dissector import Dissector
 
 #: Processor port of ``mock-daemon --record`` captures.
 PORTS = (7300,)

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from wallaroo_proto.codec import decode
-from wallaroo_proto.dissect import _Tracker, looks_like_hello
-from wallaroo_proto.frames import FrameType
-from wallaroo_proto.protocol import Connection
 from wallaroo_proto.protocols import ProtocolPlugin
-from wallaroo_proto.reader import FrameReader
+from wallaroo_proto.protocols.wallaroo.codec import decode
+from wallaroo_proto.protocols.wallaroo.dissect import _Tracker, looks_like_hello
+from wallaroo_proto.protocols.wallaroo.frames import FrameType
+from wallaroo_proto.protocols.wallaroo.protocol import Connection
+from wallaroo_proto.protocols.wallaroo.reader import FrameReader
+from wallaroo_proto.protocols.wallaroo.twopc import TwoPCTag
 from wallaroo_proto.records import DEFAULT_PORTS
-from wallaroo_proto.twopc import TwoPCTag
 
 from .views import describe, print_summary
 

@@ -20,7 +20,9 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from .capture import format_address
+from wallaroo_proto.capture.pcap import format_address
+from wallaroo_proto.records import to_json
+
 from .codec import decode
 from .errors import ProtocolError
 from .frames import (
@@ -42,7 +44,6 @@ from .frames import (
     type_name,
 )
 from .protocol import Connection, ConnState, Side, StreamState, Use, Verdict
-from .records import to_json
 from .resync import DirectionFramer
 from .summary import ConnectionSummary, TxnSummary
 from .twopc import (
@@ -58,7 +59,7 @@ from .twopc import (
 from .wire import U32
 
 if TYPE_CHECKING:
-    from .driver import Dissector
+    from wallaroo_proto.capture.dissector import Dissector
 
 _MSG_HEAD = struct.Struct(">QQqH").unpack_from
 _new_tuple = tuple.__new__

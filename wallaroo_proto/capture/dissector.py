@@ -26,11 +26,12 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
-from .capture import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, CaptureError, format_address, read_segments
-from .frames import DEFAULT_MAX_FRAME_SIZE
-from .protocols import ProtocolPlugin, get_plugin, plugins
+from wallaroo_proto.protocols import ProtocolPlugin, get_plugin, plugins
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
+from wallaroo_proto.records import ConnectionKey
+
+from .pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, CaptureError, format_address, read_segments
 from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
-from .records import ConnectionKey
 
 _CLOSING = TCP_FIN | TCP_RST
 _CONTROL = TCP_SYN | TCP_FIN | TCP_RST
