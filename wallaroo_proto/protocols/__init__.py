@@ -1,7 +1,7 @@
 """The protocols the capture dissector and spark-replay read: one plug-in each, and their registry.
 
 A plug-in is one ``ProtocolPlugin`` value, made by its package's ``plugin``
-module. The shared machinery (``driver``: capture reading, TCP reassembly,
+module. The shared machinery (``capture``: capture reading, TCP reassembly,
 connection detection, output; ``spark``) knows protocols only through it, and
 no plug-in imports another. To add a protocol: a package here with its codec
 and sans-IO core, a ``plugin.py`` making a ``PLUGIN``, and its module name in
@@ -31,7 +31,7 @@ class ProtocolPlugin:
     tracker puts them together for one TCP connection, as the driver's
     reassembler feeds it (``tracker(driver, index, client, server, client_known)``
     with ``dirs`` {True: client's, False: server's} consumers of
-    ``reassembly.HalfStream``, ``summary``, ``finish()``, ``release()``).
+    ``capture.reassembly.HalfStream``, ``summary``, ``finish()``, ``release()``).
     """
 
     #: ``--protocol`` value and every record's ``protocol`` field.

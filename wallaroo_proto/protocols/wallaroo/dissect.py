@@ -1,6 +1,6 @@
 """The Wallaroo plug-in's per-connection tracker: frame bodies in, validated records out.
 
-The capture driver (``driver.Dissector``) reads captures, reassembles TCP and
+The capture driver (``capture.dissector.Dissector``) reads captures, reassembles TCP and
 hands each direction's bytes to a ``resync.DirectionFramer``; this tracker
 decodes the frames it splits (the codec), judges each one with the shared
 protocol core (``protocol.Connection``) and makes its record
