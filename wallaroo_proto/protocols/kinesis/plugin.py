@@ -36,8 +36,8 @@ TITLES = {
 
 def describe(r: dict) -> str:
     """The record's own fields, as ``dissect``'s table shows them."""
-    if r.get("verdict") in ("violation", "skipped") and r.get("type") in ("INVALID", "SKIPPED", "EOF"):
-        return "; ".join(r.get("notes") or ()) if r.get("verdict") == "skipped" else ""
+    if r.get("type") in ("INVALID", "SKIPPED", "EOF"):
+        return ""  # no message: its violation or note rows say why
     keys = (
         ("shard", "shard_id"),
         ("line", "line_number"),
