@@ -42,10 +42,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from wallaroo_proto.codec import encode
-from wallaroo_proto.frames import Ack, Hello, Message, Notify, NotifyAck, Ok
 from wallaroo_proto.pcap_writer import PcapWriter
-from wallaroo_proto.wireshark import generate, tshark_command
+from wallaroo_proto.protocols.wallaroo.codec import encode
+from wallaroo_proto.protocols.wallaroo.frames import Ack, Hello, Message, Notify, NotifyAck, Ok
+from wallaroo_proto.protocols.wallaroo.wireshark import generate, tshark_command
 
 PORT = 7100
 
@@ -114,7 +114,7 @@ def count_frames_dissect(path: Path) -> int:
 SCAPY_SCRIPT = r"""
 import sys, time
 from scapy.utils import PcapReader
-from wallaroo_proto.scapy_layers import bind_port, frames_of
+from wallaroo_proto.protocols.wallaroo.scapy_layers import bind_port, frames_of
 bind_port(int(sys.argv[2]))
 limit = int(sys.argv[3])
 n = frames = 0

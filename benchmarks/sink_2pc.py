@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from wallaroo_proto.sink_driver import SinkDriver, drive
+from wallaroo_proto.protocols.wallaroo.sink_driver import SinkDriver, drive
 
 READY = re.compile(r"listening on (\S+):(\d+)")
 

@@ -30,9 +30,9 @@ import sys
 import tempfile
 import time
 
-from wallaroo_proto.codec import encode
-from wallaroo_proto.frames import Ack, Hello, Message, Notify, NotifyAck, Ok
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.wallaroo.codec import encode
+from wallaroo_proto.protocols.wallaroo.frames import Ack, Hello, Message, Notify, NotifyAck, Ok
 
 CREDITS = 200
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from wallaroo_proto.codec import encode
-from wallaroo_proto.frames import (
+from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.wallaroo.codec import encode
+from wallaroo_proto.protocols.wallaroo.frames import (
     Ack,
     EosMessage,
     Hello,
@@ -24,8 +25,14 @@ from wallaroo_proto.frames import (
     Ok,
     Restart,
 )
-from wallaroo_proto.pcap_writer import PcapWriter
-from wallaroo_proto.twopc import ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
+from wallaroo_proto.protocols.wallaroo.twopc import (
+    ListUncommitted,
+    Phase1,
+    Phase2,
+    Reply,
+    ReplyUncommitted,
+    twopc_frame,
+)
 
 HERE = Path(__file__).resolve().parent
 T0 = 1_763_700_000.0  # 2025-11-21

@@ -1,8 +1,8 @@
 """``wallaroo-proto dissect``: show, filter and validate the frames in captures.
 
-Thin: ``wallaroo_proto.dissect.Dissector`` does the work; this module parses
-options, filters records and renders them (rich table, hex dump, JSONL,
-summary tables). Exit codes: 0 ok, 1 violations under --strict, 2 a capture
+Thin: ``wallaroo_proto.capture.dissector.Dissector`` and the protocol plug-ins do the
+work; this module parses options, filters records and renders them (rich
+table, hex dump, JSONL, each plug-in's summary). Exit codes: 0 ok, 1 violations under --strict, 2 a capture
 that could not be read (everything before the damage is still shown).
 """
 
@@ -17,11 +17,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from wallaroo_proto.capture import CaptureError
-from wallaroo_proto.dissect import Dissector
-from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, FrameType
-from wallaroo_proto.records import DEFAULT_PORTS, to_json
-from wallaroo_proto.twopc import TwoPCTag
+from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.capture.pcap import CaptureError
+from wallaroo_proto.protocols import get_plugin, names, plugins
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
+from wallaroo_proto.records import to_json
 
 EXIT_VIOLATIONS = 1
 EXIT_UNUSABLE = 2
@@ -40,8 +40,8 @@ STYLES = {
     "WORKERS_LEFT": "magenta",
     "INVALID": "bold red reverse",
 }
-_ARROWS = {"connector": "C→W", "worker": "W→C"}
-_TYPE_CHOICES = sorted({t.name for t in FrameType} | {t.name for t in TwoPCTag} | {"INVALID"})
+_ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
+_TYPE_CHOICES = sorted({name for plugin in plugins() for name in plugin.type_names})
 
 
 def _parse_time(value: str | None) -> float | None:
@@ -85,7 +85,11 @@ class _Filter:
     def __call__(self, r: dict) -> bool:
         if self.start is None:
             self.start = r["ts"]
-        if self.types is not None and r["type"] not in self.types and r.get("twopc") not in self.types:
+        if (
+            self.types is not None
+            and r["type"].upper() not in self.types
+            and r.get("twopc") not in self.types
+        ):
             return False
         if self.streams is not None and r.get("stream_id") not in self.streams:
             return False
@@ -104,46 +108,8 @@ def _preview(data: bytes, width: int = 32) -> str:
 
 
 def _fields(r: dict) -> str:
-    """The frame's own fields that the record holds: a damaged frame may lack any of them."""
-    t = r["type"]
-    get = r.get
-    if get("verdict") == "malformed":  # its fields could not be read: say why instead
-        return "; ".join(get("violations") or ())
-    if t == "MESSAGE":
-        parts = []
-        if get("twopc"):
-            if get("txn_id") is not None:
-                parts.append(f"txn={r['txn_id']}")
-            if get("where") is not None:
-                parts.append("where=" + _where(r["where"]))
-            if get("commit") is not None:
-                parts.append("commit" if r["commit"] else "abort")
-            if get("rtag") is not None:
-                parts.append(f"rtag={r['rtag']}")
-            if get("txn_ids") is not None:
-                parts.append(f"txns={r['txn_ids']}")
-            return " ".join(parts)
-        for label, k in (("stream", "stream_id"), ("id", "message_id"), ("t", "event_time")):
-            if get(k) is not None:
-                parts.append(f"{label}={r[k]}")
-        if get("key_b64"):  # '' when the message has no key
-            parts.append("key=" + _preview(base64.b64decode(r["key_b64"]), 16))
-        return " ".join(parts)
-    keys = {
-        "HELLO": ("version", "program_name", "instance_name", "cookie_len"),
-        "OK": ("initial_credits",),
-        "ERROR": ("reason",),
-        "NOTIFY": ("stream_id", "stream_name", "point_of_ref"),
-        "NOTIFY_ACK": ("success", "stream_id", "point_of_ref"),
-        "ACK": ("credits",),
-        "RESTART": ("address",),
-        "EOS_MESSAGE": ("stream_id", "message_id"),
-        "WORKERS_LEFT": ("rtag", "worker_names"),
-    }.get(t, ())
-    text = " ".join(f"{k}={r[k]}" for k in keys if r.get(k) is not None)
-    if t == "ACK" and r.get("acks"):
-        text += " acks=" + ",".join(f"{a['stream_id']}@{a['point_of_ref']}" for a in r["acks"])
-    return text
+    """The frame's own fields, as its protocol's plug-in shows them."""
+    return get_plugin(r.get("protocol") or "wallaroo").describe(r)
 
 
 def _clock(ns: int) -> str:
@@ -152,10 +118,6 @@ def _clock(ns: int) -> str:
     seconds, fraction = divmod(ns, 1_000_000_000)
     minutes, second = divmod(seconds % 86400, 60)
     return f"{minutes // 60:02d}:{minutes % 60:02d}:{second:02d}.{fraction // 1000:06d}"
-
-
-def _where(where: list[dict]) -> str:
-    return ",".join(f"{w['stream_id']}:{w['start_por']}-{w['end_por']}" for w in where)
 
 
 def _hexdump(data: bytes) -> str:
@@ -224,91 +186,6 @@ class _RichFrames:
         self.rows.clear()
 
 
-def _print_summary(console: Console, s: dict) -> None:
-    title = f"connection #{s['conn_index']}  {s['connection']}  ({s['use']})"
-    console.rule(Text(title, style="bold"))
-    info = Table(show_header=False, box=None, pad_edge=False)
-    info.add_column(style="bold")
-    info.add_column()
-    hello = s["hello"]
-    if hello:
-        info.add_row(
-            "hello", f"version {hello['version']!r}, {hello['program_name']}/{hello['instance_name']}"
-        )
-    info.add_row(
-        "packets", f"{s['first_packet']}..{s['last_packet']} over {s['duration']:.6f} s, {s['closed']}"
-    )
-    info.add_row("frames", ", ".join(f"{k} {v}" for k, v in s["frames_by_type"].items()) or "none")
-    info.add_row("bytes", ", ".join(f"{k} {v}" for k, v in s["bytes_by_direction"].items()) or "0")
-    info.add_row(
-        "credits", f"granted {s['credits_granted']}, spent {s['credits_spent']}, left {s['credits_left']}"
-    )
-    info.add_row("checkpoints acked", str(s["checkpoints_acknowledged"]))
-    restarts = ", ".join(
-        f"packet {r['packet']}" + (f" → {r['address']}" if r["address"] else "") for r in s["restarts"]
-    )
-    info.add_row("RESTARTs", f"{len(s['restarts'])}" + (f" ({restarts})" if restarts else ""))
-    for e in s["errors"]:
-        info.add_row("ERROR", Text(f"packet {e['packet']} from {e['sender']}: {e['reason']}", style="red"))
-    info.add_row("violations", Text(str(s["violations"]), style="bold red" if s["violations"] else "green"))
-    console.print(info)
-    if s["streams"]:
-        t = Table(title="streams", title_justify="left", box=None, header_style="bold")
-        for col in (
-            "id",
-            "name",
-            "messages",
-            "bytes",
-            "ids",
-            "gaps",
-            "missing",
-            "replays",
-            "eos",
-            "acked",
-            "last acked",
-        ):
-            t.add_column(col, justify="left" if col == "name" else "right")
-        for st in s["streams"]:
-            ids = "" if st["first_id"] is None else f"{st['first_id']}..{st['last_id']}"
-            t.add_row(
-                str(st["stream_id"]),
-                st["name"],
-                str(st["messages"]),
-                str(st["payload_bytes"]),
-                ids,
-                str(st["gaps"]),
-                str(st["missing_ids"]),
-                str(st["replays"]),
-                str(st["eos"]),
-                str(st["checkpoints"]),
-                "" if st["last_acked"] is None else str(st["last_acked"]),
-            )
-        console.print(t)
-    if s["twopc_rounds"] or s["list_uncommitted"]:
-        t = Table(
-            title=f"2PC rounds (LIST_UNCOMMITTED {s['list_uncommitted']})", title_justify="left", box=None
-        )
-        for col in ("txn", "where", "vote", "decision", "phase1 pkt", "phase2 pkt"):
-            t.add_column(col)
-        for r in s["twopc_rounds"]:
-            where = _where(r["where"])
-            t.add_row(
-                r["txn_id"],
-                where,
-                Text(str(r["vote"]), style="green" if r["vote"] == "commit" else "red"),
-                Text(str(r["decision"]), style="green" if r["decision"] == "commit" else "red"),
-                str(r["phase1_packet"] or ""),
-                str(r["phase2_packet"] or ""),
-            )
-        console.print(t)
-    for v in s["violation_list"][:50]:
-        console.print(Text(f"  packet {v['packet']} {v['type']}: {v['reason']}", style="red"))
-    if len(s["violation_list"]) > 50:
-        console.print(Text(f"  ... {s['violations'] - 50} more", style="red"))
-    for note in s["capture_notes"]:
-        console.print(Text(f"  note: {note}", style="yellow"))
-
-
 @click.command(name="dissect")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
@@ -316,8 +193,15 @@ def _print_summary(console: Console, s: dict) -> None:
     "ports",
     type=click.IntRange(1, 65535),
     multiple=True,
-    help="TCP port of the protocol (repeat) [default: 7100 and 7200]. Connections that open "
-    "with a HELLO are found on any port.",
+    help="TCP port to read (repeat) [default: each protocol's: wallaroo 7100 and 7200, kinesis 7300]. "
+    "Connections whose first bytes open a known protocol are found on any port.",
+)
+@click.option(
+    "--protocol",
+    type=click.Choice(names()),
+    default=None,
+    help="Read every connection on the ports (default: the protocol's) as this protocol "
+    "[default: detected per connection, by port, then first bytes].",
 )
 @click.option("--format", "fmt", type=click.Choice(["rich", "jsonl"]), default="rich", show_default=True)
 @click.option("-x", "--hex", "hexdump", is_flag=True, help="Add a hex dump of each frame's bytes.")
@@ -338,7 +222,19 @@ def _print_summary(console: Console, s: dict) -> None:
 @click.option("--strict", is_flag=True, help="Exit 1 if any protocol violation is found.")
 @click.option("--max-frame-size", type=click.IntRange(1), default=DEFAULT_MAX_FRAME_SIZE, show_default=True)
 def command(
-    files, ports, fmt, hexdump, summary, streams, types, connections, since, until, strict, max_frame_size
+    files,
+    ports,
+    protocol,
+    fmt,
+    hexdump,
+    summary,
+    streams,
+    types,
+    connections,
+    since,
+    until,
+    strict,
+    max_frame_size,
 ):
     """Show, filter and validate the protocol frames in pcap/pcapng FILES."""
     console = Console(highlight=False, soft_wrap=False)
@@ -352,7 +248,11 @@ def command(
     for path in files:
         source = sys.stdin.buffer if path == "-" else path
         dissector = Dissector(
-            path, ports=ports or DEFAULT_PORTS, max_frame_size=max_frame_size, with_raw=hexdump and not jsonl
+            path,
+            ports=ports or None,
+            protocol=protocol,
+            max_frame_size=max_frame_size,
+            with_raw=hexdump and not jsonl,
         )
         rich_out = None if jsonl or summary else _RichFrames(console, hexdump)
         if rich_out is not None and len(files) > 1:
@@ -404,7 +304,7 @@ def command(
                 if jsonl:
                     out.write(to_json({"capture": path, "summary": s}) + "\n")
                 else:
-                    _print_summary(console, s)
+                    get_plugin(s.get("protocol", "wallaroo")).print_summary(console, s)
         elif not jsonl and dissector.trackers == [] and not unusable:
             errors.print(f"{path}: no protocol connections found (ports {sorted(dissector.ports)})")
         out.flush()

@@ -1,7 +1,7 @@
 """``wallaroo-proto mock-sink``: a connector sink with durable two-phase commit, and ``--check``.
 
-Thin: parses options, runs ``wallaroo_proto.sink.SinkServer`` or
-``wallaroo_proto.txnlog.check_directory`` and renders the results.
+Thin: parses options, runs ``wallaroo_proto.protocols.wallaroo.sink.SinkServer`` or
+``wallaroo_proto.protocols.wallaroo.txnlog.check_directory`` and renders the results.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import sys
 
 import click
 
-from wallaroo_proto.faults import NO_FAULTS, FaultFileError, load_faults
-from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION
-from wallaroo_proto.sink import SinkServer
-from wallaroo_proto.txnlog import COMPACT_AT, check_directory
+from wallaroo_proto.protocols.wallaroo.faults import NO_FAULTS, FaultFileError, load_faults
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION
+from wallaroo_proto.protocols.wallaroo.sink import SinkServer
+from wallaroo_proto.protocols.wallaroo.txnlog import COMPACT_AT, check_directory
 
 
 def _console(stderr: bool):

@@ -1,6 +1,6 @@
 """``wallaroo-proto mock-source``: stream files, stdin or generated data to a worker.
 
-Thin: parses options, runs ``wallaroo_proto.source.MockSource`` and renders its
+Thin: parses options, runs ``wallaroo_proto.protocols.wallaroo.source.MockSource`` and renders its
 progress (a rich bar on stderr when it is a terminal) and final summary.
 """
 
@@ -14,9 +14,9 @@ import sys
 
 import click
 
-from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
-from wallaroo_proto.inputs import InputError, build_inputs
-from wallaroo_proto.source import MockSource, SourceFailed, SourceOptions, SourceStats
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
+from wallaroo_proto.protocols.wallaroo.inputs import InputError, build_inputs
+from wallaroo_proto.protocols.wallaroo.source import MockSource, SourceFailed, SourceOptions, SourceStats
 
 EXIT_INTERRUPTED = 130
 

@@ -1,6 +1,6 @@
 """``wallaroo-proto mock-worker``: play a Wallaroo worker for connector sources.
 
-Options in, ``wallaroo_proto.worker.MockWorker`` does the work. One ready line
+Options in, ``wallaroo_proto.protocols.wallaroo.worker.MockWorker`` does the work. One ready line
 on stdout, a rich live view on stderr when it is a terminal, the summary on
 stdout at the end (``--format json`` for scripts).
 """
@@ -20,9 +20,15 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION, SOURCE_VERSION, Text, show_text
-from wallaroo_proto.registry import Registry, StateError, write_atomic
-from wallaroo_proto.sink_driver import (
+from wallaroo_proto.protocols.wallaroo.frames import (
+    DEFAULT_MAX_FRAME_SIZE,
+    SINK_VERSION,
+    SOURCE_VERSION,
+    Text,
+    show_text,
+)
+from wallaroo_proto.protocols.wallaroo.registry import Registry, StateError, write_atomic
+from wallaroo_proto.protocols.wallaroo.sink_driver import (
     SinkDriver,
     SinkRefused,
     SinkUnavailable,
@@ -30,8 +36,8 @@ from wallaroo_proto.sink_driver import (
     input_name,
     input_payloads,
 )
-from wallaroo_proto.sink_forwarder import SinkForwarder
-from wallaroo_proto.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
+from wallaroo_proto.protocols.wallaroo.sink_forwarder import SinkForwarder
+from wallaroo_proto.protocols.wallaroo.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
 
 NAME = "mock-worker"
 

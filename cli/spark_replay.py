@@ -15,8 +15,6 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from wallaroo_proto.records import DEFAULT_PORTS
-
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 TITLES = {
@@ -145,7 +143,8 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
     "ports",
     type=int,
     multiple=True,
-    help=f"Protocol port (repeatable; default {', '.join(map(str, DEFAULT_PORTS))}).",
+    help="TCP port to read (repeatable; default each protocol's: wallaroo 7100 and 7200, kinesis 7300); "
+    "connections that open with a known protocol are found on any port.",
 )
 @click.option(
     "--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration (repeatable)."
@@ -217,7 +216,7 @@ def command(
             out,
             err,
             given,
-            ports or DEFAULT_PORTS,
+            ports or None,
             fail_fast,
             output,
             fmt,
@@ -238,6 +237,7 @@ def _run(spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, 
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
+    from wallaroo_proto.protocols import names, plugins, table_name
     from wallaroo_proto.spark import frames as frames_mod
     from wallaroo_proto.spark import jobs, reports
     from wallaroo_proto.spark.session import stage_progress
@@ -246,7 +246,8 @@ def _run(spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, 
     started = time.monotonic()
     try:
         with stage_progress(spark, "reading captures", err):
-            totals = loaded.frames.count()
+            by_protocol = dict(loaded.frames.groupBy("protocol").count().collect())
+            totals = sum(by_protocol.values())
             problems = loaded.problems.collect()
     except (Py4JJavaError, PySparkException) as exc:
         failed = frames_mod.fail_fast_message(exc)
@@ -276,12 +277,18 @@ def _run(spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, 
         return EXIT_USAGE
     with stage_progress(spark, "reports", err):
         shown = [(name, title, tables[name]) for name, title in TITLES.items()]
+        for plugin in plugins():  # another protocol's reports when its connections are there
+            if plugin.name != "wallaroo" and by_protocol.get(plugin.name):
+                for name, title in plugin.report_titles.items():
+                    shown.append(
+                        (table_name(plugin.name, name), title, tables[table_name(plugin.name, name)])
+                    )
         shown += [(name, f"--{name} {sql if name == 'sql' else job}", frame) for name, frame in extra.items()]
         try:
             for name, title, frame in shown:
                 if rows is None:  # --jsonl
                     emit_jsonl(name, frame)
-                elif name in REPORTS_SHORTENED:
+                elif name in REPORTS_SHORTENED or "_" in name and name.split("_")[0] in names():
                     render(out, title, _votes(_short_connection(frame)), rows, HIDDEN.get(name, ()))
                 else:
                     render(out, title, frame, rows, HIDDEN.get(name, ()))

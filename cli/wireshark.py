@@ -1,15 +1,15 @@
 """``wallaroo-proto wireshark-dissector``: write the Lua plugin for Wireshark/tshark.
 
-Thin: the plugin text comes from ``wallaroo_proto.wireshark.generate``.
+Thin: the plugin text comes from ``wallaroo_proto.protocols.wallaroo.wireshark.generate``.
 """
 
 from __future__ import annotations
 
 import click
 
-from wallaroo_proto.frames import DEFAULT_MAX_FRAME_SIZE
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
+from wallaroo_proto.protocols.wallaroo.wireshark import generate
 from wallaroo_proto.records import DEFAULT_PORTS
-from wallaroo_proto.wireshark import generate
 
 
 @click.command(name="wireshark-dissector")

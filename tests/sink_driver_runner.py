@@ -14,7 +14,13 @@ import json
 import os
 import sys
 
-from wallaroo_proto.sink_driver import SinkDriver, SinkRefused, SinkUnavailable, drive, input_payloads
+from wallaroo_proto.protocols.wallaroo.sink_driver import (
+    SinkDriver,
+    SinkRefused,
+    SinkUnavailable,
+    drive,
+    input_payloads,
+)
 
 
 def _write_atomic(path: str, data: dict) -> None:

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from wallaroo_proto.capture import TCP_ACK, TCP_PSH, TCP_SYN, CaptureError, read_segments
+from wallaroo_proto.capture.pcap import TCP_ACK, TCP_PSH, TCP_SYN, CaptureError, read_segments
 
 # --- hand builders (shared by the other dissector tests) ---------------------------------
 

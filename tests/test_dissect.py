@@ -15,8 +15,8 @@ from support import run_cli
 from test_capture import A4, B4, T, ether, ipv4, pcap_file, pcapng_file, tcp_header
 from test_reassembly import DATA, NOTIFY_1, OK_20, capture, hello, message, opening
 
-from wallaroo_proto.capture import TCP_ACK, TCP_SYN
-from wallaroo_proto.dissect import Dissector, dissect
+from wallaroo_proto.capture.dissector import Dissector, dissect
+from wallaroo_proto.capture.pcap import TCP_ACK, TCP_SYN
 from wallaroo_proto.records import (
     FIELD_NAMES,
     FIELDS,
@@ -417,7 +417,7 @@ def test_iter_records_streams_and_splits_connections():
 
 
 def test_iter_records_raises_after_yielding_what_came_before():
-    from wallaroo_proto.capture import CaptureError
+    from wallaroo_proto.capture.pcap import CaptureError
 
     blob = SOURCE.read_bytes()[:1000]
     got = []
@@ -433,7 +433,14 @@ def test_iter_records_raises_after_yielding_what_came_before():
 def test_scapy_layers_build_the_wire_format():
     from scapy.packet import raw
 
-    from wallaroo_proto.scapy_layers import WAck, WAckEntry, WallarooFrame, WMessage, WOk, WRestart
+    from wallaroo_proto.protocols.wallaroo.scapy_layers import (
+        WAck,
+        WAckEntry,
+        WallarooFrame,
+        WMessage,
+        WOk,
+        WRestart,
+    )
 
     assert raw(WallarooFrame() / WOk(initial_credits=20)) == b"\x00\x00\x00\x05\x01\x00\x00\x00\x14"
     msg = WallarooFrame() / WMessage(stream_id=1, message_id=2, event_time=-1, key=b"k", data=b"hi")
@@ -455,7 +462,7 @@ def test_scapy_layers_build_the_wire_format():
 def test_scapy_layers_dissect_the_sample_captures_like_dissect():
     from scapy.utils import rdpcap
 
-    from wallaroo_proto.scapy_layers import WMessage, bind_port, frames_of
+    from wallaroo_proto.protocols.wallaroo.scapy_layers import WMessage, bind_port, frames_of
 
     bind_port(7200)
     packets = rdpcap(str(SINK))
@@ -472,9 +479,9 @@ def test_scapy_layers_dissect_the_sample_captures_like_dissect():
 
 
 def test_closed_connections_are_released(tmp_path):
-    from wallaroo_proto.codec import encode
-    from wallaroo_proto.frames import Hello, Ok
     from wallaroo_proto.pcap_writer import PcapWriter
+    from wallaroo_proto.protocols.wallaroo.codec import encode
+    from wallaroo_proto.protocols.wallaroo.frames import Hello, Ok
 
     path = tmp_path / "many.pcap"
     with PcapWriter(path) as w:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 from wallaroo_proto_cli.dissect import _fields, _Filter, _RichFrames, command
 
-from wallaroo_proto.dissect import dissect
+from wallaroo_proto.capture.dissector import dissect
 from wallaroo_proto.records import to_json
 
 pytestmark = pytest.mark.slow

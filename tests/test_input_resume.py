@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from support import COMMAND, Server, run_cli
 
-from wallaroo_proto.registry import STATE_FORMAT, STATE_VERSION
-from wallaroo_proto.txnlog import instance_paths, scan_log
+from wallaroo_proto.protocols.wallaroo.registry import STATE_FORMAT, STATE_VERSION
+from wallaroo_proto.protocols.wallaroo.txnlog import instance_paths, scan_log
 
 LINES = 20_000
 KILLS = 3

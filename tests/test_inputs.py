@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from wallaroo_proto.frames import Message
-from wallaroo_proto.inputs import (
+from wallaroo_proto.protocols.wallaroo.frames import Message
+from wallaroo_proto.protocols.wallaroo.inputs import (
     InputError,
     RateLimiter,
     build_inputs,

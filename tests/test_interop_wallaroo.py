@@ -24,9 +24,19 @@ from pathlib import Path
 import pytest
 from support import Server
 
-from wallaroo_proto import codec
-from wallaroo_proto.frames import Ack, EosMessage, Error, Hello, Message, Notify, NotifyAck, Ok, Restart
-from wallaroo_proto.twopc import (
+from wallaroo_proto.protocols.wallaroo import codec
+from wallaroo_proto.protocols.wallaroo.frames import (
+    Ack,
+    EosMessage,
+    Error,
+    Hello,
+    Message,
+    Notify,
+    NotifyAck,
+    Ok,
+    Restart,
+)
+from wallaroo_proto.protocols.wallaroo.twopc import (
     ListUncommitted,
     Phase1,
     Phase2,

@@ -19,8 +19,8 @@ import time
 import pytest
 from support import Server, run_cli
 
-from wallaroo_proto.frames import Message
-from wallaroo_proto.worker import MockWorker, WorkerConfig
+from wallaroo_proto.protocols.wallaroo.frames import Message
+from wallaroo_proto.protocols.wallaroo.worker import MockWorker, WorkerConfig
 
 pytestmark = pytest.mark.timeout(60)
 

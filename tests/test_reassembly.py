@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
 
-from wallaroo_proto.capture import TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN
-from wallaroo_proto.dissect import Dissector
-from wallaroo_proto.reassembly import HalfStream
-from wallaroo_proto.resync import find_boundary
+from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.capture.pcap import TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN
+from wallaroo_proto.capture.reassembly import HalfStream
+from wallaroo_proto.protocols.wallaroo.resync import find_boundary
 
 
 class Recorder:
@@ -285,7 +285,7 @@ def test_resync_through_garbage():
 
 
 def test_resync_buffer_is_bounded_while_scanning():
-    from wallaroo_proto.resync import RESYNC_WAIT
+    from wallaroo_proto.protocols.wallaroo.resync import RESYNC_WAIT
 
     # Zero bytes everywhere: every offset is a candidate start, none ever decides.
     garbage = b"\x00\x10\x00\x00\x05" + b"\x00\x01\x02\x03" * 25_000

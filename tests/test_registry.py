@@ -7,7 +7,13 @@ import os
 
 import pytest
 
-from wallaroo_proto.registry import STATE_FORMAT, STATE_VERSION, Registry, StateError, write_atomic
+from wallaroo_proto.protocols.wallaroo.registry import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    Registry,
+    StateError,
+    write_atomic,
+)
 
 A, B = "conn-a", "conn-b"
 

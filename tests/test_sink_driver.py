@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from support import Server, run_cli
 
-from wallaroo_proto.frames import Message
-from wallaroo_proto.sink_driver import SinkConsumer, SinkDriver
+from wallaroo_proto.protocols.wallaroo.frames import Message
+from wallaroo_proto.protocols.wallaroo.sink_driver import SinkConsumer, SinkDriver
 
 RUNNER = str(Path(__file__).with_name("sink_driver_runner.py"))
 

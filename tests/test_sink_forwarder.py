@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from wallaroo_proto.sink_forwarder import SinkForwarder
-from wallaroo_proto.worker import JsonLinesOut, MockWorker, WorkerConfig
+from wallaroo_proto.protocols.wallaroo.sink_forwarder import SinkForwarder
+from wallaroo_proto.protocols.wallaroo.worker import JsonLinesOut, MockWorker, WorkerConfig
 
 
 def test_the_forwarder_stays_the_last_consumer(tmp_path) -> None:

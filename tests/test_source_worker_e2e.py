@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support import COMMAND, Server, run_cli
 
-from wallaroo_proto.inputs import stream_id_for
+from wallaroo_proto.protocols.wallaroo.inputs import stream_id_for
 
 pytestmark = pytest.mark.slow
 

@@ -17,10 +17,11 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
 from support import run_cli
 
-from wallaroo_proto.capture import CaptureError
-from wallaroo_proto.codec import encode
-from wallaroo_proto.dissect import Dissector
-from wallaroo_proto.frames import (
+from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.capture.pcap import CaptureError
+from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.wallaroo.codec import encode
+from wallaroo_proto.protocols.wallaroo.frames import (
     Ack,
     EosMessage,
     Hello,
@@ -30,12 +31,18 @@ from wallaroo_proto.frames import (
     Ok,
     Restart,
 )
-from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.wallaroo.twopc import (
+    ListUncommitted,
+    Phase1,
+    Phase2,
+    Reply,
+    ReplyUncommitted,
+    twopc_frame,
+)
 from wallaroo_proto.spark import frames as spark_frames
 from wallaroo_proto.spark import jobs, reports
 from wallaroo_proto.spark.example_job import key_counts
 from wallaroo_proto.spark.session import build_session
-from wallaroo_proto.twopc import ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
 
 pytestmark = pytest.mark.slow
 

@@ -25,9 +25,9 @@ from test_mock_worker import (
     stop_json,
 )
 
-from wallaroo_proto import peer
-from wallaroo_proto.peer import FramedConnection, PeerStalled
-from wallaroo_proto.protocol import Side, Use
+from wallaroo_proto.protocols.wallaroo import peer
+from wallaroo_proto.protocols.wallaroo.peer import FramedConnection, PeerStalled
+from wallaroo_proto.protocols.wallaroo.protocol import Side, Use
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -11,9 +11,9 @@ import zlib
 
 import pytest
 
-from wallaroo_proto.faults import FaultFileError, load_faults, parse_faults
-from wallaroo_proto.sink import InstanceStore
-from wallaroo_proto.txnlog import (
+from wallaroo_proto.protocols.wallaroo.faults import FaultFileError, load_faults, parse_faults
+from wallaroo_proto.protocols.wallaroo.sink import InstanceStore
+from wallaroo_proto.protocols.wallaroo.txnlog import (
     COMPACT_STEPS,
     Decision,
     TxnLog,
@@ -225,7 +225,7 @@ def test_fault_file_is_data_never_code(tmp_path):
 
 _APPEND_UNDER_LIMIT = """
 import resource, sys
-from wallaroo_proto.txnlog import TxnLog, TxnLogError, Vote
+from wallaroo_proto.protocols.wallaroo.txnlog import TxnLog, TxnLogError, Vote
 log = TxnLog(sys.argv[1], "w1")
 limit = log.size + 10  # the next record is longer than 10 bytes: a partial write, then EFBIG
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
@@ -279,7 +279,7 @@ COMPACTED = b"".join(
 
 _COMPACT_AND_DIE = """
 import os, signal, sys
-from wallaroo_proto.txnlog import TxnLog
+from wallaroo_proto.protocols.wallaroo.txnlog import TxnLog
 
 def step(name):
     if name == sys.argv[2]:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from support import run_cli
 
-from wallaroo_proto.dissect import dissect
-from wallaroo_proto.wireshark import generate, tshark_command
+from wallaroo_proto.capture.dissector import dissect
+from wallaroo_proto.protocols.wallaroo.wireshark import generate, tshark_command
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 SAME = [

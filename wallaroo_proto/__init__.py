@@ -1,8 +1,14 @@
 """wallaroo-proto: a toolkit for the Wallaroo connector protocol, version 3."""
 
-from .codec import decode, encode, encode_body
-from .errors import EncodeError, FrameTooLarge, MalformedFrame, ProtocolError, UnknownFrameType
-from .frames import (
+from .protocols.wallaroo.codec import decode, encode, encode_body
+from .protocols.wallaroo.errors import (
+    EncodeError,
+    FrameTooLarge,
+    MalformedFrame,
+    ProtocolError,
+    UnknownFrameType,
+)
+from .protocols.wallaroo.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     Ack,
     EosMessage,
@@ -17,9 +23,18 @@ from .frames import (
     Restart,
     WorkersLeft,
 )
-from .protocol import Connection, ConnState, Outcome, Side, StreamState, Use, Verdict, check_hello
-from .reader import FrameReader
-from .twopc import (
+from .protocols.wallaroo.protocol import (
+    Connection,
+    ConnState,
+    Outcome,
+    Side,
+    StreamState,
+    Use,
+    Verdict,
+    check_hello,
+)
+from .protocols.wallaroo.reader import FrameReader
+from .protocols.wallaroo.twopc import (
     ListUncommitted,
     Phase1,
     Phase2,

@@ -31,6 +31,7 @@ STRUCTS: dict[str, list[tuple[str, str]]] = {
 
 FIELDS: list[tuple[str, str, str]] = [
     ("capture", "string", "capture file name (as given)"),
+    ("protocol", "string", "the connection's protocol: 'wallaroo' or 'kinesis' (protocols.names())"),
     ("connection", "string", "connection id: 'initiator addr:port > responder addr:port'"),
     ("conn_index", "int", "connection number in the capture, 1-based, in the order recognised"),
     ("initiator_addr", "string", "address of the side that sent HELLO (or opened TCP)"),
@@ -58,7 +59,7 @@ FIELDS: list[tuple[str, str, str]] = [
     ("instance_name", "string", "HELLO instance name"),
     # OK, ERROR, NOTIFY, NOTIFY_ACK
     ("initial_credits", "long", "OK credits"),
-    ("reason", "string", "ERROR reason"),
+    ("reason", "string", "ERROR reason; MLD shutdown reason (TERMINATE, ZOMBIE)"),
     ("stream_id", "long", "NOTIFY, NOTIFY_ACK, MESSAGE, EOS_MESSAGE stream id"),
     ("stream_name", "string", "NOTIFY stream name"),
     ("point_of_ref", "long", "NOTIFY, NOTIFY_ACK point of reference"),
@@ -82,6 +83,16 @@ FIELDS: list[tuple[str, str, str]] = [
     ("txn_ids", "array<string>", "2PC REPLY_UNCOMMITTED transaction ids"),
     ("where", "array<struct:where>", "2PC PHASE1 (stream_id, start_por, end_por) ranges"),
     ("commit", "boolean", "2PC REPLY vote / PHASE2 decision: true = commit"),
+    # Kinesis MultiLangDaemon (one line is one frame; `type` is its action, `reason` a shutdown's)
+    ("line_number", "long", "MLD: the line's number in its direction, 1-based"),
+    ("shard_id", "string", "MLD: the conversation's shard, from its initialize"),
+    ("sequence_number", "string", "MLD initialize, checkpoint; processRecords: its last record's"),
+    ("sub_sequence_number", "long", "MLD: the same's subsequence number"),
+    ("record_count", "long", "MLD processRecords: records in the batch"),
+    ("millis_behind_latest", "long", "MLD processRecords: how far behind the shard's newest"),
+    ("response_for", "string", "MLD status: the request it answers"),
+    ("latency", "double", "MLD status: seconds since the request it answers"),
+    ("checkpoint_error", "string", "MLD checkpoint reply: the exception name, null on success"),
 ]
 
 FIELD_NAMES: tuple[str, ...] = tuple(name for name, _, _ in FIELDS)
@@ -162,7 +173,8 @@ def to_json(record: dict) -> str:
 def iter_records(
     path_or_fileobj: str | os.PathLike | BinaryIO,
     *,
-    ports: Iterable[int] = DEFAULT_PORTS,
+    ports: Iterable[int] | None = None,
+    protocol: str | None = None,
     connection_filter: Callable[[ConnectionKey], bool] | None = None,
     capture_name: str | None = None,
     max_frame_size: int | None = None,
@@ -172,7 +184,7 @@ def iter_records(
     Raises ``capture.CaptureError`` after yielding every record before the damage.
     ``connection_filter`` picks the connections to reassemble (all by default).
     """
-    from .dissect import Dissector
+    from .capture.dissector import Dissector
 
     if capture_name is None:
         capture_name = (
@@ -182,6 +194,11 @@ def iter_records(
         )
     kwargs = {} if max_frame_size is None else {"max_frame_size": max_frame_size}
     dissector = Dissector(
-        capture_name, ports=ports, connection_filter=connection_filter, keep_summaries=False, **kwargs
+        capture_name,
+        ports=ports,
+        protocol=protocol,
+        connection_filter=connection_filter,
+        keep_summaries=False,
+        **kwargs,
     )
     yield from dissector.run(path_or_fileobj)

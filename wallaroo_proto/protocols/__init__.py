@@ -1,1 +1,88 @@
-"""Protocols beside Wallaroo's: one self-contained package each."""
+"""The protocols the capture dissector and spark-replay read: one plug-in each, and their registry.
+
+A plug-in is one ``ProtocolPlugin`` value, made by its package's ``plugin``
+module. The shared machinery (``capture``: capture reading, TCP reassembly,
+connection detection, output; ``spark``) knows protocols only through it, and
+no plug-in imports another. To add a protocol: a package here with its codec
+and sans-IO core, a ``plugin.py`` making a ``PLUGIN``, and its module name in
+``_PLUGIN_MODULES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+#: The registry, in detection order: a connection's first bytes go to each detector in turn.
+_PLUGIN_MODULES = (
+    "wallaroo_proto.protocols.wallaroo.plugin",
+    "wallaroo_proto.protocols.kinesis.plugin",
+)
+
+
+@dataclass(frozen=True)
+class ProtocolPlugin:
+    """What a protocol gives the shared dissector and spark-replay.
+
+    The framer, decoder and judge are the protocol's sans-IO pieces; the
+    tracker puts them together for one TCP connection, as the driver's
+    reassembler feeds it (``tracker(driver, index, client, server, client_known)``
+    with ``dirs`` {True: client's, False: server's} consumers of
+    ``capture.reassembly.HalfStream``, ``summary``, ``finish()``, ``release()``).
+    """
+
+    #: ``--protocol`` value and every record's ``protocol`` field.
+    name: str
+    #: Connections on these ports are this protocol's without looking at their bytes.
+    default_ports: tuple[int, ...]
+    #: ``detect(first_bytes, max_frame_size)``: do a connection's first bytes open this protocol?
+    detect: Callable[[bytes, int], bool]
+    #: One direction's splitter: ``feed(bytes)`` gives frames, ``gap(n)`` resyncs after lost bytes.
+    framer: Callable[..., Any]
+    #: A frame's bytes to its value.
+    decode: Callable[..., Any]
+    #: A connection's sans-IO state machine that judges each frame (accepted / violation with a reason).
+    judge: Callable[..., Any]
+    #: The driver's per-connection handler: frames, records and the summary.
+    tracker: Callable[..., Any]
+    #: Its own fields of ``records.FIELDS`` (beside the common ones every record has).
+    record_fields: tuple[str, ...]
+    #: Its frame and message type names, for ``dissect --type``.
+    type_names: tuple[str, ...]
+    #: ``print_summary(console, summary)``: one connection's ``dissect --summary``.
+    print_summary: Callable[[Any, dict], None]
+    #: ``describe(record)``: the fields column of ``dissect``'s table.
+    describe: Callable[[dict], str]
+    #: Its spark-replay reports: table name -> builder over its own rows of ``frames``.
+    spark_reports: Callable[[], Mapping[str, Callable[[Any], Any]]]
+    #: Printed titles of its reports, by table name (the order they print in).
+    report_titles: Mapping[str, str]
+
+
+@cache
+def plugins() -> tuple[ProtocolPlugin, ...]:
+    """Every registered plug-in, in detection order (imported on first use)."""
+    return tuple(importlib.import_module(name).PLUGIN for name in _PLUGIN_MODULES)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(p.name for p in plugins())
+
+
+def get_plugin(name: str) -> ProtocolPlugin:
+    """The plug-in called ``name``; KeyError names the known ones."""
+    for plugin in plugins():
+        if plugin.name == name:
+            return plugin
+    raise KeyError(f"unknown protocol {name!r} (known: {', '.join(names())})")
+
+
+def table_name(protocol: str, table: str) -> str:
+    """A protocol's report as a table: ``<protocol>_<table>``; Wallaroo's keep their plain names."""
+    return table if protocol == "wallaroo" else f"{protocol}_{table}"
+
+
+__all__ = ["ProtocolPlugin", "get_plugin", "names", "plugins", "table_name"]

@@ -158,12 +158,14 @@ def _row(record: dict) -> tuple:
     return tuple(map(get, _NAMES))
 
 
-def read_task(task: tuple[str, str, int, int], *, ports: Sequence[int], fail_fast: bool) -> Iterator[tuple]:
+def read_task(
+    task: tuple[str, str, int, int], *, ports: Sequence[int] | None, fail_fast: bool
+) -> Iterator[tuple]:
     """Executor side: the rows of one capture part, then a problem row if the capture is damaged.
 
     Only part 0 reports a damaged capture, so each capture is named once.
     """
-    from wallaroo_proto.capture import CaptureError
+    from wallaroo_proto.capture.pcap import CaptureError
 
     path, name, part, nparts = task
     connection_filter = None if nparts == 1 else _PartFilter(part, nparts)
@@ -208,7 +210,7 @@ def load_frames(
     spark: SparkSession,
     paths: Sequence[str] = DEFAULT_PATHS,
     *,
-    ports: Iterable[int] = records.DEFAULT_PORTS,
+    ports: Iterable[int] | None = None,
     fail_fast: bool = False,
     split_bytes: int | None = None,
     persist: bool = True,
@@ -227,7 +229,7 @@ def load_frames(
         raise CaptureFailed(f"{first.capture}: {first.error}")
     sc = spark.sparkContext
     tasks = plan_tasks(captures, sc.defaultParallelism, split_bytes)
-    ports = tuple(ports)
+    ports = None if ports is None else tuple(ports)
 
     def read(task):
         return read_task(task, ports=ports, fail_fast=fail_fast)

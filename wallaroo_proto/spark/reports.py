@@ -465,9 +465,19 @@ REPORTS = {
 
 
 def build_tables(frames: DataFrame, problems: DataFrame | None = None) -> dict[str, DataFrame]:
-    """Every table spark-replay offers, by view name: frames, messages, the reports, problems."""
-    tables = {"frames": frames, "messages": messages(frames)}
-    tables.update((name, build(frames)) for name, build in REPORTS.items())
+    """Every table spark-replay offers, by view name: frames, each protocol's reports, problems.
+
+    A protocol's reports see only its rows of ``frames`` and are named ``<protocol>_<report>``,
+    Wallaroo's by their plain names (``messages``, ``audit``, ...).
+    """
+    from wallaroo_proto.protocols import plugins, table_name
+
+    F = _f()  # noqa: N806
+    tables = {"frames": frames}
+    for plugin in plugins():
+        own = frames.where(F.col("protocol") == plugin.name)
+        for name, build in plugin.spark_reports().items():
+            tables[table_name(plugin.name, name)] = build(own)
     if problems is not None:
         tables["problems"] = problems
     return tables

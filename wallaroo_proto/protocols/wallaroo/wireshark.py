@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from wallaroo_proto.records import DEFAULT_PORTS
+
 from .frames import DEFAULT_MAX_FRAME_SIZE, FrameType
-from .records import DEFAULT_PORTS
 from .twopc import TWOPC_STREAM, TwoPCTag
 
 

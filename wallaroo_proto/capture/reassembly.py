@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from .capture import TCP_FIN, TCP_RST, TCP_SYN
+from .pcap import TCP_FIN, TCP_RST, TCP_SYN
 
 _MASK = 0xFFFF_FFFF
 #: Default bound on bytes held out of order per direction.

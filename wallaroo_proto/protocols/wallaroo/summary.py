@@ -94,6 +94,7 @@ class ConnectionSummary:
         return {
             "conn_index": self.conn_index,
             "connection": self.connection,
+            "protocol": "wallaroo",
             "use": self.use,
             "hello": self.hello,
             "midstream": self.midstream,

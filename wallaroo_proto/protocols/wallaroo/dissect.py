@@ -1,34 +1,28 @@
-"""The dissector: captures in, validated frame records and per-connection summaries out.
+"""The Wallaroo plug-in's per-connection tracker: frame bodies in, validated records out.
 
-Pipeline per capture: ``capture.read_segments`` (fast header parsing) ->
-connection detection (a listed port, or a connection whose first bytes are a
-HELLO) -> ``reassembly.HalfStream`` per direction -> ``FrameReader`` splits
-frames -> the codec decodes them -> the shared protocol core
-(``protocol.Connection``) judges each one -> a record (``records.FIELDS``).
+The capture driver (``capture.dissector.Dissector``) reads captures, reassembles TCP and
+hands each direction's bytes to a ``resync.DirectionFramer``; this tracker
+decodes the frames it splits (the codec), judges each one with the shared
+protocol core (``protocol.Connection``) and makes its record
+(``records.FIELDS``) and the connection's summary.
 
-A missing segment or a capture that starts mid-connection makes the splitter
-resync: it scans for the next offset where a plausible length prefix and type
-byte start a frame that decodes and is followed by another plausible header
-(or ends exactly where the data ends). Every record is produced as soon as the
-packet completing it is read, so memory stays bounded by the reassembly and
-frame-size limits, never by the capture size. Records come in the order of the
-packets that complete them: after a hole, data held out of order comes out
-when the hole is declared lost (buffer full, FIN/RST or end of capture).
-
-A connection's summary is kept for ``summaries()`` (one small object per
-connection); ``keep_summaries=False``, as ``records.iter_records`` uses, drops
-each connection entirely once it closes.
+A connection's first frames settle its use: HELLO version ``v0.0.1`` or 2PC
+messages on stream 0 mark the sink protocol. Frames seen before the use is
+known wait for it, since it decides their sender. The common case, well-formed
+MESSAGEs on a settled source connection, goes one loop with no per-frame dict
+under ``jsonl_batches``.
 """
 
 from __future__ import annotations
 
 import binascii
-import os
 import struct
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, BinaryIO
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from .capture import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, CaptureError, format_address, read_segments
+from wallaroo_proto.capture.pcap import format_address
+from wallaroo_proto.records import to_json
+
 from .codec import decode
 from .errors import ProtocolError
 from .frames import (
@@ -50,8 +44,6 @@ from .frames import (
     type_name,
 )
 from .protocol import Connection, ConnState, Side, StreamState, Use, Verdict
-from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
-from .records import DEFAULT_PORTS, ConnectionKey, to_json
 from .resync import DirectionFramer
 from .summary import ConnectionSummary, TxnSummary
 from .twopc import (
@@ -66,6 +58,9 @@ from .twopc import (
 )
 from .wire import U32
 
+if TYPE_CHECKING:
+    from wallaroo_proto.capture.dissector import Dissector
+
 _MSG_HEAD = struct.Struct(">QQqH").unpack_from
 _new_tuple = tuple.__new__
 _MESSAGE = 5
@@ -73,10 +68,6 @@ _MESSAGE = 5
 _HOLD_LIMIT = 32
 #: Per-connection caps on stored detail (counts stay exact).
 _KEEP = 1000
-_CLOSING = TCP_FIN | TCP_RST
-_CONTROL = TCP_SYN | TCP_FIN | TCP_RST
-#: Records handed out together: fewer generator switches, and still a small bounded list.
-_BATCH = 64
 _TYPE_NAMES = {
     cls: cls.TYPE.name
     for cls in (Hello, Ok, Error, Notify, NotifyAck, Message, Ack, Restart, EosMessage, WorkersLeft)
@@ -115,6 +106,7 @@ class _Tracker:
         self.key_text: dict[bytes, str] = {}
         self.capture = dissector.capture_name
         self.with_raw = dissector.with_raw
+        self.canon: tuple = ()
         max_size = dissector.max_frame_size
         self.ends = {True: client, False: server}
         self.dirs = {
@@ -154,6 +146,7 @@ class _Tracker:
             direction.fast = False
         self.ident = {
             "capture": self.capture,
+            "protocol": "wallaroo",
             "connection": self.label,
             "conn_index": self.summary.conn_index,
             "initiator_addr": ia,
@@ -665,6 +658,13 @@ class _Tracker:
             record["rtag"] = frame.rtag
             record["worker_names"] = [_text(t) for t in frame.worker_names]
 
+    def release(self) -> None:
+        """The connection is over and finished: free its buffers."""
+        for direction in self.dirs.values():
+            direction.half = None
+            direction.reader = None
+            direction.resync_buf = bytearray()
+
     def finish(self) -> None:
         """The connection or the capture ended: settle held frames, note loose ends."""
         for direction in self.dirs.values():
@@ -706,68 +706,6 @@ class _Tracker:
             self.summary.closed = "open at end of capture"
 
 
-# --- flows -------------------------------------------------------------------------
-
-
-class _Skipped:
-    """A connection not dissected here (not ours, or another task's share of the capture).
-
-    It remembers just enough to notice a new connection on the same 4-tuple, so
-    that connection numbers are the same whatever ``connection_filter`` keeps.
-    """
-
-    __slots__ = ("isn", "closed")
-
-    def __init__(self, isn: int | None = None) -> None:
-        self.isn = isn
-        self.closed = False
-
-    def segment(self, seq: int, flags: int, payload: bytes, packet: int, ts: int) -> None:
-        if flags & TCP_SYN:
-            if not flags & TCP_ACK and self.isn is None:
-                self.isn = seq
-        elif flags & (TCP_FIN | TCP_RST):
-            self.closed = True
-
-
-class _Probe:
-    """A connection on no listed port: ours only if its first bytes are a HELLO."""
-
-    __slots__ = ("dissector", "key", "syns", "first_packet")
-
-    def __init__(self, dissector: Dissector, key: tuple) -> None:
-        self.dissector = dissector
-        self.key = key
-        self.syns: dict[tuple, tuple[int, int]] = {}  # directional key -> (seq, flags)
-        self.first_packet = 0
-
-    def for_key(self, key: tuple) -> _ProbeSide:
-        return _ProbeSide(self, key)
-
-
-class _ProbeSide:
-    __slots__ = ("probe", "key")
-
-    def __init__(self, probe: _Probe, key: tuple) -> None:
-        self.probe = probe
-        self.key = key
-
-    def segment(self, seq: int, flags: int, payload: bytes, packet: int, ts: int) -> None:
-        probe = self.probe
-        if flags & TCP_SYN:
-            probe.syns[self.key] = (seq, flags)
-            return
-        if not payload:
-            return
-        syn = probe.syns.get(self.key)
-        at_start = syn is None or ((syn[0] + 1) & 0xFFFF_FFFF) == seq
-        d = probe.dissector
-        if at_start and looks_like_hello(payload, d.max_frame_size):
-            d._promote(probe, self.key, seq, flags, payload, packet, ts)
-        else:
-            d._ignore(probe)
-
-
 def looks_like_hello(payload: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bool:
     """Do these bytes start with a plausible HELLO frame (length, type 0, short version)?"""
     if len(payload) < 7:
@@ -782,211 +720,4 @@ def looks_like_hello(payload: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZ
     return all(32 <= b < 127 for b in version)
 
 
-class Dissector:
-    """Dissect one capture: ``run(source)`` yields records; ``summaries()`` afterwards."""
-
-    def __init__(
-        self,
-        capture_name: str = "<capture>",
-        *,
-        ports: Iterable[int] = DEFAULT_PORTS,
-        connection_filter: Callable[[ConnectionKey], bool] | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
-        max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER,
-        with_raw: bool = False,
-        keep_summaries: bool = True,
-    ) -> None:
-        self.capture_name = capture_name
-        #: False (iter_records): forget a connection once it closed, so memory stays flat.
-        self.keep_summaries = keep_summaries
-        self.ports = frozenset(ports)
-        self.connection_filter = connection_filter
-        self.max_frame_size = max_frame_size
-        self.max_out_of_order = max_out_of_order
-        self.with_raw = with_raw
-        self.trackers: list[_Tracker] = []
-        self.stats: dict[str, Any] = {}
-        self.error: CaptureError | None = None
-        self._flows: dict[tuple, Any] = {}
-        self._live: dict[tuple, _Tracker] = {}
-        self._out: list = []
-        self._count = 0
-        #: Set by jsonl_batches: records go out as JSON text.
-        self.jsonl = False
-
-    def run(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict]:
-        """Every frame record, in the order the packets completing them appear."""
-        self.jsonl = False
-        for batch in self._batches(source):
-            yield from batch
-
-    def run_jsonl(self, source: str | os.PathLike | BinaryIO) -> Iterator[str]:
-        """``run`` as JSONL lines (``records.to_json`` of each record)."""
-        for batch in self.jsonl_batches(source):
-            yield from batch
-
-    def jsonl_batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list[str]]:
-        """The JSONL lines in lists of a few dozen, in order: the fastest form.
-
-        An accepted plain MESSAGE is written as text directly, never built as a
-        dict. Each list is reused: consume it before asking for the next.
-        """
-        self.jsonl = True
-        return self._batches(source)
-
-    def _batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list]:
-        flows = self._flows
-        out = self._out
-        new_flow = self._new_flow
-        try:
-            for packet, ts, key, seq, flags, payload in read_segments(source, self.stats):
-                if not payload and not flags & _CONTROL:
-                    continue  # a bare ACK: nothing for any flow state here
-                half = flows.get(key)
-                if half is None or (flags & TCP_SYN and not flags & TCP_ACK and self._reused(half, seq)):
-                    half = new_flow(key, flags)
-                half.segment(seq, flags, payload, packet, ts)
-                if flags & _CLOSING and type(half) is HalfStream:
-                    self._closing(half)
-                if len(out) >= _BATCH:
-                    yield out
-                    out.clear()
-        except CaptureError as err:
-            self.error = err
-        for tracker in list(self._live.values()):
-            tracker.finish()
-        self._live.clear()
-        if out:
-            yield out
-            out.clear()
-        if self.error is not None:
-            raise self.error
-
-    def violations(self) -> int:
-        """Frames with a violation so far, over all connections."""
-        return sum(t.summary.violations for t in self.trackers)
-
-    def summaries(self) -> list[dict]:
-        return [t.summary.as_dict() for t in self.trackers]
-
-    # flow table ----------------------------------------------------------------------
-
-    def _closing(self, half: HalfStream) -> None:
-        """After a RST, or FINs both ways, a connection is over: settle it and free its buffers."""
-        tracker = half.consumer.tracker
-        halves = [d.half for d in tracker.dirs.values()]
-        if not (any(h.rst_seen for h in halves) or all(h.fin_seen for h in halves)):
-            return
-        tracker.finish()
-        self._live.pop(tracker.canon, None)
-        client = tracker.dirs[True].half
-        self._skip(tracker.canon, client.isn).closed = True
-        for direction in tracker.dirs.values():
-            direction.half = None
-            direction.reader = None
-            direction.resync_buf = bytearray()
-        if not self.keep_summaries:
-            self.trackers.remove(tracker)
-
-    def _reused(self, half: Any, seq: int) -> bool:
-        """A SYN on a known 4-tuple starts a new connection unless it repeats the known one's."""
-        if isinstance(half, HalfStream):
-            if not half.started:
-                return False
-            return half.fin_seen or half.rst_seen or half.isn is None or seq != half.isn
-        if isinstance(half, _Skipped):
-            return half.closed or half.isn is None or seq != half.isn
-        return False
-
-    def _canonical(self, key: tuple) -> tuple:
-        src, sport, dst, dport = key
-        return key if (src, sport) <= (dst, dport) else (dst, dport, src, sport)
-
-    def _wanted(self, canon: tuple) -> bool:
-        if self.connection_filter is None:
-            return True
-        a, pa, b, pb = canon
-        return bool(self.connection_filter(ConnectionKey(format_address(a), pa, format_address(b), pb)))
-
-    def _skip(self, key: tuple, isn: int | None = None) -> _Skipped:
-        src, sport, dst, dport = key
-        skipped = _Skipped(isn)
-        self._flows[key] = self._flows[(dst, dport, src, sport)] = skipped
-        return skipped
-
-    def _new_flow(self, key: tuple, flags: int) -> Any:
-        canon = self._canonical(key)
-        old = self._live.pop(canon, None)
-        if old is not None:
-            old.finish()
-        src, sport, dst, dport = key
-        reverse = (dst, dport, src, sport)
-        if sport in self.ports or dport in self.ports:
-            # Numbered before filtering, so every task of a split capture numbers alike.
-            self._count += 1
-            if not self._wanted(canon):
-                return self._skip(key)
-            client_known = bool(flags & TCP_SYN)
-            client_is_src = not (flags & TCP_ACK) if client_known else True
-            return self._track(key, reverse, canon, client_is_src, client_known)
-        probe = _Probe(self, canon)
-        self._flows[key] = probe.for_key(key)
-        self._flows[reverse] = probe.for_key(reverse)
-        return self._flows[key]
-
-    def _track(self, key: tuple, reverse: tuple, canon: tuple, client_is_src: bool, client_known: bool):
-        src, sport, dst, dport = key
-        client, server = ((src, sport), (dst, dport)) if client_is_src else ((dst, dport), (src, sport))
-        tracker = _Tracker(self, self._count, client, server, client_known)
-        tracker.canon = canon
-        self.trackers.append(tracker)
-        self._live[canon] = tracker
-        halves = {}
-        for k, is_client in ((key, client_is_src), (reverse, not client_is_src)):
-            direction = tracker.dirs[is_client]
-            half = direction.half = HalfStream(direction, self.max_out_of_order)
-            self._flows[k] = halves[k] = half
-        return halves[key]
-
-    def _ignore(self, probe: _Probe) -> None:
-        """Not ours: its first bytes are no HELLO."""
-        syn = next((seq for (seq, flags) in probe.syns.values() if not flags & TCP_ACK), None)
-        self._skip(probe.key, syn)
-
-    def _promote(self, probe: _Probe, key: tuple, seq: int, flags: int, payload: bytes, packet: int, ts: int):
-        """A probed connection opened with a HELLO: track it, its sender being the initiator."""
-        self._count += 1
-        if not self._wanted(probe.key):
-            self._ignore(probe)
-            return
-        src, sport, dst, dport = key
-        reverse = (dst, dport, src, sport)
-        half = self._track(key, reverse, probe.key, True, True)
-        tracker = self._live[probe.key]
-        tracker.initiator_fixed = True
-        for k, (syn_seq, syn_flags) in probe.syns.items():
-            self._flows[k].segment(syn_seq, syn_flags, b"", packet, ts)
-        half.segment(seq, flags, payload, packet, ts)
-
-
-def dissect(
-    source: str | os.PathLike | BinaryIO, *, ports: Iterable[int] = DEFAULT_PORTS, **kwargs: Any
-) -> tuple[list[dict], Dissector]:
-    """Convenience for small captures and tests: all records and the dissector."""
-    name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<stream>"
-    dissector = Dissector(name, ports=ports, **kwargs)
-    records: list[dict] = []
-    try:
-        for record in dissector.run(source):
-            records.append(record)
-    except CaptureError:
-        pass
-    return records, dissector
-
-
-__all__ = [
-    "CaptureError",
-    "Dissector",
-    "dissect",
-    "looks_like_hello",
-]
+__all__ = ["looks_like_hello"]

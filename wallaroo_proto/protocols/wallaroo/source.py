@@ -34,6 +34,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from wallaroo_proto.pcap_writer import PcapWriter
+
 from .errors import ProtocolError
 from .frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -51,7 +53,6 @@ from .frames import (
     show_text,
 )
 from .inputs import InputError, RateLimiter, RecordReader, StreamInput, ThreadedReader
-from .pcap_writer import PcapWriter
 from .peer import ConnectionClosed, FramedConnection, describe_protocol_error
 from .protocol import ConnState, Outcome, Side, Use, Verdict
 

@@ -31,6 +31,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from wallaroo_proto.pcap_writer import PcapWriter
+
 from .errors import ProtocolError
 from .frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -44,7 +46,6 @@ from .frames import (
     Text,
     show_text,
 )
-from .pcap_writer import PcapWriter
 from .peer import FramedConnection
 from .protocol import Side, Use, Verdict
 from .twopc import SINK_DATA_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame

@@ -19,8 +19,9 @@ from .reader import FrameReader
 from .wire import U32
 
 if TYPE_CHECKING:
+    from wallaroo_proto.capture.reassembly import HalfStream
+
     from .dissect import _Tracker
-    from .reassembly import HalfStream
 
 _MAX_TYPE = 9
 #: Resync waits for more data on a candidate frame start at most this far back.

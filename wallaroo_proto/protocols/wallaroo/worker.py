@@ -36,6 +36,8 @@ from json.encoder import encode_basestring_ascii
 from pathlib import Path
 from typing import Any, Protocol
 
+from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
+
 from .errors import ProtocolError
 from .frames import (
     DEFAULT_MAX_FRAME_SIZE,
@@ -53,7 +55,6 @@ from .frames import (
     Text,
     show_text,
 )
-from .pcap_writer import PcapWriter, TcpSession
 from .peer import ConnectionClosed, FramedConnection, OwnViolation, describe_protocol_error
 from .protocol import Outcome, Side, Use, Verdict, check_hello
 from .registry import Registry, write_atomic

@@ -1,7 +1,7 @@
 """scapy layers for the connector protocol, for people who build and inspect packets in scapy.
 
     from scapy.all import IP, TCP
-    from wallaroo_proto.scapy_layers import WallarooFrame, WMessage, bind_port
+    from wallaroo_proto.protocols.wallaroo.scapy_layers import WallarooFrame, WMessage, bind_port
     bind_port(7100)
     pkt = IP() / TCP(dport=7100) / WallarooFrame() / WMessage(stream_id=1, message_id=7, payload=b"hi")
 
@@ -11,7 +11,7 @@ when dissecting and filling the type byte when building. Several frames in
 one TCP segment dissect as a chain (each frame's payload ends where its length
 says; the next frame follows as the payload's payload). A MESSAGE on stream 0
 whose payload starts with a 2PC tag dissects its payload as the 2PC layer.
-The dissector (``wallaroo_proto.dissect``) does not use these classes: it is
+The dissector (``wallaroo_proto.protocols.wallaroo.dissect``) does not use these classes: it is
 the fast path; these are for interactive work and scapy-based tools.
 """
 

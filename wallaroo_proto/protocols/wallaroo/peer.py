@@ -16,10 +16,11 @@ import struct
 import sys
 from collections.abc import Iterable
 
+from wallaroo_proto.pcap_writer import TcpSession
+
 from .codec import encode
 from .errors import ProtocolError
 from .frames import DEFAULT_MAX_FRAME_SIZE, Error, Frame
-from .pcap_writer import TcpSession
 from .protocol import ACCEPTED, Connection, Outcome, Side, Use
 from .reader import FrameReader
 

@@ -1,0 +1,367 @@
+"""The capture driver: captures in, any plug-in protocol's records and summaries out.
+
+Pipeline per capture: ``capture.read_segments`` (fast header parsing) -> a
+flow table finds each TCP connection's protocol -> ``reassembly.HalfStream``
+per direction -> the plug-in's per-connection tracker (``protocols``), whose
+per-direction framer splits and resyncs, whose decoder and sans-IO judge make
+each frame's record.
+
+A connection's protocol: ``protocol`` forces one plug-in for every
+connection. Otherwise a connection on a plug-in's default port is that
+plug-in's; one on a port given in ``ports`` that no plug-in owns, or on any
+other port, is probed: the first plug-in whose detector accepts the
+connection's first bytes takes it (on a given port, Wallaroo when none does,
+so a capture starting mid-connection is still read; elsewhere it is skipped).
+
+Every record is produced as soon as the packet completing it is read, so
+memory stays bounded by the reassembly and frame-size limits, never by the
+capture size. A connection's summary is kept for ``summaries()`` (one small
+object per connection); ``keep_summaries=False``, as ``records.iter_records``
+uses, drops each connection entirely once it closes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, BinaryIO
+
+from wallaroo_proto.protocols import ProtocolPlugin, get_plugin, plugins
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
+from wallaroo_proto.records import ConnectionKey
+
+from .pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, CaptureError, format_address, read_segments
+from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
+
+_CLOSING = TCP_FIN | TCP_RST
+_CONTROL = TCP_SYN | TCP_FIN | TCP_RST
+#: Records handed out together: fewer generator switches, and still a small bounded list.
+_BATCH = 64
+
+
+# --- flows -------------------------------------------------------------------------
+
+
+class _Skipped:
+    """A connection not dissected here (not ours, or another task's share of the capture).
+
+    It remembers just enough to notice a new connection on the same 4-tuple, so
+    that connection numbers are the same whatever ``connection_filter`` keeps.
+    """
+
+    __slots__ = ("isn", "closed")
+
+    def __init__(self, isn: int | None = None) -> None:
+        self.isn = isn
+        self.closed = False
+
+    def segment(self, seq: int, flags: int, payload: bytes, packet: int, ts: int) -> None:
+        if flags & TCP_SYN:
+            if not flags & TCP_ACK and self.isn is None:
+                self.isn = seq
+        elif flags & (TCP_FIN | TCP_RST):
+            self.closed = True
+
+
+class _Probe:
+    """A connection whose protocol its first bytes decide; ``fallback`` takes it when none does."""
+
+    __slots__ = ("dissector", "key", "syns", "fallback")
+
+    def __init__(self, dissector: Dissector, key: tuple, fallback: ProtocolPlugin | None) -> None:
+        self.dissector = dissector
+        self.key = key
+        self.syns: dict[tuple, tuple[int, int]] = {}  # directional key -> (seq, flags)
+        self.fallback = fallback
+
+    def for_key(self, key: tuple) -> _ProbeSide:
+        return _ProbeSide(self, key)
+
+
+class _ProbeSide:
+    __slots__ = ("probe", "key")
+
+    def __init__(self, probe: _Probe, key: tuple) -> None:
+        self.probe = probe
+        self.key = key
+
+    def segment(self, seq: int, flags: int, payload: bytes, packet: int, ts: int) -> None:
+        probe = self.probe
+        if flags & TCP_SYN:
+            probe.syns[self.key] = (seq, flags)
+            return
+        if not payload:
+            return
+        syn = probe.syns.get(self.key)
+        at_start = syn is None or ((syn[0] + 1) & 0xFFFF_FFFF) == seq
+        d = probe.dissector
+        plugin = d._detect(payload) if at_start else None
+        if plugin is not None:
+            d._promote(probe, self.key, seq, flags, payload, packet, ts, plugin)
+        elif probe.fallback is not None:
+            d._fall_back(probe, self.key, seq, flags, payload, packet, ts)
+        else:
+            d._ignore(probe)
+
+
+class Dissector:
+    """Dissect one capture: ``run(source)`` yields records; ``summaries()`` afterwards."""
+
+    def __init__(
+        self,
+        capture_name: str = "<capture>",
+        *,
+        ports: Iterable[int] | None = None,
+        protocol: str | None = None,
+        connection_filter: Callable[[ConnectionKey], bool] | None = None,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER,
+        with_raw: bool = False,
+        keep_summaries: bool = True,
+    ) -> None:
+        self.capture_name = capture_name
+        #: False (iter_records): forget a connection once it closed, so memory stays flat.
+        self.keep_summaries = keep_summaries
+        #: The plug-ins that may claim a connection; ``protocol`` forces one (KeyError: unknown name).
+        self.plugins: tuple[ProtocolPlugin, ...] = (get_plugin(protocol),) if protocol else plugins()
+        given = frozenset(ports) if ports is not None else None
+        #: Ports whose connections are tracked at once, and by which plug-in.
+        self.port_plugins: dict[int, ProtocolPlugin] = {}
+        #: Given ports no plug-in owns: probed, with Wallaroo (the first plug-in) as the fallback.
+        self.probe_ports: frozenset[int] = frozenset()
+        if protocol:
+            self.port_plugins = dict.fromkeys(given or self.plugins[0].default_ports, self.plugins[0])
+        else:
+            for plugin in reversed(self.plugins):
+                self.port_plugins.update(dict.fromkeys(plugin.default_ports, plugin))
+            if given is not None:  # given ports replace the defaults; a plug-in keeps its own among them
+                self.probe_ports = given - self.port_plugins.keys()
+                self.port_plugins = {p: pl for p, pl in self.port_plugins.items() if p in given}
+        self.ports = frozenset(self.port_plugins) | self.probe_ports
+        self.connection_filter = connection_filter
+        self.max_frame_size = max_frame_size
+        self.max_out_of_order = max_out_of_order
+        self.with_raw = with_raw
+        self.trackers: list[Any] = []
+        self.stats: dict[str, Any] = {}
+        self.error: CaptureError | None = None
+        self._flows: dict[tuple, Any] = {}
+        self._live: dict[tuple, Any] = {}
+        self._out: list = []
+        self._count = 0
+        #: Set by jsonl_batches: records go out as JSON text.
+        self.jsonl = False
+
+    def run(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict]:
+        """Every frame record, in the order the packets completing them appear."""
+        self.jsonl = False
+        for batch in self._batches(source):
+            yield from batch
+
+    def run_jsonl(self, source: str | os.PathLike | BinaryIO) -> Iterator[str]:
+        """``run`` as JSONL lines (``records.to_json`` of each record)."""
+        for batch in self.jsonl_batches(source):
+            yield from batch
+
+    def jsonl_batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list[str]]:
+        """The JSONL lines in lists of a few dozen, in order: the fastest form.
+
+        An accepted plain MESSAGE is written as text directly, never built as a
+        dict. Each list is reused: consume it before asking for the next.
+        """
+        self.jsonl = True
+        return self._batches(source)
+
+    def _batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list]:
+        flows = self._flows
+        out = self._out
+        new_flow = self._new_flow
+        try:
+            for packet, ts, key, seq, flags, payload in read_segments(source, self.stats):
+                if not payload and not flags & _CONTROL:
+                    continue  # a bare ACK: nothing for any flow state here
+                half = flows.get(key)
+                if half is None or (flags & TCP_SYN and not flags & TCP_ACK and self._reused(half, seq)):
+                    half = new_flow(key, flags)
+                half.segment(seq, flags, payload, packet, ts)
+                if flags & _CLOSING and type(half) is HalfStream:
+                    self._closing(half)
+                if len(out) >= _BATCH:
+                    yield out
+                    out.clear()
+        except CaptureError as err:
+            self.error = err
+        for tracker in list(self._live.values()):
+            tracker.finish()
+        self._live.clear()
+        if out:
+            yield out
+            out.clear()
+        if self.error is not None:
+            raise self.error
+
+    def violations(self) -> int:
+        """Frames with a violation so far, over all connections."""
+        return sum(t.summary.violations for t in self.trackers)
+
+    def summaries(self) -> list[dict]:
+        return [t.summary.as_dict() for t in self.trackers]
+
+    # flow table ----------------------------------------------------------------------
+
+    def _closing(self, half: HalfStream) -> None:
+        """After a RST, or FINs both ways, a connection is over: settle it and free its buffers."""
+        tracker = half.consumer.tracker
+        halves = [d.half for d in tracker.dirs.values()]
+        if not (any(h.rst_seen for h in halves) or all(h.fin_seen for h in halves)):
+            return
+        tracker.finish()
+        self._live.pop(tracker.canon, None)
+        client = tracker.dirs[True].half
+        self._skip(tracker.canon, client.isn).closed = True
+        tracker.release()
+        if not self.keep_summaries:
+            self.trackers.remove(tracker)
+
+    def _reused(self, half: Any, seq: int) -> bool:
+        """A SYN on a known 4-tuple starts a new connection unless it repeats the known one's."""
+        if isinstance(half, HalfStream):
+            if not half.started:
+                return False
+            return half.fin_seen or half.rst_seen or half.isn is None or seq != half.isn
+        if isinstance(half, _Skipped):
+            return half.closed or half.isn is None or seq != half.isn
+        return False
+
+    def _canonical(self, key: tuple) -> tuple:
+        src, sport, dst, dport = key
+        return key if (src, sport) <= (dst, dport) else (dst, dport, src, sport)
+
+    def _wanted(self, canon: tuple) -> bool:
+        if self.connection_filter is None:
+            return True
+        a, pa, b, pb = canon
+        return bool(self.connection_filter(ConnectionKey(format_address(a), pa, format_address(b), pb)))
+
+    def _skip(self, key: tuple, isn: int | None = None) -> _Skipped:
+        src, sport, dst, dport = key
+        skipped = _Skipped(isn)
+        self._flows[key] = self._flows[(dst, dport, src, sport)] = skipped
+        return skipped
+
+    def _new_flow(self, key: tuple, flags: int) -> Any:
+        canon = self._canonical(key)
+        old = self._live.pop(canon, None)
+        if old is not None:
+            old.finish()
+        src, sport, dst, dport = key
+        reverse = (dst, dport, src, sport)
+        port_plugins = self.port_plugins
+        plugin = port_plugins.get(sport) or port_plugins.get(dport)
+        if plugin is not None:
+            # Numbered before filtering, so every task of a split capture numbers alike.
+            self._count += 1
+            if not self._wanted(canon):
+                return self._skip(key)
+            client_known = bool(flags & TCP_SYN)
+            client_is_src = not (flags & TCP_ACK) if client_known else True
+            return self._track(key, reverse, canon, client_is_src, client_known, plugin)
+        fallback = None
+        if sport in self.probe_ports or dport in self.probe_ports:
+            fallback = self.plugins[0]
+        probe = _Probe(self, canon, fallback)
+        self._flows[key] = probe.for_key(key)
+        self._flows[reverse] = probe.for_key(reverse)
+        return self._flows[key]
+
+    def _detect(self, payload: bytes) -> ProtocolPlugin | None:
+        """The first plug-in whose detector takes a connection's first bytes."""
+        for plugin in self.plugins:
+            if plugin.detect(payload, self.max_frame_size):
+                return plugin
+        return None
+
+    def _track(
+        self,
+        key: tuple,
+        reverse: tuple,
+        canon: tuple,
+        client_is_src: bool,
+        client_known: bool,
+        plugin: ProtocolPlugin,
+    ):
+        src, sport, dst, dport = key
+        client, server = ((src, sport), (dst, dport)) if client_is_src else ((dst, dport), (src, sport))
+        tracker = plugin.tracker(self, self._count, client, server, client_known)
+        tracker.canon = canon
+        self.trackers.append(tracker)
+        self._live[canon] = tracker
+        halves = {}
+        for k, is_client in ((key, client_is_src), (reverse, not client_is_src)):
+            direction = tracker.dirs[is_client]
+            half = direction.half = HalfStream(direction, self.max_out_of_order)
+            self._flows[k] = halves[k] = half
+        return halves[key]
+
+    def _ignore(self, probe: _Probe) -> None:
+        """Not ours: no plug-in knows its first bytes."""
+        syn = next((seq for (seq, flags) in probe.syns.values() if not flags & TCP_ACK), None)
+        self._skip(probe.key, syn)
+
+    def _promote(
+        self,
+        probe: _Probe,
+        key: tuple,
+        seq: int,
+        flags: int,
+        payload: bytes,
+        packet: int,
+        ts: int,
+        plugin: ProtocolPlugin,
+        fixed: bool = True,
+    ):
+        """A probed connection a plug-in knows: track it, its first sender being the initiator."""
+        self._count += 1
+        if not self._wanted(probe.key):
+            self._ignore(probe)
+            return
+        src, sport, dst, dport = key
+        reverse = (dst, dport, src, sport)
+        client_is_src, known = True, fixed
+        if not fixed:  # a fallback: the SYN, if seen, tells the initiator
+            syn = next((k for k, (_, f) in probe.syns.items() if not f & TCP_ACK), None)
+            client_is_src, known = (syn is None or syn == key), syn is not None
+        self._track(key, reverse, probe.key, client_is_src, known, plugin)
+        tracker = self._live[probe.key]
+        tracker.initiator_fixed = fixed
+        for k, (syn_seq, syn_flags) in probe.syns.items():
+            self._flows[k].segment(syn_seq, syn_flags, b"", packet, ts)
+        self._flows[key].segment(seq, flags, payload, packet, ts)
+
+    def _fall_back(
+        self, probe: _Probe, key: tuple, seq: int, flags: int, payload: bytes, packet: int, ts: int
+    ):
+        """A connection on a given port that no detector knows: the first plug-in reads it anyway."""
+        self._promote(probe, key, seq, flags, payload, packet, ts, probe.fallback, fixed=False)
+
+
+def dissect(
+    source: str | os.PathLike | BinaryIO, *, ports: Iterable[int] | None = None, **kwargs: Any
+) -> tuple[list[dict], Dissector]:
+    """Convenience for small captures and tests: all records and the dissector."""
+    name = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<stream>"
+    dissector = Dissector(name, ports=ports, **kwargs)
+    records: list[dict] = []
+    try:
+        for record in dissector.run(source):
+            records.append(record)
+    except CaptureError:
+        pass
+    return records, dissector
+
+
+__all__ = [
+    "CaptureError",
+    "Dissector",
+    "dissect",
+]

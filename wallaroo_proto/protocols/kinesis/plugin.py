@@ -1,0 +1,122 @@
+"""The Kinesis MultiLangDaemon plug-in: lines, the per-shard conversation judge, shard reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from wallaroo_proto.protocols import ProtocolPlugin
+
+from .codec import REQUESTS, LineSplitter, decode_from_daemon
+from .core import Conversation
+from .dissect import PORTS, KinesisTracker, looks_like_mld
+
+RECORD_FIELDS = (
+    "line_number",
+    "shard_id",
+    "sequence_number",
+    "sub_sequence_number",
+    "record_count",
+    "millis_behind_latest",
+    "response_for",
+    "latency",
+    "checkpoint_error",
+    "reason",
+)
+TYPE_NAMES = (*REQUESTS, "status", "checkpoint", "SKIPPED", "INVALID", "EOF")
+TITLES = {
+    "shards": "Kinesis shards",
+    "violations": "Kinesis protocol violations",
+}
+
+
+def describe(r: dict) -> str:
+    """The record's own fields, as ``dissect``'s table shows them."""
+    if r.get("type") in ("INVALID", "SKIPPED", "EOF"):
+        return ""  # no message: its violation or note rows say why
+    keys = (
+        ("shard", "shard_id"),
+        ("line", "line_number"),
+        ("for", "response_for"),
+        ("seq", "sequence_number"),
+        ("sub", "sub_sequence_number"),
+        ("records", "record_count"),
+        ("behind_ms", "millis_behind_latest"),
+        ("reason", "reason"),
+        ("error", "checkpoint_error"),
+    )
+    parts = [f"{label}={r[k]}" for label, k in keys if r.get(k) is not None]
+    if r.get("latency") is not None:
+        parts.append(f"latency={r['latency'] * 1000:.3f}ms")
+    return " ".join(parts)
+
+
+def _ms(value: float | None) -> str:
+    return "" if value is None else f"{value * 1000:.3f} ms"
+
+
+def print_summary(console: Console, s: dict) -> None:
+    """One shard's conversation: records, checkpoints, latency, violations."""
+    title = f"connection #{s['conn_index']}  {s['connection']}  (kinesis {s['shard_id'] or '?'})"
+    console.rule(Text(title, style="bold"))
+    info = Table(show_header=False, box=None, pad_edge=False)
+    info.add_column(style="bold")
+    info.add_column()
+    info.add_row(
+        "packets", f"{s['first_packet']}..{s['last_packet']} over {s['duration']:.6f} s, {s['closed']}"
+    )
+    info.add_row("shard", s["shard_id"] or "unknown (no initialize seen)")
+    info.add_row("daemon", f"{s['daemon'] or 'unknown'} (dialect {s['dialect'] or 'unknown'})")
+    info.add_row("lines", ", ".join(f"{k} {v}" for k, v in s["lines_by_type"].items()) or "none")
+    info.add_row("requests", str(s["requests"]))
+    info.add_row("records", str(s["records"]))
+    errors = ", ".join(f"{k} {v}" for k, v in s["checkpoint_error_names"].items())
+    info.add_row(
+        "checkpoints",
+        f"{s['checkpoints']}, errors {s['checkpoint_errors']}"
+        + (f" ({errors})" if errors else "")
+        + (f", last at {s['last_checkpoint']}" if s["last_checkpoint"] else ""),
+    )
+    lat = s["latency"]
+    info.add_row(
+        "request to status",
+        f"p50 {_ms(lat['p50'])}, p99 {_ms(lat['p99'])}, max {_ms(lat['max'])} ({lat['count']})"
+        if lat["count"]
+        else "none",
+    )
+    info.add_row("expecting", s["expecting"])
+    info.add_row("violations", Text(str(s["violations"]), style="bold red" if s["violations"] else "green"))
+    console.print(info)
+    for v in s["violation_list"][:50]:
+        console.print(Text(f"  packet {v['packet']} {v['type']}: {v['reason']}", style="red"))
+    if len(s["violation_list"]) > 50:
+        console.print(Text(f"  ... {s['violations'] - 50} more", style="red"))
+    for note in s["capture_notes"]:
+        console.print(Text(f"  note: {note}", style="yellow"))
+
+
+def _spark_reports() -> Mapping[str, Any]:
+    from . import spark
+
+    return {"shards": spark.shards, "violations": spark.violations}
+
+
+PLUGIN = ProtocolPlugin(
+    name="kinesis",
+    default_ports=PORTS,
+    detect=looks_like_mld,
+    framer=LineSplitter,
+    decode=decode_from_daemon,
+    judge=Conversation,
+    tracker=KinesisTracker,
+    record_fields=RECORD_FIELDS,
+    type_names=TYPE_NAMES,
+    print_summary=print_summary,
+    describe=describe,
+    spark_reports=_spark_reports,
+    report_titles=TITLES,
+)
