@@ -103,7 +103,8 @@ def test_committed_output_is_the_input_exactly_once_in_order(tmp_path: Path, see
     rng = random.Random(seed)
     inputs = write_inputs(tmp_path, streams=rng.randint(1, 3))
     faults = {
-        "abort_vote": [{"txn_id": f"c_id=({rng.randint(2, 4)}|{rng.randint(5, 9)})$"}],
+        # The first PHASE1 each sink process sees votes abort: some process sees one, so it strikes.
+        "abort_vote": [{"txn_id": "c_id=", "count": 1}],
         "close": [
             {
                 "at": rng.choice(["before_phase1_reply", "after_phase1_reply"]),
@@ -171,10 +172,9 @@ def test_committed_output_is_the_input_exactly_once_in_order(tmp_path: Path, see
         mine = [r for r in records if r.startswith(f"s{s}-")]
         assert mine == [f"s{s}-{i:06d}" for i in range(LINES)], f"stream {s} (seed {seed})"
     assert len(records) == LINES * len(inputs)
-    # The sink's fault file struck during the run (in any of its processes): an abort vote or a close.
+    # The sink's fault file struck during the run, in one of its processes.
     sink_log = "".join(sink.stderr)
-    assert "PHASE2" in sink_log
-    assert "vote abort" in sink_log or "fault:" in sink_log, sink_log
+    assert "vote abort" in sink_log and "PHASE2" in sink_log, sink_log
     check = run_cli("mock-sink", "--check", str(tmp_path / "sink"))
     assert check.returncode == 0, check.stdout + check.stderr
 
