@@ -221,13 +221,17 @@ def _out_resume_point(registry: Registry, out: str) -> int | None:
     """Where ``--out`` continues: the checkpointed length when the state knows this file.
 
     A state from a run that wrote no ``--out`` (or another file) cannot say; the file
-    is then appended to. No state at all starts the file afresh.
+    is then appended to. No state at all starts a regular file afresh; a pipe just
+    takes what comes.
     """
-    if registry.out is not None and registry.out["path"] == str(Path(out).resolve()):
-        return registry.out["bytes"]
-    if registry.streams and Path(out).exists():
-        return Path(out).stat().st_size
-    return None
+    path = Path(out)
+    known = registry.out
+    registry.out = None  # this run's own checkpoints record its own file
+    if not path.is_file():
+        return None
+    if known is not None and known["path"] == str(path.resolve()):
+        return known["bytes"]
+    return path.stat().st_size if registry.streams else None
 
 
 async def _run(
@@ -239,6 +243,7 @@ async def _run(
 ) -> dict:
     try:
         worker = MockWorker(config, registry)
+        registry.out = None if not out else registry.out  # a mark for no file of this run is stale
         if out:
             resume_at = _out_resume_point(registry, out)
             worker.add_consumer(JsonLinesOut(out, resume_at=resume_at, executor=worker.io))

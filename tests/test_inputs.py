@@ -59,7 +59,7 @@ def test_lines_file_one_message_per_line(tmp_path: Path):
     assert [m.message_id for m in messages] == [1, 2, 3, 4]
     assert [m.key for m in messages] == [b"k-1", b"k-2", b"k-3", b"k-4"]
     assert {m.stream_id for m in messages} == {spec.stream_id}
-    # A point of reference is the first id the worker lacks: resume there.
+    # open(start) reads the ids from start on: a resume above a point of reference P opens at P + 1.
     assert [m.payload for m in drain(spec.open(3))] == [b"", b"last"]
 
 

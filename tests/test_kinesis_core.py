@@ -254,3 +254,19 @@ def test_the_checkpointer_validates_like_the_kcl():
     assert err(None, action="shutdown", reason="ZOMBIE") == "InvalidStateException"
     assert err(None, action="shutdown", reason="TERMINATE") is None
     assert err("150", largest=None) == "IllegalArgumentException"
+
+
+def test_an_explicit_shard_end_checkpoint_ends_the_shard_like_a_bare_one():
+    """The KCL takes SHARD_END as the largest permitted value at the end of a shard."""
+    conv = Conversation()
+    verdicts = play(
+        conv,
+        (D, INIT),
+        (P, status("initialize")),
+        (D, b'{"action":"shardEnded"}'),
+        (P, checkpoint("SHARD_END")),
+        (D, reply("SHARD_END")),
+        (P, status("shardEnded")),
+    )
+    assert all(v.kind is Kind.ACCEPTED for v in verdicts), [v.describe() for v in verdicts]
+    assert conv.done and conv.violations == [] and conv.last_checkpoint == ("SHARD_END", 0)

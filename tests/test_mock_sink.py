@@ -283,7 +283,7 @@ def test_second_connection_of_a_connected_instance_gets_error(shared):
 
 def test_a_worker_back_before_the_sink_saw_it_leave_is_served(tmp_path):
     faults = tmp_path / "faults.toml"
-    faults.write_text('[[delay]]\nreply = "uncommitted"\nms = 1000\ncount = 1\n')
+    faults.write_text('[[delay]]\nreply = "uncommitted"\nms = 300\ncount = 1\n')
     with _sink(tmp_path, "--faults", str(faults)) as server:
         first = Worker(server.port, None)
         first.send(hello(b"w1"), notify(), list_uncommitted(1))

@@ -637,33 +637,37 @@ def test_a_failing_consumer_gets_the_connector_an_error_not_a_silent_loss() -> N
 
 @pytest.mark.timeout(60)
 def test_out_to_a_fifo_checkpoints_and_shuts_down_cleanly(tmp_path) -> None:
-    """--out into a pipe: nothing to fsync, so checkpoints, the EOS ACK and shutdown still work."""
+    """--out into a pipe: nothing to fsync or cut back, so checkpoints, the EOS ACK, shutdown and a
+    restart from --state still work."""
     import os
     import threading
 
-    fifo = tmp_path / "out.fifo"
+    fifo, state = tmp_path / "out.fifo", tmp_path / "state.json"
     os.mkfifo(fifo)
-    lines: list[bytes] = []
+    for run, first_id in enumerate((1, 3)):
+        lines: list[bytes] = []
 
-    def drain() -> None:
-        with open(fifo, "rb") as f:
-            lines.extend(f)
+        def drain(lines=lines) -> None:
+            with open(fifo, "rb") as f:
+                lines.extend(f)
 
-    reader = threading.Thread(target=drain, daemon=True)
-    reader.start()
-    with Server("mock-worker", "--port", "0", "--out", str(fifo), "--format", "json") as server:
-        conn = Connector(server)
-        conn.handshake(100)
-        conn.send(notify(1, b"s"))
-        assert conn.read_frame() == notify_ack_bytes(1, 1, 0)
-        conn.send(message(1, 0, b"a"), message(1, 1, b"b"), eos(1, 1))
-        assert conn.read_until(6) == ack_bytes(0, [(1, 1)])  # the EOS ACK needs a checkpoint
-        conn.close()
-        summary = stop_json(server)
-    reader.join(timeout=10)
-    assert summary["messages"] == 2
-    assert summary["errors"] == []
-    assert len(lines) == 2
+        reader = threading.Thread(target=drain, daemon=True)
+        reader.start()
+        args = ("--out", str(fifo), "--state", str(state), "--format", "json")
+        with Server("mock-worker", "--port", "0", *args) as server:
+            conn = Connector(server)
+            conn.handshake(100)
+            conn.send(notify(1, b"s"))
+            assert conn.read_frame() == notify_ack_bytes(1, 1, first_id - 1)
+            conn.send(message(1, first_id, b"a"), message(1, first_id + 1, b"b"), eos(1, first_id + 1))
+            assert conn.read_until(6) == ack_bytes(0, [(1, first_id + 1)])  # the EOS ACK needs a checkpoint
+            conn.close()
+            summary = stop_json(server)
+        reader.join(timeout=30)
+        assert summary["messages"] == 2, f"run {run}"
+        assert summary["errors"] == []
+        assert len(lines) == 2
+    assert "out" not in json.loads(state.read_text())  # a pipe's length is no position
 
 
 @pytest.mark.timeout(180)
@@ -781,7 +785,8 @@ def test_eos_during_a_checkpoint_gets_its_final_ack_at_the_last_id() -> None:
             body = await reader.readexactly(struct.unpack(">I", head)[0])
             assert body[0] == 6, body
             acks += list(struct.iter_unpack(">QQ", body[9:]))
-        assert acks == [(3, 5), (3, 7)]
+        # The first checkpoint's ACK (5) may be coalesced into the last; none goes past 7.
+        assert acks[-1] == (3, 7) and set(acks) <= {(3, 5), (3, 7)}
         writer.close()
         await worker.close()
 

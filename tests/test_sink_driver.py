@@ -116,12 +116,14 @@ class HandSink:
         hello_error: bytes | None = None,
         session_error: dict[int, bytes] | None = None,
         crash_after_last_phase2: bool = False,
+        refuse_hello: dict[int, bytes] | None = None,
     ) -> None:
         self.vote = vote or (lambda conn_no, round_no, txn: True)
         self.listed = listed or (lambda conn_no: [])
         self.hello_error = hello_error
         self.session_error = session_error or {}
         self.crash_after_last_phase2 = crash_after_last_phase2
+        self.refuse_hello = refuse_hello or {}
         self.undecided: list[bytes] = []
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
@@ -174,8 +176,8 @@ class HandSink:
 
         # The worker sends HELLO, NOTIFY and LIST_UNCOMMITTED without waiting: read all three first.
         hello, notify, listing = read(), read(), read()
-        if self.hello_error is not None:
-            sock.sendall(error(self.hello_error))
+        if self.hello_error is not None or conn_no in self.refuse_hello:
+            sock.sendall(error(self.hello_error or self.refuse_hello[conn_no]))
             return
         assert hello[0] == "HELLO" and notify[0] == "NOTIFY" and listing[0] == "LIST", (
             hello,
@@ -644,4 +646,21 @@ def test_a_sink_killed_before_applying_the_last_phase2_is_settled_before_the_dri
     assert first[-1][0] == "LIST"
     assert second[3] == ("PHASE2", last_txn, True)  # voted commit, decided commit: settled so
     assert second[-1][0] == "LIST" and sink.undecided == []
+    assert bytes(sink.data) == source.read_bytes() and sink.committed == len(sink.data)
+
+
+@pytest.mark.timeout(60)
+def test_a_hello_refused_on_a_reconnect_is_retried(tmp_path):
+    """The sink may still hold the session we just lost: its ERROR before OK is then no verdict."""
+    source = _lines(tmp_path, 100)
+    sink = HandSink(
+        vote=lambda conn_no, round_no, txn: "close" if (conn_no, round_no) == (0, 1) else True,
+        refuse_hello={1: b"worker instance w1 is already connected"},
+    )
+    try:
+        code, stats, err = run_driver(sink.port, "--input", str(source), "--every", "40")
+    finally:
+        sink.close()
+    assert code == 0, err
+    assert len(sink.connections) == 3 and stats["reconnects"] == 2
     assert bytes(sink.data) == source.read_bytes() and sink.committed == len(sink.data)

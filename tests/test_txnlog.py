@@ -10,6 +10,8 @@ import sys
 import zlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from wallaroo_proto.protocols.wallaroo.faults import FaultFileError, load_faults, parse_faults
 from wallaroo_proto.protocols.wallaroo.sink import InstanceStore
@@ -291,10 +293,15 @@ print("compacted")
 
 
 def test_crc32_concat_matches_the_crc_of_the_joined_bytes():
-    a, b = os.urandom(1000), os.urandom((1 << 20) + 777)  # more zeros than one chunk
+    a, b = os.urandom(1000), os.urandom((1 << 20) + 777)
     assert crc32_concat(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
     assert crc32_concat(0, zlib.crc32(b), len(b)) == zlib.crc32(b)
     assert crc32_concat(zlib.crc32(a), 0, 0) == zlib.crc32(a)
+
+
+@given(st.binary(max_size=600), st.binary(max_size=3000))
+def test_crc32_concat_property(a: bytes, b: bytes):
+    assert crc32_concat(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
 
 
 @pytest.mark.parametrize("kill_at", [*COMPACT_STEPS, None])

@@ -222,7 +222,7 @@ class Conversation:
             note = f"{note}; {echo}" if note else echo
         if msg.error is None:
             self.checkpoints += 1
-            if asked.sequence_number is None and self.pending in ("shardEnded", "shutdown"):
+            if asked.sequence_number in (None, SHARD_END) and self.pending in ("shardEnded", "shutdown"):
                 self.ended_checkpointed = True
                 self.last_checkpoint = (SHARD_END, 0)
             elif asked.sequence_number is None:

@@ -428,7 +428,8 @@ class Session:
             else:
                 at = (request.sequence_number, request.sub_sequence_number or 0)
             if at is not None:
-                self.daemon.leases.set(stats.shard_id, at[0], at[1])
+                # Durable before the reply, off the event loop: the other shards go on meanwhile.
+                await asyncio.to_thread(self.daemon.leases.set, stats.shard_id, at[0], at[1])
                 stats.checkpoint, stats.sub_sequence_number = at[0], at[1] or 0
                 stats.checkpointed = self.shard.start_after(at)
             stats.checkpoints += 1

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
+
+from ...durable import write_atomic
 
 FORMAT = "wallaroo-proto kinesis lease table"
 VERSION = 1
@@ -28,6 +31,7 @@ class LeaseTable:
         self.path = Path(path) if path is not None else None
         self.leases: dict[str, tuple[str, int]] = {}
         self.saves = 0
+        self._lock = threading.Lock()
 
     @classmethod
     def open(cls, path: str | os.PathLike | None) -> LeaseTable:
@@ -71,25 +75,14 @@ class LeaseTable:
     def save(self) -> None:
         if self.path is None:
             return
-        body = {
-            "format": FORMAT,
-            "version": VERSION,
-            "leases": {
-                shard: {"checkpoint": seq, "subSequenceNumber": sub}
-                for shard, (seq, sub) in sorted(self.leases.items())
-            },
-        }
-        data = (json.dumps(body, indent=1) + "\n").encode("utf-8")
-        directory = self.path.parent
-        tmp = directory / f".{self.path.name}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        dir_fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        self.saves += 1
+        with self._lock:  # shards checkpoint from threads of their own
+            body = {
+                "format": FORMAT,
+                "version": VERSION,
+                "leases": {
+                    shard: {"checkpoint": seq, "subSequenceNumber": sub}
+                    for shard, (seq, sub) in sorted(self.leases.items())
+                },
+            }
+            write_atomic(self.path, (json.dumps(body, indent=1) + "\n").encode("utf-8"))
+            self.saves += 1

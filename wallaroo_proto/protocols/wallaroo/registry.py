@@ -25,6 +25,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...durable import write_atomic
 from .frames import Text, show_text
 
 STATE_FORMAT = "wallaroo-proto mock-worker state"
@@ -256,24 +257,3 @@ def _parse_state(path: Path) -> tuple[list[tuple[int, str, int]], dict | None, d
     ):
         raise StateError(f"state file {path}: 'out' must hold path and bytes")
     return entries, sink, out
-
-
-def write_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (write, fsync, rename, fsync dir)."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -64,7 +64,7 @@ _FAULTS_LOCK = threading.Lock()
 SINK_CREDITS = 500
 #: Seconds a HELLO for a connected instance waits for that connection to end before its ERROR:
 #: a worker that reconnects at once may be ahead of the sink noticing its old connection close.
-HANDOVER_GRACE = 2.0
+HANDOVER_GRACE = 5.0
 
 
 class PeerError(Exception):

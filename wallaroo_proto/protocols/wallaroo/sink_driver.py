@@ -344,13 +344,17 @@ class SinkDriver:
     def _on_frame(self, frame, twopc) -> None:
         waiters = self._waiters
         if isinstance(frame, Error):
-            # The state it arrives in decides, not its words: before OK it answers the HELLO
-            # (the handshake is refused: fatal); after OK the session failed (reconnect).
+            # The state it arrives in decides, not its words. Before OK it answers the HELLO:
+            # on a first connection the sink refuses us (fatal); on a reconnect it may still
+            # hold our old session, so it is retried until --give-up. After OK the session
+            # failed: reconnect.
             reason = show_text(frame.reason)
-            if not waiters["ok"].done():
+            if waiters["ok"].done():
+                self._lose(f"sink sent ERROR: {reason}")
+            elif self.stats.connections == 0:
                 self._lose(reason, SinkRefused(f"the sink refused our HELLO: {reason}"))
             else:
-                self._lose(f"sink sent ERROR: {reason}")
+                self._lose(f"the sink refused our HELLO on a reconnect: {reason}")
         elif isinstance(frame, Ok):
             if not waiters["ok"].done():
                 waiters["ok"].set_result(frame)

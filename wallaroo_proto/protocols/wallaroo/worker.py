@@ -176,31 +176,34 @@ class JsonLinesOut:
         executor=None,
     ) -> None:
         self.path = Path(path)
-        self._file = open(self.path, "wb" if resume_at is None else "ab")  # noqa: SIM115 - closed by aclose()
-        if resume_at is not None:
+        self._file = open(self.path, "ab")  # noqa: SIM115 - closed by aclose()
+        # A pipe or FIFO (``--out /dev/stdout``, a reader process) has nothing to fsync or cut back.
+        self._regular = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
+        self._resolved = str(self.path.resolve())
+        #: Bytes handed to the file so far (a regular file: its length).
+        self._written = 0
+        if self._regular:
+            keep = resume_at or 0
             size = os.fstat(self._file.fileno()).st_size
-            if size < resume_at:
+            if size < keep:
                 self._file.close()
                 raise OSError(
-                    f"--out {self.path} holds {size} bytes, but the --state checkpoint says {resume_at} were "
+                    f"--out {self.path} holds {size} bytes, but the --state checkpoint says {keep} were "
                     "written: it is not the file this worker wrote"
                 )
-            self._file.truncate(resume_at)
-        self.bytes = resume_at or 0
+            self._file.truncate(keep)
+            self._written = keep
         self._lines: list[str] = []
         self._size = 0
         self.buffer_limit = buffer_limit
         self._lock = asyncio.Lock()
         self._executor = executor
         self.lines = 0
-        # A pipe or FIFO (``--out /dev/stdout``, a reader process) has nothing to fsync.
-        self._regular = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
 
     async def deliver(self, stream_id: int, message: Message) -> None:
         line = message_json(stream_id, message)
         self._lines.append(line)
         self._size += len(line)
-        self.bytes += len(line)
         self.lines += 1
         if self._size >= self.buffer_limit:
             await self._write()
@@ -212,6 +215,7 @@ class JsonLinesOut:
             data = "".join(self._lines).encode("ascii")
             self._lines.clear()
             self._size = 0
+            self._written += len(data)
             await asyncio.get_running_loop().run_in_executor(self._executor, self._file.write, data)
 
     def _fsync(self) -> None:
@@ -219,9 +223,10 @@ class JsonLinesOut:
         if self._regular:
             os.fsync(self._file.fileno())
 
-    def mark(self) -> dict:
-        """The file's length with every line delivered so far: what a checkpoint records."""
-        return {"path": str(self.path.resolve()), "bytes": self.bytes}
+    def mark(self) -> dict | None:
+        """The file's length with every line delivered so far, which a checkpoint records
+        (None for a pipe, which cannot be cut back)."""
+        return {"path": self._resolved, "bytes": self._written + self._size} if self._regular else None
 
     async def sync(self) -> None:
         await self._write()
@@ -750,8 +755,7 @@ class MockWorker:
                     await loop.run_in_executor(self.io, write_atomic, self.registry.path, data)
                 if sink_position is not None:
                     self.registry.sink = sink_position
-                if out_mark is not None:
-                    self.registry.out = out_mark
+                self.registry.out = out_mark
 
             try:
                 for consumer in self.consumers:
