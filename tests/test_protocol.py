@@ -424,3 +424,60 @@ def test_listed_uncommitted_txns_must_be_settled_before_data_or_a_new_round():
     accept(conn, twopc_frame(Phase2("old-2", False)), W)
     accept(conn, Message(1, 0, 0, b"", b"x"), W)
     accept(conn, twopc_frame(Phase1("new", ((1, 0, 1),))), W)
+
+
+def _state(conn: Connection) -> tuple:
+    streams = {sid: (r.state, r.last_message_id, r.messages, r.replays) for sid, r in conn.streams.items()}
+    return conn.state, conn.credits, conn.frame_index, streams
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([1, 2, 5]), st.integers(0, 40), st.sampled_from(["msg", "eos", "ack"])),
+        min_size=1,
+        max_size=30,
+    ),
+    st.integers(0, 40),
+    st.sampled_from([C, W]),
+    st.booleans(),
+)
+def test_a_run_is_accepted_whole_exactly_when_each_frame_would_be(items, credits, sender, use_sink):
+    """process_run takes a run in one step only where process, frame by frame, accepts every
+    frame with nothing else to say; otherwise it changes nothing."""
+    frames = [
+        Message(sid, mid, 0, b"", b"p") if kind == "msg" else EosMessage(sid, mid) if kind == "eos" else Ack(1)
+        for sid, mid, kind in items
+    ]
+    use = Use.SINK if use_sink else Use.SOURCE
+    data_side = W if use_sink else C
+
+    def fresh() -> Connection:
+        conn = streaming(credits=100, use=use)
+        for sid in (1, 2):
+            open_stream(conn, sid, sender=data_side)
+        accept(conn, Message(1, 3, 0, b"", b"p"), data_side)  # stream 1 has seen id 3
+        conn.credits = credits
+        return conn
+
+    by_run, by_frame = fresh(), fresh()
+    before = _state(by_run)
+    outcomes = [by_frame.process(f, sender) for f in frames]
+    plain = all(o.verdict is Verdict.ACCEPTED and not o.reason and o.twopc is None for o in outcomes)
+    one_stream_of_messages = all(type(f) is Message for f in frames) and len({f[0] for f in frames}) == 1
+    taken = by_run.process_run(frames, sender)
+    if taken:
+        assert plain and one_stream_of_messages
+        assert _state(by_run) == _state(by_frame)
+    else:
+        assert _state(by_run) == before
+        assert not (plain and one_stream_of_messages and by_frame.overdraft == 0)
+
+
+def test_a_run_of_consecutive_ids_spends_one_credit_each():
+    conn = streaming(credits=10)
+    open_stream(conn, 1)
+    run = [Message(1, i, 0, b"", b"x") for i in range(1, 8)]
+    assert conn.process_run(run, C)
+    assert (conn.credits, conn.streams[1].last_message_id, conn.streams[1].messages) == (2, 7, 7)
+    assert not conn.process_run([Message(1, 9, 0, b"", b"x"), Message(1, 8, 0, b"", b"x")], C)  # falls
+    assert not conn.process_run([Message(1, i, 0, b"", b"x") for i in range(10, 13)], C)  # 3 > 2 credits

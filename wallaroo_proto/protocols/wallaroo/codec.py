@@ -64,6 +64,17 @@ def encode(frame: Frame) -> bytes:
     return U32.pack(len(body)) + body
 
 
+def encode_messages(messages: list[Message]) -> bytes:
+    """A run of MESSAGEs as one buffer: what ``encode`` gives each, joined, in one pass."""
+    pack = MESSAGE_HEAD.pack
+    try:
+        return b"".join(
+            [pack(27 + len(k) + len(p), 5, s, i, t, len(k)) + k + p for s, i, t, k, p in messages]
+        )
+    except (struct.error, TypeError):  # a value the fast path cannot take: the checked way, frame by frame
+        return b"".join(map(encode, messages))
+
+
 def decode(body: bytes) -> Frame:
     """Decode one frame body; any defect raises a ProtocolError subclass."""
     if not body:

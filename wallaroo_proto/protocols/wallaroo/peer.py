@@ -15,12 +15,14 @@ import socket
 import struct
 import sys
 from collections.abc import Iterable
+from itertools import groupby
+from operator import itemgetter
 
 from wallaroo_proto.pcap_writer import TcpSession
 
-from .codec import encode
+from .codec import encode, encode_messages
 from .errors import ProtocolError
-from .frames import DEFAULT_MAX_FRAME_SIZE, Error, Frame
+from .frames import DEFAULT_MAX_FRAME_SIZE, Error, Frame, Message
 from .protocol import ACCEPTED, Connection, Outcome, Side, Use
 from .reader import FrameReader
 
@@ -37,6 +39,7 @@ if sys.platform == "linux":
     _OUTQ_UNSENT = 0x894B
 _TCP_CLOSE = 7  # tcpi_state of a connection the peer reset
 _NO_LINGER = struct.pack("ii", 1, 0)  # close with RST: nothing left for a stalled peer to hold
+_FIRST_FIELD = itemgetter(0)  # a MESSAGE's stream id: consecutive frames with one in common may be a run
 
 
 class ConnectionClosed(Exception):
@@ -162,6 +165,31 @@ class FramedConnection:
         Raises ConnectionClosed at EOF, PeerStalled once the peer stalled, and ProtocolError
         on bytes that are no frame.
         """
+        frames = await self._read_frames()
+        their_side = self.our_side.other
+        process = self.machine.process
+        return [(frame, process(frame, their_side)) for frame in frames]
+
+    async def receive_runs(self) -> list[tuple[Frame | list[Message], Outcome]]:
+        """As ``receive``, but a run of MESSAGEs on one stream that the core accepted whole
+        (``Connection.process_run``) comes as one item: the list of them, ACCEPTED.
+
+        Every frame is still judged: a run the core does not take whole is judged frame by frame.
+        """
+        frames = await self._read_frames()
+        their_side = self.our_side.other
+        process, process_run = self.machine.process, self.machine.process_run
+        out: list[tuple[Frame | list[Message], Outcome]] = []
+        append = out.append
+        for _, group in groupby(frames, _FIRST_FIELD):
+            run = list(group)
+            if len(run) > 1 and process_run(run, their_side):
+                append((run, ACCEPTED))
+            else:
+                out += [(frame, process(frame, their_side)) for frame in run]
+        return out
+
+    async def _read_frames(self) -> list[Frame]:
         if self.stalled is not None:
             raise PeerStalled(self.stalled)
         data = await self.reader.read(READ_SIZE)
@@ -173,22 +201,31 @@ class FramedConnection:
         self.bytes_in += len(data)
         if self.recording is not None:
             self.recording.send(not self._we_are_client, data)
-        frames = self.frames.feed(data)
-        their_side = self.our_side.other
-        process = self.machine.process
-        return [(frame, process(frame, their_side)) for frame in frames]
+        return self.frames.feed(data)
 
-    def write(self, frames: Iterable[Frame], *, check: bool = True) -> None:
-        """Queue frames for sending (call ``drain`` to respect back-pressure)."""
+    def write(self, frames: Iterable[Frame | list[Message]], *, check: bool = True) -> None:
+        """Queue frames for sending (call ``drain`` to respect back-pressure).
+
+        An item that is a list of MESSAGEs on one stream is checked by the core as a run
+        and encoded in one pass when it is accepted whole, else frame by frame.
+        """
         if self.stalled is not None:
             raise PeerStalled(self.stalled)
         chunks = []
-        process, side = self.machine.process, self.our_side
-        for frame in frames:
-            outcome = process(frame, side)
-            if outcome is not ACCEPTED and check and outcome.is_violation:
-                raise OwnViolation(f"refusing to send {frame.TYPE.name}: {outcome.reason}")
-            chunks.append(encode(frame))
+        process, process_run, side = self.machine.process, self.machine.process_run, self.our_side
+        for item in frames:
+            if type(item) is list:
+                if process_run(item, side):
+                    chunks.append(encode_messages(item))
+                    continue
+                run = item
+            else:
+                run = (item,)
+            for frame in run:
+                outcome = process(frame, side)
+                if outcome is not ACCEPTED and check and outcome.is_violation:
+                    raise OwnViolation(f"refusing to send {frame.TYPE.name}: {outcome.reason}")
+                chunks.append(encode(frame))
         data = b"".join(chunks)
         if not data:
             return

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import itemgetter
 
 from .errors import ProtocolError
 from .frames import (
@@ -119,6 +120,10 @@ class StreamRecord:
     #: behaviour) with a NOTIFY_ACK success=0 that leaves the stream as it was.
     refusals_due: int = 0
 
+
+_STREAM_ID = itemgetter(0)
+_MESSAGE_ID = itemgetter(1)
+_ONLY_MESSAGES = {Message}
 
 # Which side of each use sends the data frames.
 _DATA_SIDE = {Use.SOURCE: Side.CONNECTOR, Use.SINK: Side.WORKER}
@@ -266,6 +271,48 @@ class Connection:
             else:
                 self.overdraft += 1
         return outcome
+
+    def process_run(self, run: list[Message], sender: Side) -> bool:
+        """Accept a run of MESSAGEs in one step, or change nothing and return False.
+
+        True only when the per-frame fast path would accept every frame of the run:
+        all MESSAGEs on one open stream, ids strictly rising and above the last seen,
+        credit for all of them, no 2PC round in the way. Otherwise the caller feeds the
+        run to ``process`` frame by frame, which gives each frame its own verdict.
+        The checks are passes in C over the run, not a Python step per frame.
+        """
+        n = len(run)
+        if n == 0 or sender is not self._data_side or self.state is not ConnState.STREAMING:
+            return False
+        stream_id = run[0][0]
+        record = self.streams.get(stream_id)
+        credits = self.credits
+        if (
+            record is None
+            or record.state is not StreamState.OPEN
+            or self.phase1_txn is not None
+            or self.unsettled_listed
+            or credits is None
+            or credits < n
+            or (stream_id == TWOPC_STREAM and self.use is Use.SINK)
+            or set(map(type, run)) != _ONLY_MESSAGES
+            or set(map(_STREAM_ID, run)) != {stream_id}
+        ):
+            return False
+        ids = list(map(_MESSAGE_ID, run))
+        first, last_id = ids[0], ids[-1]
+        last = record.last_message_id
+        if last is not None and first <= last:
+            return False
+        # Strictly rising: consecutive (the usual case, one comparison with a range), or
+        # equal to its own sorted set of distinct values.
+        if ids != list(range(first, first + n)) and ids != sorted(set(ids)):
+            return False
+        record.last_message_id = last_id
+        record.messages += n
+        self.credits = credits - n
+        self.frame_index += n
+        return True
 
     def _apply(self, frame: Frame, frame_type: type, sender: Side, index: int) -> Outcome:
         if frame_type is Message:

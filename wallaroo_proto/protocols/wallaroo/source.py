@@ -30,9 +30,12 @@ import asyncio
 import contextlib
 import random
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import repeat, starmap
+from operator import itemgetter
 
 from wallaroo_proto.pcap_writer import PcapWriter
 
@@ -55,6 +58,10 @@ from .frames import (
 from .inputs import InputError, RateLimiter, RecordReader, StreamInput, ThreadedReader
 from .peer import ConnectionClosed, FramedConnection, describe_protocol_error
 from .protocol import ConnState, Outcome, Side, Use, Verdict
+
+_MESSAGE_ID = itemgetter(1)
+_PAYLOAD = itemgetter(4)
+_consume = deque(maxlen=0).extend  # runs an iterator to its end in C, keeping nothing
 
 
 class SourceFailed(Exception):
@@ -198,12 +205,20 @@ class StreamFeed:
         return len(self.unacked) + len(self.pending)
 
     def trim(self, point: int) -> int:
-        """Forget messages at or below ``point``; returns how many were dropped."""
+        """Forget messages at or below ``point``; returns how many were dropped.
+
+        Ids rise along both buffers, so the count is found by bisection and dropped in C.
+        """
         dropped = 0
         for buf in (self.unacked, self.pending):
-            while buf and buf[0].message_id <= point:
-                buf.popleft()
-                dropped += 1
+            if buf and buf[0].message_id <= point:
+                if buf[-1].message_id <= point:
+                    count = len(buf)
+                    buf.clear()
+                else:
+                    count = bisect_right(buf, point, key=_MESSAGE_ID)
+                    _consume(starmap(buf.popleft, repeat((), count)))
+                dropped += count
         return dropped
 
     def rewind_for_replay(self) -> None:
@@ -549,12 +564,13 @@ class MockSource:
             timers.append(max(0.001, self.limiter.wait_time()))
         return min(timers) if timers else None
 
-    def _next_frames(self, credits: int) -> list[Frame]:
-        """The next frames to write, at most ``credits`` of them; updates the streams' states."""
+    def _next_frames(self, credits: int) -> list[Frame | list[Message]]:
+        """The next frames to write, at most ``credits`` of them, a stream's MESSAGEs as one list;
+        updates the streams' states."""
         budget = min(credits, self.options.batch)
         if budget <= 0:
             return []
-        out: list[Frame] = []
+        out: list[Frame | list[Message]] = []
         now = time.monotonic()
         for feed in self.feeds:
             if budget == 0:
@@ -579,16 +595,21 @@ class MockSource:
                 self._read(feed, min(share, budget))
             take = min(budget, share, len(feed.pending))
             if take:
-                popleft = feed.pending.popleft
-                batch = [popleft() for _ in range(take)]
+                pending = feed.pending
+                if take == len(pending):
+                    batch = list(pending)
+                    pending.clear()
+                else:
+                    popleft = pending.popleft
+                    batch = [popleft() for _ in range(take)]
                 feed.unacked.extend(batch)
-                out.extend(batch)
+                out.append(batch)  # one run: checked by the core and encoded in one pass
                 max_sent = feed.max_sent
                 if batch[-1].message_id > max_sent:
                     # Ids rise within a stream: the new messages are a tail of the batch.
                     fresh = batch if batch[0].message_id > max_sent else [m for m in batch if m[1] > max_sent]
                     stats.messages += len(fresh)
-                    stats.payload_bytes += sum(len(m[4]) for m in fresh)
+                    stats.payload_bytes += sum(map(len, map(_PAYLOAD, fresh)))
                     stats.replayed += take - len(fresh)
                     feed.max_sent = batch[-1].message_id
                     self._progress = True

@@ -28,11 +28,13 @@ import os
 import re
 import stat
 import time
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,7 +58,7 @@ from .frames import (
     show_text,
 )
 from .peer import ConnectionClosed, FramedConnection, OwnViolation, describe_protocol_error
-from .protocol import Outcome, Side, Use, Verdict, check_hello
+from .protocol import ACCEPTED, Outcome, Side, Use, Verdict, check_hello
 from .registry import Registry, write_atomic
 from .sink_forwarder import SinkForwarder
 
@@ -65,6 +67,21 @@ _REPLAYED = Verdict.REPLAYED
 _VIOLATION = Verdict.VIOLATION
 #: Violations and refusals kept for the summary (all are counted).
 MAX_RECORDED_ERRORS = 100
+
+
+_MESSAGE_ID = itemgetter(1)
+
+
+def _one_by_one(
+    batch: list[tuple[Frame | list[Message], Outcome]],
+) -> Iterator[tuple[Frame, Outcome]]:
+    """Runs opened up into their MESSAGEs, each ACCEPTED (the core accepted the run whole)."""
+    for frame, outcome in batch:
+        if type(frame) is list:
+            for message in frame:
+                yield message, ACCEPTED
+        else:
+            yield frame, outcome
 
 
 class Consumer(Protocol):
@@ -208,6 +225,18 @@ class JsonLinesOut:
         if self._size >= self.buffer_limit:
             await self._write()
 
+    def take_many(self, stream_id: int, messages: list[Message]) -> None:
+        """A run's lines into the buffer, with no wait; ``flush`` then holds the connection back."""
+        lines = [message_json(stream_id, m) for m in messages]
+        self._lines += lines
+        self._size += sum(map(len, lines))
+        self.lines += len(lines)
+
+    async def flush(self) -> None:
+        """Write the buffer out once it reached its limit (back-pressure on the delivering connection)."""
+        if self._size >= self.buffer_limit:
+            await self._write()
+
     async def _write(self) -> None:
         async with self._lock:
             if not self._lines:
@@ -235,6 +264,13 @@ class JsonLinesOut:
     async def aclose(self) -> None:
         await self.sync()
         self._file.close()
+
+
+def _run_calls(consumers: Sequence[Consumer]) -> tuple[list, list] | None:
+    """(take_many, flush) of every consumer when all of them take runs, else None."""
+    if not all(hasattr(c, "take_many") and hasattr(c, "flush") for c in consumers):
+        return None
+    return [c.take_many for c in consumers], [c.flush for c in consumers]
 
 
 @dataclass
@@ -307,12 +343,12 @@ class WorkerConnection:
                 try:
                     if self.hello is None and deadline is not None:
                         async with asyncio.timeout(max(deadline - time.monotonic(), 0)):
-                            batch = await framed.receive()
+                            batch = await framed.receive_runs()
                     elif cfg.idle_timeout > 0:
                         async with asyncio.timeout(cfg.idle_timeout):
-                            batch = await framed.receive()
+                            batch = await framed.receive_runs()
                     else:
-                        batch = await framed.receive()
+                        batch = await framed.receive_runs()
                 except TimeoutError:
                     self.worker.stats.timeouts += 1
                     if self.hello is None:
@@ -350,7 +386,7 @@ class WorkerConnection:
                 self.worker.stats.timeouts += 1
                 self.worker.note_error(self, "stalled", framed.stalled)
 
-    async def _handle(self, batch: list[tuple[Frame, Outcome]]) -> None:
+    async def _handle(self, batch: list[tuple[Frame | list[Message], Outcome]]) -> None:
         worker = self.worker
         stats = worker.stats
         registry_streams = worker.registry.streams
@@ -358,9 +394,19 @@ class WorkerConnection:
         consumers = worker.consumer_calls
         cfg = worker.config
         checkpoint_every = cfg.checkpoint_every or float("inf")
-        self.frames += len(batch)
-        stats.frames += len(batch)
+        frames = len(batch)
+        runs = [frame for frame, _ in batch if type(frame) is list]
+        if runs:
+            frames += sum(map(len, runs)) - len(runs)
+            if worker.run_consumers is None or cfg.restart_after or cfg.drop_connection_after:
+                # Message by message: a consumer that takes one at a time, or a fault counted in messages.
+                batch = list(_one_by_one(batch))
+        self.frames += frames
+        stats.frames += frames
         for frame, outcome in batch:
+            if type(frame) is list:
+                await self._deliver_run(frame)
+                continue
             verdict = outcome.verdict
             if verdict is _ACCEPTED:
                 if type(frame) is Message:
@@ -403,6 +449,53 @@ class WorkerConnection:
                 stats.violations += 1
                 await self._fail("violation", outcome.reason)
             # IGNORED cannot happen: this side stops reading once it sent ERROR or RESTART.
+
+    async def _deliver_run(self, run: list[Message]) -> None:
+        """A run of MESSAGEs on one stream the core accepted whole: de-duplicated against the
+        registry, handed to the consumers and counted as one step.
+
+        The consumers' ``take_many`` is synchronous and their back-pressure (``flush``) is
+        awaited after the registry counts the run, so a checkpoint taken meanwhile finds the
+        run in both the registry and the consumers' marks, or in neither.
+        """
+        worker = self.worker
+        stats = worker.stats
+        stream_id = run[0][0]
+        entry = worker.registry.streams[stream_id]
+        if run[0][1] <= entry.last_seen:
+            replays = bisect_right(run, entry.last_seen, key=_MESSAGE_ID)
+            entry.replays += replays
+            self.replays += replays
+            stats.replays += replays
+            run = run[replays:]
+            if not run:
+                return
+        takes, flushes = worker.run_consumers
+        try:
+            for take in takes:
+                take(stream_id, run)
+        except Exception as err:
+            await self._fail(
+                "delivery",
+                f"worker cannot deliver messages {run[0][1]} to {run[-1][1]} of stream {stream_id}: {err}",
+            )
+        n = len(run)
+        entry.last_seen = run[-1][1]
+        entry.delivered += n
+        worker.registry.dirty.add(stream_id)
+        self.messages += n
+        stats.messages += n
+        worker.since_checkpoint += n
+        if worker.since_checkpoint >= (worker.config.checkpoint_every or float("inf")):
+            worker.checkpoint_soon()
+        try:
+            for flush in flushes:
+                await flush()
+        except Exception as err:  # the file cannot take them: this worker cannot go on
+            await self._fail(
+                "delivery",
+                f"worker cannot deliver messages {run[0][1]} to {run[-1][1]} of stream {stream_id}: {err}",
+            )
 
     async def _control(self, frame: Frame) -> None:
         kind = type(frame)
@@ -557,6 +650,7 @@ class MockWorker:
         self.registry = registry if registry is not None else Registry()
         self.consumers = list(consumers)
         self.consumer_calls = [c.deliver for c in self.consumers]
+        self.run_consumers = _run_calls(self.consumers)
         self.sink: SinkForwarder | None = None
         #: The ``--out`` file, whose checkpointed length the state file records.
         self.out: JsonLinesOut | None = None
@@ -598,6 +692,7 @@ class MockWorker:
         else:
             self.consumers.insert(at, consumer)
         self.consumer_calls = [c.deliver for c in self.consumers]
+        self.run_consumers = _run_calls(self.consumers)
 
     def _sink_failed(self, err: BaseException) -> None:
         """The sink is gone for good: stop, and say why (the CLI exits 1)."""
