@@ -221,3 +221,38 @@ def test_frames_compare_by_type_as_well_as_value():
     assert Ok(5) == Ok(5)
     assert hash(Ok(5)) == hash(Ok(5))
     assert len({Ok(5), Error(5)}) == 2
+
+
+# Runs of MESSAGEs of one size, as load generators send them: the reader splits these in
+# blocks (byte columns and struct.iter_unpack) and must give exactly what frame-by-frame gives.
+same_size_runs = st.builds(
+    lambda sid, first, key_len, size, count, event_time: [
+        Message(sid, first + i, event_time, b"k" * key_len, bytes([i % 256]) * size) for i in range(count)
+    ],
+    st.integers(0, 3),
+    u64.map(lambda v: v // 2),
+    st.integers(0, 3),
+    st.integers(0, 70),
+    st.integers(1, 40),
+    i64,
+)
+
+
+@given(
+    st.lists(st.one_of(same_size_runs, st.lists(frames, max_size=3)), max_size=6),
+    st.lists(st.integers(0, 20_000), max_size=8),
+    st.lists(st.tuples(st.integers(0, 5_000), u8), max_size=2),
+)
+@settings(suppress_health_check=[HealthCheck.too_slow])
+def test_reader_blocks_of_same_size_messages_match_frame_by_frame(runs, cuts, corruptions):
+    frame_list = [f for run in runs for f in run]
+    data = bytearray(b"".join(encode(f) for f in frame_list))
+    for pos, value in corruptions:  # a bad length, type or key length inside a block is seen
+        if data:
+            data[pos % len(data)] = value
+    data = bytes(data)
+    expected = _read_all(data, [], max_frame_size=1 << 20)
+    one_by_one = _read_all(data, list(range(1, len(data), 7)), max_frame_size=1 << 20)
+    assert _read_all(data, cuts, max_frame_size=1 << 20) == expected == one_by_one
+    if not corruptions:
+        assert expected == (frame_list, [])

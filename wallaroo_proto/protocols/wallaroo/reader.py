@@ -7,6 +7,9 @@ announces a 4 GiB frame costs nothing.
 
 from __future__ import annotations
 
+import struct
+from itertools import repeat
+
 from .codec import decode
 from .errors import FrameTooLarge, MalformedFrame, ProtocolError
 from .frames import DEFAULT_MAX_FRAME_SIZE, Frame, Message
@@ -16,6 +19,59 @@ _MESSAGE_HEAD_SIZE = MESSAGE_HEAD.size  # 31
 _MESSAGE_MIN_LENGTH = _MESSAGE_HEAD_SIZE - 4  # 27: type + fixed fields, empty key and payload
 _MESSAGE_TYPE = 5
 _new_tuple = tuple.__new__
+_MESSAGE_BYTE = b"\x05"
+#: Below this many frames of one size in a row, the block path is not worth its set-up.
+_MIN_BLOCK = 8
+#: After a block attempt fails, bytes read frame by frame before the next attempt.
+_RETRY_AFTER_BYTES = 4096
+_block_structs: dict[tuple[int, int], struct.Struct] = {}
+
+
+def _block_struct(key_len: int, payload_len: int) -> struct.Struct:
+    """One whole MESSAGE frame with this key and payload size, unpacked to ``Message``'s fields
+    (length prefix, type and key length skipped as pad bytes: checked by the caller)."""
+    packer = _block_structs.get((key_len, payload_len))
+    if packer is None:
+        if len(_block_structs) > 64:
+            _block_structs.clear()
+        packer = _block_structs[(key_len, payload_len)] = struct.Struct(f">5xQQq2x{key_len}s{payload_len}s")
+    return packer
+
+
+def _same_bytes_run(column: bytes) -> int:
+    """How many bytes at the start of ``column`` equal its first."""
+    return len(column) - len(column.lstrip(column[:1]))
+
+
+def message_block(buf: bytes, pos: int, max_frame_size: int) -> tuple[list[Message], int]:
+    """The MESSAGE frames from ``pos`` that share the first one's frame size and key length,
+    split and decoded in passes in C, and where they end; ``([], pos)`` if fewer than a few.
+
+    Load generators send frames of one size, and here each costs no Python step: every
+    frame's length prefix, type byte and key length are checked by comparing byte columns
+    (every ``size``-th byte) with the first frame's, and ``struct.iter_unpack`` decodes them.
+    """
+    n = len(buf)
+    if n - pos < _MIN_BLOCK * _MESSAGE_HEAD_SIZE:
+        return [], pos
+    length, type_byte, _, _, _, key_len = MESSAGE_HEAD.unpack_from(buf, pos)
+    if type_byte != _MESSAGE_TYPE or length > max_frame_size or length < _MESSAGE_MIN_LENGTH + key_len:
+        return [], pos
+    size = 4 + length
+    count = (n - pos) // size
+    if count < _MIN_BLOCK:
+        return [], pos
+    region = buf[pos : pos + count * size]
+    # The length prefix (bytes 0-3), the type (4) and the key length (29-30) of every frame.
+    for column in (4, 0, 1, 2, 3, 29, 30):
+        count = min(count, _same_bytes_run(region[column::size]))
+        if count < _MIN_BLOCK:
+            return [], pos
+    end = count * size
+    unpacked = _block_struct(key_len, length - _MESSAGE_MIN_LENGTH - key_len).iter_unpack(
+        region if end == len(region) else region[:end]
+    )
+    return list(map(_new_tuple, repeat(Message), unpacked)), pos + end
 
 
 class FrameReader:
@@ -98,7 +154,16 @@ class FrameReader:
         n = len(buf)
         pos = 0
         index = self.frame_index
+        next_block = pos  # where to try a block of same-size MESSAGEs next
         while True:
+            if pos >= next_block:
+                block, block_end = message_block(buf, pos, max_size)
+                if block:
+                    out += block
+                    index += len(block)
+                    pos = block_end
+                else:
+                    next_block = pos + _RETRY_AFTER_BYTES
             if n - pos >= _MESSAGE_HEAD_SIZE:
                 length, type_byte, stream_id, message_id, event_time, key_len = head(buf, pos)
             elif n - pos >= 4:
