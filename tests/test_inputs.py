@@ -127,6 +127,21 @@ def test_generated_data_is_deterministic_and_resumable():
     assert drain(generated_inputs(streams=1, count=1, payload_size=3)[0].open(0))[0].payload == b"str"
 
 
+def test_generated_payloads_across_a_change_of_width_and_a_percent_in_the_name():
+    """Payloads are built one template per run of numbers of one width: 9 to 10, 99 to 100."""
+    spec = generated_inputs(streams=1, count=101, payload_size=8, names=["%d"], ids=[1])[0]
+    got = {m.message_id: m.payload for m in drain(spec.open(8))}
+    assert (got[9], got[10], got[99], got[100], got[101]) == (
+        b"%d:9:...",
+        b"%d:10:..",
+        b"%d:99:..",
+        b"%d:100:.",
+        b"%d:101:.",
+    )
+    cut = generated_inputs(streams=1, count=1000, payload_size=6, names=["ab"], ids=[1])[0]
+    assert [m.payload for m in drain(cut.open(999))] == [b"ab:999", b"ab:100"]
+
+
 def test_explicit_names_and_ids():
     specs = generated_inputs(streams=2, count=1, payload_size=1, names=["a", "b"], ids=[1, 2])
     assert [(s.name, s.stream_id) for s in specs] == [("a", 1), ("b", 2)]

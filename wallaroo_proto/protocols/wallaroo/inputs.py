@@ -18,8 +18,9 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import BinaryIO
 
 from .frames import Message
@@ -65,6 +66,10 @@ class KeyTemplate:
         if self._fixed:
             return self._raw
         return self._text.replace("{n}", str(n)).encode("utf-8")
+
+    def keys(self, numbers: range) -> Iterable[bytes]:
+        """The keys of a range of message numbers."""
+        return repeat(self._raw, len(numbers)) if self._fixed else map(self, numbers)
 
 
 class RecordReader:
@@ -130,15 +135,26 @@ class GeneratedReader(RecordReader):
             return None
         last = min(self.count, first + limit - 1)
         self.next = last + 1
-        sid, size, prefix, dots = self.stream_id, self.size, self.prefix, self.dots
-        event_time = now_ms()
-        key = self.key
-        out = []
-        append = out.append
-        for n in range(first, last + 1):
-            head = b"%b%d:" % (prefix, n)
-            payload = head + dots[len(head) :] if len(head) < size else head[:size]
-            append(_new_message(Message, (sid, n, event_time, key(n), payload)))
+        numbers = range(first, last + 1)
+        keys, payloads = self.key.keys(numbers), self._payloads(numbers)
+        fields = zip(repeat(self.stream_id), numbers, repeat(now_ms()), keys, payloads)
+        return list(map(_new_message, repeat(Message), fields))
+
+    def _payloads(self, numbers: range) -> list[bytes]:
+        """``generated_payload`` of each number, one ``%`` template per run of numbers of one width."""
+        size, prefix, dots = self.size, self.prefix, self.dots
+        out: list[bytes] = []
+        n, last = numbers.start, numbers.stop - 1
+        while n <= last:
+            width = len(str(n))
+            upto = min(last, 10**width - 1)
+            head = len(prefix) + width + 1
+            if head < size:
+                template = prefix.replace(b"%", b"%%") + b"%d:" + dots[head:]
+                out += map(template.__mod__, range(n, upto + 1))
+            else:
+                out += [(b"%b%d:" % (prefix, i))[:size] for i in range(n, upto + 1)]
+            n = upto + 1
         return out
 
 
