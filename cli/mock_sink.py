@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.faults import NO_FAULTS, FaultFileError, load_faults
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, SINK_VERSION
 from wallaroo_proto.protocols.wallaroo.sink import SinkServer
@@ -110,7 +111,7 @@ def command(
     except OSError as err:
         raise click.UsageError(f"--out-dir {out_dir}: {err}") from err
     try:
-        asyncio.run(_serve(server, host, port))
+        runtime.run(_serve(server, host, port))
     except OSError as err:
         raise click.UsageError(f"cannot listen on {host}:{port}: {err}") from err
     finally:

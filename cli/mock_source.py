@@ -14,6 +14,7 @@ import sys
 
 import click
 
+from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
 from wallaroo_proto.protocols.wallaroo.inputs import InputError, build_inputs
 from wallaroo_proto.protocols.wallaroo.source import MockSource, SourceFailed, SourceOptions, SourceStats
@@ -158,7 +159,7 @@ def command(
     except InputError as err:
         raise click.UsageError(str(err)) from err
     show_bar = not quiet and fmt == "text" and sys.stderr.isatty()
-    code, problem = asyncio.run(_run(source, err_console if show_bar else None))
+    code, problem = runtime.run(_run(source, err_console if show_bar else None))
     stats = source.stats
     if fmt == "json":
         click.echo(json.dumps({**stats.as_dict(), "exit_code": code}))

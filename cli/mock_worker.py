@@ -20,6 +20,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     SINK_VERSION,
@@ -507,7 +508,7 @@ def command(**opts) -> None:
     except OSError as err:
         raise _usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
     live = opts["live"] if opts["live"] is not None else sys.stderr.isatty()
-    summary = asyncio.run(_run(config, registry, opts["out"], live, sink))
+    summary = runtime.run(_run(config, registry, opts["out"], live, sink))
     _print_summary(summary, opts["fmt"])
     if summary["fatal"]:
         click.echo(f"{NAME}: stopped: {summary['fatal']}", err=True)
