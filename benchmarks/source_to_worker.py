@@ -6,7 +6,11 @@
 2. Baseline: the same MESSAGE frames, pre-encoded, pushed through a plain
    socket by one process and split by a bare ``struct.unpack_from`` loop in
    another. The ratio of the two is printed; the target is >= 40%.
-3. Slow consumer: mock-worker writes ``--out`` into a FIFO that nobody reads for
+3. The same with the worker's ``--out /dev/null`` and with ``--record``.
+4. Latency: the source held to 10% and 80% of the peak rate (``--rate``); the worker's
+   p99 from reading a MESSAGE off the socket to its delivery, and from a checkpoint's
+   snapshot to its ACK leaving, from the worker's summary.
+5. Slow consumer: mock-worker writes ``--out`` into a FIFO that nobody reads for
    a few seconds while mock-source pushes at full speed; the worker's RSS is
    sampled from /proc to show it stays flat (credits and TCP back-pressure,
    not buffers, absorb the pause).
@@ -70,17 +74,44 @@ def source_args(port: int, streams: int, count: int, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def run_mock(streams: int, count: int, credits: int) -> dict:
-    worker, port = start_worker("--credits", str(credits), "--checkpoint-ms", "100")
+def run_mock(
+    streams: int,
+    count: int,
+    credits: int,
+    source_extra: tuple[str, ...] = (),
+    worker_extra: tuple[str, ...] = (),
+) -> dict:
+    """One mock-source -> mock-worker run: the source's summary, with the worker's latency figures."""
+    worker, port = start_worker("--credits", str(credits), "--checkpoint-ms", "100", *worker_extra)
     try:
         result = subprocess.run(
-            source_args(port, streams, count), capture_output=True, text=True, timeout=300
+            source_args(port, streams, count, *source_extra), capture_output=True, text=True, timeout=600
         )
     finally:
-        stop(worker)
+        out, _ = stop(worker)
     if result.returncode != 0:
         raise SystemExit(f"mock-source failed: {result.stderr}")
-    return json.loads(result.stdout.splitlines()[-1])
+    summary = json.loads(result.stdout.splitlines()[-1])
+    try:
+        summary["latency"] = json.loads(out.splitlines()[-1]).get("latency")
+    except (ValueError, IndexError):
+        summary["latency"] = None
+    return summary
+
+
+def run_latency(streams: int, count: int, credits: int, peak: float, share: float) -> dict:
+    """The worker's p99 latencies with the source held to ``share`` of the peak rate (a few seconds)."""
+    rate = peak * share
+    per_stream = max(1000, min(count, int(rate * 4 / streams)))  # about four seconds of traffic
+    run = run_mock(streams, per_stream, credits, ("--rate", f"{rate:.0f}"))
+    latency = run.get("latency") or {}
+    return {
+        "share": share,
+        "rate": round(rate),
+        "achieved": round(run["messages_per_s"]),
+        "delivery_p99_ms": (latency.get("arrival_to_delivery") or {}).get("p99_ms"),
+        "ack_p99_ms": (latency.get("checkpoint_to_ack") or {}).get("p99_ms"),
+    }
 
 
 # --- the bare socket baseline -------------------------------------------------
@@ -239,6 +270,13 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2, help="runs of each; the best counts")
     parser.add_argument("--check", action="store_true", help="exit 1 below the target ratio")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--variants",
+        nargs="*",
+        default=["out_dev_null", "record"],
+        choices=["out_dev_null", "record"],
+        help="worker options measured beside the plain run",
+    )
     args = parser.parse_args()
 
     # Best of --repeat for each: the machine is shared, so the best run is the least disturbed.
@@ -251,6 +289,19 @@ def main() -> int:
         key=lambda r: r["messages_per_s"],
     )
     ratio = mock["messages_per_s"] / baseline["messages_per_s"]
+    variants = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, worker_extra in (
+            ("out_dev_null", ("--out", "/dev/null")),
+            ("record", ("--record", str(Path(tmp) / "worker.pcap"))),
+        ):
+            if name in args.variants:
+                run = run_mock(args.streams, args.count, args.credits, worker_extra=worker_extra)
+                variants[name] = round(run["messages_per_s"])
+    latencies = [
+        run_latency(args.streams, args.count, args.credits, mock["messages_per_s"], share)
+        for share in (0.1, 0.8)
+    ]
     slow = run_slow_consumer(args.streams, args.count // 2, args.pause)
     report = {
         "payload_bytes": PAYLOAD,
@@ -259,6 +310,9 @@ def main() -> int:
         "mock_messages_per_s": round(mock["messages_per_s"]),
         "ratio": round(ratio, 3),
         "target": TARGET,
+        "variants_messages_per_s": variants,
+        "variant_ratios": {k: round(v / baseline["messages_per_s"], 3) for k, v in variants.items()},
+        "latency": latencies,
         "slow_consumer": {k: round(v, 1) if isinstance(v, float) else v for k, v in slow.items()},
     }
     if args.json:
@@ -268,6 +322,14 @@ def main() -> int:
         print(f"  bare socket + struct loop : {baseline['messages_per_s']:>12,.0f} msg/s")
         print(f"  mock-source -> mock-worker: {mock['messages_per_s']:>12,.0f} msg/s")
         print(f"  ratio                     : {ratio:>12.1%}  (target >= {TARGET:.0%})")
+        for name, rate in variants.items():
+            label = {"out_dev_null": "with --out /dev/null", "record": "with --record"}[name]
+            print(f"  {label:<26}: {rate:>12,.0f} msg/s  ({rate / baseline['messages_per_s']:.1%})")
+        for row in latencies:
+            print(
+                f"  at {row['share']:.0%} of peak ({row['rate']:,} msg/s asked, {row['achieved']:,} got): "
+                f"p99 arrival->delivery {row['delivery_p99_ms']} ms, checkpoint->ACK {row['ack_p99_ms']} ms"
+            )
         print(
             f"  slow consumer ({slow['pause_s']:.0f} s pause, {slow['messages']:,} msgs): worker RSS idle "
             f"{slow['idle_rss_mib']:.1f} MiB, peak while paused {slow['paused_peak_rss_mib']:.1f} MiB, "

@@ -444,10 +444,8 @@ def _state(conn: Connection) -> tuple:
 def test_a_run_is_accepted_whole_exactly_when_each_frame_would_be(items, credits, sender, use_sink):
     """process_run takes a run in one step only where process, frame by frame, accepts every
     frame with nothing else to say; otherwise it changes nothing."""
-    frames = [
-        Message(sid, mid, 0, b"", b"p") if kind == "msg" else EosMessage(sid, mid) if kind == "eos" else Ack(1)
-        for sid, mid, kind in items
-    ]
+    make = {"msg": lambda s, m: Message(s, m, 0, b"", b"p"), "eos": EosMessage, "ack": lambda s, m: Ack(1)}
+    frames = [make[kind](sid, mid) for sid, mid, kind in items]
     use = Use.SINK if use_sink else Use.SOURCE
     data_side = W if use_sink else C
 

@@ -14,6 +14,7 @@ import contextlib
 import socket
 import struct
 import sys
+import time
 from collections.abc import Iterable
 from itertools import groupby
 from operator import itemgetter
@@ -90,6 +91,8 @@ class FramedConnection:
         self._peer_closed_first = False
         self.bytes_in = 0
         self.bytes_out = 0
+        #: When the last bytes were read (monotonic): the arrival time of the frames they completed.
+        self.read_at = 0.0
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._sock = writer.get_extra_info("socket")
@@ -193,6 +196,7 @@ class FramedConnection:
         if self.stalled is not None:
             raise PeerStalled(self.stalled)
         data = await self.reader.read(READ_SIZE)
+        self.read_at = time.monotonic()
         if not data:
             self._check_stalled()
             self._peer_closed_first = True

@@ -38,6 +38,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol
 
+from wallaroo_proto.latency import LatencyHistogram
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 
 from .errors import ProtocolError
@@ -297,6 +298,10 @@ class Stats:
     errors: deque = field(default_factory=lambda: deque(maxlen=MAX_RECORDED_ERRORS))
     #: The last MAX_RECORDED_ERRORS ERRORs connectors sent us: {"connection", "peer", "reason"}.
     errors_received: deque = field(default_factory=lambda: deque(maxlen=MAX_RECORDED_ERRORS))
+    #: From reading a MESSAGE's bytes off the socket to its delivery to every consumer, per message.
+    delivery_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+    #: From a checkpoint's snapshot to the ACK that reports it leaving, per ACK.
+    ack_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
 
 
 #: Seconds before a failed checkpoint (disk, sink abort vote) is tried again.
@@ -330,6 +335,8 @@ class WorkerConnection:
         #: Distinct streams this connection has NOTIFYed, held to ``max_streams``.
         self._notified: set[int] = set()
         self._ack_task: asyncio.Task | None = None
+        #: When the oldest checkpoint whose news waits in ``_report`` began.
+        self._report_since: float | None = None
 
     # --- the loop -------------------------------------------------------------------
 
@@ -361,7 +368,11 @@ class WorkerConnection:
                     process = self.machine.process
                     batch = [(f, process(f, Side.CONNECTOR)) for f in err.decoded]
                     pending_error = err
+                delivered = self.messages
                 await self._handle(batch)
+                self.worker.stats.delivery_latency.add(
+                    time.monotonic() - framed.read_at, self.messages - delivered
+                )
                 if pending_error is not None:
                     await self._fail("bad frame", describe_protocol_error(pending_error))
                 credits = self.machine.credits
@@ -558,9 +569,12 @@ class WorkerConnection:
                 self.worker.registry.release(stream_id, self)
                 self.report(stream_id)
 
-    def report(self, stream_id: int) -> None:
-        """A checkpoint advanced this stream: tell the connector in the next ACK."""
+    def report(self, stream_id: int, since: float | None = None) -> None:
+        """A checkpoint (begun at ``since``, monotonic) advanced this stream: tell the connector
+        in the next ACK."""
         self._report.add(stream_id)
+        if since is not None and (self._report_since is None or since < self._report_since):
+            self._report_since = since
         self._ack_wanted.set()
 
     async def _ack_loop(self) -> None:
@@ -584,11 +598,14 @@ class WorkerConnection:
                 (sid, registry[sid].point_of_ref) for sid in sorted(self._report) if sid in registry
             )
             self._report.clear()
+            since, self._report_since = self._report_since, None
             if credits == 0 and not pairs:
                 continue
             try:
                 self.framed.write([Ack(credits, pairs)])
                 self.worker.stats.acks_sent += 1
+                if pairs and since is not None:
+                    self.worker.stats.ack_latency.add(time.monotonic() - since)
                 await self.framed.drain()  # bounded: the connection's watchdog aborts a stalled peer
             except (OwnViolation, ConnectionError, OSError):
                 return  # the connection already ended (ERROR, RESTART, stalled or lost)
@@ -835,6 +852,7 @@ class MockWorker:
         commit, and only then tell the owning connections.
         """
         async with self._checkpoint_lock:
+            began = time.monotonic()
             snapshot = self.registry.advanced()
             sink_mark = self.sink.mark() if self.sink is not None else 0  # no await since the snapshot
             out_mark = self.out.mark() if self.out is not None else None
@@ -873,7 +891,7 @@ class MockWorker:
             for stream_id in snapshot:
                 owner = streams[stream_id].owner
                 if owner is not None:
-                    owner.report(stream_id)
+                    owner.report(stream_id, began)
             self._settle_eos()
             return snapshot
 
@@ -908,6 +926,10 @@ class MockWorker:
             "credit_overdraft": s.credit_overdraft,
             "errors": list(s.errors),
             "errors_received": list(s.errors_received),
+            "latency": {
+                "arrival_to_delivery": s.delivery_latency.summary(),
+                "checkpoint_to_ack": s.ack_latency.summary(),
+            },
             "fatal": self.fatal,
             "streams": [
                 {
