@@ -466,7 +466,11 @@ class SinkServer:
     async def _serve(self, session: _Session) -> None:
         conn = session.conn
         while True:
-            for frame, outcome in await conn.receive():
+            for frame, outcome in await conn.receive_runs():
+                if type(frame) is list:  # data MESSAGEs the core accepted as one run
+                    for message in frame:
+                        await self._frame(session, message, None)
+                    continue
                 if outcome.verdict is Verdict.VIOLATION:
                     raise PeerError(outcome.reason)
                 if outcome.verdict is Verdict.IGNORED:

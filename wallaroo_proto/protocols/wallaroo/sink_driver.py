@@ -388,7 +388,7 @@ class SinkDriver:
                     offset += len(payload)
                     self._sent += 1
                 self._sent_end = offset
-                conn.write(batch)
+                conn.write([batch])  # one run: checked by the core and encoded in one pass
                 self.stats.messages_sent += len(batch)
                 await conn.writer.drain()
                 continue
