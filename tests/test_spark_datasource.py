@@ -120,7 +120,8 @@ def test_plain_session_reads_the_format_with_its_options(spark, captures):
     assert spark_rows(small) == dissector_rows(captures["source"], max_frame_size=16)
     assert spark_rows(small) != dissector_rows(captures["source"])
     forced = spark.read.format("wallaroo-capture").option("protocol", "kinesis").load(sink)
-    assert {r.protocol for r in forced.select("protocol").distinct().collect()} == {"kinesis"}
+    assert spark_rows(forced) == dissector_rows(captures["sink"], protocol="kinesis")
+    assert spark_rows(forced) != dissector_rows(captures["sink"])
     # Split by connection into many tasks, the rows are the same.
     split = (
         spark.read.format("wallaroo-capture")

@@ -75,6 +75,8 @@ class StandaloneCluster:
         if self.workdir is None:
             self.workdir = Path(tempfile.mkdtemp(prefix="wallaroo-standalone-"))
             self._own_workdir = True
+        self.workdir = Path(self.workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
         try:
             master_log = self._launch("master", MASTER_CLASS, "--host", "127.0.0.1", "--port", "0")
             deadline = time.monotonic() + self.timeout
