@@ -13,10 +13,17 @@ the same files in the same run:
   on the executors into the persisted ``frames`` DataFrame (a count), and
   ``reports`` is computing every report on top of it.
 
-Targets: ingest throughput local[2] >= 1.6x local[1]; per core, at least half
-the single-process dissector's speed. The generated files are deleted at the end.
+Spark's start-up, and the time to a first result (the first rows of the
+smallest capture), are reported apart from ingest. ``--cluster`` runs the same
+on a loopback standalone cluster (``wallaroo_proto.spark.standalone``) with one
+worker, then two (1 core, 1 GB each). Per-task throughput (local[1]) gives the
+task plan and ingest time for 1 TB of captures.
 
-    python benchmarks/spark_replay.py [--captures 8] [--mb 136] [--keep DIR]
+Targets: ingest per core at least half the single-process dissector's speed;
+local[2] >= 1.6x local[1] where there are cores to spare. The generated files
+are deleted at the end.
+
+    python benchmarks/spark_replay.py [--captures 8] [--mb 136] [--keep DIR] [--cluster]
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import time
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import Ack, Hello, Message, Notify, NotifyAck, Ok
+from wallaroo_proto.spark.standalone import StandaloneCluster
 
 CREDITS = 200
 
@@ -110,14 +118,17 @@ def baseline(paths: list[str]) -> dict:
     return {"records": count, "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
 
 
-def spark_run(master: str, paths: list[str]) -> dict:
-    """Child process: start Spark, ingest, reports; timings as one JSON line."""
+def spark_run(master: str, paths: list[str], conf: list[tuple[str, str]] = ()) -> dict:
+    """Child process: start Spark, a first result, ingest, reports; timings as one JSON line."""
     from wallaroo_proto.spark.frames import load_frames
     from wallaroo_proto.spark.reports import build_tables
     from wallaroo_proto.spark.session import build_session, stop_session
 
     start = time.perf_counter()
-    spark = build_session(master)
+    spark = build_session(master, conf=conf)
+    session = time.perf_counter()
+    # Start-up to a first result: the first rows of the smallest capture (planning and one task).
+    load_frames(spark, [min(paths, key=os.path.getsize)], persist=False).frames.limit(10).collect()
     started = time.perf_counter()
     cpu0 = tree_cpu(os.getpid())
     loaded = load_frames(spark, paths)
@@ -130,7 +141,8 @@ def spark_run(master: str, paths: list[str]) -> dict:
     stop_session(spark)
     return {
         "master": master,
-        "startup": started - start,
+        "startup": session - start,
+        "first_result": started - start,
         "ingest": ingested - started,
         "reports": done - ingested,
         "ingest_cpu": cpu1 - cpu0,
@@ -138,6 +150,34 @@ def spark_run(master: str, paths: list[str]) -> dict:
         "tasks": loaded.tasks,
         "rows": rows,
     }
+
+
+def child(master: str, paths: list[str], conf: list[tuple[str, str]]) -> dict | None:
+    """One Spark run in a fresh process; its timings, or None (its error printed)."""
+    command = [sys.executable, __file__, "--child", master, "--child-conf", json.dumps(conf), *paths]
+    out = subprocess.run(command, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        print(out.stderr[-3000:])
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def plan(total: int, one_task: dict, base_mbs: float) -> None:
+    """Per-task throughput (local[1]: one task at a time) and what 1 TB of captures takes with it."""
+    from wallaroo_proto.spark.frames import MIN_SPLIT_BYTES, CaptureFile, plan_tasks
+
+    per_task = total / 1e6 / one_task["ingest"]
+    print(f"per task: {per_task:.1f} MB/s ingest ({per_task / base_mbs:.2f}x the dissector's one process)")
+    terabyte = [CaptureFile(f"c{i}", f"c{i}", 10**12 // 1000) for i in range(1000)]  # 1000 files of 1 GB
+    for cores in (16, 64, 256, 1024):
+        tasks = plan_tasks(terabyte, cores)
+        biggest = max(t[3] for t in tasks)
+        waves = -(-len(tasks) // cores)
+        hours = 10**12 / 1e6 / per_task / cores / 3600
+        print(
+            f"1 TB as 1000 x 1 GB on {cores} task slots: {len(tasks)} tasks (parts per file {biggest}, "
+            f"split floor {MIN_SPLIT_BYTES // 2**20} MB), {waves} waves, about {hours:.2f} h of ingest"
+        )
 
 
 def load() -> str:
@@ -155,11 +195,18 @@ def main() -> None:
     parser.add_argument("--payload", type=int, default=200)
     parser.add_argument("--masters", default="local[1],local[2]")
     parser.add_argument("--keep", help="generate into (or reuse) this directory and keep it")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also run on a loopback standalone cluster with 1 worker, then 2 (1 core, 1 GB each)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child-conf", default="[]", help=argparse.SUPPRESS)
     parser.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(spark_run(args.child, args.paths)), flush=True)
+        conf = [tuple(pair) for pair in json.loads(args.child_conf)]
+        print(json.dumps(spark_run(args.child, args.paths, conf)), flush=True)
         return
 
     directory = args.keep or tempfile.mkdtemp(prefix="wallaroo-bench-")
@@ -184,19 +231,25 @@ def main() -> None:
             f"{base['cpu']:.1f} CPU s = {total / 1e6 / base['cpu']:.1f} MB per CPU second"
         )
         results = {}
-        for master in args.masters.split(","):
-            command = [sys.executable, __file__, "--child", master, *paths]
-            out = subprocess.run(command, capture_output=True, text=True, check=False)
-            if out.returncode != 0:
-                print(f"{master}: failed\n{out.stderr[-3000:]}")
+        runs = [(master, master, []) for master in args.masters.split(",")]
+        if args.cluster:
+            runs += [(f"standalone {n} worker{'s' * (n > 1)}", n, None) for n in (1, 2)]
+        for label, master, conf in runs:
+            if conf is None:  # a standalone cluster of ``master`` workers, for this run only
+                with StandaloneCluster(workers=master, cores=1, memory="1g") as cluster:
+                    r = child(cluster.master_url, paths, cluster.driver_conf())
+            else:
+                r = child(master, paths, conf)
+            if r is None:
+                print(f"{label}: failed")
                 continue
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            results[master] = r
+            results[label] = r
             assert r["records"] == base["records"], (r["records"], base["records"])
             ingest_mbs = total / 1e6 / r["ingest"]
             full_mbs = total / 1e6 / (r["ingest"] + r["reports"])
             print(
-                f"spark {master}: start-up {r['startup']:.1f} s (apart); ingest {r['ingest']:.1f} s = "
+                f"spark {label}: start-up {r['startup']:.1f} s, first result at {r['first_result']:.1f} s "
+                f"(apart); ingest {r['ingest']:.1f} s = "
                 f"{ingest_mbs:.1f} MB/s ({r['tasks']} tasks), {r['ingest_cpu']:.1f} CPU s "
                 f"({r['ingest_cpu'] / r['ingest']:.1f} cores busy) = "
                 f"{total / 1e6 / r['ingest_cpu']:.1f} MB per CPU second; reports {r['reports']:.1f} s; "
@@ -214,6 +267,14 @@ def main() -> None:
             )
             per_cpu = base["cpu"] / two["ingest_cpu"]
             print(f"per CPU second vs dissector (whatever the machine's load): local[2] {per_cpu:.2f}x")
+        if "local[1]" in results:
+            plan(total, results["local[1]"], base_mbs)
+        if "standalone 1 worker" in results and "standalone 2 workers" in results:
+            one, two = results["standalone 1 worker"], results["standalone 2 workers"]
+            print(
+                f"standalone cluster, 2 workers / 1 worker, ingest: {one['ingest'] / two['ingest']:.2f}x; "
+                f"with reports: {(one['ingest'] + one['reports']) / (two['ingest'] + two['reports']):.2f}x"
+            )
     finally:
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)

@@ -10,6 +10,7 @@ import base64
 import json
 import time
 from collections.abc import Sequence
+from decimal import Decimal
 
 import click
 from rich.console import Console
@@ -84,6 +85,8 @@ def _plain(value: object) -> object:
         return [_plain(v) for v in value]
     if isinstance(value, (bytes, bytearray)):
         return base64.b64encode(bytes(value)).decode("ascii")
+    if isinstance(value, Decimal):  # a u64 id (decimal(20,0)): a JSON integer, every digit kept
+        return int(value) if value == value.to_integral_value() else float(value)
     if hasattr(value, "isoformat"):
         return value.isoformat()
     return value
@@ -261,8 +264,11 @@ def _run(spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, 
         f"[dim]{len(loaded.captures)} captures ({size / 1e6:.1f} MB) in {loaded.tasks} tasks: "
         f"{totals:,} frames in {time.monotonic() - started:.1f} s[/dim]"
     )
+    listed = {p.capture for p in listing_problems}  # already named before Spark started
     for problem in problems:
-        err.print(f"[red]capture {problem['capture']}: {problem['error']} (frames before it are kept)[/red]")
+        if problem["capture"] not in listed:
+            kept = "(frames before it are kept)"
+            err.print(f"[red]capture {problem['capture']}: {problem['error']} {kept}[/red]")
 
     tables = reports.build_tables(loaded.frames, loaded.problems)
     jobs.register_views(tables)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import struct
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,7 @@ def test_schema_field_list_and_rows():
         "string",
         "int",
         "long",
+        "u64",
         "double",
         "boolean",
         "array<string>",
@@ -143,7 +145,7 @@ def test_schema_field_list_and_rows():
     assert len(row) == len(FIELD_NAMES)
     assert row[FIELD_NAMES.index("where")] == [(1, 0, 28)]
     big = dict(phase1, message_id=2**64 - 1)
-    assert as_row(big)[FIELD_NAMES.index("message_id")] == -1  # u64 as a signed Spark long
+    assert as_row(big)[FIELD_NAMES.index("message_id")] == Decimal(2**64 - 1)  # exact: decimal(20,0)
 
 
 def test_spark_schema_matches_the_field_list():

@@ -3,8 +3,9 @@
 ``FIELDS`` is the single definition: (name, type, meaning). Records are plain
 dicts holding the fields that apply to their frame (others are absent, which
 JSON readers and Spark read as null). Types are ``string``, ``int`` (32-bit),
-``long`` (64-bit; u64 protocol values above 2**63-1 do not fit a Spark long and
-are written as negative two's complement by ``as_row``), ``double``,
+``long`` (signed 64-bit), ``u64`` (unsigned 64-bit protocol values: stream and
+message ids, points of reference; Spark has no unsigned long, so they are
+``decimal(20,0)`` there, exact and sorting as numbers), ``double``,
 ``boolean``, ``array<string>`` and arrays of the structs in ``STRUCTS`` (JSON
 objects with those keys, e.g. ``"acks": [{"stream_id": 1, "point_of_ref": 9}]``).
 
@@ -20,13 +21,14 @@ import json
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from decimal import Decimal
 from typing import Any, BinaryIO, NamedTuple
 
 DEFAULT_PORTS = (7100, 7200)
 
 STRUCTS: dict[str, list[tuple[str, str]]] = {
-    "ack": [("stream_id", "long"), ("point_of_ref", "long")],
-    "where": [("stream_id", "long"), ("start_por", "long"), ("end_por", "long")],
+    "ack": [("stream_id", "u64"), ("point_of_ref", "u64")],
+    "where": [("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")],
 }
 
 FIELDS: list[tuple[str, str, str]] = [
@@ -60,12 +62,12 @@ FIELDS: list[tuple[str, str, str]] = [
     # OK, ERROR, NOTIFY, NOTIFY_ACK
     ("initial_credits", "long", "OK credits"),
     ("reason", "string", "ERROR reason; MLD shutdown reason (TERMINATE, ZOMBIE)"),
-    ("stream_id", "long", "NOTIFY, NOTIFY_ACK, MESSAGE, EOS_MESSAGE stream id"),
+    ("stream_id", "u64", "NOTIFY, NOTIFY_ACK, MESSAGE, EOS_MESSAGE stream id"),
     ("stream_name", "string", "NOTIFY stream name"),
-    ("point_of_ref", "long", "NOTIFY, NOTIFY_ACK point of reference"),
+    ("point_of_ref", "u64", "NOTIFY, NOTIFY_ACK point of reference"),
     ("success", "boolean", "NOTIFY_ACK success"),
     # MESSAGE
-    ("message_id", "long", "MESSAGE / EOS_MESSAGE message id (EOS: null in the shipped form)"),
+    ("message_id", "u64", "MESSAGE / EOS_MESSAGE message id (EOS: null in the shipped form)"),
     ("event_time", "long", "MESSAGE event time"),
     ("key_b64", "string", "MESSAGE key, base64 ('' = no key)"),
     ("key_len", "int", "MESSAGE key length"),
@@ -75,7 +77,7 @@ FIELDS: list[tuple[str, str, str]] = [
     ("credits", "long", "ACK credits granted"),
     ("acks", "array<struct:ack>", "ACK (stream_id, point_of_ref) checkpoint pairs"),
     ("address", "string", "RESTART address (shipped form); absent in the spec's empty RESTART"),
-    ("rtag", "long", "WORKERS_LEFT / 2PC LIST_UNCOMMITTED, REPLY_UNCOMMITTED request tag"),
+    ("rtag", "u64", "WORKERS_LEFT / 2PC LIST_UNCOMMITTED, REPLY_UNCOMMITTED request tag"),
     ("worker_names", "array<string>", "WORKERS_LEFT worker names"),
     # 2PC (stream-0 MESSAGE of the sink protocol)
     ("twopc", "string", "2PC message: LIST_UNCOMMITTED, REPLY_UNCOMMITTED, PHASE1, REPLY, PHASE2, ..."),
@@ -114,24 +116,31 @@ def flow_hash(key: ConnectionKey) -> int:
     return zlib.crc32(f"{key.addr_a}|{key.port_a}|{key.addr_b}|{key.port_b}".encode())
 
 
-def _signed(value: Any) -> Any:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0x7FFF_FFFF_FFFF_FFFF:
-        return value - (1 << 64)
-    return value
+def _exact(value: Any) -> Any:
+    """A u64 as the ``Decimal`` Spark's ``decimal(20,0)`` takes from Python."""
+    return None if value is None else Decimal(value)
 
 
 def as_row(record: dict) -> tuple:
-    """The record as a tuple in ``FIELD_NAMES`` order, ready for ``spark_schema()``."""
+    """The record as a tuple in ``FIELD_NAMES`` order, ready for ``spark_schema()``.
+
+    Spark's own readers of these records (``spark.datasource``) convert whole
+    Arrow batches instead; this is the one-row form, for ``createDataFrame``.
+    """
     get = record.get
     row = []
     for name in FIELD_NAMES:
         value = get(name)
         kind = FIELD_TYPES[name]
-        if kind == "long":
-            value = _signed(value)
+        if kind == "u64":
+            value = _exact(value)
         elif kind.startswith("array<struct") and value is not None:
             names = _STRUCT_NAMES[kind]
-            value = [tuple(_signed(item[n]) for n in names) for item in value]
+            kinds = [k for _, k in STRUCTS[kind[len("array<struct:") : -1]]]
+            value = [
+                tuple(_exact(item[n]) if k == "u64" else item[n] for n, k in zip(names, kinds, strict=True))
+                for item in value
+            ]
         row.append(value)
     return tuple(row)
 
@@ -140,10 +149,13 @@ def spark_schema():
     """The ``pyspark.sql.types.StructType`` of ``as_row`` tuples (imports pyspark)."""
     from pyspark.sql import types as T  # noqa: N812
 
+    U64_SPARK_TYPE = T.DecimalType(20, 0)  # noqa: N806 - 2**64-1 has 20 digits
+
     scalars = {
         "string": T.StringType(),
         "int": T.IntegerType(),
         "long": T.LongType(),
+        "u64": U64_SPARK_TYPE,
         "double": T.DoubleType(),
         "boolean": T.BooleanType(),
     }

@@ -2,7 +2,8 @@
 
 The driver only lists the capture files and plans tasks; each task is a
 ``(path, name, part, nparts)`` tuple that an executor turns into frame records
-with the dissector's own ``records.iter_records``. A capture larger than its
+with the dissector's own ``records.iter_records`` (the ``wallaroo-capture``
+data source, ``datasource``, does the reading). A capture larger than its
 share of the cluster is split into ``nparts`` tasks that each read the file but
 reassemble only the connections whose ``flow_hash`` falls in their part, so one
 big capture's connections are decoded in parallel. Rows follow
@@ -19,7 +20,7 @@ from __future__ import annotations
 import glob
 import math
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -121,7 +122,7 @@ def plan_tasks(
     return tasks
 
 
-class _PartFilter:
+class PartFilter:
     """Picklable connection filter: this part's share of a capture's connections."""
 
     __slots__ = ("part", "nparts")
@@ -132,67 +133,6 @@ class _PartFilter:
 
     def __call__(self, key: records.ConnectionKey) -> bool:
         return records.flow_hash(key) % self.nparts == self.part
-
-
-_NAMES = records.FIELD_NAMES
-_LONG_MAX = 0x7FFF_FFFF_FFFF_FFFF
-#: Fields whose values ``records.as_row`` converts: arrays of structs, and u64 protocol values.
-_STRUCT_FIELDS = tuple(n for n, kind in records.FIELD_TYPES.items() if kind.startswith("array<struct"))
-_U64_FIELDS = ("stream_id", "message_id", "point_of_ref", "rtag")
-
-
-def _row(record: dict) -> tuple:
-    """``records.as_row`` without its per-field loop for the common record.
-
-    Only records with struct arrays (ACK, PHASE1) or a u64 value above a Spark
-    long need its conversions; any other record is its fields in schema order.
-    """
-    get = record.get
-    for name in _STRUCT_FIELDS:
-        if name in record:
-            return records.as_row(record)
-    for name in _U64_FIELDS:
-        value = get(name)
-        if value is not None and value > _LONG_MAX:
-            return records.as_row(record)
-    return tuple(map(get, _NAMES))
-
-
-def read_task(
-    task: tuple[str, str, int, int], *, ports: Sequence[int] | None, fail_fast: bool
-) -> Iterator[tuple]:
-    """Executor side: the rows of one capture part, then a problem row if the capture is damaged.
-
-    Only part 0 reports a damaged capture, so each capture is named once.
-    """
-    from wallaroo_proto.capture.pcap import CaptureError
-
-    path, name, part, nparts = task
-    connection_filter = None if nparts == 1 else _PartFilter(part, nparts)
-    try:
-        for record in records.iter_records(
-            path, ports=ports, connection_filter=connection_filter, capture_name=name
-        ):
-            yield (*_row(record), None)
-    except (CaptureError, OSError) as err:
-        message = str(err) if isinstance(err, CaptureError) else f"cannot read: {err}"
-        if fail_fast:
-            raise CaptureFailed(f"{FAIL_FAST_MARK} {name}: {message}") from None
-        if part == 0:
-            row = [None] * len(_NAMES)
-            row[_NAMES.index("capture")] = name
-            if isinstance(err, CaptureError):
-                row[_NAMES.index("packet")] = err.packet
-                row[_NAMES.index("offset")] = err.offset
-            yield (*row, message)
-
-
-def raw_schema():
-    """The frame schema plus the internal problem column."""
-    from pyspark.sql import types as T  # noqa: N812
-
-    schema = records.spark_schema()
-    return T.StructType([*schema.fields, T.StructField(PROBLEM_COLUMN, T.StringType(), True)])
 
 
 @dataclass
@@ -215,51 +155,46 @@ def load_frames(
     split_bytes: int | None = None,
     persist: bool = True,
 ) -> Frames:
-    """Plan the read of ``paths`` and return lazy DataFrames (persisted when first computed).
+    """Plan the read of ``paths`` through the data source and return lazy DataFrames.
 
-    ``problems`` has columns capture, error, packet, offset. With ``fail_fast``, the
+    ``problems`` has columns capture, error, packet, offset: the captures that
+    could not be read and the paths that named none. With ``fail_fast``, the
     first action raises a Spark error carrying ``FAIL_FAST_MARK`` and the capture name.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F  # noqa: N812
 
+    from wallaroo_proto.spark import datasource
+
     captures, listing_problems = list_captures(paths)
     if fail_fast and listing_problems:
         first = listing_problems[0]
         raise CaptureFailed(f"{first.capture}: {first.error}")
-    sc = spark.sparkContext
-    tasks = plan_tasks(captures, sc.defaultParallelism, split_bytes)
-    ports = None if ports is None else tuple(ports)
-
-    def read(task):
-        return read_task(task, ports=ports, fail_fast=fail_fast)
-
-    rdd = sc.parallelize(tasks, max(1, len(tasks))).flatMap(read)
-    raw = _rows_to_frame(spark, rdd, raw_schema())
+    parallelism = spark.sparkContext.defaultParallelism
+    tasks = plan_tasks(captures, parallelism, split_bytes)
+    datasource.register(spark)
+    reader = (
+        spark.read.format(datasource.NAME)
+        .option("mode", "FAILFAST" if fail_fast else "PERMISSIVE")
+        .option("parallelism", parallelism)
+    )
+    if ports is not None:
+        reader = reader.option("ports", ",".join(str(p) for p in ports))
+    if split_bytes is not None:
+        reader = reader.option("splitBytes", split_bytes)
+    raw = reader.load(list(paths))
     if persist:
         raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
+    if fail_fast:
+        return Frames(raw, _no_problems(spark), captures, listing_problems, len(tasks))
     problem = F.col(PROBLEM_COLUMN)
     frames = raw.where(problem.isNull()).drop(PROBLEM_COLUMN)
     problems = raw.where(problem.isNotNull()).select("capture", problem.alias("error"), "packet", "offset")
-    return Frames(frames, problems, captures, listing_problems, len(tasks))
+    return Frames(frames, problems, captures, listing_problems, len(tasks) + len(listing_problems))
 
 
-def _rows_to_frame(spark: SparkSession, rdd, schema) -> DataFrame:
-    """The rows as a DataFrame without pyspark's per-row ``toInternal`` pass in Python.
-
-    Our rows hold only ints, floats, strings, booleans and lists/tuples of them,
-    for which ``toInternal`` changes nothing, yet it costs as much as the pickling.
-    This is what ``createDataFrame`` does after it; if a pyspark version lacks
-    these internals, ``createDataFrame`` is used.
-    """
-    from pyspark.sql import DataFrame
-
-    try:
-        jrdd = rdd._to_java_object_rdd()
-        jdf = spark._jsparkSession.applySchemaToPythonRDD(jrdd.rdd(), schema.json())
-    except AttributeError:
-        return spark.createDataFrame(rdd, schema, verifySchema=False)
-    return DataFrame(jdf, spark)
+def _no_problems(spark: SparkSession) -> DataFrame:
+    return spark.createDataFrame([], "capture string, error string, packet long, offset long")
 
 
 def fail_fast_message(err: BaseException) -> str | None:

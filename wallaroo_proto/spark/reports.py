@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
 CONN = ("capture", "connection", "conn_index")
 STREAM = (*CONN, "stream_id")
+#: Unsigned 64-bit protocol values (ids, points of reference) in Spark: ``records`` type ``u64``.
+U64 = "decimal(20,0)"
 
 
 def _f():
@@ -101,7 +103,9 @@ def audit(frames: DataFrame) -> DataFrame:
         epochs.withColumn("expected", F.lag(step).over(by_epoch))
         .withColumn(
             "missing",
-            F.when(F.col("message_id") > F.col("expected"), F.col("message_id") - F.col("expected")),
+            F.when(F.col("message_id") > F.col("expected"), F.col("message_id") - F.col("expected")).cast(
+                "long"
+            ),
         )
         .groupBy(*STREAM)
         .agg(
@@ -297,9 +301,9 @@ def twopc(frames: DataFrame, *, internal: bool = False) -> DataFrame:
         F.min("frame_index").alias("first_frame"),
     )
     span = F.aggregate(
-        F.coalesce("where", F.array().cast("array<struct<stream_id:long,start_por:long,end_por:long>>")),
+        F.coalesce("where", F.array().cast(f"array<struct<stream_id:{U64},start_por:{U64},end_por:{U64}>>")),
         F.lit(0).cast("long"),
-        lambda acc, w: acc + (w["end_por"] - w["start_por"]),
+        lambda acc, w: acc + (w["end_por"] - w["start_por"]).cast("long"),
     )
     rounds = grouped.select(
         *CONN,

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 if TYPE_CHECKING:
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
 DEFAULT_MASTER = "local[*]"
@@ -60,6 +61,16 @@ def package_zip(directory: str | os.PathLike) -> Path:
             if "__pycache__" not in path.parts:
                 archive.write(path, Path("wallaroo_proto") / path.relative_to(PACKAGE_DIR))
     return target
+
+
+def ship_package(sc: SparkContext, directory: str | os.PathLike | None = None) -> None:
+    """Give the session's Python workers this package (once per context: ``addPyFile``)."""
+    if getattr(sc, "_wallaroo_shipped", False):
+        return
+    if directory is None:
+        directory = tempfile.mkdtemp(prefix="wallaroo-spark-")
+    sc.addPyFile(str(package_zip(directory)))
+    sc._wallaroo_shipped = True  # type: ignore[attr-defined]
 
 
 def build_session(
@@ -128,7 +139,7 @@ def build_session(
             ) from None
         finally:
             log.close()
-        sc.addPyFile(str(package_zip(workdir)))
+        ship_package(sc, workdir)
     else:
         sc = SparkContext.getOrCreate(spark_conf)  # joined: it was given our package when it started
     sc.setLogLevel(log_level)
