@@ -163,7 +163,9 @@ async def run_case(case: Case, context: Any, timeout: float) -> Result:
     except CaseSkipped as skipped:
         result = Result(case, SKIP, str(skipped), trace.tail())
     except TimeoutError:
-        result = Result(case, FAIL, f"no conclusion within {limit:g} s", trace.tail())
+        waiting = next((line.strip() for line in reversed(trace.lines) if line.startswith("   waiting")), "")
+        reason = f"no conclusion within {limit:g} s" + (f" ({waiting})" if waiting else "")
+        result = Result(case, FAIL, reason, trace.tail())
     except (ConnectionError, OSError) as err:
         result = Result(case, FAIL, f"connection failed: {err}", trace.tail())
     result.seconds = time.monotonic() - started
