@@ -114,7 +114,7 @@ class ConnectorUnderTest:
             waits.add(asyncio.ensure_future(self.process.wait()))
         try:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:  # also when the case's deadline cancels us: a stray get() would take the next case's connection
+        finally:  # also on the case's deadline: a stray get() would take the next case's connection
             for task in waits:
                 task.cancel()
         if get in done:
@@ -265,7 +265,8 @@ async def waits_for_notify_ack(ctx: ConnectorUnderTest, trace: Trace) -> str:
     if held:
         raise CaseFailed("sent a MESSAGE before the NOTIFY_ACK", ctx.seen(trace))
     await ctx.serve(probe, trace, until=lambda s: s.messages > 0)
-    return f"no MESSAGE for {ctx.window:g} s while the NOTIFY_ACK of stream {notify.stream_id} was held; one after it"
+    held = f"while the NOTIFY_ACK of stream {notify.stream_id} was held"
+    return f"no MESSAGE for {ctx.window:g} s {held}; one after it"
 
 
 async def refused_no_data(ctx: ConnectorUnderTest, trace: Trace) -> str:
@@ -394,7 +395,8 @@ async def eos_sent(ctx: ConnectorUnderTest, trace: Trace) -> str:
             if code != 0:
                 raise CaseFailed(f"every stream ended, then it exited with {code}", ctx.seen(trace))
             exited = "; it exited 0"
-    return f"EOS_MESSAGE for {len(state.eos)} stream(s) ({', '.join(sorted(forms))} form), {state.messages} messages{exited}"
+    form = ", ".join(sorted(forms))
+    return f"EOS_MESSAGE for {len(state.eos)} stream(s) ({form} form), {state.messages} messages{exited}"
 
 
 async def ids_increase(ctx: ConnectorUnderTest, trace: Trace) -> str:

@@ -93,7 +93,7 @@ class SinkUnderTest(ProbeKeeper):
         return Hello(**fields)
 
     async def open(self, trace: Trace, instance: str, label: str = "w1") -> tuple[Probe, tuple]:
-        """HELLO, NOTIFY(1) and LIST_UNCOMMITTED sent together, as the shipped worker does: the listed txns."""
+        """HELLO, NOTIFY(1) and LIST_UNCOMMITTED at once, as the shipped worker sends them; listed txns."""
         probe = await self.connect(trace, label)
         rtag = next(_rtags)
         probe.send(
@@ -273,7 +273,10 @@ async def commit_round(ctx: SinkUnderTest, trace: Trace) -> str:
             f"after a reconnect, PHASE1 from the committed offset {end} voted abort", trace.tail()
         )
     again.check_clean()
-    return f"commit vote over [0, {end}); after PHASE2 commit and a reconnect, nothing listed and a round from {end} commits"
+    return (
+        f"commit vote over [0, {end}); after PHASE2 commit and a reconnect, "
+        f"nothing listed and a round from {end} commits"
+    )
 
 
 async def _abort_vote(ctx: SinkUnderTest, trace: Trace, name: str, send, where) -> str:
