@@ -22,6 +22,8 @@ from wallaroo_proto.conformance import Suite, SuiteUnavailable, run_suite, selec
 from wallaroo_proto.conformance.report import as_json, counts, junit_xml
 from wallaroo_proto.conformance.runner import FAIL, PASS, Result, Target
 
+#: Lines of a failure's trace the table shows.
+SEEN_LINES = 6
 STYLES = {PASS: "[green]pass[/]", FAIL: "[bold red]FAIL[/]", "skip": "[yellow]skip[/]"}
 
 
@@ -37,14 +39,18 @@ def render(console: Console, suite: Suite, target: Target, results: list[Result]
     )
     table.add_column("result")
     table.add_column("case", no_wrap=True)
-    table.add_column("rule")
-    table.add_column("expected / seen", overflow="fold")
+    table.add_column("rule", max_width=26)
+    table.add_column("expected / seen", overflow="fold", ratio=1)
     for r in results:
         detail = escape(r.case.expect)
         if r.status == FAIL:
             detail += f"\n[red]{escape(r.reason)}[/]"
-            if r.seen:
-                detail += f"\n[dim]{escape(r.seen)}[/]"
+            if r.seen:  # the table shows the last lines; --format json has them all
+                lines = r.seen.splitlines()
+                shown = (
+                    [f"... {len(lines) - SEEN_LINES} earlier"] if len(lines) > SEEN_LINES else []
+                ) + lines[-SEEN_LINES:]
+                detail += "\n[dim]" + escape("\n".join(shown)) + "[/]"
         elif r.status == "skip":
             detail += f"\n[yellow]{escape(r.reason)}[/]"
         else:
@@ -53,7 +59,7 @@ def render(console: Console, suite: Suite, target: Target, results: list[Result]
     console.print(table)
     tally = counts(results)
     console.print(
-        f"{tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped in {seconds:.1f} s"
+        f"{tally['passed']} passed, {tally['failed']} failed, {tally['skipped']} skipped in {seconds:.2f} s"
     )
 
 

@@ -11,17 +11,17 @@ from wallaroo_proto.conformance.runner import Result, SuiteUnavailable
 from .probe import Probe
 
 SPEC = "spec"
-NOTES = "notes"
+NOTES = "protocol-notes"
 
 
 def spec(section: str) -> str:
     """A section of the connector protocol v3 specification."""
-    return f"{SPEC} {section}"
+    return f"{SPEC}: {section}"
 
 
 def notes(section: str) -> str:
-    """Shipped behaviour, as docs/protocol-notes.md records it."""
-    return f"{NOTES} {section}"
+    """Shipped behaviour, as a section of docs/protocol-notes.md records it."""
+    return f"{NOTES}: {section}"
 
 
 def parse_address(text: str) -> tuple[str, int]:

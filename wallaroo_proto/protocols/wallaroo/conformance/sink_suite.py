@@ -421,7 +421,7 @@ def _cases() -> tuple[Case, ...]:
     sink = spec("Connector sink protocol")
     twopc = spec("Connector sink protocol, 5")
     durable = spec("Connector sink protocol, 6")
-    shipped = notes("How the shipped worker drives a connector sink")
+    shipped = notes("The shipped connector sink and 2PC")
     return (
         Case(
             "handshake.ok",

@@ -427,7 +427,7 @@ def _cases() -> tuple[Case, ...]:
         ),
         Case(
             "notify.repeat",
-            notes("How the shipped worker behaves"),
+            sm,
             "a repeated NOTIFY of a stream the connection holds gets success=0",
             notify_repeat,
         ),
@@ -481,7 +481,7 @@ def _cases() -> tuple[Case, ...]:
         ),
         Case(
             "eos.acknowledged",
-            notes("How the shipped worker behaves"),
+            notes("What a point of reference means"),
             "EOS_MESSAGE is answered with an ACK at the stream's last id",
             eos_acknowledged,
         ),
