@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -224,6 +225,34 @@ def test_mock_source_passes_every_connector_case() -> None:
     code, report = conformance("connector", "--window-ms", "300", "--", *source, "-q")
     assert code == 0
     every_case_passed(report, "connector")
+
+
+@pytest.mark.slow
+def test_listen_runs_a_case_on_a_connector_started_by_hand() -> None:
+    port = free_port()
+    tester = subprocess.Popen(
+        [*COMMAND, "conformance", "connector", "--format", "json", "--listen", f"127.0.0.1:{port}"]
+        + ["--case", "eos.sent"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # mock-source retries a refused connection a few times by itself
+            source = run_cli("mock-source", "--connect", f"127.0.0.1:{port}", "--count", "5", "-q")
+            if "refused" not in source.stderr:
+                break
+            assert time.monotonic() < deadline, source.stderr
+        out, err = tester.communicate(timeout=120)
+    finally:
+        if tester.poll() is None:
+            tester.kill()
+            tester.wait()
+    assert source.returncode == 0, source.stderr
+    assert tester.returncode == 0, err
+    report = json.loads(out)
+    assert [(c["id"], c["status"]) for c in report["cases"]] == [("eos.sent", "pass")]
 
 
 # --- the shipped Wallaroo peers: their known deviations ------------------------------------------------

@@ -41,10 +41,12 @@ def tag() -> str:
 
 
 class ProbeKeeper:
-    """Closes every probe a case opened once the case is over, whatever its outcome."""
+    """Closes every probe a case opened once the case is over, whatever its outcome.
 
-    def __init__(self) -> None:
-        self.probes: list[Probe] = []
+    A mix-in for the suites' dataclass contexts, which hold the ``probes`` list.
+    """
+
+    probes: list[Probe]
 
     def keep(self, probe: Probe) -> Probe:
         self.probes.append(probe)

@@ -134,6 +134,11 @@ class Probe:
             self.trace(f"   the core: {outcome.reason}")
         return frame
 
+    @property
+    def buffered(self) -> bool:
+        """Frames already read from the socket and not yet taken by ``recv``."""
+        return bool(self._queue)
+
     async def expect(
         self,
         kind: type,

@@ -29,6 +29,7 @@ from wallaroo_proto.conformance.runner import (
     Trace,
 )
 
+from ..errors import ProtocolError
 from ..frames import SINK_VERSION, Error, Hello, Message, Notify, NotifyAck, Ok, show_text
 from ..protocol import Side, Use
 from ..twopc import (
@@ -55,7 +56,7 @@ def _is_twopc(kind: type):
             return False
         try:
             return type(decode_twopc(frame.payload)) is kind
-        except Exception:
+        except ProtocolError:
             return False
 
     return match

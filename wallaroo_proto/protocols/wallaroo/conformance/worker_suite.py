@@ -15,6 +15,7 @@ from typing import Any
 
 from wallaroo_proto.conformance.runner import Case, CaseFailed, CaseSkipped, SuiteOption, Target, Trace
 
+from ..codec import encode
 from ..frames import (
     SOURCE_VERSION,
     Ack,
@@ -249,8 +250,6 @@ async def credits_replenished(ctx: WorkerUnderTest, trace: Trace) -> str:
 
 
 def _message_bytes(stream_id: int, message_id: int) -> bytes:
-    from ..codec import encode
-
     return encode(Message(stream_id, message_id, 0, b"", b"x"))
 
 
