@@ -141,6 +141,8 @@ def test_cli_lists_cases_and_refuses_bad_usage_with_exit_2() -> None:
     assert "Traceback" not in unreachable.stderr
     no_command = run_cli("conformance", "connector")
     assert no_command.returncode == 2 and "give the connector's command" in no_command.stderr
+    missing = run_cli("conformance", "connector", "--", "/no/such/connector")
+    assert missing.returncode == 2 and "cannot run '/no/such/connector'" in missing.stderr
 
 
 def test_the_docs_list_every_case_of_every_suite() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
@@ -495,6 +496,8 @@ async def open_connector(target: Target, options: Mapping[str, Any]) -> AsyncIte
         raise SuiteUnavailable(
             "give the connector's command after --, or --listen HOST:PORT to start it by hand"
         )
+    if target.command and shutil.which(target.command[0]) is None:
+        raise SuiteUnavailable(f"cannot run {target.command[0]!r}: not found or not executable")
     host, port = parse_address(target.listen or "127.0.0.1:0")
     cookie = options.get("cookie")
     ctx = ConnectorUnderTest(
