@@ -78,8 +78,9 @@ def make_command(suite: Suite) -> click.Command:
         params.append(click.Argument(["address"], required=False))
     else:
         params.append(click.Argument(["command"], nargs=-1, type=click.UNPROCESSED))
+    if suite.can_listen:
         params.append(
-            click.Option(["--listen"], help="Listen on HOST:PORT and wait for connectors started by hand.")
+            click.Option(["--listen"], help="Listen on HOST:PORT and wait for clients started by hand.")
         )
     for opt in suite.options:
         kwargs: dict = {"help": opt.help, "show_default": opt.default is not None}

@@ -147,7 +147,7 @@ def test_cli_lists_cases_and_refuses_bad_usage_with_exit_2() -> None:
 
 def test_the_docs_list_every_case_of_every_suite() -> None:
     doc = (TESTS.parent / "docs" / "conformance.md").read_text()
-    for name in ("worker", "sink", "connector"):
+    for name in ("worker", "sink", "connector", "processor"):
         section = doc.split(f"### `conformance {name}`")[1].split("###")[0]
         for case in get_suite(name).cases:
             assert f"| `{case.id}` | {case.ref} | {case.expect} |" in section, (name, case.id)
@@ -322,3 +322,39 @@ def test_the_shipped_aloc_sink_fails_only_its_known_deviations(tmp_path) -> None
     assert "got OK" in by_id["handshake.duplicate-instance"]["reason"]
     assert "stopped serving" in by_id["handshake.version"]["reason"]
     assert by_id["restart.lists-undecided"]["status"] == "pass"
+
+
+# --- Kinesis: the processor suite -------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_mock_processor_passes_every_processor_case_and_a_faulty_one_fails_with_the_cores_reason() -> None:
+    processor = [*COMMAND, "kinesis", "mock-processor", "--checkpoint-every", "2"]
+    code, report = conformance("processor", "--", *processor)
+    assert code == 0
+    every_case_passed(report, "processor")
+    code, report = conformance("processor", "--", *processor, "--bad-response-after", "2")
+    assert code == 1
+    assert failed(report) == {
+        "records.status",
+        "shard-ended.checkpoint",
+        "lease-lost.status",
+        "shutdown-requested.status",
+    }
+    reasons = {c["reason"] for c in report["cases"] if c["status"] == "fail"}
+    assert reasons == {"status with responseFor 'processRecordz', expected 'processRecords'"}
+
+
+@pytest.mark.slow
+def test_a_kclpy_record_processor_passes_every_processor_case(tmp_path) -> None:
+    pytest.importorskip("amazon_kclpy")
+    from test_kinesis_e2e import KCLPY_PROCESSOR
+
+    app = tmp_path / "app.py"
+    app.write_text(KCLPY_PROCESSOR)
+    env = {**os.environ, "KCL_TEST_LOG": str(tmp_path / "events.jsonl")}
+    code, report = conformance("processor", "--", sys.executable, str(app), env=env)
+    assert code == 0
+    every_case_passed(report, "processor")
+    logged = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert "checkpoint" in logged and "shardEnded" in logged

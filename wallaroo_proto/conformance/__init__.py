@@ -23,7 +23,10 @@ from .runner import (
     select,
 )
 
-_SUITE_MODULES = ("wallaroo_proto.protocols.wallaroo.conformance",)
+_SUITE_MODULES = (
+    "wallaroo_proto.protocols.wallaroo.conformance",
+    "wallaroo_proto.protocols.kinesis.conformance",
+)
 
 
 @cache

@@ -106,6 +106,8 @@ class Suite:
     #: ``open(target, options)``: an async context manager giving the context every case gets.
     open: Callable[[Target, Mapping[str, Any]], AbstractAsyncContextManager[Any]]
     options: tuple[SuiteOption, ...] = ()
+    #: A "command" suite that can also wait for a client started by hand (``--listen``).
+    can_listen: bool = False
 
 
 @dataclass

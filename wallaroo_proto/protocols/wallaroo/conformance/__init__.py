@@ -37,5 +37,6 @@ SUITES = (
         connector_suite.CASES,
         connector_suite.open_connector,
         connector_suite.OPTIONS,
+        can_listen=True,
     ),
 )
