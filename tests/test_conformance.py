@@ -147,7 +147,7 @@ def test_cli_lists_cases_and_refuses_bad_usage_with_exit_2() -> None:
 
 def test_the_docs_list_every_case_of_every_suite() -> None:
     doc = (TESTS.parent / "docs" / "conformance.md").read_text()
-    for name in ("worker", "sink", "connector", "processor"):
+    for name in ("worker", "sink", "connector", "processor", "daemon"):
         section = doc.split(f"### `conformance {name}`")[1].split("###")[0]
         for case in get_suite(name).cases:
             assert f"| `{case.id}` | {case.ref} | {case.expect} |" in section, (name, case.id)
@@ -358,3 +358,35 @@ def test_a_kclpy_record_processor_passes_every_processor_case(tmp_path) -> None:
     every_case_passed(report, "processor")
     logged = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert "checkpoint" in logged and "shardEnded" in logged
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("end", [[], ["--shard-end"]], ids=["graceful-stop", "shard-end"])
+def test_mock_daemon_passes_every_daemon_case_and_ends_every_shard_cleanly(end) -> None:
+    shards = str(len(get_suite("daemon").cases))
+    args = ["--listen", "127.0.0.1:0", "--shards", shards, "--records", "7", "--batch-size", "3", *end]
+    with Server("kinesis", "mock-daemon", *args, "--format", "json") as daemon:
+        code, report = conformance("daemon", daemon.address)
+        exit_code, out, err = daemon.stop(None)  # it ends by itself once every shard's lease ended
+    assert code == 0
+    every_case_passed(report, "daemon")
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert exit_code == 0 and summary["failures"] == [], err
+
+
+@pytest.mark.slow
+def test_a_daemon_refusing_good_checkpoints_fails_that_case() -> None:
+    args = [
+        "--listen",
+        "127.0.0.1:0",
+        "--shards",
+        "1",
+        "--records",
+        "4",
+        "--checkpoint-error",
+        "ThrottlingException",
+    ]
+    with Server("kinesis", "mock-daemon", *args) as daemon:
+        code, report = conformance("daemon", daemon.address, "--case", "checkpoint.last-record")
+    assert code == 1
+    assert report["cases"][0]["reason"] == "a checkpoint at the last record delivered got ThrottlingException"
