@@ -312,10 +312,13 @@ class DaemonUnderTest:
         trace(f"connected to {self.host}:{self.port}")
         return peer
 
-    async def after_case(self, case: Case, result: Result) -> Result:
+    def close_all(self) -> None:
         shards, self.shards = self.shards, []
         for peer in shards:
             peer.writer.transport.abort()
+
+    async def after_case(self, case: Case, result: Result) -> Result:
+        self.close_all()
         return result
 
 
@@ -527,7 +530,7 @@ async def open_daemon(target: Target, options: Mapping[str, Any]) -> AsyncIterat
     try:
         yield ctx
     finally:
-        await ctx.after_case(None, None)
+        ctx.close_all()
 
 
 SUITES = (
