@@ -77,6 +77,7 @@ class ProcessorUnderTest:
     process: asyncio.subprocess.Process | None = None
     errors: deque = field(default_factory=lambda: deque(maxlen=OUTPUT_LINES))
     _stderr: asyncio.Task | None = None
+    _lines: deque = field(default_factory=deque)
 
     async def start(self, trace: Trace) -> tuple[Conversation, LineSplitter]:
         trace(f"   starting {' '.join(self.command)}")
@@ -88,6 +89,7 @@ class ProcessorUnderTest:
             start_new_session=True,
         )
         self.errors.clear()
+        self._lines.clear()
         self._stderr = asyncio.create_task(self._keep_stderr(self.process))
         return Conversation(CURRENT), LineSplitter()
 
@@ -112,7 +114,7 @@ class ProcessorUnderTest:
         self.process.stdin.write(encode(msg))
         await self.process.stdin.drain()
         checkpoints = 0
-        pending: deque = deque()
+        pending = self._lines  # lines read past a status wait for the next request
         while True:
             while not pending:
                 data = await self.process.stdout.read(64 * 1024)
