@@ -288,7 +288,7 @@ def test_the_shipped_connector_library_fails_only_its_known_deviations(tmp_path)
         "--window-ms",
         "300",
         "--timeout",
-        "5",
+        "8",
         "--",
         *connector,
         cwd=tmp_path,
@@ -311,7 +311,7 @@ def test_the_shipped_aloc_sink_fails_only_its_known_deviations(tmp_path) -> None
     try:
         _wait_listening(port, pidfile, tmp_path / "sink.log")
         code, report = conformance(
-            "sink", f"127.0.0.1:{port}", "--cookie", COOKIE, "--restart-cmd", restart, "--timeout", "5"
+            "sink", f"127.0.0.1:{port}", "--cookie", COOKIE, "--restart-cmd", restart, "--timeout", "8"
         )
     finally:
         _stop(pidfile)

@@ -50,6 +50,7 @@ from ..records import sequence_number
 
 SHARD = "shardId-000000000000"
 OUTPUT_LINES = 10
+STDERR_HEADER = "\nprocessor stderr:\n"
 
 
 def _records(first: int, count: int) -> tuple[Record, ...]:
@@ -95,7 +96,7 @@ class ProcessorUnderTest:
     def seen(self, trace: Trace) -> str:
         out = trace.tail()
         if self.errors:
-            out += "\nprocessor stderr:\n" + "\n".join(f"  | {line}" for line in self.errors)
+            out += STDERR_HEADER + "\n".join(f"  | {line}" for line in self.errors)
         return out
 
     async def request(self, trace: Trace, conv: Conversation, lines: LineSplitter, msg: Message) -> int:
@@ -177,9 +178,10 @@ class ProcessorUnderTest:
         return process.returncode
 
     async def after_case(self, case: Case, result: Result) -> Result:
-        if result.status == FAIL and self.errors and "processor stderr" not in result.seen:
-            result.seen += "\nprocessor stderr:\n" + "\n".join(f"  | {line}" for line in self.errors)
-        await self.stop()
+        await self.stop()  # first: its stderr is read to the end
+        if result.status == FAIL and self.errors:
+            head = result.seen.split(STDERR_HEADER)[0]
+            result.seen = head + STDERR_HEADER + "\n".join(f"  | {line}" for line in self.errors)
         return result
 
 

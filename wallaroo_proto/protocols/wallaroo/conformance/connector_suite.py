@@ -38,6 +38,7 @@ from .common import parse_address, spec
 from .probe import PeerClosed, Probe
 
 OUTPUT_LINES = 15
+OUTPUT_HEADER = "\nconnector output:\n"
 
 
 @dataclass
@@ -127,7 +128,7 @@ class ConnectorUnderTest:
     def seen(self, trace: Trace) -> str:
         out = trace.tail()
         if self.output:
-            out += "\nconnector output:\n" + "\n".join(f"  | {line}" for line in self.output)
+            out += OUTPUT_HEADER + "\n".join(f"  | {line}" for line in self.output)
         return out
 
     async def stop(self) -> int | None:
@@ -150,10 +151,11 @@ class ConnectorUnderTest:
         return process.returncode
 
     async def after_case(self, case: Case, result: Result) -> Result:
-        if result.status == FAIL and self.output and "connector output" not in result.seen:
-            result.seen += "\nconnector output:\n" + "\n".join(f"  | {line}" for line in self.output)
         self.trace = None
-        await self.stop()
+        await self.stop()  # first: the connector's last words (a traceback) are read to the end
+        if result.status == FAIL and self.output:
+            head = result.seen.split(OUTPUT_HEADER)[0]
+            result.seen = head + OUTPUT_HEADER + "\n".join(f"  | {line}" for line in self.output)
         for probe in self.probes:
             probe.abort()
         self.probes.clear()
