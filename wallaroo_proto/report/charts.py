@@ -7,6 +7,7 @@ capture's connections line up. Imports matplotlib on first use only.
 from __future__ import annotations
 
 import io
+import re
 from functools import cache
 from statistics import quantiles
 
@@ -63,7 +64,8 @@ def _svg(fig) -> str:
     fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
     _pyplot().close(fig)
     text = buffer.getvalue()
-    return text[text.index("<svg") :]  # inline: no XML prolog or DOCTYPE
+    text = text[text.index("<svg") :]  # inline: no XML prolog or DOCTYPE
+    return re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.S)  # RDF boilerplate
 
 
 def _steps(throughput: Throughput, t0: float, column: int) -> tuple[list[float], list[float]]:
