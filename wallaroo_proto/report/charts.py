@@ -61,7 +61,8 @@ def _pyplot():
 
 def _svg(fig) -> str:
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None}, bbox_inches="tight")
+    # Fixed margins rather than bbox_inches="tight": one drawing pass instead of two.
+    fig.savefig(buffer, format="svg", metadata={"Date": None, "Creator": None})
     _pyplot().close(fig)
     text = buffer.getvalue()
     text = text[text.index("<svg") :]  # inline: no XML prolog or DOCTYPE
@@ -88,7 +89,9 @@ def connection_chart(conn: ConnectionReport, t0: float) -> str | None:
     plt = _pyplot()
     signals = conn.signal_values() or Signals()
     panels = 2 + len(signals.series)
-    fig, axes = plt.subplots(panels, 1, sharex=True, figsize=(WIDTH_IN, PANEL_IN * panels + 0.4))
+    height = PANEL_IN * panels + 0.6
+    fig, axes = plt.subplots(panels, 1, sharex=True, figsize=(WIDTH_IN, height))
+    fig.subplots_adjust(left=0.085, right=0.99, top=1 - 0.25 / height, bottom=0.45 / height, hspace=0.3)
     throughput = Throughput.from_dict(conn.throughput).coarsened(CHART_BINS)
     arrows = (
         f"{_role(conn.lanes[0])} → {_role(conn.lanes[1])}",
@@ -123,7 +126,6 @@ def connection_chart(conn: ConnectionReport, t0: float) -> str | None:
             ax.axvline(marker.ts - t0, color=MARKER_COLOURS.get(marker.kind, "#555"), lw=0.8, ls="--")
     _marker_legend(axes[-1], signals)
     axes[-1].set_xlabel("seconds from the capture's start")
-    fig.align_ylabels(axes)
     return _svg(fig)
 
 
@@ -163,7 +165,8 @@ def stats(dist: Distribution) -> dict[str, float | None]:
 def distribution_chart(title: str, dists: list[Distribution]) -> str:
     """One histogram (milliseconds) per distribution, side by side."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(dists), figsize=(min(WIDTH_IN, 4.2 * len(dists)), 2.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(dists), figsize=(min(WIDTH_IN, 4.2 * len(dists)), 2.6), squeeze=False)
+    fig.subplots_adjust(left=0.1, right=0.97, top=0.8, bottom=0.2, wspace=0.3)
     for ax, dist in zip(axes[0], dists, strict=True):
         values = [v * 1000 for v in dist.sample]
         ax.hist(values, bins=min(40, max(5, len(values) // 4)), color="#1f77b4")
