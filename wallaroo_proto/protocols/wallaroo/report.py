@@ -1,9 +1,11 @@
 """Wallaroo's signals for ``report``: credits held, zero-credit spells, checkpoints, RESTARTs, 2PC latencies.
 
 Credits follow the dissector's flow-control rules (``spark.reports.flow_control``):
-the worker's OK and ACKs grant credits; every frame the data side (the
-connector of a source, the worker of a sink) sends after the OK, HELLO aside,
-spends one, unless the core rejected it; the level never goes below zero.
+the worker's OK and ACKs grant credits; every frame the connector sends after
+the OK, HELLO aside, spends one, unless the core rejected it; the level never
+goes below zero. Only a source's credits are drawn: on a sink the worker
+ignores the sink's credits and relies on TCP backpressure (protocol notes), so
+its level would fall to zero and mean nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ class WallarooSignals:
     def __init__(self) -> None:
         self.ok_seen = False
         self.level = 0
-        self.data_side: str | None = None
-        self.credits = Series("credits held", "credits")
+        self.use: str | None = None
+        self.credits = Series("credits held by the connector", "credits")
         self.out = Signals(span_label="zero credits")
         self.zero_since: float | None = None
         self.last_ts: float | None = None
@@ -37,9 +39,8 @@ class WallarooSignals:
         ts = float(r.get("ts") or 0.0)
         self.last_ts = ts
         kind = r.get("type")
-        if self.data_side is None and r.get("use"):
-            self.data_side = "worker" if r["use"] == "sink" else "connector"
-            self.credits.name = f"credits held by the {self.data_side}"
+        if self.use is None and r.get("use"):
+            self.use = r["use"]
         granted = 0
         if kind == "OK" and r.get("initial_credits") is not None:
             granted = int(r["initial_credits"])
@@ -47,13 +48,13 @@ class WallarooSignals:
             granted = int(r["credits"])
         spent = (
             self.ok_seen
-            and r.get("sender") == self.data_side
+            and r.get("sender") == "connector"
             and kind != "HELLO"
             and r.get("verdict") != "violation"
         )
         if kind == "OK" and r.get("verdict") == "accepted":
             self.ok_seen = True
-        if self.ok_seen:
+        if self.ok_seen and self.use == "source":
             self.level = max(self.level + granted - int(spent), 0)
             self.credits.add(ts, self.level)
             self._zero(ts)
