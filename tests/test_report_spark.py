@@ -1,4 +1,4 @@
-"""spark-replay --report draws the same figures as report: the ladders' frames built on Spark equal the local ones."""
+"""spark-replay --report draws what report draws: ladders built on Spark equal the local ones."""
 
 from __future__ import annotations
 
