@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 
 import pytest
 from report_captures import CAPTURES, SAMPLE_FRAMES, long_session, unnotified_message
@@ -20,6 +21,32 @@ from wallaroo_proto.report.signals import Distribution, Series, Signals
 def connections(*names: str, **kwargs) -> list[model.ConnectionReport]:
     report = build_report([CAPTURES / n for n in names], **kwargs)
     return [c for cap in report.captures for c in cap.connections]
+
+
+@pytest.mark.slow
+def test_kinesis_latencies_checkpoints_and_lag(tmp_path) -> None:
+    mld = tmp_path / "mld.pcap"
+    recorded = run_cli(
+        "kinesis", "mock-daemon", "--shards", "2", "--records", "30", "--batch-size", "10", "--shard-end",
+        "--checkpoint-error", "ThrottlingException@1", "--record", str(mld),
+        "--", sys.executable, "-m", "wallaroo_proto_cli",
+        "kinesis", "mock-processor", "--checkpoint-every", "10",
+    )  # fmt: skip
+    assert recorded.returncode == 0, recorded.stderr
+    shards = connections(mld)
+    assert len(shards) == 2
+    for conn in shards:
+        assert conn.protocol == "kinesis" and conn.lanes[0].startswith("daemon ") and conn.frames == 20
+        signals = conn.signal_values()
+        # initialize, 3 processRecords and shardEnded, each answered by a status.
+        (latency,) = signals.distributions
+        assert latency.name == "request to status" and latency.count == 5
+        kinds = [m.kind for m in signals.markers]
+        # Checkpoints at 10, 20 and 30 records (the first throttled, then retried) and SHARD_END.
+        assert kinds.count("checkpoint") == 5 and kinds.count("error") == 1 and kinds.count("end") == 1
+        behind, batch = signals.series
+        assert behind.name == "ms behind latest" and [v for _, v in batch.points] == [10.0, 10.0, 10.0]
+    assert "request to status" in render(build_report([mld]))
 
 
 def test_counts_and_lanes_of_a_source_session() -> None:
