@@ -108,7 +108,7 @@ class ConnectionReport:
     notes: int = 0
     types_out: dict[str, int] = field(default_factory=dict)
     types_in: dict[str, int] = field(default_factory=dict)
-    #: Ladder frames: (frame_index, ts, outbound, label, fields, packet, bad, violations, notes).
+    #: Ladder frames: [frame_index, ts, outbound, label, fields, packet, bad, violations, notes].
     head: list[list] = field(default_factory=list)
     tail: list[list] = field(default_factory=list)
     #: Listed violations: (frame_index, packet, ts, type, reason); and capture notes alike.
@@ -205,14 +205,18 @@ class ConnectionBuilder:
         if self.throughput is None:
             self.throughput = Throughput(ts)
         self.throughput.add(ts, outbound, length)
-        bad = bool(violations) or r.get("verdict") in ("violation", "malformed")
-        frame = [index, ts, outbound, label, self._fields(r), packet, bad, violations, notes]
         if len(rep.head) < self.half:
-            rep.head.append(frame)
-        else:
-            self.tail.append(frame)
+            rep.head.append(self._frame(r, index, ts, outbound, label))
+        else:  # described only if it is still among the last ones at the end
+            self.tail.append((r, index, ts, outbound, label))
         if self.signals is not None:
             self.signals.feed(r)
+
+    def _frame(self, r: dict, index: int, ts: float, outbound: bool, label: str) -> list:
+        violations = list(r.get("violations") or ())
+        bad = bool(violations) or r.get("verdict") in ("violation", "malformed")
+        notes = list(r.get("notes") or ())
+        return [index, ts, outbound, label, self._fields(r), r.get("packet"), bad, violations, notes]
 
     def _fields(self, r: dict) -> str:
         try:
@@ -225,7 +229,7 @@ class ConnectionBuilder:
         rep = self.report
         rep.types_out = dict(self.types_out.most_common())
         rep.types_in = dict(self.types_in.most_common())
-        rep.tail = list(self.tail)
+        rep.tail = [self._frame(*kept) for kept in self.tail]
         if self.throughput is not None:
             rep.throughput = self.throughput.to_dict()
         if self.signals is not None:
