@@ -25,8 +25,8 @@ from wallaroo_proto.demo import DemoConfig, DemoFailed, Step, run_demo
 @click.option("--no-spark", is_flag=True, help="Skip the spark-replay step.")
 def command(workdir: Path | None, streams: int, count: int, master: str, no_spark: bool) -> None:
     """Run mock-source -> mock-worker -> mock-sink with a RESTART and an abort vote
-    injected, record it, check exactly-once delivery, dissect the recordings and
-    audit them with spark-replay."""
+    injected, record it, check exactly-once delivery, dissect the recordings, draw
+    them as an HTML report (its path is printed) and audit them with spark-replay."""
     console = Console(highlight=False)
     workdir = workdir or Path(tempfile.mkdtemp(prefix="wallaroo-proto-demo-"))
     console.print(f"[bold]wallaroo-proto demo[/] in {workdir}")
@@ -52,3 +52,4 @@ def command(workdir: Path | None, streams: int, count: int, master: str, no_spar
         console.print(f"inputs, recordings, sink output and logs are in {workdir}")
         sys.exit(1)
     console.print(f"[green]demo passed[/]; recordings in {workdir / 'captures'}, logs in {workdir / 'logs'}")
+    console.print(f"report: {workdir / 'report.html'}", soft_wrap=True)

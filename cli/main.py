@@ -26,6 +26,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "mock-sink": ("mock_sink", "A connector sink with durable two-phase commit."),
     "dissect": ("dissect", "Show, filter and validate the frames in pcap/pcapng captures."),
     "wireshark-dissector": ("wireshark", "Write a Wireshark Lua plugin for the protocol."),
+    "report": ("report", "Draw captures as one offline HTML report: ladders, time series, latencies."),
     "spark-replay": ("spark_replay", "Feed captures into a PySpark batch job."),
     "kinesis": ("kinesis", "Kinesis MultiLangDaemon: a mock daemon and a mock record processor."),
     "conformance": ("conformance", "Test a worker, sink or connector against the protocol's rules."),

@@ -152,6 +152,12 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
 @click.option(
     "--conf", "confs", multiple=True, metavar="KEY=VALUE", help="Extra Spark configuration (repeatable)."
 )
+@click.option(
+    "--report",
+    "report_path",
+    type=click.Path(dir_okay=False),
+    help="Also draw the captures as one offline HTML report (see the report command).",
+)
 @click.option("--rows", default=20, show_default=True, type=click.IntRange(1), help="Rows printed per table.")
 @click.option(
     "--jsonl",
@@ -170,6 +176,7 @@ def command(
     confs: tuple[str, ...],
     rows: int,
     jsonl: bool,
+    report_path: str | None,
 ) -> None:
     """Read pcap/pcapng captures (files, directories, globs; default captures/) with Spark:
     frames, messages, a delivery audit, flow control, RESTARTs, 2PC rounds and violations,
@@ -227,6 +234,7 @@ def command(
             job,
             None if jsonl else rows,
             listing_problems,
+            report_path,
         )
     except KeyboardInterrupt:
         err.print("[yellow]spark-replay: interrupted; stopping Spark[/yellow]")
@@ -236,7 +244,9 @@ def command(
     raise SystemExit(code)
 
 
-def _run(spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, listing_problems) -> int:
+def _run(
+    spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, listing_problems, report_path=None
+) -> int:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
@@ -311,4 +321,13 @@ def _run(spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, 
             )
             return EXIT_USAGE
         err.print(f"[green]wrote {len(written)} tables as {fmt} to {output}/[/green] ({', '.join(written)})")
+    if report_path:
+        from wallaroo_proto.report import spark as report_spark
+        from wallaroo_proto.report.html import write_report
+
+        with stage_progress(spark, "drawing the report", err):
+            errors = {p["capture"]: p["error"] for p in problems}
+            drawn = report_spark.build_report(loaded.frames, [c.name for c in loaded.captures], errors=errors)
+            write_report(drawn, report_path)
+        err.print(f"[green]wrote the report to {report_path}[/green]")
     return EXIT_PROBLEM if problems or listing_problems else EXIT_OK

@@ -21,3 +21,7 @@ def test_demo_passes_and_leaves_its_recordings(tmp_path) -> None:
     assert "the sink committed all 600 messages once each, every stream in order" in result.stdout
     assert "1 RESTART(s)" in result.stdout or "RESTART(s) sent" in result.stdout
     assert sorted(p.name for p in (tmp_path / "captures").iterdir()) == ["sink-side.pcap", "source-side.pcap"]
+    report = tmp_path / "report.html"
+    assert f"report: {report}" in result.stdout.replace("\n", "")
+    page = report.read_text()
+    assert page.count('class="ladder-box"') >= 3 and "2PC PHASE1 to REPLY" in page

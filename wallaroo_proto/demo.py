@@ -4,7 +4,8 @@ mock-sink (with an abort vote injected) behind mock-worker (``--sink``, a RESTAR
 injected, every connection recorded), mock-source streaming into the worker;
 then the sink's output is checked against its logs and against the input
 (exactly once, each stream in order), the recordings are dissected and
-validated, and spark-replay runs its audit over them.
+validated and drawn as an HTML report (``report.html``), and spark-replay runs
+its audit over them.
 
 Each step is a ``Step``; ``run_demo`` reports them through a callback as they
 finish, so the CLI only renders.
@@ -222,6 +223,18 @@ def run_demo(config: DemoConfig, report: Callable[[Step], None]) -> list[Step]:
             dissect.returncode == 0,
             "no protocol violations in the recordings" if dissect.returncode == 0 else dissect.stderr[-800:],
             dissect.stdout,
+        )
+    )
+
+    report_path = work / "report.html"
+    drawn = run("report", *pcaps, "-o", str(report_path), "--title", "wallaroo-proto demo")
+    done(
+        Step(
+            "report",
+            drawn.returncode == 0,
+            f"ladder diagrams, credits and 2PC latencies of the recordings: {report_path}"
+            if drawn.returncode == 0
+            else drawn.stderr[-800:],
         )
     )
 

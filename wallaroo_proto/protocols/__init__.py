@@ -60,6 +60,9 @@ class ProtocolPlugin:
     spark_reports: Callable[[], Mapping[str, Callable[[Any], Any]]]
     #: Printed titles of its reports, by table name (the order they print in).
     report_titles: Mapping[str, str]
+    #: Optional: makes one collector per connection for ``report`` (``feed(record)``, ``finish()`` ->
+    #: ``report.signals.Signals``): its time series, checkpoint markers and latency distributions.
+    report_signals: Callable[[], Any] | None = None
 
 
 @cache

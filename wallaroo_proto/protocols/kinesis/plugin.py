@@ -14,6 +14,7 @@ from wallaroo_proto.protocols import ProtocolPlugin
 from .codec import REQUESTS, LineSplitter, decode_from_daemon
 from .core import Conversation
 from .dissect import PORTS, KinesisTracker, looks_like_mld
+from .report import KinesisSignals
 
 RECORD_FIELDS = (
     "line_number",
@@ -119,4 +120,5 @@ PLUGIN = ProtocolPlugin(
     describe=describe,
     spark_reports=_spark_reports,
     report_titles=TITLES,
+    report_signals=KinesisSignals,
 )

@@ -14,6 +14,7 @@ from wallaroo_proto.protocols.wallaroo.reader import FrameReader
 from wallaroo_proto.protocols.wallaroo.twopc import TwoPCTag
 from wallaroo_proto.records import DEFAULT_PORTS
 
+from .report import WallarooSignals
 from .views import describe, print_summary
 
 #: Its fields of ``records.FIELDS``: from ``version`` (HELLO) to ``commit`` (2PC), and ``use``.
@@ -78,4 +79,5 @@ PLUGIN = ProtocolPlugin(
     describe=describe,
     spark_reports=_spark_reports,
     report_titles=TITLES,
+    report_signals=WallarooSignals,
 )

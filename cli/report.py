@@ -1,0 +1,78 @@
+"""``wallaroo-proto report``: captures into one self-contained HTML report (thin CLI).
+
+The work lives in ``wallaroo_proto.report``. Exit codes: 0 written; 2 bad usage,
+a capture that could not be read to its end (the report still shows what came
+before the damage), or a report that could not be written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from wallaroo_proto.protocols import names
+from wallaroo_proto.report.model import ReportLimits
+
+EXIT_UNUSABLE = 2
+
+
+@click.command(name="report")
+@click.argument("captures", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("report.html"),
+    show_default=True,
+)
+@click.option(
+    "--port",
+    "ports",
+    type=click.IntRange(1, 65535),
+    multiple=True,
+    help="TCP port to read (repeat) [default: each protocol's]; connections that open with a known "
+    "protocol are found on any port.",
+)
+@click.option(
+    "--protocol", type=click.Choice(names()), default=None, help="Read every connection as this protocol."
+)
+@click.option("--frames", "shown", type=click.IntRange(1), default=20, show_default=True,
+              help="The ladder opens on the first and last N frames of each connection.")  # fmt: skip
+@click.option("--max-frames", type=click.IntRange(2), default=1000, show_default=True,
+              help="Frames kept per connection for paging (its first and last halves).")  # fmt: skip
+@click.option("--max-connections", type=click.IntRange(0), default=20, show_default=True,
+              help="Connections drawn; the rest get a row in the summary table.")  # fmt: skip
+@click.option("--title", default="wallaroo-proto capture report", show_default=True)
+def command(captures, output, ports, protocol, shown, max_frames, max_connections, title) -> None:
+    """Draw pcap/pcapng CAPTURES as one HTML file that opens offline: a ladder diagram per
+    connection, throughput and the protocol's signals over time, latency distributions,
+    and the summary and violations tables."""
+    from wallaroo_proto.report.collect import build_report
+    from wallaroo_proto.report.html import write_report
+
+    console = Console(stderr=True, highlight=False)
+    limits = ReportLimits(ladder_frames=max_frames, shown_frames=shown, connections=max_connections)
+    with console.status("dissecting…"):
+        report = build_report(captures, ports=ports or None, protocol=protocol, limits=limits, title=title)
+    try:
+        size = write_report(report, output)
+    except OSError as err:
+        console.print(f"[bold red]wallaroo-proto report:[/] cannot write {output}: {err.strerror or err}")
+        raise SystemExit(EXIT_UNUSABLE) from None
+    conns = [c for cap in report.captures for c in cap.connections]
+    violations = sum(c.violations for c in conns)
+    for capture in report.captures:
+        if capture.error:
+            console.print(f"[bold red]wallaroo-proto report:[/] {capture.name}: {capture.error}")
+        elif not capture.connections:
+            console.print(f"{capture.name}: no protocol connections found")
+    console.print(
+        f"{len(report.captures)} capture(s), {len(conns)} connection(s), "
+        f"{sum(c.frames for c in conns)} frames, {violations} with violations; {size / 1024:.0f} KiB"
+    )
+    click.echo(os.path.abspath(output))
+    if any(c.error for c in report.captures):
+        raise SystemExit(EXIT_UNUSABLE)

@@ -1,0 +1,46 @@
+"""Captures to a ``Report`` in this process: the dissector's records into ``ReportBuilder``."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.capture.pcap import CaptureError
+
+from .model import CaptureReport, Report, ReportBuilder, ReportLimits
+
+
+def build_report(
+    paths: Iterable[str | os.PathLike],
+    *,
+    ports: Iterable[int] | None = None,
+    protocol: str | None = None,
+    limits: ReportLimits | None = None,
+    title: str | None = None,
+) -> Report:
+    """Dissect each capture once, streaming: memory stays within ``limits`` whatever the sizes.
+
+    A capture that cannot be read to its end keeps what came before the damage,
+    and its error is shown in the report.
+    """
+    limits = limits or ReportLimits()
+    builder = ReportBuilder(limits)
+    captures = []
+    for path in paths:
+        name = os.fspath(path)
+        capture = CaptureReport(name)
+        dissector = Dissector(name, ports=ports, protocol=protocol, keep_summaries=False)
+        try:
+            for record in dissector.run(name):
+                builder.feed(record)
+        except CaptureError as err:
+            capture.error = str(err)
+        except OSError as err:
+            capture.error = err.strerror or str(err)
+        capture.connections = builder.finish()
+        captures.append(capture)
+    report = Report(captures, limits)
+    if title:
+        report.title = title
+    return report
