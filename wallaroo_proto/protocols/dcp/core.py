@@ -193,6 +193,27 @@ class Connection:
         self.violations += 1
         return Verdict(Kind.MALFORMED, sender, p, None, str(err))
 
+    def may_send(self) -> bool:
+        """May a stream message go now? Only while under the buffer (so one message may overflow it)."""
+        return not self.buffer_size or self.outstanding < self.buffer_size
+
+    def count_sent(self, size: int) -> bool:
+        """A stream message of ``size`` wire bytes went out; True when it filled the buffer (a stall)."""
+        if not self.buffer_size:
+            return False
+        self.outstanding += size
+        if self.outstanding >= self.buffer_size:
+            self.stalls += 1
+            return True
+        return False
+
+    def end_stream(self, opaque: int, reason: str) -> None:
+        """The producer ended a stream it did not feed through ``from_producer`` message by message."""
+        stream = self.streams.pop(opaque, None)
+        if stream is not None:
+            stream.end_reason = reason
+            self.ended.append(stream)
+
     def stream_for(self, vbucket: int) -> Stream | None:
         for s in self.streams.values():
             if s.vbucket == vbucket:
@@ -363,15 +384,12 @@ class Connection:
     def _stream_message(self, p: Packet, msg: Any) -> Verdict:
         reasons: list[str] = []
         event = None
-        size = p.size
         if self.buffer_size:
-            if self.outstanding >= self.buffer_size:
+            if not self.may_send():
                 reasons.append(
                     f"sent with {self.outstanding} bytes unacknowledged of a {self.buffer_size}-byte buffer"
                 )
-            self.outstanding += size
-            if self.outstanding >= self.buffer_size:
-                self.stalls += 1
+            if self.count_sent(p.size):
                 event = "buffer full"
         stream = self.streams.get(p.opaque)
         if stream is None:
