@@ -484,6 +484,7 @@ _U64 = struct.Struct(">Q")
 _FAILOVER_ENTRY = struct.Struct(">QQ")
 _VB_SEQNO = struct.Struct(">HQ")
 _MUTATION = struct.Struct(">QQIIIHB")
+_MUTATION_HEAD = struct.Struct(">BBHBBHIIQQQIIIHB")
 _DELETION_V1 = struct.Struct(">QQH")
 _DELETION_V2 = struct.Struct(">QQIB")
 _EXPIRATION = struct.Struct(">QQI")
@@ -497,18 +498,15 @@ _OPEN = struct.Struct(">II")
 
 def _need(p: Packet, offset: int, extras: tuple[int, ...], key: bool | None, value: bool | None) -> None:
     """Check a request's shape: extras length, and a key/value that must be there (True) or not (False)."""
-    name = p.name
     if len(p.extras) not in extras:
         want = " or ".join(str(e) for e in extras)
-        raise ProtocolError(f"{name}: extras of {len(p.extras)} bytes, must be {want}", offset + 4)
-    if key is False and p.key:
-        raise ProtocolError(f"{name}: must have no key, has {len(p.key)} bytes", offset + 2)
-    if key is True and not p.key:
-        raise ProtocolError(f"{name}: must have a key", offset + 2)
-    if value is False and p.value:
-        raise ProtocolError(f"{name}: must have no value, has {len(p.value)} bytes", offset + 8)
-    if value is True and not p.value:
-        raise ProtocolError(f"{name}: must have a value", offset + 8)
+        raise ProtocolError(f"{p.name}: extras of {len(p.extras)} bytes, must be {want}", offset + 4)
+    if key is not None and bool(p.key) is not key:
+        what = f"must have no key, has {len(p.key)} bytes" if p.key else "must have a key"
+        raise ProtocolError(f"{p.name}: {what}", offset + 2)
+    if value is not None and bool(p.value) is not value:
+        what = f"must have no value, has {len(p.value)} bytes" if p.value else "must have a value"
+        raise ProtocolError(f"{p.name}: {what}", offset + 8)
 
 
 def parse(p: Packet, offset: int = 0, request_opcode: int | None = None) -> Any:
@@ -708,6 +706,12 @@ def mutation(
     datatype: int = 0,
     sid: int | None = None,
 ) -> bytes:
+    if sid is None:
+        head = _MUTATION_HEAD.pack(
+            REQ, MUTATION, len(key), 31, datatype, vbucket, 31 + len(key) + len(value), opaque, 0,
+            seqno, rev, flags, expiration, 0, 0, 0,
+        )  # fmt: skip
+        return b"".join((head, key, value))
     extras = _MUTATION.pack(seqno, rev, flags, expiration, 0, 0, 0)
     return request(
         MUTATION,
