@@ -6,11 +6,19 @@ Frames come from the codec, packets from ``wallaroo_proto.pcap_writer``
 (Ethernet/IPv4/TCP with real sequence numbers and checksums). Timestamps are
 fixed so the files are byte-for-byte reproducible. The tcpdump capture
 (mock-source-tcpdump.pcap) is taken from the kernel instead; see README.md.
+The DCP captures are recorded by the DCP mocks themselves over loopback
+(``mock-producer --record``): real timestamps, ports and uuids, so they differ
+on every run while holding the same conversation.
 """
 
 from __future__ import annotations
 
+import signal
 import struct
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 from wallaroo_proto.pcap_writer import PcapWriter
@@ -189,12 +197,91 @@ def pcap_to_pcapng_ns(source: Path, target: Path) -> None:
     target.write_bytes(bytes(out))
 
 
+def _words(text: str) -> list[str]:
+    return text.split()
+
+
+def _wallaroo_proto(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "wallaroo_proto_cli", *args], text=True, **kwargs)
+
+
+def _dcp_producer(*args: str) -> tuple[subprocess.Popen, str]:
+    """A mock producer on a free loopback port; its HOST:PORT from the ready line."""
+    proc = _wallaroo_proto("dcp", "mock-producer", "--port", "0", *args, stdout=subprocess.PIPE)
+    line = proc.stdout.readline()
+    return proc, line.rsplit(" ", 1)[-1].strip()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=60)
+
+
+def dcp_samples(stream: Path, rollback: Path) -> None:
+    """DCP captures recorded by our own mocks over loopback (mock-producer --record)."""
+    consume = ["dcp", "mock-consumer", "--connect"]
+    with tempfile.TemporaryDirectory() as tmp:
+        producer, address = _dcp_producer(
+            *[
+                "--vbuckets",
+                "2",
+                "--items",
+                "40",
+                "--keys",
+                "12",
+                "--value-size",
+                "24",
+                "--snapshot-size",
+                "8",
+                "--seed",
+                "1",
+            ],
+            *("--record", str(stream)),
+        )
+        cstate = Path(tmp, "c.json")
+        options = ["--follow", "--noop-interval", "0.1", "--buffer-size", "1500", "--stream-ids"]
+        consumer = _wallaroo_proto(
+            *consume, address, *options, "--state", str(cstate), stdout=subprocess.DEVNULL
+        )
+        while not cstate.exists():  # it caught up
+            time.sleep(0.05)
+        time.sleep(0.5)  # long enough for a few noops
+        _stop(consumer)
+        _stop(producer)
+    with tempfile.TemporaryDirectory() as tmp:
+        pstate, cstate = Path(tmp, "p.json"), Path(tmp, "c.json")
+        producer, address = _dcp_producer(*_words("--vbuckets 3 --items 30 --seed 2 --state"), str(pstate))
+        _wallaroo_proto(*consume, address, "--state", str(cstate), stdout=subprocess.DEVNULL).wait(timeout=60)
+        _stop(producer)
+        producer, address = _dcp_producer(
+            *[
+                "--failover",
+                "10",
+                "--items",
+                "5",
+                "--seed",
+                "3",
+                "--not-my-vbucket",
+                "2",
+                "--stream-end",
+                "too_slow@3",
+                "--snapshot-size",
+                "4",
+            ],
+            *("--state", str(pstate), "--record", str(rollback)),
+        )
+        options = ["--state", str(cstate), "--buffer-size", "600"]
+        _wallaroo_proto(*consume, address, *options, stdout=subprocess.DEVNULL).wait(timeout=60)
+        _stop(producer)
+
+
 def main() -> None:
     source_session(HERE / "source-session.pcap")
     sink_session(HERE / "sink-2pc.pcap")
     restart_reconnect(HERE / "restart-reconnect.pcap")
     lost_segment(HERE / "lost-segment.pcap")
     pcap_to_pcapng_ns(HERE / "sink-2pc.pcap", HERE / "sink-2pc-ns.pcapng")
+    dcp_samples(HERE / "dcp-stream.pcap", HERE / "dcp-rollback.pcap")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ STYLES = {
     "INVALID": "bold red reverse",
 }
 _ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
+_ARROWS |= {"consumer": "C→P", "producer": "P→C"}
 _TYPE_CHOICES = sorted({name for plugin in plugins() for name in plugin.type_names})
 
 

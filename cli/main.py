@@ -30,6 +30,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "spark-replay": ("spark_replay", "Feed captures into a PySpark batch job."),
     "kinesis": ("kinesis", "Kinesis MultiLangDaemon: a mock daemon and a mock record processor."),
     "conformance": ("conformance", "Test a worker, sink or connector against the protocol's rules."),
+    "dcp": ("dcp", "Couchbase DCP: a mock producer and a mock consumer."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }
 

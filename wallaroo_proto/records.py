@@ -33,7 +33,7 @@ STRUCTS: dict[str, list[tuple[str, str]]] = {
 
 FIELDS: list[tuple[str, str, str]] = [
     ("capture", "string", "capture file name (as given)"),
-    ("protocol", "string", "the connection's protocol: 'wallaroo' or 'kinesis' (protocols.names())"),
+    ("protocol", "string", "the connection's protocol: 'wallaroo', 'kinesis', 'dcp' (protocols.names())"),
     ("connection", "string", "connection id: 'initiator addr:port > responder addr:port'"),
     ("conn_index", "int", "connection number in the capture, 1-based, in the order recognised"),
     ("initiator_addr", "string", "address of the side that sent HELLO (or opened TCP)"),
@@ -95,6 +95,31 @@ FIELDS: list[tuple[str, str, str]] = [
     ("response_for", "string", "MLD status: the request it answers"),
     ("latency", "double", "MLD status: seconds since the request it answers"),
     ("checkpoint_error", "string", "MLD checkpoint reply: the exception name, null on success"),
+    # Couchbase DCP (one memcached binary protocol packet is one frame; `type` is its opcode name,
+    # with _RESPONSE for a response; `status` a response's status name)
+    ("dcp_magic", "int", "DCP: the header magic (0x80 request, 0x81 response, 0x08/0x18 with frame infos)"),
+    ("dcp_opcode", "int", "DCP: the opcode"),
+    ("opaque", "long", "DCP: the opaque, read big-endian (a stream's messages carry its request's)"),
+    ("vbucket", "int", "DCP: the request's vbucket (a ROLLBACK answer: its request's)"),
+    ("status", "string", "DCP response status: SUCCESS, ROLLBACK, NOT_MY_VBUCKET, ..."),
+    ("dcp_key", "string", "DCP: the key (document key, control key, DCP_OPEN connection name)"),
+    ("value_len", "long", "DCP: value bytes"),
+    ("dcp_stream_id", "int", "DCP: the stream-id frame info, if any"),
+    ("seqno", "long", "DCP mutation, deletion, expiration, seqno advanced: by_seqno"),
+    ("rev_seqno", "long", "DCP mutation, deletion, expiration: revision seqno"),
+    ("snap_start", "long", "DCP snapshot marker; stream request: snapshot start"),
+    ("snap_end", "long", "DCP snapshot marker; stream request: snapshot end"),
+    ("snap_flags", "int", "DCP snapshot marker flags (1 memory, 2 disk, 4 checkpoint, 8 ack)"),
+    ("start_seqno", "long", "DCP stream request: start seqno"),
+    ("end_seqno", "long", "DCP stream request: end seqno"),
+    ("vb_uuid", "long", "DCP stream request: vbucket uuid; its answer: the newest failover entry's"),
+    ("rollback_seqno", "long", "DCP ROLLBACK answer: the seqno to roll back to"),
+    ("end_reason", "string", "DCP stream end: ok, closed, state_changed, too_slow, ..."),
+    ("ack_bytes", "long", "DCP buffer acknowledgement: bytes acknowledged"),
+    ("outstanding", "long", "DCP flow control: unacknowledged bytes after this packet"),
+    ("control_key", "string", "DCP control: key"),
+    ("control_value", "string", "DCP control: value"),
+    ("dcp_event", "string", "DCP: what the packet did: snapshot complete, rollback to N, buffer full, ..."),
 ]
 
 FIELD_NAMES: tuple[str, ...] = tuple(name for name, _, _ in FIELDS)

@@ -1,0 +1,446 @@
+"""``wallaroo-proto dcp``: Couchbase DCP's mock peers, a producer (the server) and a consumer.
+
+Options in, ``wallaroo_proto.protocols.dcp`` does the work; the summary goes to
+stdout (``--format json`` for scripts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from wallaroo_proto.durable import write_atomic
+from wallaroo_proto.protocols.dcp import codec
+from wallaroo_proto.protocols.dcp.consumer import ConsumerConfig, MockConsumer
+from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, ProducerConfig
+from wallaroo_proto.protocols.dcp.store import Bucket, StateError, new_uuid
+
+EXIT_INTERRUPTED = 130
+_REASONS = {name: value for value, name in codec.END_REASONS.items()}
+
+
+def _usage_error(message: str) -> click.ClickException:
+    err = click.ClickException(message)
+    err.exit_code = 2
+    return err
+
+
+def _log(prefix: str):
+    def log(line: str) -> None:
+        click.echo(f"{prefix}: {line}", err=True)
+
+    return log
+
+
+def _console() -> Console:
+    return Console(
+        file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
+    )
+
+
+def _vbucket_list(value: str | None) -> list[int] | None:
+    """``0,3,5-7`` to [0, 3, 5, 6, 7]."""
+    if not value:
+        return None
+    out: list[int] = []
+    for part in value.split(","):
+        first, sep, last = part.strip().partition("-")
+        if not first.isdigit() or (sep and not last.isdigit()):
+            raise click.BadParameter(
+                f"{value!r}: use numbers and ranges like 0,3,5-7", param_hint="--vbuckets"
+            )
+        out.extend(range(int(first), int(last if sep else first) + 1))
+    return out
+
+
+@click.group(name="dcp")
+def command() -> None:
+    """Couchbase DCP (Database Change Protocol): mock producer and mock consumer."""
+
+
+# --------------------------------------------------------------------------- mock-producer
+
+
+def _load_bucket(opts: dict, uuids: random.Random) -> Bucket:
+    path = opts["state_path"]
+    if path and os.path.exists(path):
+        try:
+            with open(path, "rb") as f:
+                bucket = Bucket.from_json(f.read())
+        except OSError as err:
+            raise _usage_error(f"cannot read --state {path}: {err.strerror or err}") from err
+        except StateError as err:
+            raise _usage_error(f"--state {path}: {err}") from err
+    else:
+        bucket = Bucket.new(opts["vbuckets"], uuids)
+    return bucket
+
+
+def _read_items(path: str) -> list[dict]:
+    items = []
+    try:
+        f = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+    except OSError as err:
+        raise _usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
+    with f:
+        for n, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except ValueError as err:
+                raise _usage_error(f"--input {path} line {n}: not JSON ({err})") from None
+            if not isinstance(item, dict):
+                raise _usage_error(f"--input {path} line {n}: not a JSON object")
+            items.append(item)
+    return items
+
+
+def _print_producer_summary(s: dict, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(s))
+        return
+    out = _console()
+    ends = ", ".join(f"{k} {v}" for k, v in s["stream_ends"].items()) or "none"
+    out.print(
+        f"dcp mock-producer summary: {s['connections']} connections, {s['streams']} streams, "
+        f"{s['items_sent']:,} items in {s['snapshots']} snapshots, {s['rollbacks']} rollbacks, "
+        f"{s['not_my_vbucket']} NOT_MY_VBUCKET, stream ends: {ends}, {s['noops']} noops answered, "
+        f"{s['flow_control_stalls']} flow-control stalls, {s['dropped_connections']} connections dropped"
+    )
+    table = Table(title="vbuckets")
+    for col in ("vbucket", "uuid", "high seqno", "failover entries", "items sent"):
+        table.add_column(col)
+    for v in s["vbuckets"]:
+        table.add_row(
+            str(v["vbucket"]),
+            f"{v['uuid']:#018x}",
+            str(v["high_seqno"]),
+            str(v["failover_entries"]),
+            f"{v['items_sent']:,}",
+        )
+    out.print(table)
+    for violation in s["violations"][:50]:
+        out.print(f"[bold red]VIOLATION[/] {violation}")
+
+
+async def _serve(producer: MockProducer) -> bool:
+    try:
+        host, port = await producer.start()
+    except OSError as err:
+        raise _usage_error(
+            f"cannot listen on {producer.config.host}:{producer.config.port}: {err.strerror or err}"
+        ) from err
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    click.echo(f"wallaroo-proto dcp mock-producer: listening on {host}:{port}")
+    sys.stdout.flush()
+    await stop.wait()
+    await producer.stop()
+    return True
+
+
+@command.command(name="mock-producer")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=11210, show_default=True, help="0: a free port."
+)
+@click.option(
+    "--vbuckets",
+    type=click.IntRange(1, 1024),
+    default=16,
+    show_default=True,
+    help="vbuckets of a new bucket (a --state file keeps its own).",
+)
+@click.option(
+    "--items",
+    type=click.IntRange(0),
+    default=100,
+    show_default=True,
+    help="New items generated per vbucket at start-up (added to the history).",
+)
+@click.option(
+    "--keys",
+    type=click.IntRange(1),
+    default=50,
+    show_default=True,
+    help="Keys per vbucket the generated items use (fewer keys: more updates).",
+)
+@click.option(
+    "--value-size",
+    type=click.IntRange(0),
+    default=64,
+    show_default=True,
+    help="Bytes of a generated JSON value (padded).",
+)
+@click.option(
+    "--input",
+    "input_path",
+    metavar="FILE|-",
+    default=None,
+    help="Items as JSONL: key, value, vbucket, op (mutation, deletion, expiration).",
+)
+@click.option("--seed", type=int, default=None, help="Seed of the generated items.")
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Durable history: failover logs and every item; a restart keeps them.",
+)
+@click.option(
+    "--failover",
+    type=click.IntRange(0),
+    default=None,
+    metavar="LOST",
+    help="At start-up every vbucket fails over: its newest LOST items are gone and a new "
+    "vbucket uuid begins (consumers past that point roll back).",
+)
+@click.option(
+    "--snapshot-size",
+    type=click.IntRange(1),
+    default=64,
+    show_default=True,
+    help="Items per memory snapshot.",
+)
+@click.option(
+    "--not-my-vbucket",
+    "not_mine",
+    multiple=True,
+    type=click.IntRange(0),
+    help="Answer stream requests for this vbucket NOT_MY_VBUCKET (repeatable).",
+)
+@click.option(
+    "--stream-end",
+    default=None,
+    metavar="REASON@N",
+    help=f"End each vbucket's stream once after N items with REASON ({', '.join(_REASONS)}).",
+)
+@click.option(
+    "--drop-after",
+    type=click.IntRange(0),
+    default=0,
+    help="Drop a connection abruptly after sending it N items.",
+)
+@click.option(
+    "--drop-times",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="How many connections --drop-after drops.",
+)
+@click.option(
+    "--record",
+    type=click.Path(dir_okay=False, writable=True),
+    default=None,
+    help="Record every connection into this pcap.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
+def mock_producer(**opts) -> None:
+    """Play a Couchbase data node's DCP producer for DCP consumers.
+
+    Serves until SIGINT or SIGTERM, then prints its summary. Exit 0, or 1 when
+    a consumer broke the protocol, 2 on bad usage, 130 when interrupted twice.
+    """
+    faults = Faults(
+        not_my_vbucket=frozenset(opts["not_mine"]),
+        drop_after=opts["drop_after"],
+        drop_times=opts["drop_times"],
+    )
+    if opts["stream_end"]:
+        reason, _, after = opts["stream_end"].partition("@")
+        if reason not in _REASONS or not after.isdigit() or int(after) < 1:
+            raise click.BadParameter(
+                f"{opts['stream_end']!r}: use REASON@N, e.g. too_slow@10", param_hint="--stream-end"
+            )
+        faults.end_reason, faults.end_after = _REASONS[reason], int(after)
+    uuids = random.SystemRandom()
+    bucket = _load_bucket(opts, uuids)
+    if opts["failover"] is not None:
+        for vb in bucket.vbuckets.values():
+            vb.fail_over(new_uuid(uuids), opts["failover"])
+    rng = random.Random(opts["seed"])
+    bucket.generate(opts["items"], rng, opts["keys"], opts["value_size"])
+    if opts["input_path"]:
+        try:
+            bucket.load(_read_items(opts["input_path"]))
+        except StateError as err:
+            raise _usage_error(f"--input {opts['input_path']}: {err}") from err
+    if opts["state_path"]:
+        try:
+            write_atomic(opts["state_path"], bucket.to_json())
+        except OSError as err:
+            raise _usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
+    config = ProducerConfig(opts["host"], opts["port"], opts["snapshot_size"], opts["record"], faults)
+    try:
+        producer = MockProducer(config, bucket, _log("dcp mock-producer"))
+    except OSError as err:
+        raise _usage_error(f"cannot write --record {opts['record']}: {err.strerror or err}") from err
+    asyncio.run(_serve(producer))
+    summary = producer.summary()
+    _print_producer_summary(summary, opts["fmt"])
+    if summary["violations"]:
+        sys.exit(1)
+
+
+# --------------------------------------------------------------------------- mock-consumer
+
+
+def _print_consumer_summary(s: dict, fmt: str, err: bool) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(s), err=err)
+        return
+    out = Console(file=sys.stderr, highlight=False, soft_wrap=True) if err else _console()
+    ends = ", ".join(f"{k} {v}" for k, v in s["stream_ends"].items()) or "none"
+    out.print(
+        f"dcp mock-consumer summary: {s['items_received']:,} items received "
+        f"over {s['connections']} connections, "
+        f"{s['live_items']:,} live, {s['rollbacks']} rollbacks, stream ends: {ends}, "
+        f"{s['noops_answered']} noops answered, {s['buffer_acks']} buffer acks, {s['violations']} violations "
+        f"({s['items_per_second']:,.0f} items/s)"
+    )
+    table = Table(title="vbuckets")
+    for col in ("vbucket", "status", "uuid", "seqno", "snapshot", "received", "live", "rollbacks"):
+        table.add_column(col)
+    for v in s["vbuckets"]:
+        table.add_row(
+            str(v["vbucket"]),
+            v["status"],
+            f"{v['uuid']:#018x}",
+            str(v["seqno"]),
+            f"{v['snapshot'][0]}..{v['snapshot'][1]}",
+            f"{v['items_received']:,}",
+            f"{v['live_items']:,}",
+            str(v["rollbacks"]),
+        )
+    out.print(table)
+    for violation in s["violation_list"][:50]:
+        out.print(f"[bold red]VIOLATION[/] {violation}")
+    for failure in s["failures"]:
+        out.print(f"[bold red]FAILED[/] {failure}")
+
+
+async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
+    loop = asyncio.get_running_loop()
+    interrupted = False
+
+    def on_signal() -> None:
+        nonlocal interrupted
+        interrupted = True
+        consumer.stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    return await consumer.run(), interrupted
+
+
+@command.command(name="mock-consumer")
+@click.option(
+    "--connect", default="127.0.0.1:11210", show_default=True, metavar="HOST:PORT", help="The producer."
+)
+@click.option(
+    "--name", default="wallaroo-proto-mock-consumer", show_default=True, help="DCP connection name."
+)
+@click.option(
+    "--vbuckets", default=None, metavar="LIST", help="vbuckets to stream, e.g. 0,3,5-7 (default: all)."
+)
+@click.option(
+    "--buffer-size",
+    type=click.IntRange(0),
+    default=1024 * 1024,
+    show_default=True,
+    help="Flow-control buffer (connection_buffer_size) in bytes; 0 turns flow control off.",
+)
+@click.option(
+    "--noop-interval",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="Seconds between the producer's noops (enable_noop); 0 leaves noops off.",
+)
+@click.option(
+    "--follow", is_flag=True, help="Stream without end (until SIGINT/SIGTERM) instead of up to now."
+)
+@click.option("--stream-ids", is_flag=True, help="Open streams with stream ids (enable_stream_id).")
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Durable copy: items, vbucket uuids, seqnos and snapshot ranges; a restart resumes.",
+)
+@click.option("--out", default=None, metavar="FILE|-", help="Write the live items as JSONL at the end.")
+@click.option(
+    "--retries",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="Reconnect this many times when the connection drops.",
+)
+@click.option("--retry-delay", type=click.FloatRange(0), default=0.2, show_default=True, help="Seconds.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Summary format.",
+)
+def mock_consumer(**opts) -> None:
+    """Stream vbuckets from a DCP producer into a durable copy, as a replica or connector does.
+
+    Exit 0 when every stream ended ok, 1 when the producer broke the protocol
+    or a stream could not be had (the summary says which), 2 on bad usage,
+    130 when interrupted.
+    """
+    host, sep, port = opts["connect"].rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"{opts['connect']!r} is not HOST:PORT", param_hint="--connect")
+    if opts["out"] and opts["out"] != "-":
+        directory = os.path.dirname(os.path.abspath(opts["out"]))
+        if not os.path.isdir(directory):
+            raise _usage_error(f"--out {opts['out']}: no directory {directory}")
+    config = ConsumerConfig(
+        host=host.strip("[]") or "127.0.0.1",
+        port=int(port),
+        name=opts["name"],
+        vbuckets=_vbucket_list(opts["vbuckets"]),
+        buffer_size=opts["buffer_size"],
+        noop_interval=opts["noop_interval"],
+        follow=opts["follow"],
+        stream_ids=opts["stream_ids"],
+        state=opts["state_path"],
+        out=opts["out"],
+        retries=opts["retries"],
+        retry_delay=opts["retry_delay"],
+    )
+    try:
+        consumer = MockConsumer(config, _log("dcp mock-consumer"))
+    except StateError as err:
+        raise _usage_error(f"--state: {err}") from err
+    result, interrupted = asyncio.run(_consume(consumer))
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+    _print_consumer_summary(result, opts["fmt"], err=opts["out"] == "-")
+    if interrupted:
+        sys.exit(EXIT_INTERRUPTED)
+    if not result["ok"]:
+        sys.exit(1)

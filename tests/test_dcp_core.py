@@ -1,0 +1,192 @@
+"""DCP connection rules and the server's rollback rule, on hand-made packets."""
+
+from __future__ import annotations
+
+import pytest
+
+from wallaroo_proto.protocols.dcp import codec
+from wallaroo_proto.protocols.dcp.codec import FOREVER, StreamReq, decode_packet
+from wallaroo_proto.protocols.dcp.core import Connection, Kind, add_failover_entry, needs_rollback
+
+# A failover table, newest first: uuid 0xC took over at 20, 0xB at 10, 0xA from the start.
+TABLE = [(0xC, 20), (0xB, 10), (0xA, 0)]
+
+
+@pytest.mark.parametrize(
+    ("start", "uuid", "snap_start", "snap_end", "high", "want"),
+    [
+        (0, 0, 0, 0, 30, None),  # nothing yet: never a rollback
+        (0, 0x99, 0, 0, 30, None),  # start 0, not strict
+        (5, 0x99, 5, 5, 30, 0),  # uuid unknown: back to 0
+        (15, 0xB, 15, 15, 30, None),  # inside B's era (upper 20), whole snapshot
+        (25, 0xB, 25, 25, 30, 20),  # past B's era: back to where C took over
+        (25, 0xC, 25, 25, 30, None),  # newest uuid: upper is the high seqno
+        (25, 0xC, 25, 25, 22, 22),  # the server has less than the consumer: back to its high seqno
+        (18, 0xB, 16, 24, 30, 16),  # mid-snapshot crossing upper 20: back to the snapshot start
+        (16, 0xB, 16, 24, 30, None),  # start == snap_start: the consumer has none of that snapshot
+        (24, 0xB, 16, 24, 30, 20),  # start == snap_end: whole snapshot, upper 20 < 24
+        (8, 0xA, 5, 12, 30, 5),  # A's era ends at 10: snapshot 5..12 is torn
+    ],
+)
+def test_rollback_rule(start, uuid, snap_start, snap_end, high, want):
+    assert needs_rollback(start, uuid, snap_start, snap_end, TABLE, high) == want
+
+
+def test_rollback_rule_purge_and_strict():
+    assert needs_rollback(3, 0xC, 3, 3, TABLE, 30, purge_seqno=5) == 0
+    assert needs_rollback(0, 0x99, 0, 0, TABLE, 30, strict=True) == 0
+
+
+def test_failover_entry_drops_later_entries_and_caps_the_table():
+    assert add_failover_entry(TABLE, 0xD, 15) == [(0xD, 15), (0xB, 10), (0xA, 0)]
+    table = []
+    for n in range(30):
+        table = add_failover_entry(table, n + 1, n)
+    assert len(table) == 25 and table[0] == (30, 29)
+
+
+# ------------------------------------------------------------------------------------------ the judge
+
+
+def _open(conn: Connection, *controls: tuple[str, str]) -> None:
+    assert conn.from_consumer(decode_packet(codec.open_request("c", opaque=1))).ok
+    assert conn.from_producer(decode_packet(codec.response(codec.OPEN, opaque=1))).ok
+    for n, (key, value) in enumerate(controls, start=2):
+        assert conn.from_consumer(decode_packet(codec.control_request(key, value, opaque=n))).ok
+        assert conn.from_producer(decode_packet(codec.response(codec.CONTROL, opaque=n))).ok
+
+
+def _stream(conn: Connection, vb: int = 3, opaque: int = 7, start: int = 0) -> None:
+    req = StreamReq(0, start, FOREVER, 0xA if start else 0, start, start)
+    assert conn.from_consumer(decode_packet(codec.stream_req_request(vb, opaque, req))).ok
+    answer = codec.response(codec.STREAM_REQ, opaque=opaque, value=codec.failover_log_value([(0xA, 0)]))
+    v = conn.from_producer(decode_packet(answer))
+    assert v.ok and v.event == f"stream open from {start}"
+
+
+def P(wire: bytes):  # noqa: N802
+    return decode_packet(wire)
+
+
+def test_a_clean_stream_is_accepted_and_snapshots_complete():
+    conn = Connection()
+    _open(conn, ("enable_noop", "true"))
+    _stream(conn)
+    assert conn.from_producer(P(codec.snapshot_marker(3, 7, 0, 2, 1))).event == "snapshot 0..2"
+    assert conn.from_producer(P(codec.mutation(3, 7, 1, 1, b"a", b"x"))).ok
+    v = conn.from_producer(P(codec.deletion(3, 7, 2, 1, b"b")))
+    assert v.ok and v.event == "snapshot complete"
+    assert conn.from_producer(P(codec.noop(99))).ok
+    assert conn.from_consumer(P(codec.response(codec.NOOP, opaque=99))).ok
+    assert conn.from_producer(P(codec.stream_end(3, 7, 0))).event == "stream end ok"
+    assert conn.violations == 0 and conn.ended[0].items == 2
+
+
+@pytest.mark.parametrize(
+    ("wires", "reason"),
+    [
+        ([codec.mutation(3, 7, 1, 1, b"a", b"")], "before any snapshot marker"),
+        (
+            [codec.snapshot_marker(3, 7, 0, 5, 1), codec.mutation(3, 7, 6, 1, b"a", b"")],
+            "outside the snapshot",
+        ),
+        (
+            [
+                codec.snapshot_marker(3, 7, 0, 5, 1),
+                codec.mutation(3, 7, 2, 1, b"a", b""),
+                codec.deletion(3, 7, 2, 1, b"b"),
+            ],
+            "not after the last seqno",
+        ),
+        (
+            [
+                codec.snapshot_marker(3, 7, 0, 5, 1),
+                codec.mutation(3, 7, 2, 1, b"a", b""),
+                codec.snapshot_marker(3, 7, 3, 6, 1),
+            ],
+            "before the snapshot 0..5 completed",
+        ),
+        (
+            [codec.snapshot_marker(3, 7, 0, 5, 1), codec.stream_end(3, 7, 0)],
+            "STREAM_END ok inside the snapshot",
+        ),
+        (
+            [codec.snapshot_marker(3, 7, 0, 5, 1), codec.mutation(4, 7, 1, 1, b"a", b"")],
+            "vbucket 4 on the stream",
+        ),
+        ([codec.mutation(3, 8, 1, 1, b"a", b"")], "no open stream"),
+        (
+            [
+                codec.snapshot_marker(3, 7, 0, 5, 1),
+                codec.mutation(3, 7, 1, 1, b"a", b""),
+                codec.mutation(3, 7, 2, 1, b"a", b""),
+            ],
+            "twice in the snapshot",
+        ),
+        ([codec.snapshot_marker(3, 7, 0, 5, 1, sid=4)], "stream id 4"),
+        ([codec.noop(5)], "NOOP before enable_noop"),
+        ([codec.response(codec.CONTROL, opaque=77)], "answers no request"),
+    ],
+)
+def test_producer_violations(wires, reason):
+    conn = Connection()
+    _open(conn)
+    _stream(conn)
+    verdicts = [conn.from_producer(P(w)) for w in wires]
+    assert [v.kind for v in verdicts[:-1]] == [Kind.ACCEPTED] * (len(wires) - 1)
+    assert verdicts[-1].kind is Kind.VIOLATION and reason in verdicts[-1].reason
+
+
+def test_flow_control_allows_one_message_over_the_buffer_and_no_more():
+    conn = Connection()
+    _open(conn, ("connection_buffer_size", "100"))
+    _stream(conn)
+    assert conn.from_producer(P(codec.snapshot_marker(3, 7, 0, 3, 1))).ok  # 44 bytes
+    v = conn.from_producer(P(codec.mutation(3, 7, 1, 1, b"k1", b"x" * 40)))  # 97: 141 > 100, allowed
+    assert v.ok and v.event == "buffer full" and conn.stalls == 1
+    v = conn.from_producer(P(codec.mutation(3, 7, 2, 1, b"k2", b"")))
+    assert v.kind is Kind.VIOLATION and "141 bytes unacknowledged of a 100-byte buffer" in v.reason
+    assert conn.from_consumer(P(codec.buffer_ack(141))).ok
+    v = conn.from_consumer(P(codec.buffer_ack(500)))
+    assert v.kind is Kind.VIOLATION and "only 57 are unacknowledged" in v.reason
+
+
+def test_rollback_answers_are_checked():
+    conn = Connection()
+    _open(conn)
+    req = StreamReq(0, 10, FOREVER, 0xB, 10, 10)
+    conn.from_consumer(P(codec.stream_req_request(3, 9, req)))
+    v = conn.from_producer(P(codec.rollback_response(9, 12)))
+    assert v.kind is Kind.VIOLATION and "after the requested start 10" in v.reason
+    conn.from_consumer(P(codec.stream_req_request(3, 10, StreamReq(0, 0, FOREVER, 0, 0, 0))))
+    v = conn.from_producer(P(codec.rollback_response(10, 0)))
+    assert v.kind is Kind.VIOLATION and "never rolls back" in v.reason
+    conn.from_consumer(P(codec.stream_req_request(3, 11, StreamReq(0, 10, FOREVER, 0xB, 10, 10))))
+    v = conn.from_producer(P(codec.rollback_response(11, 4)))
+    assert v.ok and v.event == "rollback to 4" and conn.rollbacks[-1] == (3, 4)
+
+
+def test_consumer_rules():
+    conn = Connection()
+    v = conn.from_consumer(P(codec.control_request("enable_noop", "true", opaque=1)))
+    assert v.kind is Kind.VIOLATION and "before DCP_OPEN" in v.reason
+    conn = Connection()
+    _open(conn, ("enable_noop", "true"))
+    v = conn.from_consumer(P(codec.stream_req_request(3, 9, StreamReq(0, 10, 5, 0, 10, 10))))
+    assert v.kind is Kind.VIOLATION and "ERANGE" in v.reason
+    v = conn.from_producer(
+        P(codec.response(codec.STREAM_REQ, opaque=9, value=codec.failover_log_value([(1, 0)])))
+    )
+    assert v.kind is Kind.VIOLATION and "must be ERANGE" in v.reason
+    conn.from_producer(P(codec.noop(5)))
+    v = conn.from_consumer(P(codec.response(codec.NOOP, opaque=6)))
+    assert v.kind is Kind.VIOLATION and "the NOOP's was 0x00000005" in v.reason
+    v = conn.from_consumer(P(codec.buffer_ack(5)))
+    assert v.kind is Kind.VIOLATION and "without connection_buffer_size" in v.reason
+
+
+def test_malformed_packets_are_named():
+    conn = Connection()
+    bad = codec.encode(codec.Packet(0x80, codec.MUTATION, 3, 7, 0, 0, b"\0" * 10, b"k", b""))
+    v = conn.from_producer(P(bad), offset=500)
+    assert v.kind is Kind.MALFORMED and "extras of 10 bytes, must be 31" in v.reason and "504" in v.reason

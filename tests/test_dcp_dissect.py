@@ -1,0 +1,165 @@
+"""dissect and spark-replay read DCP: captures recorded by the mocks, hand-built ones, and tshark's view."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from support import run_cli
+
+from wallaroo_proto.capture.dissector import dissect
+from wallaroo_proto.capture.pcap import read_segments
+from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.dcp import codec
+from wallaroo_proto.protocols.dcp.codec import FOREVER, StreamReq
+
+CAPTURES = Path(__file__).resolve().parent.parent / "captures"
+SAMPLES = ("dcp-stream.pcap", "dcp-rollback.pcap")
+
+
+def server_port(path: Path) -> int:
+    """The producer's port: where the capture's first SYN goes."""
+    return next(iter(read_segments(path)))[2][3]
+
+
+def test_a_recorded_stream_is_summarised():
+    path = CAPTURES / "dcp-stream.pcap"
+    records, dissector = dissect(path, ports=[server_port(path)])
+    (s,) = dissector.summaries()
+    assert (
+        s["protocol"] == "dcp"
+        and s["name"] == "wallaroo-proto-mock-consumer"
+        and s["consumer"] == "initiator"
+    )
+    assert s["violations"] == 0 and s["noops"] >= 1 and s["flow_control_stalls"] >= 1
+    assert s["controls"]["enable_stream_id"] == "true" and s["buffer_size"] == 1500
+    assert sorted(st["vbucket"] for st in s["streams"]) == [0, 1]
+    for st in s["streams"]:
+        assert st["last_seqno"] == 40 and st["snapshots"] == st["snapshots_complete"] == 5
+    items = [r for r in records if r["type"] in ("DCP_MUTATION", "DCP_DELETION", "DCP_EXPIRATION")]
+    assert items and all(r["dcp_stream_id"] == r["vbucket"] + 1 and r["dcp_magic"] == 0x08 for r in items)
+    assert {r["sender"] for r in items} == {"producer"}
+    assert sum(1 for r in records if r.get("dcp_event") == "snapshot complete") == 10
+    noops = [r for r in records if r["type"] in ("DCP_NOOP", "DCP_NOOP_RESPONSE")]
+    assert [r["opaque"] for r in noops[::2]] == [r["opaque"] for r in noops[1::2]]
+
+
+def test_a_recorded_rollback_is_summarised():
+    path = CAPTURES / "dcp-rollback.pcap"
+    records, dissector = dissect(path, ports=[server_port(path)])
+    (s,) = dissector.summaries()
+    assert s["violations"] == 0
+    assert s["rollbacks"] == [{"vbucket": 0, "seqno": 20}, {"vbucket": 1, "seqno": 20}]
+    assert Counter(st["end"] for st in s["streams"]) == {"too_slow": 2, "ok": 2}
+    statuses = Counter(r.get("status") for r in records if r["type"] == "DCP_STREAM_REQ_RESPONSE")
+    assert statuses == {"ROLLBACK": 2, "NOT_MY_VBUCKET": 1, "SUCCESS": 4}
+
+
+def _session(path: Path, port: int, producer_wires: list[bytes]) -> None:
+    """A consumer opening a stream on vbucket 3 (opaque 7), then the producer's packets."""
+    with PcapWriter(path) as w:
+        s = w.tcp_session(("127.0.0.1", 50000), ("127.0.0.1", port), timestamp=1.0)
+        s.send(True, codec.open_request("hand", opaque=1), 1.001)
+        s.send(False, codec.response(codec.OPEN, opaque=1), 1.002)
+        s.send(True, codec.control_request("connection_buffer_size", "100", opaque=2), 1.003)
+        s.send(False, codec.response(codec.CONTROL, opaque=2), 1.004)
+        s.send(True, codec.stream_req_request(3, 7, StreamReq(0, 0, FOREVER, 0, 0, 0)), 1.005)
+        s.send(
+            False, codec.response(codec.STREAM_REQ, opaque=7, value=codec.failover_log_value([(5, 0)])), 1.006
+        )
+        for n, wire in enumerate(producer_wires):
+            s.send(False, wire, 1.01 + n / 1000)
+        s.close(True, 1.1)
+
+
+def test_violations_are_named_with_their_packet(tmp_path):
+    path = tmp_path / "bad.pcap"
+    _session(
+        path,
+        11210,
+        [
+            codec.snapshot_marker(3, 7, 0, 4, 1),
+            codec.mutation(3, 7, 1, 1, b"a", b"x" * 40),  # 44 + 96 bytes: the buffer of 100 is full
+            codec.mutation(3, 7, 5, 1, b"b", b""),  # over the buffer, and outside the snapshot
+        ],
+    )
+    records, dissector = dissect(path)  # port 11210: DCP without looking
+    bad = [r for r in records if r["verdict"] != "accepted"]
+    assert len(bad) == 1 and bad[0]["packet"] == 12 and bad[0]["seqno"] == 5
+    (reason,) = bad[0]["violations"]
+    assert "140 bytes unacknowledged of a 100-byte buffer" in reason and "outside the snapshot 0..4" in reason
+    assert dissector.summaries()[0]["violations"] == 1
+
+
+def test_detected_by_its_first_bytes_on_any_port(tmp_path):
+    path = tmp_path / "port-9000.pcap"
+    _session(path, 9000, [codec.snapshot_marker(3, 7, 0, 1, 1), codec.deletion(3, 7, 1, 1, b"gone")])
+    records, _ = dissect(path)  # 9000 is nobody's port: its first bytes tell
+    assert records == dissect(path, ports=[9000])[0]
+    assert {r["protocol"] for r in records} == {"dcp"} and {r["verdict"] for r in records} == {"accepted"}
+    assert [r["type"] for r in records][-2:] == ["DCP_SNAPSHOT_MARKER", "DCP_DELETION"]
+    assert records[-1]["dcp_event"] == "snapshot complete" and records[-1]["dcp_key"] == "gone"
+
+
+def tshark_view(path: Path, port: int) -> dict[int, tuple[list, list, list, list]]:
+    """Per packet: opcodes, opaques, request vbuckets and keys as tshark's couchbase dissector reads them."""
+    fields = ("frame.number", "couchbase.opcode", "couchbase.opaque", "couchbase.vbucket", "couchbase.key")
+    command = ["tshark", "-r", str(path), "-d", f"tcp.port=={port},couchbase", "-T", "fields"]
+    for f in fields:
+        command += ["-e", f]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True).stdout
+    view = {}
+    for line in out.splitlines():
+        number, opcodes, opaques, vbuckets, keys = (line.split("\t") + [""] * 5)[:5]
+        if not opcodes:
+            continue
+        split = lambda text: text.split(",") if text else []  # noqa: E731
+        view[int(number)] = (
+            [int(x, 16) for x in split(opcodes)],
+            # tshark shows the opaque's four bytes as a little-endian number
+            [int.from_bytes(int(x, 16).to_bytes(4, "little"), "big") for x in split(opaques)],
+            [int(x) for x in split(vbuckets)],
+            split(keys),
+        )
+    return view
+
+
+@pytest.mark.parametrize("name", SAMPLES)
+def test_tshark_sees_the_same_opcodes_opaques_vbuckets_and_keys(name):
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark is not installed: no independent decoder to compare with")
+    path = CAPTURES / name
+    port = server_port(path)
+    theirs = tshark_view(path, port)
+    records, _ = dissect(path, ports=[port])
+    ours: dict[int, tuple[list, list, list, list]] = {}
+    for r in records:
+        opcodes, opaques, vbuckets, keys = ours.setdefault(r["packet"], ([], [], [], []))
+        opcodes.append(r["dcp_opcode"])
+        opaques.append(r["opaque"])
+        if r["dcp_magic"] in (codec.REQ, codec.ALT_REQ):
+            vbuckets.append(r["vbucket"])
+        if r.get("dcp_key"):
+            keys.append(r["dcp_key"])
+    assert len(records) > 80 and theirs
+    assert ours == theirs
+
+
+@pytest.mark.slow
+def test_spark_replay_builds_the_dcp_tables():
+    pytest.importorskip("pyspark")
+    stream, rollback = (CAPTURES / n for n in SAMPLES)
+    ports = ("--port", str(server_port(stream)), "--port", str(server_port(rollback)))
+    result = run_cli("spark-replay", "--jsonl", *ports, str(stream), str(rollback), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    vbs = {(r["capture"], r["vbucket"]): r for r in rows if r["table"] == "dcp_vbuckets"}
+    assert vbs[(str(stream), 0)]["last_seqno"] == 40 and vbs[(str(stream), 0)]["snapshots_complete"] == 5
+    assert vbs[(str(rollback), 0)]["rollbacks"] == 1 and "too_slow" in vbs[(str(rollback), 0)]["stream_ends"]
+    flow = [r for r in rows if r["table"] == "dcp_flow_control"]
+    assert {r["buffer_size"] for r in flow} == {"1500", "600"} and all(r["stalls"] > 0 for r in flow)
+    assert not [r for r in rows if r["table"] == "dcp_violations"]

@@ -1,0 +1,111 @@
+"""The mocks' data (sans-IO): snapshots of a history, a consumer's rollback, the promise in-process."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wallaroo_proto.protocols.dcp import codec
+from wallaroo_proto.protocols.dcp.core import needs_rollback
+from wallaroo_proto.protocols.dcp.store import DELETION, MUTATION, Bucket, ConsumerVBucket, VBucket
+
+
+def _vb(*ops: tuple[str, str]) -> VBucket:
+    vb = VBucket(0, [(7, 0)])
+    for key, op in ops:
+        vb.add(key, op, f"{key}@{vb.high_seqno + 1}")
+    return vb
+
+
+def test_disk_snapshot_is_one_deduplicated_backfill_and_memory_snapshots_are_cut():
+    vb = _vb(("a", MUTATION), ("b", MUTATION), ("a", MUTATION), ("c", MUTATION))
+    vb.persisted = 3
+    vb.add("a", DELETION)
+    vb.add("d", MUTATION)
+    vb.add("d", MUTATION)
+    snaps = list(vb.snapshots(0, codec.FOREVER, 2))
+    assert [(s.start, s.end, s.flags) for s in snaps] == [(0, 3, 6), (4, 5, 5), (6, 7, 5)]
+    assert [[(v.seqno, v.key) for v in s.versions] for s in snaps] == [
+        [(2, "b"), (3, "a")],
+        [(4, "c"), (5, "a")],
+        [(7, "d")],
+    ]
+    # from the middle, and up to an end seqno: the first marker starts at the requested start
+    assert [(s.start, s.end) for s in vb.snapshots(4, 6, 2)] == [(4, 6)]
+
+
+def test_failover_loses_the_newest_versions_and_starts_a_new_uuid():
+    vb = _vb(("a", MUTATION), ("a", MUTATION), ("b", MUTATION))
+    vb.fail_over(0x99, 2)
+    assert vb.high_seqno == 1 and vb.failover == [(0x99, 1), (7, 0)] and vb.state() == {"a": "a@1"}
+    assert vb.add("a", MUTATION).rev == 2
+
+
+def test_consumer_rolls_back_to_its_last_complete_snapshot():
+    c = ConsumerVBucket(0, [(7, 0)])
+    c.marker(0, 2)
+    c.apply(1, "a", MUTATION, "1")
+    assert c.apply(2, "b", MUTATION, "2")
+    c.marker(3, 5)
+    c.apply(3, "a", MUTATION, "3")
+    assert c.rollback(4) == 2
+    assert (c.seqno, c.snap_start, c.snap_end, c.state()) == (2, 2, 2, {"a": "1", "b": "2"})
+    assert c.rollback(1) == 0 and c.state() == {} and c.failover == [(7, 0)]
+
+
+def _sync(vb: VBucket, c: ConsumerVBucket, budget: int | None, size: int) -> str:
+    """One stream request and what follows, cut after ``budget`` items (a dropped connection)."""
+    req = c.stream_request(max(vb.high_seqno, c.seqno))
+    back = needs_rollback(
+        req.start, req.vbucket_uuid, req.snap_start, req.snap_end, vb.failover, vb.high_seqno
+    )
+    if back is not None:
+        assert back <= req.start
+        c.rollback(back)
+        return "rollback"
+    assert req.start <= vb.high_seqno
+    c.failover = list(vb.failover)
+    for snap in vb.snapshots(req.start, req.end, size):
+        c.marker(snap.start, snap.end)
+        for v in snap.versions:
+            if budget is not None:
+                if budget == 0:
+                    return "cut"
+                budget -= 1
+            c.apply(v.seqno, v.key, v.op, v.value)
+    return "done"
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("add"), st.integers(1, 30)),
+        st.tuples(st.just("failover"), st.integers(0, 25)),
+        st.tuples(st.just("sync"), st.one_of(st.none(), st.integers(0, 20))),
+    ),
+    max_size=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps, st.integers(1, 8), st.randoms(use_true_random=False))
+def test_the_promise_in_process(plan, size, rnd):
+    """New items, failovers that lose items, cut streams in any mix: a last full sync makes the copy equal."""
+    bucket = Bucket.new(1, random.Random(1))
+    vb = bucket.vbuckets[0]
+    c = ConsumerVBucket(0)
+    uuid = 100
+    for step, arg in plan:
+        if step == "add":
+            bucket.generate(arg, rnd, 6, 0)
+        elif step == "failover":
+            uuid += 1
+            vb.fail_over(uuid, arg)
+        else:
+            _sync(vb, c, arg, size)
+    for _ in range(4):
+        if _sync(vb, c, None, size) == "done":
+            break
+    assert c.state() == vb.state()
+    assert c.seqno == vb.high_seqno

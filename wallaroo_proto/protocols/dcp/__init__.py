@@ -1,0 +1,1 @@
+"""Couchbase DCP (Database Change Protocol, ex-UPR) over the memcached binary protocol."""

@@ -1,0 +1,376 @@
+"""The mock DCP consumer: streams vbuckets from a producer into a durable copy, as a replica does.
+
+It says HELLO, opens a DCP connection, sets its controls (noops, a flow-control
+buffer, stream ids), asks for the vbuckets' high seqnos and requests a stream
+per vbucket from what its copy holds: the vbucket uuid, the last seqno and the
+snapshot range it is in. Every producer packet goes through the same
+``core.Connection`` the dissector uses, so a producer that breaks a rule is
+named. NOOPs are answered with their opaque; buffers are acknowledged once
+half the window is used. A ROLLBACK truncates the copy to the newest
+completed snapshot at or before the rollback seqno and asks again; a
+STREAM_END other than ok asks again from where the copy is.
+
+The copy (``--state``) is written atomically (``durable.write_atomic``) at
+completed snapshots, at most every ``persist_interval`` seconds, after each
+rollback and at the end, so a consumer killed with SIGKILL resumes from a
+consistent point. Connections that drop are reopened up to ``retries`` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from wallaroo_proto.durable import write_atomic
+
+from . import codec
+from .codec import FOREVER, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
+from .core import Connection, Kind
+from .store import DELETION, EXPIRATION, MUTATION, ConsumerVBucket, StateError
+
+_OPS = {codec.MUTATION: MUTATION, codec.DELETION: DELETION, codec.EXPIRATION: EXPIRATION}
+_ITEM_EXTRAS = {codec.MUTATION: 31, codec.DELETION: 18, codec.EXPIRATION: 20}
+_KEEP_VIOLATIONS = 100
+
+
+@dataclass
+class ConsumerConfig:
+    host: str = "127.0.0.1"
+    port: int = 11210
+    name: str = "wallaroo-proto-mock-consumer"
+    vbuckets: list[int] | None = None  # None: every vbucket the producer has
+    buffer_size: int = 1024 * 1024  # 0: no flow control
+    noop_interval: float = 0.0  # 0: no noops
+    follow: bool = False  # streams without end; otherwise up to the high seqnos at connect time
+    stream_ids: bool = False
+    state: str | None = None
+    out: str | None = None
+    retries: int = 0
+    retry_delay: float = 0.2
+    persist_interval: float = 0.5
+
+
+class ConnectionLost(Exception):
+    pass
+
+
+@dataclass
+class _Run:
+    vbuckets: dict[int, ConsumerVBucket]
+    status: dict[int, str] = field(default_factory=dict)  # vb -> streaming / done / not_my_vbucket / error
+    stream_ends: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    violation_count: int = 0
+    connections: int = 0
+    noops: int = 0
+    acks: int = 0
+    items: int = 0
+    failures: list[str] = field(default_factory=list)
+
+
+class MockConsumer:
+    def __init__(self, config: ConsumerConfig, log: Callable[[str], None]) -> None:
+        self.config = config
+        self.log = log
+        self.run_state = _Run(self.load_state())
+        self.last_persist = 0.0
+        self.started = time.monotonic()
+        self.stream_seconds = 0.0
+        self.stop_requested = False
+
+    # ------------------------------------------------------------------------------- state
+
+    def load_state(self) -> dict[int, ConsumerVBucket]:
+        path = self.config.state
+        if not path or not os.path.exists(path):
+            return {}
+        try:
+            with open(path, "rb") as f:
+                obj = json.loads(f.read())
+            return {int(vb): ConsumerVBucket.from_json(int(vb), v) for vb, v in obj["vbuckets"].items()}
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise StateError(f"{path}: not a mock-consumer state file ({err})") from None
+
+    def persist(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not self.config.state or (not force and now - self.last_persist < self.config.persist_interval):
+            return
+        self.last_persist = now
+        obj = {"vbuckets": {str(vb): v.to_json() for vb, v in self.run_state.vbuckets.items()}}
+        write_atomic(self.config.state, json.dumps(obj).encode())
+
+    def write_out(self) -> int:
+        """The copy's live items as JSONL, one per key, by vbucket and key."""
+        lines = []
+        for vb in sorted(self.run_state.vbuckets):
+            state = self.run_state.vbuckets[vb]
+            for key, value in sorted(state.state().items()):
+                lines.append(json.dumps({"vbucket": vb, "key": key, "value": value}))
+        if self.config.out:
+            data = "".join(line + "\n" for line in lines).encode()
+            if self.config.out == "-":
+                os.write(1, data)
+            else:
+                write_atomic(self.config.out, data)
+        return len(lines)
+
+    # ------------------------------------------------------------------------------- running
+
+    async def run(self) -> dict[str, Any]:
+        attempts = 0
+        while True:
+            try:
+                await self.session()
+                break
+            except (ConnectionLost, ConnectionError, OSError) as err:
+                if self.stop_requested:
+                    break
+                if attempts >= self.config.retries:
+                    self.run_state.failures.append(f"connection lost: {err or type(err).__name__}")
+                    break
+                attempts += 1
+                self.log(f"connection lost ({err or type(err).__name__}); reconnecting ({attempts})")
+                await asyncio.sleep(self.config.retry_delay)
+        self.persist(force=True)
+        return self.summary()
+
+    def stop(self) -> None:
+        self.stop_requested = True
+        if getattr(self, "writer", None) is not None:
+            self.writer.close()
+
+    async def session(self) -> None:
+        cfg = self.config
+        reader, writer = await asyncio.open_connection(cfg.host, cfg.port)
+        self.reader, self.writer = reader, writer
+        self.conn = Connection()
+        self.splitter = PacketSplitter()
+        self.packets: list[tuple[int, Packet]] = []
+        self.opaque = 0
+        self.unacked = 0
+        self.streams: dict[int, int] = {}  # opaque -> vb
+        self.run_state.connections += 1
+        started = time.monotonic()
+        try:
+            await self.setup()
+            if self.stop_requested:
+                return
+            await self.stream_all()
+        finally:
+            self.stream_seconds += time.monotonic() - started
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def send(self, wire: bytes) -> None:
+        verdict = self.conn.from_consumer(decode_packet(wire))
+        if verdict.kind is not Kind.ACCEPTED:
+            self.violation(f"own request: {verdict.reason}")
+        self.writer.write(wire)
+
+    def next_opaque(self) -> int:
+        self.opaque += 1
+        return self.opaque
+
+    async def next_packet(self) -> tuple[int, Packet]:
+        while not self.packets:
+            data = await self.reader.read(256 * 1024)
+            if not data:
+                raise ConnectionLost("the producer closed the connection")
+            try:
+                self.packets = [(o, decode_packet(w)) for o, w in self.splitter.feed(data)]
+            except ProtocolError as err:
+                self.violation(str(err))
+                raise ConnectionLost(str(err)) from None
+            self.packets.reverse()
+        return self.packets.pop()
+
+    async def call(self, wire: bytes) -> Any:
+        """Send one command and wait for its answer (stream traffic cannot come before streams exist)."""
+        opaque = decode_packet(wire).opaque
+        self.send(wire)
+        await self.writer.drain()
+        while True:
+            offset, p = await self.next_packet()
+            verdict = self.judge(p, offset)
+            if not p.is_request and p.opaque == opaque:
+                return verdict.message
+            if p.is_request and p.opcode == codec.NOOP:
+                self.answer_noop(p)
+
+    def judge(self, p: Packet, offset: int) -> Any:
+        verdict = self.conn.from_producer(p, offset)
+        if verdict.kind is not Kind.ACCEPTED:
+            self.violation(f"offset {offset}: {p.name}: {verdict.reason}")
+        return verdict
+
+    def violation(self, text: str) -> None:
+        run = self.run_state
+        run.violation_count += 1
+        if len(run.violations) < _KEEP_VIOLATIONS:
+            run.violations.append(text)
+            self.log(f"violation: {text}")
+
+    def answer_noop(self, p: Packet) -> None:
+        self.run_state.noops += 1
+        self.send(codec.response(codec.NOOP, opaque=p.opaque))
+
+    async def setup(self) -> None:
+        cfg = self.config
+        features = b"".join(f.to_bytes(2, "big") for f in (0x03, 0x07, 0x08))
+        await self.call(
+            codec.request(codec.HELLO, opaque=self.next_opaque(), key=cfg.name.encode(), value=features)
+        )
+        answer = await self.call(codec.open_request(cfg.name, codec.OPEN_PRODUCER, self.next_opaque()))
+        if answer.status != SUCCESS:
+            raise ConnectionLost(f"DCP_OPEN refused: {answer.status_name}")
+        controls = []
+        if cfg.noop_interval:
+            controls += [("enable_noop", "true"), ("set_noop_interval", f"{cfg.noop_interval:g}")]
+        if cfg.buffer_size:
+            controls.append(("connection_buffer_size", str(cfg.buffer_size)))
+        if cfg.stream_ids:
+            controls.append(("enable_stream_id", "true"))
+        for key, value in controls:
+            answer = await self.call(codec.control_request(key, value, self.next_opaque()))
+            if answer.status != SUCCESS:
+                self.run_state.failures.append(f"control {key}={value}: {answer.status_name}")
+        answer = await self.call(codec.request(codec.GET_ALL_VB_SEQNOS, opaque=self.next_opaque()))
+        self.high = dict(answer.vb_seqnos or [])
+
+    def stream_request(self, vb: int) -> None:
+        state = self.run_state.vbuckets.setdefault(vb, ConsumerVBucket(vb))
+        end = FOREVER if self.config.follow else max(self.high.get(vb, 0), state.seqno)
+        req = state.stream_request(end)
+        if self.config.stream_ids:
+            req.json = json.dumps({"sid": vb + 1}).encode()
+        opaque = self.next_opaque()
+        self.streams[opaque] = vb
+        self.run_state.status[vb] = "requested"
+        self.send(codec.stream_req_request(vb, opaque, req))
+
+    async def stream_all(self) -> None:
+        run = self.run_state
+        wanted = self.config.vbuckets if self.config.vbuckets is not None else sorted(self.high)
+        todo = [vb for vb in wanted if run.status.get(vb) not in ("done", "not_my_vbucket")]
+        for vb in todo:
+            self.stream_request(vb)
+        await self.writer.drain()
+        open_count = len(todo)
+        buffer_size = self.config.buffer_size
+        threshold = buffer_size // 2
+        while open_count and not self.stop_requested:
+            offset, p = await self.next_packet()
+            verdict = self.judge(p, offset)
+            msg = verdict.message
+            if not p.is_request:
+                if p.opcode == codec.STREAM_REQ and p.opaque in self.streams:
+                    open_count -= self.stream_answer(p, msg)
+                continue
+            op = p.opcode
+            if op == codec.NOOP:
+                self.answer_noop(p)
+                await self.writer.drain()
+                continue
+            if buffer_size:
+                self.unacked += p.size
+                if self.unacked >= threshold:
+                    run.acks += 1
+                    self.send(codec.buffer_ack(self.unacked))
+                    self.unacked = 0
+            vb = self.streams.get(p.opaque)
+            if vb is None or msg is None:
+                continue
+            state = run.vbuckets[vb]
+            if op in _OPS:
+                run.items += 1
+                value = msg.value.decode("utf-8", "replace") if op == codec.MUTATION else ""
+                if state.apply(msg.seqno, msg.key.decode("utf-8", "replace"), _OPS[op], value):
+                    self.persist()
+            elif op == codec.SNAPSHOT_MARKER:
+                state.marker(msg.start, msg.end)
+                if msg.flags & codec.SNAP_ACK:
+                    self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=p.opaque))
+            elif op == codec.SEQNO_ADVANCED:
+                state.seqno = msg.seqno
+                if state.complete(msg.seqno):
+                    self.persist()
+            elif op == codec.STREAM_END:
+                reason = msg.reason_name
+                run.stream_ends[reason] = run.stream_ends.get(reason, 0) + 1
+                del self.streams[p.opaque]
+                if msg.reason == codec.END_OK:
+                    run.status[vb] = "done"
+                    open_count -= 1
+                    self.persist(force=True)
+                else:
+                    self.log(f"vbucket {vb}: stream end {reason}; asking again from seqno {state.seqno}")
+                    self.stream_request(vb)
+            if self.writer.transport.get_write_buffer_size() > 64 * 1024:
+                await self.writer.drain()
+        await self.writer.drain()
+
+    def stream_answer(self, p: Packet, msg: Any) -> int:
+        """A STREAM_REQ's answer; returns 1 when the vbucket's stream will not come (closed here)."""
+        vb = self.streams[p.opaque]
+        run = self.run_state
+        state = run.vbuckets[vb]
+        if msg.status == SUCCESS:
+            state.failover = list(msg.failover_log or [])
+            run.status[vb] = "streaming"
+            return 0
+        del self.streams[p.opaque]
+        if msg.status == codec.ROLLBACK:
+            point = state.rollback(msg.rollback_seqno or 0)
+            self.log(f"vbucket {vb}: rollback to {msg.rollback_seqno}: truncated to seqno {point}")
+            self.persist(force=True)
+            self.stream_request(vb)
+            return 0
+        if msg.status == codec.NOT_MY_VBUCKET:
+            run.status[vb] = "not_my_vbucket"
+        else:
+            run.status[vb] = "error"
+            run.failures.append(f"vbucket {vb}: stream request {msg.status_name}")
+        return 1
+
+    def summary(self) -> dict[str, Any]:
+        run = self.run_state
+        live = self.write_out()
+        vbs = []
+        for vb in sorted(run.vbuckets):
+            s = run.vbuckets[vb]
+            vbs.append(
+                {
+                    "vbucket": vb,
+                    "status": run.status.get(vb, "resumable"),
+                    "uuid": s.failover[0][0] if s.failover else 0,
+                    "seqno": s.seqno,
+                    "snapshot": [s.snap_start, s.snap_end],
+                    "items_received": s.items,
+                    "live_items": len(s.state()),
+                    "rollbacks": s.rollbacks,
+                }
+            )
+        return {
+            "ok": not run.failures and not run.violation_count,
+            "connections": run.connections,
+            "items_received": run.items,
+            "live_items": live,
+            "noops_answered": run.noops,
+            "buffer_acks": run.acks,
+            "stream_ends": run.stream_ends,
+            "rollbacks": sum(v["rollbacks"] for v in vbs),
+            "violations": run.violation_count,
+            "violation_list": run.violations,
+            "failures": run.failures,
+            "vbuckets": vbs,
+            "seconds": round(time.monotonic() - self.started, 3),
+            "stream_seconds": round(self.stream_seconds, 3),
+            "items_per_second": round(run.items / self.stream_seconds, 1) if self.stream_seconds else 0.0,
+        }

@@ -1,0 +1,470 @@
+"""DCP's rules for one connection, both sides (sans-IO), and the server's rollback rule.
+
+``Connection`` judges the packets of one DCP connection in both directions:
+the consumer's commands (OPEN, CONTROL, STREAM_REQ, BUFFER_ACK, noop replies)
+and the producer's answers and stream messages. It checks what the protocol
+promises:
+
+- every response answers a pending request with its opaque and opcode; a
+  STREAM_REQ is answered with the failover log (newest first) or ROLLBACK with
+  a seqno no later than the requested start, never when the start is 0;
+- stream messages ride an open stream's opaque and vbucket; within a stream
+  seqnos increase and fall inside the current snapshot marker; a snapshot is
+  complete when its end seqno arrives, and a new marker or an OK STREAM_END
+  before that is a violation;
+- with ``connection_buffer_size`` set, the producer sends a stream message only
+  while fewer bytes than the buffer are unacknowledged (so it exceeds the
+  buffer by at most the one message the notes allow); a consumer acknowledges
+  no more than it got;
+- NOOPs only after ``enable_noop``, one at a time, answered with their opaque.
+
+No sockets, files or clocks: the mock producer, the mock consumer and the
+capture dissector drive the same object. ``needs_rollback`` is the server's
+rule (``FailoverTable::needsRollback``); ``add_failover_entry`` its table update.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+from . import codec
+from .codec import (
+    FOREVER,
+    SUCCESS,
+    BufferAck,
+    Control,
+    Deletion,
+    Expiration,
+    Mutation,
+    Open,
+    Packet,
+    ProtocolError,
+    Response,
+    SeqnoAdvanced,
+    SnapshotMarker,
+    StreamEnd,
+    StreamReq,
+)
+
+PRODUCER, CONSUMER = "producer", "consumer"
+#: The server keeps at most this many failover entries (``max_failover_entries``).
+MAX_FAILOVER_ENTRIES = 25
+#: Snapshot flag 0x20: keys may repeat inside the snapshot.
+SNAP_MAY_CONTAIN_DUPLICATES = 0x20
+#: Keys remembered per snapshot for the uniqueness check (a bound on memory).
+_KEYS_KEPT = 100_000
+_NEEDS_OPEN = frozenset(
+    (codec.CONTROL, codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG, codec.BUFFER_ACK)
+)
+
+
+class Kind(StrEnum):
+    ACCEPTED = "accepted"
+    VIOLATION = "violation"
+    MALFORMED = "malformed"
+
+
+class Verdict(NamedTuple):
+    kind: Kind
+    sender: str
+    packet: Packet | None
+    message: Any = None
+    reason: str | None = None
+    #: What this packet did, for records and summaries: "snapshot complete", "rollback to 4", ...
+    event: str | None = None
+    request_opcode: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.kind is Kind.ACCEPTED
+
+
+def needs_rollback(
+    start: int,
+    uuid: int,
+    snap_start: int,
+    snap_end: int,
+    table: list[tuple[int, int]],
+    high_seqno: int,
+    *,
+    purge_seqno: int = 0,
+    strict: bool = False,
+) -> int | None:
+    """The seqno a stream request must roll back to, or None: the server's rule, step by step.
+
+    ``table`` is the server's failover log, newest first.
+    """
+    if start == 0 and (not strict or uuid == 0):
+        return None
+    if 0 < start < purge_seqno:
+        return 0
+    upper = None
+    for i in range(len(table) - 1, -1, -1):  # oldest to newest
+        if table[i][0] == uuid:
+            upper = table[i - 1][1] if i > 0 else high_seqno
+            break
+    if upper is None:
+        return 0
+    if start == snap_start:
+        snap_end = start
+    if snap_end <= upper:
+        return None
+    if start == snap_end:
+        snap_start = start
+    return upper if upper < snap_start else snap_start
+
+
+def add_failover_entry(table: list[tuple[int, int]], uuid: int, high_seqno: int) -> list[tuple[int, int]]:
+    """The table after a vbucket takes over at ``high_seqno``: later entries dropped, the new one first."""
+    kept = [(u, s) for u, s in table if s <= high_seqno]
+    return [(uuid, high_seqno), *kept][:MAX_FAILOVER_ENTRIES]
+
+
+@dataclass(slots=True)
+class Stream:
+    """One vbucket stream as both sides see it, from its accepted STREAM_REQ to its STREAM_END."""
+
+    vbucket: int
+    opaque: int
+    request: StreamReq
+    sid: int | None = None
+    failover_log: list[tuple[int, int]] = field(default_factory=list)
+    last_seqno: int = 0
+    snap_start: int = 0
+    snap_end: int = 0
+    snap_flags: int = 0
+    marker_seen: bool = False
+    snapshot_open: bool = False
+    keys: set[bytes] = field(default_factory=set)
+    items: int = 0
+    snapshots: int = 0
+    snapshots_complete: int = 0
+    end_reason: str | None = None
+
+
+@dataclass(slots=True)
+class _Pending:
+    opcode: int
+    vbucket: int
+    message: Any
+
+
+class Connection:
+    """One DCP connection's rules, fed each side's packets in the order each side sent them."""
+
+    def __init__(self) -> None:
+        self.opened: Open | None = None
+        self.open_sent = False
+        self.controls: dict[str, str] = {}
+        self.buffer_size = 0
+        self.outstanding = 0
+        self.stalls = 0
+        self.noop_enabled = False
+        self.stream_ids = False
+        self.noop_pending: int | None = None
+        self.noops = 0
+        self.pending: dict[int, _Pending] = {}  # consumer requests by opaque
+        self.streams: dict[int, Stream] = {}  # open streams by opaque
+        self.ended: list[Stream] = []
+        self.rollbacks: list[tuple[int, int]] = []  # (vbucket, seqno)
+        self.acked = 0
+        self.violations = 0
+
+    # --------------------------------------------------------------------------------- helpers
+
+    def _verdict(
+        self,
+        sender: str,
+        p: Packet,
+        msg: Any,
+        reasons: list[str],
+        event: str | None = None,
+        request_opcode: int | None = None,
+    ) -> Verdict:
+        if reasons:
+            self.violations += 1
+            return Verdict(Kind.VIOLATION, sender, p, msg, "; ".join(reasons), event, request_opcode)
+        return Verdict(Kind.ACCEPTED, sender, p, msg, None, event, request_opcode)
+
+    def _malformed(self, sender: str, p: Packet | None, err: ProtocolError) -> Verdict:
+        self.violations += 1
+        return Verdict(Kind.MALFORMED, sender, p, None, str(err))
+
+    def may_send(self) -> bool:
+        """May a stream message go now? Only while under the buffer (so one message may overflow it)."""
+        return not self.buffer_size or self.outstanding < self.buffer_size
+
+    def count_sent(self, size: int) -> bool:
+        """A stream message of ``size`` wire bytes went out; True when it filled the buffer (a stall)."""
+        if not self.buffer_size:
+            return False
+        self.outstanding += size
+        if self.outstanding >= self.buffer_size:
+            self.stalls += 1
+            return True
+        return False
+
+    def end_stream(self, opaque: int, reason: str) -> None:
+        """The producer ended a stream it did not feed through ``from_producer`` message by message."""
+        stream = self.streams.pop(opaque, None)
+        if stream is not None:
+            stream.end_reason = reason
+            self.ended.append(stream)
+
+    def stream_for(self, vbucket: int) -> Stream | None:
+        for s in self.streams.values():
+            if s.vbucket == vbucket:
+                return s
+        return None
+
+    # --------------------------------------------------------------------------------- consumer
+
+    def from_consumer(self, p: Packet, offset: int = 0) -> Verdict:
+        """A packet the consumer (the side that sent DCP_OPEN) sent."""
+        request_opcode = None
+        if not p.is_request and p.opcode == codec.NOOP:
+            request_opcode = codec.NOOP
+        try:
+            msg = codec.parse(p, offset, request_opcode)
+        except ProtocolError as err:
+            return self._malformed(CONSUMER, p, err)
+        if not p.is_request:
+            return self._consumer_response(p, msg)
+        reasons: list[str] = []
+        op = p.opcode
+        if op in codec.STREAM_MESSAGES or op == codec.NOOP:
+            reasons.append(f"{p.name} is the producer's message, sent by the consumer")
+        elif op in _NEEDS_OPEN and not self.open_sent:
+            reasons.append(f"{p.name} before DCP_OPEN")
+        if op == codec.OPEN:
+            self.open_sent = True
+        if op == codec.BUFFER_ACK:
+            return self._buffer_ack(p, msg, reasons)
+        if p.opaque in self.pending:
+            reasons.append(f"opaque 0x{p.opaque:08x} is already used by a request still unanswered")
+        if op == codec.STREAM_REQ:
+            reasons += self._stream_req_rules(p, msg)
+        self.pending[p.opaque] = _Pending(op, p.vbucket, msg)
+        return self._verdict(CONSUMER, p, msg, reasons)
+
+    def _stream_req_rules(self, p: Packet, req: StreamReq) -> list[str]:
+        problems = []
+        if req.start > req.end:
+            problems.append(f"start {req.start} > end {req.end} (the producer must answer ERANGE)")
+        if not req.snap_start <= req.start <= req.snap_end:
+            problems.append(
+                f"snapshot range {req.snap_start}..{req.snap_end} does not hold start {req.start} "
+                "(the producer must answer ERANGE)"
+            )
+        return problems
+
+    def _buffer_ack(self, p: Packet, msg: BufferAck, reasons: list[str]) -> Verdict:
+        if not self.buffer_size:
+            reasons.append("BUFFER_ACK without connection_buffer_size")
+        elif msg.nbytes > self.outstanding:
+            reasons.append(f"acknowledges {msg.nbytes} bytes, only {self.outstanding} are unacknowledged")
+        self.outstanding = max(0, self.outstanding - msg.nbytes)
+        self.acked += msg.nbytes
+        return self._verdict(CONSUMER, p, msg, reasons, event=f"acked {msg.nbytes}")
+
+    def _consumer_response(self, p: Packet, msg: Response) -> Verdict:
+        reasons = []
+        event = None
+        if p.opcode == codec.NOOP:
+            if self.noop_pending is None:
+                reasons.append("NOOP reply with no NOOP outstanding")
+            elif p.opaque != self.noop_pending:
+                reasons.append(
+                    f"NOOP reply opaque 0x{p.opaque:08x}, the NOOP's was 0x{self.noop_pending:08x}"
+                )
+            self.noop_pending = None
+        elif msg.status != SUCCESS:
+            event = f"consumer answered {p.name} with {msg.status_name}"
+        return self._verdict(CONSUMER, p, msg, reasons, event, p.opcode)
+
+    # --------------------------------------------------------------------------------- producer
+
+    def from_producer(self, p: Packet, offset: int = 0) -> Verdict:
+        """A packet the producer sent."""
+        if not p.is_request:
+            pending = self.pending.pop(p.opaque, None)
+            request_opcode = pending.opcode if pending is not None else None
+            try:
+                msg = codec.parse(p, offset, request_opcode)
+            except ProtocolError as err:
+                return self._malformed(PRODUCER, p, err)
+            return self._producer_response(p, msg, pending)
+        try:
+            msg = codec.parse(p, offset)
+        except ProtocolError as err:
+            return self._malformed(PRODUCER, p, err)
+        op = p.opcode
+        if op == codec.NOOP:
+            reasons = []
+            if not self.noop_enabled:
+                reasons.append("NOOP before enable_noop=true")
+            if self.noop_pending is not None:
+                reasons.append(f"NOOP while the NOOP 0x{self.noop_pending:08x} is unanswered")
+            self.noop_pending = p.opaque
+            self.noops += 1
+            return self._verdict(PRODUCER, p, msg, reasons)
+        if op not in codec.STREAM_MESSAGES:
+            return self._verdict(
+                PRODUCER, p, msg, [f"{p.name} is the consumer's command, sent by the producer"]
+            )
+        return self._stream_message(p, msg)
+
+    def _producer_response(self, p: Packet, msg: Response, pending: _Pending | None) -> Verdict:
+        if pending is None:
+            return self._verdict(PRODUCER, p, msg, [f"response opaque 0x{p.opaque:08x} answers no request"])
+        if pending.opcode != p.opcode:
+            reason = (
+                f"{p.name} response to a {codec.OPCODES.get(pending.opcode, hex(pending.opcode))} request"
+            )
+            return self._verdict(PRODUCER, p, msg, [reason], request_opcode=pending.opcode)
+        reasons: list[str] = []
+        event = None
+        ok = msg.status == SUCCESS
+        if p.opcode == codec.OPEN and ok:
+            self.opened = pending.message
+        elif p.opcode == codec.CONTROL and ok:
+            self._apply_control(pending.message)
+        elif p.opcode == codec.STREAM_REQ:
+            event, reasons = self._stream_req_answer(p, msg, pending)
+        elif not ok:
+            event = f"{msg.status_name}"
+        return self._verdict(PRODUCER, p, msg, reasons, event, pending.opcode)
+
+    def _apply_control(self, c: Control) -> None:
+        self.controls[c.key] = c.value
+        if c.key == "connection_buffer_size" and c.value.isdigit():
+            self.buffer_size = int(c.value)
+            if not self.buffer_size:
+                self.outstanding = 0
+        elif c.key == "enable_noop":
+            self.noop_enabled = c.value == "true"
+        elif c.key == "enable_stream_id" and c.value == "true":
+            self.stream_ids = True
+
+    def _stream_req_answer(self, p: Packet, msg: Response, pending: _Pending) -> tuple[str | None, list[str]]:
+        req: StreamReq = pending.message
+        vb = pending.vbucket
+        bad_range = req.start > req.end or not req.snap_start <= req.start <= req.snap_end
+        if msg.status == codec.ROLLBACK:
+            seqno = msg.rollback_seqno or 0
+            self.rollbacks.append((vb, seqno))
+            problems = []
+            if seqno > req.start:
+                problems.append(f"rollback to {seqno}, after the requested start {req.start}")
+            if req.start == 0 and req.vbucket_uuid == 0:
+                problems.append("rollback of a request from seqno 0 (such a request never rolls back)")
+            return f"rollback to {seqno}", problems
+        if msg.status != SUCCESS:
+            return f"stream request {msg.status_name}", []
+        problems = []
+        if bad_range:
+            problems.append("stream request with a bad seqno range accepted (must be ERANGE)")
+        log = msg.failover_log or []
+        if not log:
+            problems.append("stream accepted with an empty failover log")
+        if any(u == 0 for u, _ in log):
+            problems.append("failover log entry with vbucket uuid 0")
+        if any(log[i][1] < log[i + 1][1] for i in range(len(log) - 1)):
+            problems.append("failover log not newest first (seqnos must not increase)")
+        if self.stream_for(vb) is not None:
+            problems.append(f"a second stream for vbucket {vb} accepted (must be KEY_EEXISTS)")
+        sid = _json_sid(req.json)
+        stream = Stream(vb, p.opaque, req, sid, log, req.start, req.snap_start, req.snap_end)
+        self.streams[p.opaque] = stream
+        return f"stream open from {req.start}", problems
+
+    def _stream_message(self, p: Packet, msg: Any) -> Verdict:
+        reasons: list[str] = []
+        event = None
+        if self.buffer_size:
+            if not self.may_send():
+                reasons.append(
+                    f"sent with {self.outstanding} bytes unacknowledged of a {self.buffer_size}-byte buffer"
+                )
+            if self.count_sent(p.size):
+                event = "buffer full"
+        stream = self.streams.get(p.opaque)
+        if stream is None:
+            reasons.append(f"{p.name} on opaque 0x{p.opaque:08x}: no open stream")
+            return self._verdict(PRODUCER, p, msg, reasons, event)
+        if p.vbucket != stream.vbucket:
+            reasons.append(f"vbucket {p.vbucket} on the stream of vbucket {stream.vbucket}")
+        sid = codec.stream_id_of(p)
+        if sid != stream.sid:
+            reasons.append(f"stream id {sid} on the stream opened with {stream.sid}")
+        if isinstance(msg, SnapshotMarker):
+            event = self._marker(stream, msg, reasons) or event
+        elif isinstance(msg, (Mutation, Deletion, Expiration, SeqnoAdvanced)):
+            event = self._item(stream, msg, reasons) or event
+        elif isinstance(msg, StreamEnd):
+            if msg.reason == codec.END_OK and stream.snapshot_open:
+                reasons.append(
+                    f"STREAM_END ok inside the snapshot {stream.snap_start}..{stream.snap_end} "
+                    f"(last seqno {stream.last_seqno})"
+                )
+            stream.end_reason = msg.reason_name
+            del self.streams[p.opaque]
+            self.ended.append(stream)
+            event = f"stream end {msg.reason_name}"
+        return self._verdict(PRODUCER, p, msg, reasons, event)
+
+    def _marker(self, s: Stream, m: SnapshotMarker, reasons: list[str]) -> str | None:
+        if m.start > m.end:
+            reasons.append(f"snapshot start {m.start} > end {m.end}")
+        if s.snapshot_open:
+            reasons.append(
+                f"snapshot marker {m.start}..{m.end} before the snapshot {s.snap_start}..{s.snap_end} "
+                f"completed (last seqno {s.last_seqno})"
+            )
+        if m.end <= s.last_seqno and s.marker_seen:
+            reasons.append(f"snapshot end {m.end} not after the last seqno {s.last_seqno}")
+        s.snap_start, s.snap_end, s.snap_flags = m.start, m.end, m.flags
+        s.marker_seen = True
+        s.snapshot_open = m.end > s.last_seqno
+        s.keys = set()
+        s.snapshots += 1
+        return f"snapshot {m.start}..{m.end}"
+
+    def _item(self, s: Stream, m: Any, reasons: list[str]) -> str | None:
+        seqno = m.seqno
+        if not s.marker_seen:
+            reasons.append(f"seqno {seqno} before any snapshot marker")
+        if seqno <= s.last_seqno:
+            reasons.append(f"seqno {seqno} not after the last seqno {s.last_seqno}")
+        elif s.marker_seen and not s.snap_start <= seqno <= s.snap_end:
+            reasons.append(f"seqno {seqno} outside the snapshot {s.snap_start}..{s.snap_end}")
+        if s.request.end != FOREVER and seqno > s.request.end:
+            reasons.append(f"seqno {seqno} after the stream's end {s.request.end}")
+        key = getattr(m, "key", None)
+        if key is not None and not s.snap_flags & SNAP_MAY_CONTAIN_DUPLICATES:
+            if key in s.keys:
+                reasons.append(f"key {key!r} twice in the snapshot {s.snap_start}..{s.snap_end}")
+            elif len(s.keys) < _KEYS_KEPT:
+                s.keys.add(key)
+        s.last_seqno = max(s.last_seqno, seqno)
+        if not isinstance(m, SeqnoAdvanced):
+            s.items += 1
+        if s.snapshot_open and seqno == s.snap_end:
+            s.snapshot_open = False
+            s.snapshots_complete += 1
+            return "snapshot complete"
+        return None
+
+
+def _json_sid(raw: bytes) -> int | None:
+    if not raw:
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        return None
+    sid = obj.get("sid") if isinstance(obj, dict) else None
+    return sid if isinstance(sid, int) else None

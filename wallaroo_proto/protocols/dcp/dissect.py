@@ -1,0 +1,323 @@
+"""One DCP connection in a capture: each direction's packets split, judged and recorded.
+
+The capture driver reassembles each direction and feeds it here; a
+``PacketSplitter`` per direction cuts packets at the header's body length (and
+resyncs at the next plausible header after a lost segment), the connection's
+``core.Connection`` judges each one, and each packet becomes a record (the
+common fields plus this protocol's, see ``records.FIELDS``). The summary is
+per connection, with a line per vbucket stream.
+
+Which side is the consumer: the one whose first packet is a consumer's command
+(HELLO, SASL, DCP_OPEN, ...); a first stream message or response marks the
+producer; otherwise the initiator.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from wallaroo_proto.capture.pcap import format_address
+from wallaroo_proto.records import to_json
+
+from . import codec
+from .codec import HEADER_SIZE, Packet, PacketSplitter, ProtocolError, decode_packet
+from .core import CONSUMER, PRODUCER, Connection, Kind
+
+if TYPE_CHECKING:
+    from wallaroo_proto.capture.dissector import Dissector
+
+#: The KV data port (11207 is TLS, which a capture cannot read).
+PORTS = (11210,)
+_KEEP = 1000
+#: Commands only a consumer (a client) sends first.
+_CLIENT_FIRST = frozenset(
+    (codec.HELLO, codec.OPEN, codec.SASL_LIST_MECHS, codec.SASL_AUTH, codec.VERSION, codec.SELECT_BUCKET)
+) | {codec.GET_CLUSTER_CONFIG, codec.CONTROL, codec.STREAM_REQ, codec.GET_ALL_VB_SEQNOS}
+
+
+def looks_like_dcp(payload: bytes, max_frame_size: int = 0) -> bool:
+    """Do a connection's first bytes open a memcached-protocol session a DCP client starts?"""
+    if len(payload) < HEADER_SIZE or payload[0] not in (codec.REQ, codec.ALT_REQ):
+        return False
+    if payload[1] not in _CLIENT_FIRST:
+        return False
+    return codec.find_header(payload[:HEADER_SIZE], 0, max_frame_size or 20 * 1024 * 1024) == 0
+
+
+class _Direction:
+    __slots__ = ("tracker", "client", "half", "splitter", "bytes")
+
+    def __init__(self, tracker: DcpTracker, client: bool) -> None:
+        self.tracker = tracker
+        self.client = client
+        self.half: Any = None
+        self.splitter = PacketSplitter()
+        self.bytes = 0
+
+    def data(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
+        self.bytes += len(payload)
+        try:
+            packets = self.splitter.feed(payload)
+        except ProtocolError as err:
+            self.tracker.torn(self, err, packet, ts)
+            packets = self.splitter.feed(b"")
+        for at, wire in packets:
+            self.tracker.packet(self, at, wire, packet, ts)
+
+    def gap(self, offset: int, missing: int | None, packet: int, ts: int) -> None:
+        if missing is None:
+            self.tracker.note(
+                f"packet {packet}: capture starts mid-connection ({self.tracker.dir_label(self)})"
+            )
+            self.splitter.gap(0)
+        else:
+            self.splitter.gap(missing)
+            self.tracker.note(
+                f"{self.tracker.dir_label(self)}: {missing} bytes missing at stream offset {offset} "
+                f"(lost segment before packet {packet}); resynced at the next packet header"
+            )
+
+
+class DcpTracker:
+    """One TCP connection carrying one DCP (memcached binary protocol) session."""
+
+    def __init__(
+        self,
+        dissector: Dissector,
+        index: int,
+        client: tuple[bytes, int],
+        server: tuple[bytes, int],
+        client_known: bool,
+    ) -> None:
+        self.out = dissector._out
+        self.jsonl = dissector.jsonl
+        self.canon: tuple = ()
+        self.initiator_fixed = False
+        self.dirs = {True: _Direction(self, True), False: _Direction(self, False)}
+        self.conn = Connection()
+        self.consumer_client: bool | None = None
+        self.frame_index = 0
+        self.notes: list[str] = []
+        self.capture_notes: list[str] = []
+        self.types: Counter[str] = Counter()
+        self.violation_list: list[dict] = []
+        self.violations = 0
+        self.first_packet = self.last_packet = 0
+        self.first_ts = self.last_ts = 0.0
+        self.closed = "open at end of capture"
+        ia, ip = format_address(client[0]), client[1]
+        ra, rp = format_address(server[0]), server[1]
+        fmt = lambda a, p: f"[{a}]:{p}" if ":" in a else f"{a}:{p}"  # noqa: E731
+        self.label = f"{fmt(ia, ip)} > {fmt(ra, rp)}"
+        self.conn_index = index
+        self.ident = {
+            "capture": dissector.capture_name,
+            "protocol": "dcp",
+            "connection": self.label,
+            "conn_index": index,
+            "initiator_addr": ia,
+            "initiator_port": ip,
+            "responder_addr": ra,
+            "responder_port": rp,
+        }
+
+    @property
+    def summary(self) -> DcpTracker:
+        return self
+
+    def dir_label(self, direction: _Direction) -> str:
+        return "initiator>responder" if direction.client else "responder>initiator"
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self.capture_notes.append(text)
+
+    def _sender(self, direction: _Direction, p: Packet | None) -> str:
+        if self.consumer_client is None and p is not None:
+            if p.is_request and p.opcode in _CLIENT_FIRST:
+                self.consumer_client = direction.client
+            elif (p.is_request and p.opcode in codec.STREAM_MESSAGES) or not p.is_request:
+                self.consumer_client = not direction.client
+            else:
+                self.consumer_client = True
+        consumer = self.consumer_client if self.consumer_client is not None else True
+        return CONSUMER if direction.client == consumer else PRODUCER
+
+    def _record(self, direction: _Direction, offset: int, length: int, packet: int, ts: int) -> dict:
+        seconds = ts / 1e9
+        if not self.first_packet:
+            self.first_packet, self.first_ts = packet, seconds
+        self.last_packet, self.last_ts = packet, seconds
+        record = dict(self.ident)
+        record["direction"] = self.dir_label(direction)
+        record["ts"] = seconds
+        record["ts_ns"] = ts
+        record["packet"] = packet
+        record["offset"] = offset
+        record["length"] = length
+        record["frame_index"] = self.frame_index
+        self.frame_index += 1
+        if self.notes:
+            record["notes"], self.notes = self.notes, []
+        return record
+
+    def torn(self, direction: _Direction, err: ProtocolError, packet: int, ts: int) -> None:
+        record = self._record(direction, err.offset, 0, packet, ts)
+        record["sender"] = self._sender(direction, None)
+        record["type"] = "INVALID"
+        record["verdict"] = "malformed"
+        self.types["INVALID"] += 1
+        self._violation(record, str(err))
+        self.out.append(to_json(record) if self.jsonl else record)
+
+    def packet(self, direction: _Direction, offset: int, wire: bytes, packet: int, ts: int) -> None:
+        record = self._record(direction, offset, len(wire), packet, ts)
+        try:
+            p = decode_packet(wire, 0, offset)
+        except ProtocolError as err:
+            record["sender"] = self._sender(direction, None)
+            record["type"] = "INVALID"
+            record["verdict"] = "malformed"
+            self._violation(record, str(err))
+            self.out.append(to_json(record) if self.jsonl else record)
+            return
+        sender = self._sender(direction, p)
+        verdict = (
+            self.conn.from_consumer(p, offset) if sender == CONSUMER else self.conn.from_producer(p, offset)
+        )
+        name = p.name if p.is_request else f"{p.name}_RESPONSE"
+        record["sender"] = sender
+        record["type"] = name
+        record["verdict"] = verdict.kind.value
+        self.types[name] += 1
+        record["dcp_magic"] = p.magic
+        record["dcp_opcode"] = p.opcode
+        record["opaque"] = p.opaque
+        if p.is_request:
+            record["vbucket"] = p.vbucket
+        else:
+            record["status"] = codec.STATUSES.get(p.status, f"0x{p.status:04x}")
+        if p.key:
+            record["dcp_key"] = p.key.decode("utf-8", "replace")
+        if p.value:
+            record["value_len"] = len(p.value)
+        sid = codec.stream_id_of(p)
+        if sid is not None:
+            record["dcp_stream_id"] = sid
+        if verdict.event:
+            record["dcp_event"] = verdict.event
+        if verdict.kind is not Kind.ACCEPTED:
+            self._violation(record, verdict.reason or "")
+        if verdict.message is not None:
+            self._fields(record, p, verdict.message)
+        self.out.append(to_json(record) if self.jsonl else record)
+
+    def _fields(self, record: dict, p: Packet, msg: Any) -> None:
+        if isinstance(msg, codec.Response):
+            if msg.rollback_seqno is not None:
+                record["rollback_seqno"] = msg.rollback_seqno
+                if self.conn.rollbacks:
+                    record["vbucket"] = self.conn.rollbacks[-1][0]
+            if msg.failover_log:
+                record["vb_uuid"] = msg.failover_log[0][0]
+            return
+        seqno = getattr(msg, "seqno", None)
+        if seqno is not None:
+            record["seqno"] = seqno
+        rev = getattr(msg, "rev_seqno", None)
+        if rev is not None:
+            record["rev_seqno"] = rev
+        if isinstance(msg, codec.SnapshotMarker):
+            record["snap_start"], record["snap_end"], record["snap_flags"] = msg.start, msg.end, msg.flags
+        elif isinstance(msg, codec.StreamReq):
+            record["start_seqno"], record["end_seqno"] = msg.start, msg.end
+            record["snap_start"], record["snap_end"] = msg.snap_start, msg.snap_end
+            record["vb_uuid"] = msg.vbucket_uuid
+        elif isinstance(msg, codec.StreamEnd):
+            record["end_reason"] = msg.reason_name
+        elif isinstance(msg, codec.BufferAck):
+            record["ack_bytes"] = msg.nbytes
+        elif isinstance(msg, codec.Control):
+            record["control_key"], record["control_value"] = msg.key, msg.value
+        elif isinstance(msg, codec.Open):
+            record["dcp_key"] = msg.name
+        if self.conn.buffer_size and p.is_request and p.opcode in codec.STREAM_MESSAGES | {codec.BUFFER_ACK}:
+            record["outstanding"] = self.conn.outstanding
+
+    def _violation(self, record: dict, reason: str) -> None:
+        record["violations"] = [reason]
+        self.violations += 1
+        if len(self.violation_list) < _KEEP:
+            self.violation_list.append(
+                {
+                    "packet": record["packet"],
+                    "offset": record["offset"],
+                    "type": record["type"],
+                    "reason": reason,
+                }
+            )
+
+    def finish(self) -> None:
+        for direction in self.dirs.values():
+            half = direction.half
+            if half is not None:
+                half.flush(self.last_packet, int(self.last_ts * 1e9))
+        for direction in self.dirs.values():
+            pending = direction.splitter.pending()
+            half = direction.half
+            if pending and half is not None and (half.fin_seen or half.rst_seen):
+                self.note(
+                    f"{self.dir_label(direction)}: the connection ended inside a packet ({pending} bytes)"
+                )
+        halves = [d.half for d in self.dirs.values() if d.half is not None]
+        if any(h.rst_seen for h in halves):
+            self.closed = "reset"
+        elif halves and all(h.fin_seen for h in halves):
+            self.closed = "closed"
+
+    def release(self) -> None:
+        for direction in self.dirs.values():
+            direction.half = None
+            direction.splitter = PacketSplitter()
+
+    def as_dict(self) -> dict:
+        conn = self.conn
+        streams = []
+        for s in [*conn.ended, *conn.streams.values()]:
+            streams.append(
+                {
+                    "vbucket": s.vbucket,
+                    "opaque": s.opaque,
+                    "start": s.request.start,
+                    "last_seqno": s.last_seqno,
+                    "items": s.items,
+                    "snapshots": s.snapshots,
+                    "snapshots_complete": s.snapshots_complete,
+                    "end": s.end_reason or ("open, mid-snapshot" if s.snapshot_open else "open"),
+                }
+            )
+        return {
+            "conn_index": self.conn_index,
+            "connection": self.label,
+            "protocol": "dcp",
+            "name": conn.opened.name if conn.opened is not None else None,
+            "consumer": None
+            if self.consumer_client is None
+            else ("initiator" if self.consumer_client else "responder"),
+            "first_packet": self.first_packet,
+            "last_packet": self.last_packet,
+            "duration": round(self.last_ts - self.first_ts, 6),
+            "packets_by_type": dict(self.types),
+            "controls": dict(conn.controls),
+            "streams": streams,
+            "rollbacks": [{"vbucket": vb, "seqno": seqno} for vb, seqno in conn.rollbacks],
+            "buffer_size": conn.buffer_size,
+            "flow_control_stalls": conn.stalls,
+            "acked_bytes": conn.acked,
+            "noops": conn.noops,
+            "violations": self.violations,
+            "violation_list": self.violation_list,
+            "capture_notes": self.capture_notes,
+            "closed": self.closed,
+        }

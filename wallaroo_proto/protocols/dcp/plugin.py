@@ -1,0 +1,155 @@
+"""The Couchbase DCP plug-in: memcached binary packets, the connection judge, per-vbucket reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from wallaroo_proto.protocols import ProtocolPlugin
+
+from . import codec
+from .codec import PacketSplitter, decode_packet
+from .core import Connection
+from .dissect import PORTS, DcpTracker, looks_like_dcp
+
+RECORD_FIELDS = (
+    "dcp_magic",
+    "dcp_opcode",
+    "opaque",
+    "vbucket",
+    "status",
+    "dcp_key",
+    "value_len",
+    "dcp_stream_id",
+    "seqno",
+    "rev_seqno",
+    "snap_start",
+    "snap_end",
+    "snap_flags",
+    "start_seqno",
+    "end_seqno",
+    "vb_uuid",
+    "rollback_seqno",
+    "end_reason",
+    "ack_bytes",
+    "outstanding",
+    "control_key",
+    "control_value",
+    "dcp_event",
+)
+TYPE_NAMES = (
+    *codec.OPCODES.values(),
+    *(f"{name}_RESPONSE" for name in codec.OPCODES.values()),
+    "INVALID",
+)
+TITLES = {
+    "vbuckets": "DCP vbucket streams",
+    "flow_control": "DCP flow control",
+    "violations": "DCP protocol violations",
+}
+
+
+def describe(r: dict) -> str:
+    """The record's own fields, as ``dissect``'s table shows them."""
+    if r.get("type") == "INVALID":
+        return ""
+    keys = (
+        ("vb", "vbucket"),
+        ("status", "status"),
+        ("key", "dcp_key"),
+        ("seqno", "seqno"),
+        ("snap", None),
+        ("start", "start_seqno"),
+        ("uuid", "vb_uuid"),
+        ("rollback", "rollback_seqno"),
+        ("reason", "end_reason"),
+        ("ack", "ack_bytes"),
+        ("value", "control_value"),
+        ("sid", "dcp_stream_id"),
+        ("outstanding", "outstanding"),
+    )
+    parts = [f"opaque=0x{r['opaque']:08x}"] if r.get("opaque") is not None else []
+    for label, k in keys:
+        if k is None:
+            if r.get("snap_start") is not None and r.get("start_seqno") is None:
+                parts.append(f"snap={r['snap_start']}..{r['snap_end']}/0x{r.get('snap_flags') or 0:x}")
+        elif r.get(k) is not None:
+            parts.append(f"{label}={r[k]:#x}" if label == "uuid" else f"{label}={r[k]}")
+    if r.get("dcp_event"):
+        parts.append(f"({r['dcp_event']})")
+    return " ".join(parts)
+
+
+def print_summary(console: Console, s: dict) -> None:
+    """One DCP connection: its name, controls, streams per vbucket, rollbacks, flow control, violations."""
+    title = f"connection #{s['conn_index']}  {s['connection']}  (dcp {s['name'] or '?'})"
+    console.rule(Text(title, style="bold"))
+    info = Table(show_header=False, box=None, pad_edge=False)
+    info.add_column(style="bold")
+    info.add_column()
+    info.add_row(
+        "packets", f"{s['first_packet']}..{s['last_packet']} over {s['duration']:.6f} s, {s['closed']}"
+    )
+    info.add_row("consumer", s["consumer"] or "unknown")
+    info.add_row("by type", ", ".join(f"{k} {v}" for k, v in s["packets_by_type"].items()) or "none")
+    info.add_row("controls", ", ".join(f"{k}={v}" for k, v in s["controls"].items()) or "none")
+    rollbacks = ", ".join(f"vb {r['vbucket']} to {r['seqno']}" for r in s["rollbacks"])
+    info.add_row("rollbacks", rollbacks or "none")
+    info.add_row(
+        "flow control",
+        f"buffer {s['buffer_size']} bytes, {s['acked_bytes']} acknowledged, {s['flow_control_stalls']} stalls"
+        if s["buffer_size"]
+        else "off",
+    )
+    info.add_row("noops", str(s["noops"]))
+    info.add_row("violations", Text(str(s["violations"]), style="bold red" if s["violations"] else "green"))
+    console.print(info)
+    if s["streams"]:
+        table = Table(title="streams")
+        for col in ("vbucket", "opaque", "from", "last seqno", "items", "snapshots", "complete", "end"):
+            table.add_column(col)
+        for st in s["streams"]:
+            table.add_row(
+                str(st["vbucket"]),
+                f"0x{st['opaque']:08x}",
+                str(st["start"]),
+                str(st["last_seqno"]),
+                str(st["items"]),
+                str(st["snapshots"]),
+                str(st["snapshots_complete"]),
+                st["end"],
+            )
+        console.print(table)
+    for v in s["violation_list"][:50]:
+        console.print(Text(f"  packet {v['packet']} {v['type']}: {v['reason']}", style="red"))
+    if len(s["violation_list"]) > 50:
+        console.print(Text(f"  ... {s['violations'] - 50} more", style="red"))
+    for note in s["capture_notes"]:
+        console.print(Text(f"  note: {note}", style="yellow"))
+
+
+def _spark_reports() -> Mapping[str, Any]:
+    from . import spark
+
+    return {"vbuckets": spark.vbuckets, "flow_control": spark.flow_control, "violations": spark.violations}
+
+
+PLUGIN = ProtocolPlugin(
+    name="dcp",
+    default_ports=PORTS,
+    detect=looks_like_dcp,
+    framer=PacketSplitter,
+    decode=decode_packet,
+    judge=Connection,
+    tracker=DcpTracker,
+    record_fields=RECORD_FIELDS,
+    type_names=TYPE_NAMES,
+    print_summary=print_summary,
+    describe=describe,
+    spark_reports=_spark_reports,
+    report_titles=TITLES,
+)

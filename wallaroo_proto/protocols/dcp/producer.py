@@ -1,0 +1,498 @@
+"""The mock DCP producer: a memcached-protocol server that streams vbuckets to DCP consumers.
+
+Each connection gets a ``core.Connection`` that judges what the consumer sends
+and tracks the requests, controls, streams and flow-control window; the
+producer answers as the server does (order of the stream-request checks, the
+rollback rule, the failover log on success) and pumps the streams'
+snapshots round-robin while the consumer's buffer has room. Noops go out at
+the negotiated interval once ``enable_noop=true``. A slow consumer only slows
+its own connection: writes wait for the socket to drain.
+
+Faults: vbuckets answered NOT_MY_VBUCKET, streams ended early with a chosen
+STREAM_END reason (once per vbucket, so a consumer that asks again gets the
+rest), and connections dropped abruptly after N items (the first
+``drop_times`` connections). ``--failover`` is done by the CLI on the bucket
+before serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from wallaroo_proto.pcap_writer import PcapWriter
+
+from . import codec
+from .codec import (
+    FOREVER,
+    SUCCESS,
+    Control,
+    Packet,
+    PacketSplitter,
+    ProtocolError,
+    StreamReq,
+    decode_packet,
+)
+from .core import Connection, Kind, needs_rollback
+from .store import DELETION, EXPIRATION, Bucket, VBucket
+
+#: Control keys this producer accepts (others: EINVAL, as the server answers keys it does not know).
+CONTROL_KEYS = frozenset(
+    (
+        "connection_buffer_size",
+        "enable_noop",
+        "set_noop_interval",
+        "set_priority",
+        "supports_cursor_dropping",
+        "supports_cursor_dropping_vulcan",
+        "supports_hifi_MFU",
+        "send_stream_end_on_client_close_stream",
+        "enable_expiry_opcode",
+        "enable_stream_id",
+        "v7_dcp_status_codes",
+        "backfill_order",
+    )
+)
+#: HELLO features granted: TcpNoDelay, XERROR, SelectBucket.
+FEATURES = (0x03, 0x07, 0x08)
+DEFAULT_NOOP_INTERVAL = 20.0
+_BATCH = 512
+
+
+@dataclass
+class Faults:
+    not_my_vbucket: frozenset[int] = frozenset()
+    end_after: int = 0  # end each vbucket's stream once after this many items
+    end_reason: int = codec.END_STATE_CHANGED
+    drop_after: int = 0  # abort a connection after sending this many items
+    drop_times: int = 1
+
+
+@dataclass
+class ProducerConfig:
+    host: str = "127.0.0.1"
+    port: int = 11210
+    snapshot_size: int = 64
+    record: str | None = None
+    faults: Faults = field(default_factory=Faults)
+
+
+@dataclass
+class Stats:
+    connections: int = 0
+    items: int = 0
+    snapshots: int = 0
+    streams: int = 0
+    rollbacks: int = 0
+    not_my_vbucket: int = 0
+    stream_ends: dict[str, int] = field(default_factory=dict)
+    dropped: int = 0
+    noops: int = 0
+    stalls: int = 0
+    violations: list[str] = field(default_factory=list)
+    per_vbucket: dict[int, int] = field(default_factory=dict)
+
+
+class _Stream:
+    """One accepted stream: its messages, made as the window lets them go."""
+
+    __slots__ = ("vb", "opaque", "sid", "messages", "items")
+
+    def __init__(
+        self, vb: VBucket, opaque: int, sid: int | None, messages: Iterator[tuple[bytes, int]]
+    ) -> None:
+        self.vb = vb
+        self.opaque = opaque
+        self.sid = sid
+        self.messages = messages
+        self.items = 0
+
+
+class MockProducer:
+    def __init__(self, config: ProducerConfig, bucket: Bucket, log: Callable[[str], None]) -> None:
+        self.config = config
+        self.bucket = bucket
+        self.log = log
+        self.stats = Stats()
+        self.server: asyncio.base_events.Server | None = None
+        self.sessions: set[_Session] = set()
+        self.ended_once: set[int] = set()
+        self.pcap = PcapWriter(config.record) if config.record else None
+        self.started = time.monotonic()
+
+    async def start(self) -> tuple[str, int]:
+        self.server = await asyncio.start_server(self._accept, self.config.host, self.config.port)
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return host, port
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        session = _Session(self, reader, writer)
+        self.sessions.add(session)
+        try:
+            await session.run()
+        finally:
+            self.sessions.discard(session)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        for session in list(self.sessions):
+            session.close()
+        for _ in range(100):
+            if not self.sessions:
+                break
+            await asyncio.sleep(0.01)
+        if self.pcap is not None:
+            self.pcap.close()
+
+    def summary(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "connections": s.connections,
+            "items_sent": s.items,
+            "snapshots": s.snapshots,
+            "streams": s.streams,
+            "rollbacks": s.rollbacks,
+            "not_my_vbucket": s.not_my_vbucket,
+            "stream_ends": s.stream_ends,
+            "dropped_connections": s.dropped,
+            "noops": s.noops,
+            "flow_control_stalls": s.stalls,
+            "violations": s.violations,
+            "vbuckets": [
+                {
+                    "vbucket": vb.vb,
+                    "uuid": vb.uuid,
+                    "high_seqno": vb.high_seqno,
+                    "failover_entries": len(vb.failover),
+                    "items_sent": s.per_vbucket.get(vb.vb, 0),
+                }
+                for vb in self.bucket.vbuckets.values()
+            ],
+            "seconds": round(time.monotonic() - self.started, 3),
+        }
+
+
+class _Session:
+    """One consumer connection."""
+
+    def __init__(
+        self, producer: MockProducer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.producer = producer
+        self.reader = reader
+        self.writer = writer
+        self.conn = Connection()
+        self.splitter = PacketSplitter()
+        self.streams: dict[int, _Stream] = {}
+        self.order: deque[int] = deque()
+        self.wake = asyncio.Event()
+        self.closed = False
+        self.noop_interval = DEFAULT_NOOP_INTERVAL
+        self.last_noop = time.monotonic()
+        self.noop_opaque = 10_000_000
+        self.items = 0
+        self.end_on_close = False
+        producer.stats.connections += 1
+        self.index = producer.stats.connections
+        peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
+        self.name = f"{peer[0]}:{peer[1]}"
+        self.tcp = None
+        if producer.pcap is not None:
+            me = writer.get_extra_info("sockname")
+            with contextlib.suppress(ValueError):
+                self.tcp = producer.pcap.tcp_session(peer[:2], me[:2], timestamp=time.time())
+
+    # ----------------------------------------------------------------------------- plumbing
+
+    def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        if self.tcp is not None:
+            self.tcp.send(False, data, time.time())
+        self.writer.write(data)
+
+    def respond(self, p: Packet, status: int = SUCCESS, value: bytes = b"", extras: bytes = b"") -> None:
+        wire = codec.response(p.opcode, status, opaque=p.opaque, value=value, extras=extras)
+        verdict = self.conn.from_producer(decode_packet(wire))
+        if verdict.kind is not Kind.ACCEPTED:
+            self.producer.stats.violations.append(f"connection {self.index}: own response: {verdict.reason}")
+        self.send(wire)
+
+    def close(self, abort: bool = False) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.wake.set()
+        if self.tcp is not None:
+            (self.tcp.reset if abort else self.tcp.close)(False, time.time())
+        if abort:
+            self.writer.transport.abort()
+        else:
+            self.writer.close()
+
+    async def run(self) -> None:
+        pump = asyncio.ensure_future(self.pump())
+        try:
+            while not self.closed:
+                data = await self.reader.read(256 * 1024)
+                if not data:
+                    break
+                if self.tcp is not None:
+                    self.tcp.send(True, data, time.time())
+                try:
+                    packets = self.splitter.feed(data)
+                except ProtocolError as err:
+                    self.producer.log(f"connection {self.index} ({self.name}): {err}; closing")
+                    self.producer.stats.violations.append(f"connection {self.index}: {err}")
+                    break
+                for offset, wire in packets:
+                    self.handle(decode_packet(wire), offset)
+                    if self.closed:
+                        break
+                self.wake.set()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if not self.closed and self.tcp is not None:
+                self.tcp.close(True, time.time())
+                self.tcp = None
+            self.close()
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+                await pump
+
+    # ----------------------------------------------------------------------------- commands
+
+    def handle(self, p: Packet, offset: int) -> None:
+        verdict = self.conn.from_consumer(p, offset)
+        stats = self.producer.stats
+        if verdict.kind is not Kind.ACCEPTED:
+            stats.violations.append(f"connection {self.index} offset {offset}: {verdict.reason}")
+            self.producer.log(f"connection {self.index} ({self.name}): {verdict.reason}")
+            if verdict.kind is Kind.MALFORMED:
+                if p.is_request:
+                    self.respond(p, codec.EINVAL)
+                self.close()
+                return
+        if not p.is_request:
+            if p.opcode == codec.NOOP:
+                stats.noops += 1
+            return
+        op = p.opcode
+        msg = verdict.message
+        if op == codec.STREAM_REQ:
+            self.stream_req(p, msg)
+        elif op == codec.BUFFER_ACK:
+            self.wake.set()
+        elif op == codec.OPEN:
+            self.respond(p, SUCCESS if msg.producer else codec.NOT_SUPPORTED)
+        elif op == codec.CONTROL:
+            self.respond(p, self.control(msg))
+        elif op == codec.GET_ALL_VB_SEQNOS:
+            entries = [(vb.vb, vb.high_seqno) for vb in self.producer.bucket.vbuckets.values()]
+            self.respond(p, value=codec.vb_seqnos_value(entries))
+        elif op == codec.GET_FAILOVER_LOG:
+            vb = self.vbucket(p.vbucket)
+            if vb is None:
+                self.respond(p, codec.NOT_MY_VBUCKET)
+            else:
+                self.respond(p, value=codec.failover_log_value(vb.failover))
+        elif op == codec.CLOSE_STREAM:
+            self.close_stream(p)
+        elif op == codec.HELLO:
+            wanted = {int.from_bytes(p.value[i : i + 2], "big") for i in range(0, len(p.value) - 1, 2)}
+            granted = b"".join(f.to_bytes(2, "big") for f in FEATURES if f in wanted)
+            self.respond(p, value=granted)
+        elif op == codec.VERSION:
+            self.respond(p, value=b"7.6.0-wallaroo-proto-mock")
+        elif op == codec.SASL_LIST_MECHS:
+            self.respond(p, value=b"PLAIN")
+        elif op in (codec.SASL_AUTH, codec.SASL_STEP, codec.SELECT_BUCKET):
+            self.respond(p)
+        else:
+            self.respond(p, codec.UNKNOWN_COMMAND if op not in codec.OPCODES else codec.NOT_SUPPORTED)
+
+    def control(self, c: Control) -> int:
+        if c.key == "stream_buffer_size":
+            return codec.NOT_SUPPORTED
+        if c.key not in CONTROL_KEYS:
+            return codec.EINVAL
+        if c.key == "connection_buffer_size" and not c.value.isdigit():
+            return codec.EINVAL
+        if c.key == "set_noop_interval":
+            try:
+                interval = float(c.value)
+            except ValueError:
+                return codec.EINVAL
+            if interval < 0.1:
+                return codec.EINVAL
+            self.noop_interval = interval
+        if c.key == "send_stream_end_on_client_close_stream" and c.value == "true":
+            self.end_on_close = True
+        return SUCCESS
+
+    def vbucket(self, vb: int) -> VBucket | None:
+        if vb in self.producer.config.faults.not_my_vbucket:
+            return None
+        return self.producer.bucket.vbuckets.get(vb)
+
+    def stream_req(self, p: Packet, req: StreamReq) -> None:
+        stats = self.producer.stats
+        vb = self.vbucket(p.vbucket)
+        if vb is None:
+            stats.not_my_vbucket += 1
+            self.respond(p, codec.NOT_MY_VBUCKET)
+            return
+        if req.start > req.end or not req.snap_start <= req.start <= req.snap_end:
+            self.respond(p, codec.ERANGE)
+            return
+        sid = None
+        if req.json:
+            import json
+
+            try:
+                sid = json.loads(req.json).get("sid")
+            except (ValueError, AttributeError):
+                self.respond(p, codec.EINVAL)
+                return
+        if (sid is not None) != self.conn.stream_ids:
+            self.respond(p, codec.STREAMID_INVALID)
+            return
+        if any(s.vb.vb == vb.vb and s.sid == sid for s in self.streams.values()):
+            self.respond(p, codec.KEY_EEXISTS)
+            return
+        rollback = needs_rollback(
+            req.start, req.vbucket_uuid, req.snap_start, req.snap_end, vb.failover, vb.high_seqno
+        )
+        if rollback is not None:
+            stats.rollbacks += 1
+            wire = codec.rollback_response(p.opaque, rollback)
+            self.conn.from_producer(decode_packet(wire))
+            self.send(wire)
+            return
+        if req.start > vb.high_seqno:
+            self.respond(p, codec.ERANGE)
+            return
+        self.respond(p, value=codec.failover_log_value(vb.failover))
+        stats.streams += 1
+        stream = _Stream(vb, p.opaque, sid, self.messages(vb, p.opaque, req, sid))
+        self.streams[p.opaque] = stream
+        self.order.append(p.opaque)
+        self.wake.set()
+
+    def close_stream(self, p: Packet) -> None:
+        for opaque, s in list(self.streams.items()):
+            if s.vb.vb == p.vbucket:
+                del self.streams[opaque]
+                self.respond(p)
+                if self.end_on_close:
+                    self.send(codec.stream_end(s.vb.vb, opaque, codec.END_CLOSED, s.sid))
+                self.conn.end_stream(opaque, "closed")
+                return
+        self.respond(p, codec.KEY_ENOENT)
+
+    # ----------------------------------------------------------------------------- streaming
+
+    def messages(
+        self, vb: VBucket, opaque: int, req: StreamReq, sid: int | None
+    ) -> Iterator[tuple[bytes, int]]:
+        """The stream's messages as (bytes, items in it); a STREAM_END closes it."""
+        faults = self.producer.config.faults
+        stats = self.producer.stats
+        sent = 0
+        vbid = vb.vb
+        for snap in vb.snapshots(req.start, req.end, self.producer.config.snapshot_size):
+            stats.snapshots += 1
+            yield codec.snapshot_marker(vbid, opaque, snap.start, snap.end, snap.flags, sid), 0
+            for v in snap.versions:
+                if faults.end_after and sent >= faults.end_after and vbid not in self.producer.ended_once:
+                    self.producer.ended_once.add(vbid)
+                    yield codec.stream_end(vbid, opaque, faults.end_reason, sid), -1
+                    return
+                if v.op == DELETION:
+                    wire = codec.deletion(vbid, opaque, v.seqno, v.rev, v.key.encode(), sid)
+                elif v.op == EXPIRATION:
+                    wire = codec.expiration(vbid, opaque, v.seqno, v.rev, v.key.encode(), 0, sid)
+                else:
+                    wire = codec.mutation(
+                        vbid, opaque, v.seqno, v.rev, v.key.encode(), v.value.encode(), sid=sid
+                    )
+                sent += 1
+                yield wire, 1
+        if req.end != FOREVER and req.end <= vb.high_seqno:
+            yield codec.stream_end(vbid, opaque, codec.END_OK, sid), -1
+
+    def _noop_due(self, now: float) -> float | None:
+        """Seconds until the next noop (0: now), or None when noops are off."""
+        if not self.conn.noop_enabled or self.conn.noop_pending is not None:
+            return None
+        return max(0.0, self.last_noop + self.noop_interval - now)
+
+    async def pump(self) -> None:
+        conn = self.conn
+        stats = self.producer.stats
+        faults = self.producer.config.faults
+        while not self.closed:
+            now = time.monotonic()
+            due = self._noop_due(now)
+            if due == 0:
+                self.noop_opaque += 1
+                opaque = self.noop_opaque
+                wire = codec.noop(opaque)
+                conn.from_producer(decode_packet(wire))
+                self.send(wire)
+                self.last_noop = now
+                due = None
+            batch = []
+            order = self.order
+            while order and conn.may_send() and len(batch) < _BATCH:
+                opaque = order[0]
+                stream = self.streams.get(opaque)
+                if stream is None:
+                    order.popleft()
+                    continue
+                item = next(stream.messages, None)
+                if item is None:  # open-ended stream with nothing more to send: idle
+                    order.popleft()
+                    continue
+                wire, kind = item
+                if conn.count_sent(len(wire)):
+                    stats.stalls += 1
+                batch.append(wire)
+                if kind < 0:
+                    reason = codec.END_REASONS[int.from_bytes(wire[-4:], "big")]
+                    stats.stream_ends[reason] = stats.stream_ends.get(reason, 0) + 1
+                    conn.end_stream(opaque, reason)
+                    del self.streams[opaque]
+                    order.popleft()
+                    continue
+                if kind:
+                    stats.items += 1
+                    self.items += 1
+                    vbid = stream.vb.vb
+                    stats.per_vbucket[vbid] = stats.per_vbucket.get(vbid, 0) + 1
+                    if (
+                        faults.drop_after
+                        and self.items >= faults.drop_after
+                        and stats.dropped < faults.drop_times
+                    ):
+                        stats.dropped += 1
+                        self.send(b"".join(batch))
+                        self.producer.log(f"connection {self.index}: dropped after {self.items} items")
+                        self.close(abort=True)
+                        return
+                order.rotate(-1)
+            if batch:
+                self.send(b"".join(batch))
+                await self.writer.drain()
+                continue
+            self.wake.clear()
+            timeout = None if due is None else max(due, 0.01)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout)

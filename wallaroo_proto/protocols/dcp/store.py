@@ -1,0 +1,303 @@
+"""The data behind the DCP mocks (sans-IO): a producer's vbucket histories and a consumer's copy.
+
+Producer side: a ``VBucket`` keeps every version of every item in seqno
+order (seqnos 1..high, no gaps) and its failover table. A stream from a
+start seqno is cut into snapshots: what was already on "disk" when the
+producer started (everything loaded from ``--state``) goes as one
+deduplicated disk snapshot, as a backfill does; newer versions go as memory
+snapshots of at most ``snapshot_size`` versions, deduplicated inside each.
+Each snapshot's end is the seqno of its last version, so every snapshot end is
+a point where the consumer's copy equals the producer's state at that seqno.
+A failover loses the newest versions (the promoted replica never got them)
+and starts a new failover entry with a fresh uuid at the new high seqno.
+
+Consumer side: a ``ConsumerVBucket`` keeps every version received and the
+ends of the snapshots it completed, so a ROLLBACK to seqno r truncates it to
+the last completed snapshot end at or before r, the newest point it holds a
+consistent copy of. Both sides serialize to plain JSON values for ``--state``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import codec
+from .core import add_failover_entry
+
+MUTATION, DELETION, EXPIRATION = "mutation", "deletion", "expiration"
+OPS = (MUTATION, DELETION, EXPIRATION)
+
+
+class StateError(ValueError):
+    """A state or input file that cannot be read as this program wrote it."""
+
+
+@dataclass(slots=True)
+class Version:
+    seqno: int
+    key: str
+    op: str
+    value: str
+    rev: int
+
+
+@dataclass(slots=True)
+class Snapshot:
+    start: int
+    end: int
+    flags: int
+    versions: list[Version]
+
+
+def new_uuid(rng: random.Random) -> int:
+    """A vbucket uuid: random 64 bits, never 0."""
+    while True:
+        uuid = rng.getrandbits(64)
+        if uuid:
+            return uuid
+
+
+class VBucket:
+    """One vbucket's full history and failover table (newest entry first)."""
+
+    def __init__(self, vb: int, failover: list[tuple[int, int]], log: list[Version] | None = None) -> None:
+        self.vb = vb
+        self.failover = failover
+        self.log: list[Version] = log or []
+        self.revs: dict[str, int] = {}
+        for v in self.log:
+            self.revs[v.key] = v.rev
+        #: Versions up to this seqno count as on disk: a stream from before it starts with a backfill.
+        self.persisted = self.high_seqno
+
+    @property
+    def high_seqno(self) -> int:
+        return len(self.log)
+
+    @property
+    def uuid(self) -> int:
+        return self.failover[0][0]
+
+    def add(self, key: str, op: str, value: str = "") -> Version:
+        rev = self.revs.get(key, 0) + 1
+        self.revs[key] = rev
+        version = Version(len(self.log) + 1, key, op, value if op == MUTATION else "", rev)
+        self.log.append(version)
+        return version
+
+    def fail_over(self, uuid: int, lose: int) -> None:
+        """A replica that missed the newest ``lose`` versions takes over with ``uuid``."""
+        del self.log[max(0, len(self.log) - lose) :]
+        self.revs = {}
+        for v in self.log:
+            self.revs[v.key] = v.rev
+        self.persisted = min(self.persisted, self.high_seqno)
+        self.failover = add_failover_entry(self.failover, uuid, self.high_seqno)
+
+    def snapshots(self, start: int, end: int, snapshot_size: int) -> Iterator[Snapshot]:
+        """The stream's snapshots after ``start`` up to ``end`` (or the high seqno)."""
+        last = min(end, self.high_seqno)
+        first_marker = True
+        pos = start
+        if pos < self.persisted and pos < last:
+            stop = min(self.persisted, last)
+            yield Snapshot(pos, stop, codec.SNAP_DISK | codec.SNAP_CHECKPOINT, _dedup(self.log[pos:stop]))
+            pos, first_marker = stop, False
+        while pos < last:
+            stop = min(pos + snapshot_size, last)
+            marker_start = start if first_marker else pos + 1
+            yield Snapshot(
+                marker_start, stop, codec.SNAP_MEMORY | codec.SNAP_CHECKPOINT, _dedup(self.log[pos:stop])
+            )
+            pos, first_marker = stop, False
+
+    def state(self) -> dict[str, int | str | None]:
+        """The live items: key -> value (deleted and expired keys absent)."""
+        live: dict[str, Any] = {}
+        for v in self.log:
+            if v.op == MUTATION:
+                live[v.key] = v.value
+            else:
+                live.pop(v.key, None)
+        return live
+
+    def to_json(self) -> dict:
+        return {
+            "failover": [[u, s] for u, s in self.failover],
+            "log": [[v.key, v.op, v.value, v.rev] for v in self.log],
+        }
+
+    @classmethod
+    def from_json(cls, vb: int, obj: Any) -> VBucket:
+        try:
+            failover = [(int(u), int(s)) for u, s in obj["failover"]]
+            log = [
+                Version(n, str(k), str(op), str(val), int(rev))
+                for n, (k, op, val, rev) in enumerate(obj["log"], 1)
+            ]
+        except (KeyError, TypeError, ValueError) as err:
+            raise StateError(f"vbucket {vb}: {err}") from None
+        if not failover or any(op not in OPS for op in (v.op for v in log)):
+            raise StateError(f"vbucket {vb}: no failover log or an unknown op")
+        return cls(vb, failover, log)
+
+
+def _dedup(versions: list[Version]) -> list[Version]:
+    """The last version of each key, in seqno order (what a snapshot carries)."""
+    latest: dict[str, Version] = {}
+    for v in versions:
+        latest.pop(v.key, None)
+        latest[v.key] = v
+    return list(latest.values())
+
+
+class Bucket:
+    """A producer's vbuckets, made new, loaded from ``--state``, faulted and saved."""
+
+    def __init__(self, vbuckets: list[VBucket]) -> None:
+        self.vbuckets = {v.vb: v for v in vbuckets}
+
+    @classmethod
+    def new(cls, count: int, rng: random.Random) -> Bucket:
+        return cls([VBucket(vb, [(new_uuid(rng), 0)]) for vb in range(count)])
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Bucket:
+        try:
+            obj = json.loads(raw)
+            vbs = obj["vbuckets"]
+            return cls([VBucket.from_json(int(vb), v) for vb, v in vbs.items()])
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise StateError(f"not a mock-producer state file: {err}") from None
+
+    def to_json(self) -> bytes:
+        return json.dumps({"vbuckets": {str(vb): v.to_json() for vb, v in self.vbuckets.items()}}).encode()
+
+    def generate(self, count: int, rng: random.Random, keys: int, value_size: int) -> None:
+        """``count`` new versions per vbucket over ``keys`` keys: mutations, deletions, expirations."""
+        for vb in self.vbuckets.values():
+            for _ in range(count):
+                key = f"key-{vb.vb}-{rng.randrange(keys)}"
+                roll = rng.random()
+                op = MUTATION if roll < 0.85 else DELETION if roll < 0.95 else EXPIRATION
+                value = ""
+                if op == MUTATION:
+                    n = vb.high_seqno + 1
+                    body = json.dumps({"key": key, "n": n})
+                    value = body + " " * max(0, value_size - len(body))
+                vb.add(key, op, value)
+
+    def load(self, items: Iterable[dict]) -> int:
+        """Items from JSONL (key, value, vbucket, op); returns how many."""
+        n = 0
+        for item in items:
+            vb = self.vbuckets.get(int(item.get("vbucket", 0)))
+            if vb is None:
+                raise StateError(f"item {n + 1}: no vbucket {item.get('vbucket')}")
+            op = item.get("op", MUTATION)
+            if op not in OPS or "key" not in item:
+                raise StateError(f"item {n + 1}: needs a key and an op of {', '.join(OPS)}")
+            value = item.get("value", "")
+            vb.add(str(item["key"]), op, value if isinstance(value, str) else json.dumps(value))
+            n += 1
+        return n
+
+
+# ------------------------------------------------------------------------------------------ consumer
+
+
+@dataclass(slots=True)
+class ConsumerVBucket:
+    """A consumer's copy of one vbucket and what it asks the producer for when it resumes."""
+
+    vb: int
+    failover: list[tuple[int, int]] = field(default_factory=list)
+    seqno: int = 0
+    snap_start: int = 0
+    snap_end: int = 0
+    #: key -> every version received, oldest first: (seqno, op, value).
+    versions: dict[str, list[tuple[int, str, str]]] = field(default_factory=dict)
+    #: Ends of the snapshots completed, ascending: the points a rollback can go back to.
+    consistent: list[int] = field(default_factory=list)
+    items: int = 0
+    rollbacks: int = 0
+    done: bool = False
+
+    def stream_request(self, end: int = codec.FOREVER) -> codec.StreamReq:
+        uuid = self.failover[0][0] if self.failover else 0
+        return codec.StreamReq(0, self.seqno, end, uuid, self.snap_start, self.snap_end)
+
+    def marker(self, start: int, end: int) -> None:
+        self.snap_start, self.snap_end = start, end
+
+    def apply(self, seqno: int, key: str, op: str, value: str) -> bool:
+        """One item; True when it completes the snapshot."""
+        self.versions.setdefault(key, []).append((seqno, op, value))
+        self.seqno = seqno
+        self.items += 1
+        return self.complete(seqno)
+
+    def complete(self, seqno: int) -> bool:
+        if seqno == self.snap_end:
+            self.consistent.append(seqno)
+            self.snap_start = seqno  # the whole snapshot is here: resume as from its end
+            return True
+        return False
+
+    def rollback(self, to: int) -> int:
+        """Truncate to the newest consistent point at or before ``to``; returns that point."""
+        kept = bisect.bisect_right(self.consistent, to)
+        point = self.consistent[kept - 1] if kept else 0
+        del self.consistent[kept:]
+        for key in list(self.versions):
+            kept = [v for v in self.versions[key] if v[0] <= point]
+            if kept:
+                self.versions[key] = kept
+            else:
+                del self.versions[key]
+        self.seqno = self.snap_start = self.snap_end = point
+        self.failover = [(u, s) for u, s in self.failover if s <= point]
+        self.rollbacks += 1
+        return point
+
+    def state(self) -> dict[str, str]:
+        live = {}
+        for key, versions in self.versions.items():
+            _, op, value = versions[-1]
+            if op == MUTATION:
+                live[key] = value
+        return live
+
+    def to_json(self) -> dict:
+        return {
+            "failover": [[u, s] for u, s in self.failover],
+            "seqno": self.seqno,
+            "snap_start": self.snap_start,
+            "snap_end": self.snap_end,
+            "versions": {k: [list(v) for v in vs] for k, vs in self.versions.items()},
+            "consistent": self.consistent,
+            "items": self.items,
+            "rollbacks": self.rollbacks,
+        }
+
+    @classmethod
+    def from_json(cls, vb: int, obj: Any) -> ConsumerVBucket:
+        try:
+            return cls(
+                vb,
+                [(int(u), int(s)) for u, s in obj["failover"]],
+                int(obj["seqno"]),
+                int(obj["snap_start"]),
+                int(obj["snap_end"]),
+                {str(k): [(int(s), str(o), str(v)) for s, o, v in vs] for k, vs in obj["versions"].items()},
+                [int(c) for c in obj["consistent"]],
+                int(obj.get("items", 0)),
+                int(obj.get("rollbacks", 0)),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise StateError(f"vbucket {vb}: {err}") from None
