@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "wireshark-dissector": ("wireshark", "Write a Wireshark Lua plugin for the protocol."),
     "spark-replay": ("spark_replay", "Feed captures into a PySpark batch job."),
     "kinesis": ("kinesis", "Kinesis MultiLangDaemon: a mock daemon and a mock record processor."),
+    "ambrosia": ("ambrosia", "AMBROSIA IC <-> language binding: a mock IC and a mock language binding."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }
 
