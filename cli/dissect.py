@@ -40,7 +40,7 @@ STYLES = {
     "WORKERS_LEFT": "magenta",
     "INVALID": "bold red reverse",
 }
-_ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
+_ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D", "lb": "L→I", "ic": "I→L"}
 _TYPE_CHOICES = sorted({name for plugin in plugins() for name in plugin.type_names})
 
 

@@ -218,10 +218,13 @@ class MockIC:
             asyncio.ensure_future(self._read_lb(run, lb_reader)),
             asyncio.ensure_future(_watch_eof(run, rec_reader)),
         ]
+        finished = False
         try:
             if ck is None:
-                return await self._first_start(run)
-            return await self._recover(run, ck, records)
+                finished = await self._first_start(run)
+            else:
+                finished = await self._recover(run, ck, records)
+            return finished
         except (LbGone, ConnectionError) as err:
             cfg.log(f"the LB went away ({err or 'closed'}); the next LB gets a recovery")
             return False
@@ -232,8 +235,12 @@ class MockIC:
             for w in (writer, lb_writer):
                 w.close()
             for session in (run.pcap_in, run.pcap_out):
-                if session is not None:
-                    session.close(False) if run.gone.is_set() is False else session.reset(True)
+                if session is None:
+                    continue
+                if finished:
+                    session.close(False)  # the IC closes both sockets when all is in
+                else:
+                    session.reset(True)  # the LB went away
             self._run = None
 
     async def _first_start(self, run: _Run) -> bool:
