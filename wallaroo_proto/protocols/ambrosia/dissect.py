@@ -75,12 +75,20 @@ def looks_like_ambrosia(payload: bytes, max_frame_size: int = 0) -> bool:
 
 
 class _Pair:
-    """One LB's session, shared by its two sockets."""
+    """One LB's session, shared by its two sockets; its label is fixed when its first socket is seen."""
 
     def __init__(self, label: str) -> None:
         self.session = Session()
         self.label = label
-        self.roles: set[str] = set()
+        self.ports: dict[str, int] = {}  # role -> the IC's port
+
+    @property
+    def roles(self) -> set[str]:
+        return set(self.ports)
+
+    def describe(self) -> str:
+        ports = ", ".join(f"{role} port {port}" for role, port in sorted(self.ports.items()))
+        return f"{self.label} ({ports})"
 
 
 #: Per dissector: (LB address, IC address) -> pairs still missing a socket, oldest first.
@@ -89,15 +97,16 @@ _OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def _join(dissector: Any, lb_addr: str, ic_addr: str, role: str, ic_port: int) -> _Pair:
     table = _OPEN.setdefault(dissector, {})
+    counts = table.setdefault("counts", Counter())
     waiting = table.setdefault((lb_addr, ic_addr), [])
     for pair in waiting:
-        if role not in pair.roles:
-            pair.roles.add(role)
-            pair.label += f" {role} port {ic_port}"
+        if role not in pair.ports:
+            pair.ports[role] = ic_port
             waiting.remove(pair)
             return pair
-    pair = _Pair(f"LB {lb_addr} -> IC {ic_addr} {role} port {ic_port}")
-    pair.roles.add(role)
+    counts[(lb_addr, ic_addr)] += 1
+    pair = _Pair(f"LB {lb_addr} -> IC {ic_addr} #{counts[(lb_addr, ic_addr)]}")
+    pair.ports[role] = ic_port
     waiting.append(pair)
     return pair
 
@@ -382,7 +391,7 @@ class AmbrosiaTracker:
             "connection": self.label,
             "protocol": "ambrosia",
             "socket": self.role or "unknown",
-            "lb": self.pair.label if self.pair else None,
+            "lb": self.pair.describe() if self.pair else None,
             "paired": bool(self.pair and len(self.pair.roles) == 2),
             "first_packet": self.first_packet,
             "last_packet": self.last_packet,
