@@ -266,6 +266,8 @@ class Rpc:
 
 def encode_incoming_rpc(method_id: int, rpc_type: int, args: bytes, reserved: int = 0) -> bytes:
     """An RPC as the IC delivers it in a record: ``size 00 reserved method type args``."""
+    if 0 <= method_id < 64 and len(args) < 60:  # one-byte size and method id
+        return bytes((2 * (len(args) + 4), RPC, reserved, method_id << 1, rpc_type)) + args
     return encode_message(RPC, bytes((reserved,)) + zz32(method_id) + bytes((rpc_type,)) + args)
 
 
@@ -348,6 +350,12 @@ def record_messages(body: bytes | bytearray | memoryview) -> list[Message]:
     out = []
     pos, end = 0, len(body)
     while pos < end:
+        size = body[pos]
+        if size < 0x80 and size > 1 and not size & 1 and pos + 1 + (size >> 1) <= end:  # a one-byte size
+            stop = pos + 1 + (size >> 1)
+            out.append(Message(body[pos + 1], bytes(body[pos + 2 : stop])))
+            pos = stop
+            continue
         try:
             msg, pos = read_message(body, pos, end)
         except Incomplete:
