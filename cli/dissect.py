@@ -193,7 +193,8 @@ class _RichFrames:
     "ports",
     type=click.IntRange(1, 65535),
     multiple=True,
-    help="TCP port to read (repeat) [default: each protocol's: wallaroo 7100 and 7200, kinesis 7300]. "
+    help="TCP port to read (repeat) [default: each protocol's: wallaroo 7100 and 7200, kinesis 7300, "
+    "ambrosia 2000 and 2001]. "
     "Connections whose first bytes open a known protocol are found on any port.",
 )
 @click.option(
