@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from support import COMMAND, Server
+from support import COMMAND, Server, run_cli
 
 from wallaroo_proto.protocols.ambrosia.immortal import RpcSource
 
@@ -149,3 +149,33 @@ def test_rpcs_from_a_file(tmp_path):
     # "hello" counts its length, 5; each multiple of 5 comes back once more as a self call
     assert lb_sum["state"]["total"] == (5 + 12 + 5 + 20) + (5 + 5 + 20)
     assert lb_sum["state"] == RpcSource(lines=lines).expected()
+
+
+def test_user_mistakes_get_clear_answers(tmp_path):
+    missing = run_cli("ambrosia", "mock-ic", "--input", str(tmp_path / "nope.txt"))
+    assert (
+        missing.returncode == 2
+        and "cannot read --input" in missing.stderr
+        and "Traceback" not in missing.stderr
+    )
+    free = socket.create_server(("127.0.0.1", 0))
+    port = free.getsockname()[1]
+    free.close()
+    lb = run_cli(
+        "ambrosia",
+        "mock-lb",
+        "--receive-port",
+        str(port),
+        "--send-port",
+        str(port),
+        "--connect-timeout",
+        "0.5",
+    )
+    assert lb.returncode == 1 and "cannot reach the IC" in lb.stderr and "Traceback" not in lb.stderr
+
+
+def test_sigterm_stops_a_waiting_ic_cleanly():
+    ic, _, _ = start_ic("--rpcs", "10")
+    code, out, err = ic.stop()
+    assert code == 130 and "Traceback" not in err
+    assert json.loads(out.splitlines()[-1])["runs"] == 0
