@@ -4,7 +4,9 @@
 
 Frames come from the codec, packets from ``wallaroo_proto.pcap_writer``
 (Ethernet/IPv4/TCP with real sequence numbers and checksums). Timestamps are
-fixed so the files are byte-for-byte reproducible. The tcpdump capture
+fixed so the files are byte-for-byte reproducible. The AMBROSIA captures are
+recorded by ``ambrosia mock-ic --record`` from its own loopback sockets (real
+ports and times, so not byte-for-byte the same twice). The tcpdump capture
 (mock-source-tcpdump.pcap) is taken from the kernel instead; see README.md.
 The DCP captures are recorded by the DCP mocks themselves over loopback
 (``mock-producer --record``): real timestamps, ports and uuids, so they differ
@@ -14,6 +16,7 @@ on every run while holding the same conversation.
 from __future__ import annotations
 
 import signal
+import re
 import struct
 import subprocess
 import sys
@@ -273,6 +276,35 @@ def dcp_samples(stream: Path, rollback: Path) -> None:
         options = ["--state", str(cstate), "--buffer-size", "600"]
         _wallaroo_proto(*consume, address, *options, stdout=subprocess.DEVNULL).wait(timeout=60)
         _stop(producer)
+_CLI = [sys.executable, "-m", "wallaroo_proto_cli", "ambrosia"]
+
+
+def ambrosia_run(pcap: Path | None, log_dir: str, *ic_args: str) -> int:
+    """One mock-ic run (recorded to ``pcap``) with a mock-lb over loopback; the IC's exit code."""
+    record = ["--record", str(pcap)] if pcap else []
+    ic = subprocess.Popen(
+        [*_CLI, "mock-ic", "--committer", "305419896", "--log-dir", log_dir, *record, *ic_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    ports = re.search(r"receive port (\d+), send port (\d+)", ic.stdout.readline())
+    lb = ["mock-lb", "--receive-port", ports.group(1), "--send-port", ports.group(2)]
+    subprocess.run([*_CLI, *lb], capture_output=True, timeout=120)
+    ic.communicate(timeout=120)
+    return ic.returncode
+
+
+def ambrosia_captures() -> None:
+    """Recorded by mock-ic from its own sockets while mock-lb (the counter immortal) ran against it."""
+    with tempfile.TemporaryDirectory() as log_dir:
+        args = ("--rpcs", "60", "--batch", "10", "--checkpoint-every", "2")
+        ambrosia_run(HERE / "ambrosia-first-start.pcap", log_dir, *args)
+    with tempfile.TemporaryDirectory() as log_dir:
+        ambrosia_run(None, log_dir, *args, "--crash-at", "3")  # killed right after logging record 3
+        ambrosia_run(HERE / "ambrosia-recovery.pcap", log_dir, *args)
+    with tempfile.TemporaryDirectory() as log_dir:
+        ambrosia_run(HERE / "ambrosia-faults.pcap", log_dir, *args, "--bad-check-at", "2", "--gap-at", "4")
 
 
 def main() -> None:
@@ -282,6 +314,7 @@ def main() -> None:
     lost_segment(HERE / "lost-segment.pcap")
     pcap_to_pcapng_ns(HERE / "sink-2pc.pcap", HERE / "sink-2pc-ns.pcapng")
     dcp_samples(HERE / "dcp-stream.pcap", HERE / "dcp-rollback.pcap")
+    ambrosia_captures()
 
 
 if __name__ == "__main__":

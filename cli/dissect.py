@@ -42,6 +42,7 @@ STYLES = {
 }
 _ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
 _ARROWS |= {"consumer": "C→P", "producer": "P→C"}
+_ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D", "lb": "L→I", "ic": "I→L"}
 _TYPE_CHOICES = sorted({name for plugin in plugins() for name in plugin.type_names})
 
 
@@ -194,7 +195,8 @@ class _RichFrames:
     "ports",
     type=click.IntRange(1, 65535),
     multiple=True,
-    help="TCP port to read (repeat) [default: each protocol's: wallaroo 7100 and 7200, kinesis 7300]. "
+    help="TCP port to read (repeat) [default: each protocol's: wallaroo 7100 and 7200, kinesis 7300, "
+    "ambrosia 2000 and 2001]. "
     "Connections whose first bytes open a known protocol are found on any port.",
 )
 @click.option(

@@ -31,6 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kinesis": ("kinesis", "Kinesis MultiLangDaemon: a mock daemon and a mock record processor."),
     "conformance": ("conformance", "Test a worker, sink or connector against the protocol's rules."),
     "dcp": ("dcp", "Couchbase DCP: a mock producer and a mock consumer."),
+    "ambrosia": ("ambrosia", "AMBROSIA IC <-> language binding: a mock IC and a mock language binding."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }
 

@@ -120,6 +120,21 @@ FIELDS: list[tuple[str, str, str]] = [
     ("control_key", "string", "DCP control: key"),
     ("control_value", "string", "DCP control: value"),
     ("dcp_event", "string", "DCP: what the packet did: snapshot complete, rollback to N, buffer full, ..."),
+    # AMBROSIA IC <-> LB (a frame is a log record, an LB message or a checkpoint's raw bytes)
+    ("ambrosia_socket", "string", "AMBROSIA: 'receive' (LB -> IC messages) or 'send' (IC -> LB records)"),
+    ("lb", "string", "AMBROSIA: the language binding's pair of sockets the frame belongs to"),
+    ("phase", "string", "AMBROSIA: start, first-start, replay, upgrade-test or normal, after the frame"),
+    ("seq_id", "long", "AMBROSIA log record sequence id (-1 control, -2 checkpoint)"),
+    ("committer_id", "long", "AMBROSIA log record committer id"),
+    ("check_bytes", "string", "AMBROSIA log record check bytes, 16 hex digits"),
+    ("record_size", "long", "AMBROSIA log record size, header included (blob excluded)"),
+    ("message_count", "long", "AMBROSIA: messages in the log record"),
+    ("message_types", "array<string>", "AMBROSIA: the log record's message types"),
+    ("rpc_count", "long", "AMBROSIA: RPCs in the record, batch or message"),
+    ("destination", "string", "AMBROSIA outgoing RPC destination ('' = self call)"),
+    ("method_id", "long", "AMBROSIA RPC method id"),
+    ("rpc_type", "string", "AMBROSIA RPC type: async, fork or impulse"),
+    ("checkpoint_length", "long", "AMBROSIA Checkpoint: the raw bytes' length"),
 ]
 
 FIELD_NAMES: tuple[str, ...] = tuple(name for name, _, _ in FIELDS)

@@ -21,6 +21,7 @@ _PLUGIN_MODULES = (
     "wallaroo_proto.protocols.wallaroo.plugin",
     "wallaroo_proto.protocols.kinesis.plugin",
     "wallaroo_proto.protocols.dcp.plugin",
+    "wallaroo_proto.protocols.ambrosia.plugin",
 )
 
 

@@ -1,0 +1,539 @@
+"""AMBROSIA's IC <-> language binding wire format: varints, messages, RPCs, log records (sans-IO).
+
+Two local TCP sockets join an Immortal Coordinator (IC) and its language
+binding (LB). The LB sends bare messages to the IC's receive port; the IC
+sends log records to the LB on its send port. A message is ``[size:
+ZigZagInt][type: 1 byte][data]``, size counting type and data. A log record
+is a 24-byte header (committer id i32, record size i32, check bytes u64,
+sequence id i64, all little-endian) and messages packed back to back. Every
+length and count is zig-zag encoded though never negative, so a length n is
+written as the varint of 2n.
+
+A Checkpoint message (type 8) carries a ZigZagLong length N and is followed on
+its stream by N raw bytes outside any message or record: the splitters here
+hand them out as ``Blob`` pieces. Check bytes are xxHash64 (seed 0) of the
+record body; 0 for the checkpoint record (sequence id -2), whose size covers
+its header and Checkpoint message but not the blob.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import xxhash
+
+# --- message types (SharedAmbrosiaTools AmbrosiaRuntimeLBConstants) -------------------------------------
+
+RPC = 0
+ATTACH_TO = 1
+TAKE_CHECKPOINT = 2
+COMMIT = 3
+REPLAY_FROM = 4
+RPC_BATCH = 5
+PING = 6
+PING_RETURN = 7
+CHECKPOINT = 8
+INITIAL_MESSAGE = 9
+UPGRADE_TAKE_CHECKPOINT = 10
+TAKE_BECOMING_PRIMARY_CHECKPOINT = 11
+UPGRADE_SERVICE = 12
+COUNT_REPLAYABLE_RPC_BATCH = 13
+TRIM_TO = 14
+BECOMING_PRIMARY = 15
+
+TYPE_NAMES: dict[int, str] = {
+    RPC: "RPC",
+    ATTACH_TO: "AttachTo",
+    TAKE_CHECKPOINT: "TakeCheckpoint",
+    COMMIT: "Commit",
+    REPLAY_FROM: "ReplayFrom",
+    RPC_BATCH: "RPCBatch",
+    PING: "Ping",
+    PING_RETURN: "PingReturn",
+    CHECKPOINT: "Checkpoint",
+    INITIAL_MESSAGE: "InitialMessage",
+    UPGRADE_TAKE_CHECKPOINT: "UpgradeTakeCheckpoint",
+    TAKE_BECOMING_PRIMARY_CHECKPOINT: "TakeBecomingPrimaryCheckpoint",
+    UPGRADE_SERVICE: "UpgradeService",
+    COUNT_REPLAYABLE_RPC_BATCH: "CountReplayableRPCBatch",
+    TRIM_TO: "TrimTo",
+    BECOMING_PRIMARY: "BecomingPrimary",
+}
+
+#: What the IC's local listener accepts from the LB (any other type byte kills the IC).
+FROM_LB = frozenset(
+    {RPC, ATTACH_TO, TAKE_CHECKPOINT, RPC_BATCH, PING, PING_RETURN, CHECKPOINT, INITIAL_MESSAGE}
+)
+#: The single message of a control record (sequence id -1).
+CONTROL = frozenset(
+    {
+        TAKE_CHECKPOINT,
+        UPGRADE_TAKE_CHECKPOINT,
+        TAKE_BECOMING_PRIMARY_CHECKPOINT,
+        UPGRADE_SERVICE,
+        BECOMING_PRIMARY,
+    }
+)
+#: What a normal record (sequence id >= 0) carries.
+IN_RECORDS = frozenset({RPC, RPC_BATCH, COUNT_REPLAYABLE_RPC_BATCH, INITIAL_MESSAGE, PING, PING_RETURN})
+
+# RPC types (the byte after the method id)
+ASYNC, FORK, IMPULSE = 0, 1, 2
+RPC_TYPE_NAMES = {ASYNC: "async", FORK: "fork", IMPULSE: "impulse"}
+
+HEADER_SIZE = 24
+CONTROL_SEQ = -1
+CHECKPOINT_SEQ = -2
+_HEADER = struct.Struct("<iiQq")
+_INT32 = (-(1 << 31), (1 << 31) - 1)
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class MalformedError(ValueError):
+    """Bytes that no reader of the format can take; ``offset`` is where, within what was read."""
+
+    def __init__(self, reason: str, offset: int = 0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.offset = offset
+
+
+class Incomplete(Exception):
+    """More bytes are needed."""
+
+
+# --- varints ------------------------------------------------------------------------------------------
+
+
+def zigzag(value: int, bits: int = 32) -> int:
+    low, high = _INT32 if bits == 32 else _INT64
+    if not low <= value <= high:
+        raise ValueError(f"{value} does not fit a {bits}-bit ZigZag integer")
+    return (value << 1) ^ (value >> (bits - 1))
+
+
+def unzigzag(raw: int) -> int:
+    return (raw >> 1) ^ -(raw & 1)
+
+
+def uvarint(raw: int) -> bytes:
+    """Protobuf base-128: low 7 bits first, bit 7 = more."""
+    out = bytearray()
+    while raw > 0x7F:
+        out.append((raw & 0x7F) | 0x80)
+        raw >>= 7
+    out.append(raw)
+    return bytes(out)
+
+
+def zz32(value: int) -> bytes:
+    """A ZigZagInt's bytes (1 to 5)."""
+    if 0 <= value < 64:
+        return bytes((value << 1,))
+    return uvarint(zigzag(value, 32))
+
+
+def zz64(value: int) -> bytes:
+    """A ZigZagLong's bytes (1 to 10)."""
+    return uvarint(zigzag(value, 64))
+
+
+def read_zz(buf: bytes | bytearray | memoryview, pos: int, end: int, bits: int = 32) -> tuple[int, int]:
+    """A ZigZag integer at ``pos`` (before ``end``): (value, position after it).
+
+    Raises ``Incomplete`` when ``end`` cuts it, ``MalformedError`` for a varint
+    longer than the type allows (5 bytes for 32 bits, 10 for 64) or too big for it.
+    """
+    limit = 5 if bits == 32 else 10
+    raw = shift = 0
+    start = pos
+    while True:
+        if pos >= end:
+            raise Incomplete
+        b = buf[pos]
+        pos += 1
+        raw |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+        if pos - start >= limit:
+            raise MalformedError(f"ZigZag varint longer than {limit} bytes", start)
+    if raw >> bits:
+        raise MalformedError(f"ZigZag varint value {raw:#x} does not fit {bits} bits", start)
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+# --- messages -----------------------------------------------------------------------------------------
+
+
+class Message(NamedTuple):
+    type: int
+    data: bytes
+
+    @property
+    def name(self) -> str:
+        return type_name(self.type)
+
+
+def type_name(code: int) -> str:
+    return TYPE_NAMES.get(code, f"UNKNOWN({code})")
+
+
+def encode_message(kind: int, data: bytes = b"") -> bytes:
+    return zz32(len(data) + 1) + bytes((kind,)) + data
+
+
+def read_message(buf: bytes | bytearray | memoryview, pos: int, end: int) -> tuple[Message, int]:
+    """One message at ``pos``: (message, position after it); ``Incomplete`` if ``end`` cuts it."""
+    start = pos
+    size, pos = read_zz(buf, pos, end)
+    if size < 1:
+        raise MalformedError(f"message size {size}: it must count at least the type byte", start)
+    stop = pos + size
+    if stop > end:
+        raise Incomplete
+    return Message(buf[pos], bytes(buf[pos + 1 : stop])), stop
+
+
+def checkpoint_length(message: Message) -> int:
+    """A Checkpoint message's blob length (ZigZagLong, must be >= 0)."""
+    try:
+        n, pos = read_zz(message.data, 0, len(message.data), 64)
+    except Incomplete:
+        raise MalformedError("Checkpoint message without its length") from None
+    if pos != len(message.data):
+        raise MalformedError(f"Checkpoint message has {len(message.data) - pos} bytes after its length")
+    if n < 0:
+        raise MalformedError(f"Checkpoint length {n} is negative")
+    return n
+
+
+def encode_checkpoint(length: int) -> bytes:
+    return encode_message(CHECKPOINT, zz64(length))
+
+
+def batch_messages(message: Message) -> tuple[int, int | None, list[Message]]:
+    """An RPCBatch or CountReplayableRPCBatch: (count, replayable count or None, inner messages)."""
+    data = message.data
+    end = len(data)
+    try:
+        count, pos = read_zz(data, 0, end)
+        replayable = None
+        if message.type == COUNT_REPLAYABLE_RPC_BATCH:
+            replayable, pos = read_zz(data, pos, end)
+    except Incomplete:
+        raise MalformedError(f"{message.name} cut inside its counts") from None
+    inner = []
+    while pos < end:
+        try:
+            msg, pos = read_message(data, pos, end)
+        except Incomplete:
+            raise MalformedError(
+                f"{message.name}: inner message {len(inner) + 1} overruns the batch"
+            ) from None
+        inner.append(msg)
+    return count, replayable, inner
+
+
+def encode_batch(messages: list[bytes], replayable: int | None = None) -> bytes:
+    """An RPCBatch of encoded messages (CountReplayableRPCBatch when ``replayable`` is given)."""
+    if replayable is None:
+        return encode_message(RPC_BATCH, zz32(len(messages)) + b"".join(messages))
+    return encode_message(
+        COUNT_REPLAYABLE_RPC_BATCH, zz32(len(messages)) + zz32(replayable) + b"".join(messages)
+    )
+
+
+# --- RPCs ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Rpc:
+    """An RPC message's fields. ``destination`` None: incoming (IC -> LB); "" a self call."""
+
+    method_id: int
+    rpc_type: int
+    args: bytes
+    destination: str | None = None
+    reserved: int = 0
+
+    @property
+    def is_self_call(self) -> bool:
+        return self.destination == ""
+
+
+def encode_incoming_rpc(method_id: int, rpc_type: int, args: bytes, reserved: int = 0) -> bytes:
+    """An RPC as the IC delivers it in a record: ``size 00 reserved method type args``."""
+    if 0 <= method_id < 64 and len(args) < 60:  # one-byte size and method id
+        return bytes((2 * (len(args) + 4), RPC, reserved, method_id << 1, rpc_type)) + args
+    return encode_message(RPC, bytes((reserved,)) + zz32(method_id) + bytes((rpc_type,)) + args)
+
+
+def encode_outgoing_rpc(
+    destination: str, method_id: int, rpc_type: int, args: bytes, reserved: int = 0
+) -> bytes:
+    """An RPC as the LB sends it: the destination's length and name first ("" is a self call)."""
+    name = destination.encode("utf-8")
+    head = zz32(len(name)) + name
+    return encode_message(RPC, head + bytes((reserved,)) + zz32(method_id) + bytes((rpc_type,)) + args)
+
+
+def decode_rpc(data: bytes, outgoing: bool) -> Rpc:
+    """An RPC message's data; ``outgoing`` (LB -> IC) has the destination fields first."""
+    end = len(data)
+    pos = 0
+    destination = None
+    try:
+        if outgoing:
+            length, pos = read_zz(data, 0, end)
+            if length < 0 or pos + length > end:
+                raise MalformedError(f"RPC destination length {length} overruns the message")
+            destination = data[pos : pos + length].decode("utf-8")
+            pos += length
+        if pos >= end:
+            raise Incomplete
+        reserved = data[pos]
+        method_id, pos = read_zz(data, pos + 1, end)
+        if pos >= end:
+            raise Incomplete
+    except Incomplete:
+        raise MalformedError("RPC cut before its RPC type byte") from None
+    except UnicodeDecodeError:
+        raise MalformedError("RPC destination name is not UTF-8") from None
+    return Rpc(method_id, data[pos], data[pos + 1 :], destination, reserved)
+
+
+def encode_attach(destination: str) -> bytes:
+    return encode_message(ATTACH_TO, destination.encode("utf-8"))
+
+
+# --- log records --------------------------------------------------------------------------------------
+
+
+class Header(NamedTuple):
+    committer: int
+    size: int
+    check: int
+    seq: int
+
+
+def check_bytes(body: bytes | bytearray | memoryview, seq: int) -> int:
+    """What the IC writes: 0 for the checkpoint record, else xxHash64 (seed 0) of the body."""
+    return 0 if seq == CHECKPOINT_SEQ else xxhash.xxh64_intdigest(body)
+
+
+def encode_record(committer: int, seq: int, body: bytes, check: int | None = None) -> bytes:
+    """A log record: header and body (``check`` overrides the right check bytes, for faults)."""
+    if check is None:
+        check = check_bytes(body, seq)
+    return _HEADER.pack(committer, HEADER_SIZE + len(body), check, seq) + body
+
+
+def control_record(committer: int, kind: int) -> bytes:
+    """A sequence-id -1 record holding one body-less control message."""
+    return encode_record(committer, CONTROL_SEQ, encode_message(kind))
+
+
+def checkpoint_record(committer: int, blob: bytes) -> bytes:
+    """The recovery checkpoint: record -2 with one Checkpoint message, then the blob outside its size."""
+    return encode_record(committer, CHECKPOINT_SEQ, encode_checkpoint(len(blob))) + blob
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> Header:
+    return Header(*_HEADER.unpack_from(buf, pos))
+
+
+def record_messages(body: bytes | bytearray | memoryview) -> list[Message]:
+    """A record body's messages; ``MalformedError`` (offset within the body) if one overruns it."""
+    out = []
+    pos, end = 0, len(body)
+    while pos < end:
+        size = body[pos]
+        if size < 0x80 and size > 1 and not size & 1 and pos + 1 + (size >> 1) <= end:  # a one-byte size
+            stop = pos + 1 + (size >> 1)
+            out.append(Message(body[pos + 1], bytes(body[pos + 2 : stop])))
+            pos = stop
+            continue
+        try:
+            msg, pos = read_message(body, pos, end)
+        except Incomplete:
+            raise MalformedError(f"message {len(out) + 1} overruns the record body", pos) from None
+        except MalformedError as err:
+            raise MalformedError(err.reason, pos) from None
+        out.append(msg)
+    return out
+
+
+# --- stream splitters ---------------------------------------------------------------------------------
+
+
+class RecordFrame(NamedTuple):
+    """One log record as read from the IC -> LB stream."""
+
+    offset: int
+    header: Header
+    body: bytes
+
+
+class MessageFrame(NamedTuple):
+    """One bare message as read from the LB -> IC stream."""
+
+    offset: int
+    length: int
+    message: Message
+
+
+class Blob(NamedTuple):
+    """A piece of a checkpoint's raw bytes; ``remaining`` after it (0: the blob's last piece)."""
+
+    offset: int
+    data: bytes
+    remaining: int
+
+
+class Garbage(NamedTuple):
+    """Bytes that cannot be framed: the stream is unusable from ``offset`` on (until a resync)."""
+
+    offset: int
+    reason: str
+
+
+DEFAULT_MAX_RECORD = 64 * 1024 * 1024
+
+
+class _Splitter:
+    """Shared buffer handling: bytes in, frames out, blob pieces streamed without buffering them."""
+
+    def __init__(self, max_size: int = DEFAULT_MAX_RECORD) -> None:
+        self.buf = bytearray()
+        self.pos = 0  # consumed bytes of buf
+        self.offset = 0  # stream offset of buf[0]
+        self.blob_left = 0
+        self.max_size = max_size
+        self.broken: str | None = None
+
+    def _take_blob(self, out: list) -> None:
+        avail = len(self.buf) - self.pos
+        n = min(avail, self.blob_left)
+        if n:
+            self.blob_left -= n
+            out.append(Blob(self.offset + self.pos, bytes(self.buf[self.pos : self.pos + n]), self.blob_left))
+            self.pos += n
+
+    def _compact(self) -> None:
+        if self.pos:
+            del self.buf[: self.pos]
+            self.offset += self.pos
+            self.pos = 0
+
+    def gap(self, missing: int) -> None:
+        """``missing`` bytes were lost: frames cannot be found again (no sync marker in this format)."""
+        self.buf.clear()
+        self.offset += missing
+        self.pos = 0
+        if self.blob_left >= missing:
+            self.blob_left -= missing
+        else:
+            self.blob_left = 0
+            self.broken = f"{missing} bytes lost: no way back to a frame boundary"
+
+    @property
+    def pending(self) -> int:
+        return len(self.buf) - self.pos
+
+
+class RecordSplitter(_Splitter):
+    """The IC -> LB stream into ``RecordFrame``s and the ``Blob`` after a checkpoint record."""
+
+    def feed(self, data: bytes) -> list:
+        out: list = []
+        if self.broken:
+            return out
+        self.buf += data
+        buf = self.buf
+        while True:
+            if self.blob_left:
+                self._take_blob(out)
+                if self.blob_left:
+                    break
+            pos = self.pos
+            if len(buf) - pos < HEADER_SIZE:
+                break
+            header = Header(*_HEADER.unpack_from(buf, pos))
+            size = header.size
+            if size < HEADER_SIZE or size > self.max_size:
+                self.broken = (
+                    f"record size {size} is below the 24-byte header"
+                    if size < HEADER_SIZE
+                    else f"record size {size} is above the {self.max_size}-byte limit"
+                )
+                out.append(Garbage(self.offset + pos, self.broken))
+                break
+            if len(buf) - pos < size:
+                break
+            body = bytes(buf[pos + HEADER_SIZE : pos + size])
+            out.append(RecordFrame(self.offset + pos, header, body))
+            self.pos = pos + size
+            if header.seq == CHECKPOINT_SEQ:
+                self.blob_left = _blob_after(body)
+        self._compact()
+        return out
+
+
+def _blob_after(body: bytes) -> int:
+    """The blob length a checkpoint record's body announces (0 if it does not parse: its judge says why)."""
+    try:
+        msgs = record_messages(body)
+        if len(msgs) == 1 and msgs[0].type == CHECKPOINT:
+            return checkpoint_length(msgs[0])
+    except MalformedError:
+        pass
+    return 0
+
+
+class MessageSplitter(_Splitter):
+    """The LB -> IC stream into ``MessageFrame``s and the ``Blob`` after each Checkpoint."""
+
+    def feed(self, data: bytes) -> list:
+        out: list = []
+        if self.broken:
+            return out
+        self.buf += data
+        buf = self.buf
+        end = len(buf)
+        while True:
+            if self.blob_left:
+                self._take_blob(out)
+                if self.blob_left:
+                    break
+            pos = self.pos
+            if pos >= end:
+                break
+            try:
+                size, after = read_zz(buf, pos, end)
+                if size < 1 or size > self.max_size:
+                    raise MalformedError(
+                        f"message size {size} " + ("is below 1" if size < 1 else f"is above {self.max_size}"),
+                        pos,
+                    )
+            except Incomplete:
+                break
+            except MalformedError as err:
+                self.broken = err.reason
+                out.append(Garbage(self.offset + pos, err.reason))
+                break
+            stop = after + size
+            if stop > end:
+                break
+            message = Message(buf[after], bytes(buf[after + 1 : stop]))
+            out.append(MessageFrame(self.offset + pos, stop - pos, message))
+            self.pos = stop
+            if message.type == CHECKPOINT:
+                try:
+                    self.blob_left = checkpoint_length(message)
+                except MalformedError:
+                    self.blob_left = 0
+        self._compact()
+        return out

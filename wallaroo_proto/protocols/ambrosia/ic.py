@@ -1,0 +1,512 @@
+"""The mock Immortal Coordinator: plays the IC for a language binding under test.
+
+It listens on the receive port (the LB's messages) and, once an LB connected
+there, on the send port (the IC's log records), as the IC does: an LB that
+connects to the send port first is refused. Each LB connection is one run of
+the IC: a first start when no checkpoint is stored (TakeBecomingPrimaryCheckpoint,
+the LB's InitialMessage and first checkpoint, then record 0 echoing the
+InitialMessage), else a recovery (the checkpoint record and its bytes, the log
+after it replayed byte for byte, TakeBecomingPrimaryCheckpoint, or
+UpgradeTakeCheckpoint with ``upgrade``). Then it delivers the input RPCs in
+records, logging each before sending it, and the LB's self calls come back
+through the log like any other RPC; replayed self calls it already logged are
+dropped, so each takes effect once. A checkpoint is asked for every
+``checkpoint_every`` records, when the LB asks, and once all RPCs are in
+(the IC then closes both sockets unless ``keep_open``).
+
+An LB that goes away ends the run; the next LB to connect gets a recovery from
+the store, as a restarted IC would give. Faults: wrong check bytes on the wire
+for one record, a skipped sequence id, a kill -9 of the IC right after a
+record is logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from wallaroo_proto.pcap_writer import PcapWriter
+
+from .codec import (
+    CHECKPOINT,
+    INITIAL_MESSAGE,
+    RPC,
+    RPC_BATCH,
+    TAKE_BECOMING_PRIMARY_CHECKPOINT,
+    TAKE_CHECKPOINT,
+    UPGRADE_TAKE_CHECKPOINT,
+    Blob,
+    Garbage,
+    MalformedError,
+    MessageFrame,
+    MessageSplitter,
+    batch_messages,
+    checkpoint_length,
+    checkpoint_record,
+    control_record,
+    decode_rpc,
+    encode_incoming_rpc,
+    encode_message,
+    encode_record,
+    read_header,
+    type_name,
+)
+from .core import Session
+from .immortal import RpcSource
+from .store import DirStore, IcCheckpoint, LoggedRecord, MemoryStore
+
+DIALECTS = ("current", "seed")
+
+
+@dataclass
+class IcConfig:
+    source: RpcSource
+    host: str = "127.0.0.1"
+    receive_port: int = 0
+    send_port: int = 0
+    log_dir: str | None = None
+    fsync: bool = True
+    batch: int = 100
+    checkpoint_every: int = 0
+    committer: int | None = None
+    bad_check_at: int | None = None
+    gap_at: int | None = None
+    crash_at: int | None = None
+    upgrade: bool = False
+    dialect: str = "current"
+    keep_open: bool = False
+    record: str | None = None
+    log: Callable[[str], None] = lambda line: None
+
+
+@dataclass
+class IcStats:
+    runs: int = 0
+    first_starts: int = 0
+    recoveries: int = 0
+    records_sent: int = 0
+    records_replayed: int = 0
+    rpcs_logged: int = 0
+    self_calls_logged: int = 0
+    self_calls_dropped: int = 0
+    remote_calls: int = 0
+    checkpoints: int = 0
+    last_checkpoint: dict | None = None
+    violations: list[str] = field(default_factory=list)
+    delivery_seconds: float = 0.0
+    done: bool = False
+
+
+class LbGone(Exception):
+    """The LB closed or reset a socket: this run of the IC is over."""
+
+
+class _Run:
+    """One LB connection: its sockets, the judge, and what its reader found."""
+
+    def __init__(self, outputs: int, durable: int, pending: list[bytes]) -> None:
+        self.session = Session(verify_check_bytes=False, judge_own_bodies=False)
+        self.outputs = outputs  # LB self calls seen, replayed ones included
+        self.durable = durable  # of those, the ones the log (or the checkpoint) holds
+        self.pending = pending
+        self.initial: bytes | None = None
+        self.lb_asks = False
+        self.checkpoint: asyncio.Future[bytes] | None = None
+        self.gone = asyncio.Event()
+        self.wake = asyncio.Event()
+        self.writer: asyncio.StreamWriter | None = None
+        self.lb_writer: asyncio.StreamWriter | None = None
+        self.pcap_in = self.pcap_out = None
+
+
+class MockIC:
+    def __init__(self, config: IcConfig) -> None:
+        self.config = config
+        self.stats = IcStats()
+        self.store = DirStore(config.log_dir, fsync=config.fsync) if config.log_dir else MemoryStore()
+        self.rsock: socket.socket | None = None
+        self.ssock: socket.socket | None = None
+        self.send_port = config.send_port
+        self.pcap = PcapWriter(config.record) if config.record else None
+        self._stopping = False
+        self._run: _Run | None = None
+
+    # --- sockets ----------------------------------------------------------------------------------
+
+    def bind(self) -> tuple[str, int, int]:
+        """Bind both ports (the send port does not listen yet): (host, receive port, send port)."""
+        cfg = self.config
+        self.rsock = _bound(cfg.host, cfg.receive_port)
+        self.rsock.listen(1)
+        self.ssock = _bound(cfg.host, cfg.send_port)
+        self.send_port = self.ssock.getsockname()[1]
+        return cfg.host, self.rsock.getsockname()[1], self.send_port
+
+    async def _accept_pair(self) -> tuple[socket.socket, socket.socket]:
+        loop = asyncio.get_running_loop()
+        conn_r, _ = await loop.sock_accept(self.rsock)
+        self.ssock.listen(1)
+        try:
+            conn_s, _ = await loop.sock_accept(self.ssock)
+        finally:
+            self.ssock.close()  # refuse until the next LB's receive-port connection
+            self.ssock = _bound(self.config.host, self.send_port)
+        return conn_r, conn_s
+
+    def stop(self) -> None:
+        """Finish the current run at the next record boundary and return."""
+        self._stopping = True
+        run = self._run
+        if run is not None:
+            run.gone.set()
+            run.wake.set()
+            if run.checkpoint is not None and not run.checkpoint.done():
+                run.checkpoint.set_exception(LbGone("stopping"))
+
+    def close(self) -> None:
+        for sock in (self.rsock, self.ssock):
+            if sock is not None:
+                sock.close()
+        self.store.close()
+        if self.pcap is not None:
+            self.pcap.close()
+
+    # --- runs -------------------------------------------------------------------------------------
+
+    async def serve(self) -> IcStats:
+        """Serve LB after LB until every RPC is delivered and checkpointed (or ``stop``)."""
+        while not self._stopping:
+            conn_r, conn_s = await self._accept_pair()
+            self.stats.runs += 1
+            try:
+                finished = await self._serve_one(conn_r, conn_s)
+            finally:
+                conn_r.close()
+                conn_s.close()
+            if finished and not self.config.keep_open:
+                self.stats.done = True
+                break
+        return self.stats
+
+    async def _serve_one(self, conn_r: socket.socket, conn_s: socket.socket) -> bool:
+        cfg = self.config
+        lb_reader, lb_writer = await asyncio.open_connection(sock=conn_r)
+        rec_reader, writer = await asyncio.open_connection(sock=conn_s)
+        loaded = self.store.load()
+        if loaded.cut:
+            cfg.log(f"log: {loaded.cut}")
+        ck = loaded.checkpoint
+        records = loaded.records
+        if ck is None:
+            run = _Run(0, 0, [])
+        else:
+            last = records[-1] if records else None
+            run = _Run(ck.outputs, last.outputs if last else ck.outputs, [] if records else list(ck.pending))
+        run.writer, run.lb_writer = writer, lb_writer
+        if self.pcap is not None:
+            lb_addr, ic_addr = conn_r.getpeername()[:2], conn_r.getsockname()[:2]
+            run.pcap_in = self.pcap.tcp_session(_v4(lb_addr), _v4(ic_addr))
+            run.pcap_out = self.pcap.tcp_session(_v4(conn_s.getpeername()[:2]), _v4(conn_s.getsockname()[:2]))
+        self._run = run
+        tasks = [
+            asyncio.ensure_future(self._read_lb(run, lb_reader)),
+            asyncio.ensure_future(_watch_eof(run, rec_reader)),
+        ]
+        finished = False
+        try:
+            if ck is None:
+                finished = await self._first_start(run)
+            else:
+                finished = await self._recover(run, ck, records)
+            return finished
+        except (LbGone, ConnectionError) as err:
+            cfg.log(f"the LB went away ({err or 'closed'}); the next LB gets a recovery")
+            return False
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for w in (writer, lb_writer):
+                w.close()
+            for session in (run.pcap_in, run.pcap_out):
+                if session is None:
+                    continue
+                if finished:
+                    session.close(False)  # the IC closes both sockets when all is in
+                else:
+                    session.reset(True)  # the LB went away
+            self._run = None
+
+    async def _first_start(self, run: _Run) -> bool:
+        cfg = self.config
+        self.stats.first_starts += 1
+        committer = cfg.committer if cfg.committer is not None else random.randint(-(1 << 30), (1 << 30) - 1)
+        cfg.log(f"first start: committer id {committer}")
+        blob = await self._ask_checkpoint(run, committer, TAKE_BECOMING_PRIMARY_CHECKPOINT)
+        await self._save(IcCheckpoint(committer, 0, 0, run.outputs, list(run.pending), blob))
+        echo = encode_message(INITIAL_MESSAGE, run.initial or b"")
+        return await self._deliver(run, committer, 0, 0, echo)
+
+    async def _recover(self, run: _Run, ck: IcCheckpoint, records: list[LoggedRecord]) -> bool:
+        cfg = self.config
+        self.stats.recoveries += 1
+        cfg.log(
+            f"recovery: checkpoint at record {ck.seq} ({len(ck.blob)} bytes), {len(records)} records replayed"
+        )
+        await self._send(run, checkpoint_record(ck.committer, ck.blob))
+        for record in records:
+            await self._send(run, record.wire)
+            self.stats.records_replayed += 1
+        seq = records[-1].seq + 1 if records else ck.seq
+        generated = records[-1].generated if records else ck.generated
+        kind = UPGRADE_TAKE_CHECKPOINT if cfg.upgrade else TAKE_BECOMING_PRIMARY_CHECKPOINT
+        blob = await self._ask_checkpoint(run, ck.committer, kind)
+        await self._save(IcCheckpoint(ck.committer, seq, generated, run.outputs, list(run.pending), blob))
+        if cfg.upgrade and cfg.dialect == "current":
+            blob = await self._ask_checkpoint(run, ck.committer, TAKE_CHECKPOINT)
+            await self._save(IcCheckpoint(ck.committer, seq, generated, run.outputs, list(run.pending), blob))
+        return await self._deliver(run, ck.committer, seq, generated, b"")
+
+    async def _deliver(self, run: _Run, committer: int, seq: int, generated: int, prefix: bytes) -> bool:
+        """Records of pending self calls and input RPCs, checkpoints between; True when all are in."""
+        cfg = self.config
+        source = cfg.source
+        since = 0
+        dirty = bool(prefix)
+        start = time.perf_counter()
+        gap_done = False
+        while not self._stopping:
+            take = min(cfg.batch, source.count - generated)
+            if prefix or run.pending or take > 0:
+                parts = [prefix, *run.pending, *source.encoded(generated, generated + take)]
+                self.stats.self_calls_logged += len(run.pending)
+                self.stats.rpcs_logged += take
+                run.pending.clear()
+                prefix = b""
+                generated += take
+                if cfg.gap_at is not None and seq == cfg.gap_at and not gap_done:
+                    seq += 1  # fault: a sequence id never sent
+                    gap_done = True
+                wire = encode_record(committer, seq, b"".join(parts))
+                self.store.append(LoggedRecord(wire, seq, generated, run.outputs))
+                if cfg.crash_at is not None and seq == cfg.crash_at:
+                    cfg.log(f"fault: kill -9 after logging record {seq}")
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if cfg.bad_check_at is not None and seq == cfg.bad_check_at:
+                    wire = wire[:8] + bytes(b ^ 0xFF for b in wire[8:16]) + wire[16:]
+                await self._send(run, wire)
+                self.stats.delivery_seconds = time.perf_counter() - start
+                seq += 1
+                since += 1
+                dirty = True
+                if (cfg.checkpoint_every and since >= cfg.checkpoint_every) or run.lb_asks:
+                    run.lb_asks = False
+                    since = 0
+                    dirty = False
+                    blob = await self._ask_checkpoint(run, committer, TAKE_CHECKPOINT)
+                    await self._save(
+                        IcCheckpoint(committer, seq, generated, run.outputs, list(run.pending), blob)
+                    )
+                continue
+            if dirty or run.lb_asks:  # all in: a checkpoint, after which nothing more can come
+                run.lb_asks = False
+                dirty = False
+                since = 0
+                blob = await self._ask_checkpoint(run, committer, TAKE_CHECKPOINT)
+                await self._save(
+                    IcCheckpoint(committer, seq, generated, run.outputs, list(run.pending), blob)
+                )
+                continue
+            if not self.config.keep_open:
+                return True
+            run.wake.clear()
+            if run.gone.is_set():
+                raise LbGone()
+            await run.wake.wait()
+        return False
+
+    # --- sending and asking -----------------------------------------------------------------------
+
+    async def _send(self, run: _Run, wire: bytes) -> None:
+        if run.gone.is_set():
+            raise LbGone()
+        header = read_header(wire)
+        # Its own records keep the judge's phase right; their flaws are the faults it was told to make.
+        run.session.from_ic(header, wire[24 : header.size])
+        run.writer.write(wire)
+        if run.pcap_out is not None:
+            run.pcap_out.send(False, wire)
+        await run.writer.drain()
+        if header.seq >= 0:
+            self.stats.records_sent += 1
+
+    async def _ask_checkpoint(self, run: _Run, committer: int, kind: int) -> bytes:
+        run.checkpoint = asyncio.get_running_loop().create_future()
+        await self._send(run, control_record(committer, kind))
+        if run.gone.is_set():
+            raise LbGone()
+        try:
+            return await run.checkpoint
+        finally:
+            run.checkpoint = None
+
+    async def _save(self, ck: IcCheckpoint) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.store.save_checkpoint, ck)
+        self.stats.checkpoints += 1
+        self.stats.last_checkpoint = {"seq": ck.seq, "bytes": len(ck.blob), "blob": ck.blob}
+
+    def _violation(self, side: str, reasons: tuple[str, ...]) -> None:
+        for reason in reasons:
+            self.stats.violations.append(f"{side}: {reason}")
+            self.config.log(f"violation ({side}): {reason}")
+
+    # --- the LB's messages ------------------------------------------------------------------------
+
+    async def _read_lb(self, run: _Run, reader: asyncio.StreamReader) -> None:
+        splitter = MessageSplitter()
+        blob: list[bytes] = []
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                if run.pcap_in is not None:
+                    run.pcap_in.send(True, data)
+                for frame in splitter.feed(data):
+                    if type(frame) is MessageFrame:
+                        if self._lb_message(run, frame) and not checkpoint_length(frame.message):
+                            self._checkpoint_in(run, b"")
+                    elif type(frame) is Blob:
+                        blob.append(frame.data)
+                        if not frame.remaining:
+                            self._checkpoint_in(run, b"".join(blob))
+                            blob.clear()
+                    elif type(frame) is Garbage:
+                        self._violation("lb", (f"framing: {frame.reason} (stream offset {frame.offset})",))
+                        return
+            verdict = run.session.close("lb", splitter.blob_left)
+            if verdict is not None:
+                self._violation("lb", verdict.violations)
+        except ConnectionError:
+            pass
+        finally:
+            run.gone.set()
+            run.wake.set()
+            if run.checkpoint is not None and not run.checkpoint.done():
+                run.checkpoint.set_exception(LbGone())
+
+    def _lb_message(self, run: _Run, frame: MessageFrame) -> bool:
+        """Judge and act on one LB message; True for a well-formed Checkpoint."""
+        msg = frame.message
+        verdict = run.session.from_lb(msg)
+        if not verdict.ok:
+            self._violation("lb", verdict.violations)
+        kind = msg.type
+        if kind == RPC:
+            self._outgoing(run, msg.data)
+        elif kind == RPC_BATCH:
+            try:
+                for inner in batch_messages(msg)[2]:
+                    if inner.type == RPC:
+                        self._outgoing(run, inner.data)
+            except MalformedError:
+                pass
+        elif kind == INITIAL_MESSAGE:
+            run.initial = msg.data
+        elif kind == TAKE_CHECKPOINT:
+            run.lb_asks = True
+            run.wake.set()
+        elif kind == CHECKPOINT:
+            try:
+                checkpoint_length(msg)
+            except MalformedError:
+                return False
+            return True
+        return False
+
+    def _outgoing(self, run: _Run, data: bytes) -> None:
+        try:
+            rpc = decode_rpc(data, outgoing=True)
+        except MalformedError:
+            return
+        if rpc.destination:
+            self.stats.remote_calls += 1  # no other immortal here: counted, not delivered
+            return
+        run.outputs += 1
+        if run.outputs <= run.durable:
+            self.stats.self_calls_dropped += 1  # a replay's self call the log already holds
+            return
+        run.pending.append(encode_incoming_rpc(rpc.method_id, rpc.rpc_type, rpc.args, rpc.reserved))
+        run.wake.set()
+
+    def _checkpoint_in(self, run: _Run, blob: bytes) -> None:
+        future = run.checkpoint
+        if future is not None and not future.done():
+            future.set_result(blob)
+        else:
+            self.config.log(f"ignored an unsolicited {type_name(CHECKPOINT)} of {len(blob)} bytes")
+
+    def summary(self) -> dict:
+        s = self.stats
+        last = s.last_checkpoint
+        state = None
+        if last is not None:
+            try:
+                import json
+
+                state = json.loads(last["blob"]) if last["blob"] else None
+            except ValueError:
+                state = None
+        return {
+            "runs": s.runs,
+            "first_starts": s.first_starts,
+            "recoveries": s.recoveries,
+            "records_sent": s.records_sent,
+            "records_replayed": s.records_replayed,
+            "rpcs_logged": s.rpcs_logged,
+            "rpcs_total": self.config.source.count,
+            "self_calls_logged": s.self_calls_logged,
+            "self_calls_dropped": s.self_calls_dropped,
+            "remote_calls": s.remote_calls,
+            "checkpoints": s.checkpoints,
+            "last_checkpoint": None
+            if last is None
+            else {"seq": last["seq"], "bytes": last["bytes"], "state": state},
+            "violations": s.violations,
+            "delivery_seconds": round(s.delivery_seconds, 6),
+            "rpcs_per_second": round(s.rpcs_logged / s.delivery_seconds) if s.delivery_seconds else 0,
+            "done": s.done,
+        }
+
+
+async def _watch_eof(run: _Run, reader: asyncio.StreamReader) -> None:
+    """The LB sends nothing on the send port: any end of it means the LB is gone."""
+    try:
+        while await reader.read(1 << 12):
+            pass
+    except ConnectionError:
+        pass
+    run.gone.set()
+    run.wake.set()
+    if run.checkpoint is not None and not run.checkpoint.done():
+        run.checkpoint.set_exception(LbGone())
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setblocking(False)
+    sock.bind((host, port))
+    return sock
+
+
+def _v4(addr: tuple) -> tuple[str, int]:
+    host, port = addr[0], addr[1]
+    return (host if "." in host else "127.0.0.1", port)

@@ -1,0 +1,108 @@
+"""The mock LB's immortal, a counter service, and the RPCs the mock IC delivers to it (sans-IO).
+
+State changes only through RPCs, as AMBROSIA requires, so a checkpoint plus
+the log's replay rebuilds it exactly. ``add`` (method 1) adds its argument
+(a decimal number; other bytes count their length); a multiple of
+``BONUS_EVERY`` also makes a self call ``bonus`` (method 2) that adds it once
+more when it comes back through the IC's log. The state keeps a sum of each
+applied RPC's xxHash64, so a lost or doubled RPC shows even where the totals
+happen to agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+
+import xxhash
+
+from .codec import FORK, encode_incoming_rpc, encode_outgoing_rpc
+
+ADD, BONUS = 1, 2
+BONUS_EVERY = 5
+_MASK = (1 << 64) - 1
+
+
+def value_of(args: bytes) -> int:
+    try:
+        return int(args)
+    except ValueError:
+        return len(args)
+
+
+class Counter:
+    """The counter immortal: apply RPCs, snapshot and load."""
+
+    __slots__ = ("rpcs", "total", "bonuses", "digest", "initialized")
+
+    def __init__(self) -> None:
+        self.rpcs = 0
+        self.total = 0
+        self.bonuses = 0
+        self.digest = 0
+        self.initialized = False
+
+    def apply(self, method_id: int, args: bytes) -> bytes:
+        """Apply one incoming RPC; the encoded outgoing self call it makes (b"" for none)."""
+        value = value_of(args)
+        self.rpcs += 1
+        self.total += value
+        self.digest = (self.digest + xxhash.xxh64_intdigest(args) + method_id) & _MASK
+        if method_id == BONUS:
+            self.bonuses += 1
+        elif method_id == ADD and value % BONUS_EVERY == 0:
+            return encode_outgoing_rpc("", BONUS, FORK, args)
+        return b""
+
+    def snapshot(self) -> bytes:
+        return json.dumps(self.state(), sort_keys=True).encode()
+
+    def state(self) -> dict:
+        return {
+            "rpcs": self.rpcs,
+            "total": self.total,
+            "bonuses": self.bonuses,
+            "digest": f"{self.digest:016x}",
+            "initialized": self.initialized,
+        }
+
+    @classmethod
+    def load(cls, blob: bytes) -> Counter:
+        """A counter from a checkpoint blob (empty: a fresh one); ValueError if it is not one."""
+        counter = cls()
+        if blob:
+            state = json.loads(blob)
+            counter.rpcs, counter.total = int(state["rpcs"]), int(state["total"])
+            counter.bonuses, counter.digest = int(state["bonuses"]), int(state["digest"], 16)
+            counter.initialized = bool(state.get("initialized"))
+        return counter
+
+
+class RpcSource:
+    """The mock IC's input RPCs: generated ``add`` calls, or one per line of input (its bytes the args)."""
+
+    def __init__(self, count: int = 0, lines: Sequence[bytes] | None = None, method_id: int = ADD) -> None:
+        self.lines = lines
+        self.count = len(lines) if lines is not None else count
+        self.method_id = method_id
+
+    def args(self, index: int) -> bytes:
+        if self.lines is not None:
+            return self.lines[index]
+        return b"%d" % ((index * 7919) % 1000 + 1)
+
+    def encoded(self, first: int, last: int) -> Iterator[bytes]:
+        """RPCs ``first`` to ``last`` as the IC puts them in a record (Fork, reserved byte 0)."""
+        method = self.method_id
+        for i in range(first, last):
+            yield encode_incoming_rpc(method, FORK, self.args(i))
+
+    def expected(self) -> dict:
+        """The counter's state after exactly-once delivery of every RPC (and every bonus self call)."""
+        counter = Counter()
+        counter.initialized = True
+        for i in range(self.count):
+            args = self.args(i)
+            if counter.apply(self.method_id, args):
+                counter.apply(BONUS, args)
+        return counter.state()

@@ -1,0 +1,248 @@
+"""The mock language binding: a counter immortal for people who build an IC.
+
+It connects to the IC's receive port, then its send port (the order the IC
+requires), and follows the IC's records: on a first start it sends its
+InitialMessage and first checkpoint; on a recovery it loads the checkpoint
+record's bytes and replays the records after it; it answers every checkpoint
+request with its state, applies each RPC to the counter (``immortal.Counter``)
+and sends the self calls that makes. Every record is judged by the shared
+rules (check bytes included, which real bindings skip); a violation is
+reported and the record still applied, as a binding that trusts its IC would.
+It ends when the IC closes the send port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .codec import (
+    CHECKPOINT,
+    CHECKPOINT_SEQ,
+    CONTROL_SEQ,
+    COUNT_REPLAYABLE_RPC_BATCH,
+    INITIAL_MESSAGE,
+    RPC,
+    RPC_BATCH,
+    TAKE_BECOMING_PRIMARY_CHECKPOINT,
+    TAKE_CHECKPOINT,
+    UPGRADE_SERVICE,
+    UPGRADE_TAKE_CHECKPOINT,
+    Blob,
+    Garbage,
+    Incomplete,
+    MalformedError,
+    Message,
+    RecordFrame,
+    RecordSplitter,
+    batch_messages,
+    encode_message,
+    read_zz,
+    type_name,
+    zz64,
+)
+from .core import Session
+from .immortal import Counter
+
+_ASKS = (TAKE_CHECKPOINT, TAKE_BECOMING_PRIMARY_CHECKPOINT, UPGRADE_TAKE_CHECKPOINT)
+
+
+@dataclass
+class LbConfig:
+    host: str = "127.0.0.1"
+    receive_port: int = 0  # the IC's: where this LB sends
+    send_port: int = 0  # the IC's: where this LB reads records
+    connect_timeout: float = 30.0
+    initial_message: bytes = b"wallaroo-proto mock-lb"
+    ask_checkpoint_every: int = 0
+    log: Callable[[str], None] = lambda line: None
+
+
+@dataclass
+class LbStats:
+    records: int = 0
+    replayed: int = 0
+    rpcs: int = 0
+    self_calls: int = 0
+    checkpoints_sent: int = 0
+    checkpoints_loaded: int = 0
+    requests: dict[str, int] = field(default_factory=dict)
+    violations: list[str] = field(default_factory=list)
+    start: str = ""
+    upgraded: bool = False
+    seconds: float = 0.0
+
+
+class MockLB:
+    def __init__(self, config: LbConfig) -> None:
+        self.config = config
+        self.counter = Counter()
+        self.session = Session()
+        self.stats = LbStats()
+        self.writer: asyncio.StreamWriter | None = None
+        self._blob: list[bytes] = []
+        self._since_ask = 0
+
+    async def _connect(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        deadline = time.monotonic() + self.config.connect_timeout
+        delay = 0.02
+        while True:
+            try:
+                return await asyncio.open_connection(self.config.host, port)
+            except OSError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    async def run(self) -> LbStats:
+        """Connect (receive port first), follow the IC's records until it closes the send port."""
+        _, self.writer = await self._connect(self.config.receive_port)
+        reader, send_writer = await self._connect(self.config.send_port)
+        splitter = RecordSplitter()
+        start = time.perf_counter()
+        try:
+            while True:
+                data = await reader.read(1 << 18)
+                if not data:
+                    break
+                for frame in splitter.feed(data):
+                    if type(frame) is RecordFrame:
+                        self._record(frame)
+                    elif type(frame) is Blob:
+                        self._blob.append(frame.data)
+                        if not frame.remaining:
+                            self._load(b"".join(self._blob))
+                    elif type(frame) is Garbage:
+                        self._violations((f"framing: {frame.reason} (stream offset {frame.offset})",))
+                        return self.stats
+                await self.writer.drain()
+            verdict = self.session.close("ic", splitter.blob_left)
+            if verdict is not None:
+                self._violations(verdict.violations)
+        finally:
+            self.stats.seconds = time.perf_counter() - start
+            self.writer.close()
+            send_writer.close()
+        return self.stats
+
+    def _violations(self, reasons: tuple[str, ...]) -> None:
+        for reason in reasons:
+            self.stats.violations.append(reason)
+            self.config.log(f"violation: {reason}")
+
+    def _record(self, frame: RecordFrame) -> None:
+        header = frame.header
+        verdict = self.session.from_ic(header, frame.body)
+        if not verdict.ok:
+            self._violations(
+                tuple(f"record {header.seq} at stream offset {frame.offset}: {v}" for v in verdict.violations)
+            )
+        seq = header.seq
+        if seq == CONTROL_SEQ:
+            if len(verdict.messages) == 1:
+                self._control(verdict.messages[0].type)
+            return
+        if seq == CHECKPOINT_SEQ:
+            self.stats.start = self.stats.start or "recovery"
+            self._blob.clear()
+            if len(verdict.messages) == 1 and _blob_len(verdict.messages[0].data) == 0:
+                self._load(b"")
+            return
+        stats = self.stats
+        stats.records += 1
+        if verdict.kind == "replayed":
+            stats.replayed += 1
+        out: list[bytes] = []
+        for msg in verdict.messages:
+            kind = msg.type
+            if kind == RPC:
+                self._apply(msg.data, out)
+            elif kind in (RPC_BATCH, COUNT_REPLAYABLE_RPC_BATCH):
+                try:
+                    for inner in batch_messages(msg)[2]:
+                        if inner.type == RPC:
+                            self._apply(inner.data, out)
+                except MalformedError:
+                    pass
+            elif kind == INITIAL_MESSAGE:
+                self.counter.initialized = True
+        if out:
+            self.writer.write(b"".join(out))
+        every = self.config.ask_checkpoint_every
+        if every:
+            self._since_ask += 1
+            if self._since_ask >= every:
+                self._since_ask = 0
+                self._send(Message(TAKE_CHECKPOINT, b""))
+
+    def _apply(self, data: bytes, out: list[bytes]) -> None:
+        """An incoming RPC's data: reserved byte, method id, RPC type, args."""
+        try:
+            if data[1] < 0x80:  # a one-byte method id: the common case, read inline
+                method, pos = (data[1] >> 1) ^ -(data[1] & 1), 2
+            else:
+                method, pos = read_zz(data, 1, len(data))
+            args = data[pos + 1 :]
+        except (IndexError, MalformedError, Incomplete):
+            return  # judged a violation already
+        self.stats.rpcs += 1
+        call = self.counter.apply(method, args)
+        if call:
+            self.stats.self_calls += 1
+            out.append(call)
+
+    def _control(self, kind: int) -> None:
+        name = type_name(kind)
+        self.stats.requests[name] = self.stats.requests.get(name, 0) + 1
+        if kind == TAKE_BECOMING_PRIMARY_CHECKPOINT and not self.stats.start:
+            self.stats.start = "first start"
+            self._send(Message(INITIAL_MESSAGE, self.config.initial_message))
+        if kind in (UPGRADE_SERVICE, UPGRADE_TAKE_CHECKPOINT):
+            self.stats.upgraded = True  # the counter's code and state are the same in both versions
+        if kind in _ASKS:
+            blob = self.counter.snapshot()
+            self._send(Message(CHECKPOINT, zz64(len(blob))), blob)
+            self.stats.checkpoints_sent += 1
+
+    def _send(self, message: Message, blob: bytes = b"") -> None:
+        """A message of the LB's own protocol steps, judged like the IC would judge it, then sent."""
+        verdict = self.session.from_lb(message)
+        if not verdict.ok:
+            self._violations(verdict.violations)
+        self.writer.write(encode_message(message.type, message.data) + blob)
+
+    def _load(self, blob: bytes) -> None:
+        try:
+            self.counter = Counter.load(blob)
+        except (ValueError, KeyError) as err:
+            self._violations((f"checkpoint bytes are not a counter's state: {err}",))
+            self.counter = Counter()
+        self.stats.checkpoints_loaded += 1
+        self._blob.clear()
+
+    def summary(self) -> dict:
+        s = self.stats
+        return {
+            "start": s.start or "none",
+            "records": s.records,
+            "replayed": s.replayed,
+            "rpcs": s.rpcs,
+            "self_calls": s.self_calls,
+            "checkpoints_sent": s.checkpoints_sent,
+            "checkpoints_loaded": s.checkpoints_loaded,
+            "requests": s.requests,
+            "upgraded": s.upgraded,
+            "violations": s.violations,
+            "state": self.counter.state(),
+            "seconds": round(s.seconds, 6),
+        }
+
+
+def _blob_len(data: bytes) -> int:
+    try:
+        return read_zz(data, 0, len(data), 64)[0]
+    except (Incomplete, MalformedError):
+        return -1

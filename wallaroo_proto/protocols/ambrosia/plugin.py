@@ -1,0 +1,128 @@
+"""The AMBROSIA plug-in: an LB's two sockets paired, records and messages judged, pair reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from wallaroo_proto.protocols import ProtocolPlugin
+
+from .codec import TYPE_NAMES as MESSAGE_TYPES
+from .codec import RecordSplitter, read_header
+from .core import Session
+from .dissect import PORTS, AmbrosiaTracker, looks_like_ambrosia
+
+RECORD_FIELDS = (
+    "ambrosia_socket",
+    "lb",
+    "phase",
+    "seq_id",
+    "committer_id",
+    "check_bytes",
+    "record_size",
+    "message_count",
+    "message_types",
+    "rpc_count",
+    "destination",
+    "method_id",
+    "rpc_type",
+    "checkpoint_length",
+)
+TYPE_NAMES = (
+    *MESSAGE_TYPES.values(),
+    "Record",
+    "CheckpointRecord",
+    "ControlRecord",
+    "CheckpointBytes",
+    "UNEXPECTED",
+    "INVALID",
+    "EOF",
+)
+TITLES = {
+    "pairs": "AMBROSIA language bindings (IC <-> LB pairs)",
+    "violations": "AMBROSIA protocol violations",
+}
+
+
+def describe(r: dict) -> str:
+    """The record's own fields, as ``dissect``'s table shows them."""
+    keys = (
+        ("seq", "seq_id"),
+        ("committer", "committer_id"),
+        ("size", "record_size"),
+        ("msgs", "message_count"),
+        ("rpcs", "rpc_count"),
+        ("to", "destination"),
+        ("method", "method_id"),
+        ("rpc", "rpc_type"),
+        ("checkpoint", "checkpoint_length"),
+        ("phase", "phase"),
+    )
+    parts = [
+        f"{label}={r[k]!r}" if k == "destination" else f"{label}={r[k]}"
+        for label, k in keys
+        if r.get(k) is not None
+    ]
+    return " ".join(parts)
+
+
+def print_summary(console: Console, s: dict) -> None:
+    """One socket of an LB: what its pair's session saw."""
+    console.rule(
+        Text(f"connection #{s['conn_index']}  {s['connection']}  (ambrosia {s['socket']} port)", style="bold")
+    )
+    info = Table(show_header=False, box=None, pad_edge=False)
+    info.add_column(style="bold")
+    info.add_column()
+    info.add_row(
+        "packets", f"{s['first_packet']}..{s['last_packet']} over {s['duration']:.6f} s, {s['closed']}"
+    )
+    info.add_row(
+        "pair", f"{s['lb'] or 'unknown'}" + ("" if s["paired"] else " (its other socket is not here)")
+    )
+    info.add_row("start", f"{s['start']}, committer id {s['committer_id']}, phase {s['phase']}")
+    info.add_row("frames", ", ".join(f"{k} {v}" for k, v in s["frames_by_type"].items()) or "none")
+    info.add_row("records", f"{s['records']} ({s['replayed']} replayed), last sequence id {s['last_seq']}")
+    info.add_row("RPCs", f"{s['rpcs_in']} to the LB, {s['rpcs_out']} from it")
+    requests = ", ".join(f"{k} {v}" for k, v in s["requests"].items()) or "none"
+    info.add_row("checkpoints", f"{s['checkpoints_from_lb']} from the LB; IC asked: {requests}")
+    info.add_row("expecting", s["expecting"])
+    info.add_row("violations", Text(str(s["violations"]), style="bold red" if s["violations"] else "green"))
+    console.print(info)
+    for v in s["violation_list"][:50]:
+        console.print(Text(f"  packet {v['packet']} {v['type']}: {v['reason']}", style="red"))
+    for note in s["capture_notes"]:
+        console.print(Text(f"  note: {note}", style="yellow"))
+
+
+def decode(frame: bytes) -> Any:
+    """A record's bytes to (header, body)."""
+    header = read_header(frame)
+    return header, frame[24 : header.size]
+
+
+def _spark_reports() -> Mapping[str, Any]:
+    from . import spark
+
+    return {"pairs": spark.pairs, "violations": spark.violations}
+
+
+PLUGIN = ProtocolPlugin(
+    name="ambrosia",
+    default_ports=PORTS,
+    detect=looks_like_ambrosia,
+    framer=RecordSplitter,
+    decode=decode,
+    judge=Session,
+    tracker=AmbrosiaTracker,
+    record_fields=RECORD_FIELDS,
+    type_names=TYPE_NAMES,
+    print_summary=print_summary,
+    describe=describe,
+    spark_reports=_spark_reports,
+    report_titles=TITLES,
+)

@@ -1,0 +1,183 @@
+"""The mock IC's durable log and checkpoints: files with fsync, or memory without ``--log-dir``.
+
+As the IC keeps them: a checkpoint, and the log records written after it in a
+log file of their own (``log-<first seq>.bin``), started when the checkpoint
+is asked for. A record is on disk (fsync) before it goes to the LB. On disk a
+record's size field is ``-(size)-1``, as the IC marks xxHash64 check bytes,
+and each record is followed by the IC's watermarks: how many of its input
+RPCs and of the LB's outgoing RPCs the log holds up to it. ``checkpoint.bin``
+(replaced atomically) holds the IC's own state as one JSON line, then the
+LB's checkpoint bytes. Loading verifies every record's check bytes and cuts a
+torn or damaged tail, as a crash mid-write leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wallaroo_proto.durable import fsync_dir, write_atomic
+
+from .codec import HEADER_SIZE, check_bytes, read_header
+
+_WATERMARK = struct.Struct("<qq")
+_SIZE = struct.Struct("<i")
+
+
+@dataclass
+class IcCheckpoint:
+    """The IC's state at a checkpoint and the LB's bytes."""
+
+    committer: int
+    seq: int  # the first record after it
+    generated: int  # input RPCs logged before it
+    outputs: int  # LB outgoing RPCs received before it
+    pending: list[bytes]  # LB self calls received, not yet logged
+    blob: bytes
+
+    def encode(self) -> bytes:
+        meta = {
+            "committer": self.committer,
+            "seq": self.seq,
+            "generated": self.generated,
+            "outputs": self.outputs,
+            "pending": [p.hex() for p in self.pending],
+        }
+        return json.dumps(meta).encode() + b"\n" + self.blob
+
+    @classmethod
+    def decode(cls, data: bytes) -> IcCheckpoint:
+        line, _, blob = data.partition(b"\n")
+        meta = json.loads(line)
+        pending = [bytes.fromhex(p) for p in meta["pending"]]
+        return cls(meta["committer"], meta["seq"], meta["generated"], meta["outputs"], pending, blob)
+
+
+@dataclass
+class LoggedRecord:
+    wire: bytes  # as sent to the LB
+    seq: int
+    generated: int
+    outputs: int
+
+
+@dataclass
+class Loaded:
+    checkpoint: IcCheckpoint | None
+    records: list[LoggedRecord] = field(default_factory=list)
+    #: What loading cut off (a torn tail), for the log.
+    cut: str | None = None
+
+
+class MemoryStore:
+    """The same store, in memory: survives an LB's restart, not the IC's."""
+
+    def __init__(self) -> None:
+        self._checkpoint: IcCheckpoint | None = None
+        self._records: list[LoggedRecord] = []
+
+    def load(self) -> Loaded:
+        return Loaded(self._checkpoint, list(self._records))
+
+    def append(self, record: LoggedRecord) -> None:
+        self._records.append(record)
+
+    def save_checkpoint(self, checkpoint: IcCheckpoint) -> None:
+        self._checkpoint = checkpoint
+        self._records = [r for r in self._records if r.seq >= checkpoint.seq]
+
+    def close(self) -> None:
+        pass
+
+
+class DirStore:
+    """``--log-dir``: checkpoint.bin and log-<seq>.bin files, every write fsync'd."""
+
+    def __init__(self, path: str | os.PathLike, *, fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self._log = None
+        self._log_seq: int | None = None
+
+    def _log_path(self, seq: int) -> Path:
+        return self.path / f"log-{seq}.bin"
+
+    def load(self) -> Loaded:
+        """The checkpoint and the verified records after it; a damaged tail is cut off the file."""
+        self.close()
+        ckpt_path = self.path / "checkpoint.bin"
+        if not ckpt_path.exists():
+            return Loaded(None)
+        checkpoint = IcCheckpoint.decode(ckpt_path.read_bytes())
+        log_path = self._log_path(checkpoint.seq)
+        records: list[LoggedRecord] = []
+        cut = None
+        if log_path.exists():
+            data = log_path.read_bytes()
+            pos = 0
+            while pos < len(data):
+                record, reason = _read_logged(data, pos)
+                if record is None:
+                    cut = f"{log_path.name}: {reason} at byte {pos}; {len(data) - pos} bytes cut"
+                    with open(log_path, "r+b") as f:
+                        f.truncate(pos)
+                        os.fsync(f.fileno())
+                    break
+                records.append(record)
+                pos += len(record.wire) + _WATERMARK.size
+        self._log_seq = checkpoint.seq
+        return Loaded(checkpoint, records, cut)
+
+    def append(self, record: LoggedRecord) -> None:
+        if self._log is None:
+            seq = self._log_seq if self._log_seq is not None else record.seq
+            self._log = open(self._log_path(seq), "ab")  # noqa: SIM115 - closed by close()
+            self._log_seq = seq
+            if self.fsync:
+                fsync_dir(self.path)
+        wire = record.wire
+        size = read_header(wire).size
+        disk = wire[:4] + _SIZE.pack(-size - 1) + wire[8:]
+        self._log.write(disk + _WATERMARK.pack(record.generated, record.outputs))
+        self._log.flush()
+        if self.fsync:
+            os.fsync(self._log.fileno())
+
+    def save_checkpoint(self, checkpoint: IcCheckpoint) -> None:
+        """The checkpoint, atomically; records from its ``seq`` on go to a new log file, older files go."""
+        write_atomic(self.path / "checkpoint.bin", checkpoint.encode())
+        self.close()
+        self._log_seq = checkpoint.seq
+        for old in self.path.glob("log-*.bin"):
+            try:
+                if int(old.stem[4:]) < checkpoint.seq:
+                    old.unlink()
+            except ValueError:
+                continue
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+
+def _read_logged(data: bytes, pos: int) -> tuple[LoggedRecord | None, str]:
+    if len(data) - pos < HEADER_SIZE:
+        return None, "a torn record header"
+    header = read_header(data, pos)
+    size = -header.size - 1
+    if size < HEADER_SIZE:
+        return None, f"size field {header.size} (not an xxHash64 record)"
+    end = pos + size
+    if end + _WATERMARK.size > len(data):
+        return None, "a torn record"
+    body = data[pos + HEADER_SIZE : end]
+    if check_bytes(body, header.seq) != header.check:
+        return None, f"record {header.seq}: wrong check bytes"
+    wire = data[pos : pos + 4] + _SIZE.pack(size) + data[pos + 8 : end]
+    generated, outputs = _WATERMARK.unpack_from(data, end)
+    return LoggedRecord(wire, header.seq, generated, outputs), ""
