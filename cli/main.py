@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "wireshark-dissector": ("wireshark", "Write a Wireshark Lua plugin for the protocol."),
     "spark-replay": ("spark_replay", "Feed captures into a PySpark batch job."),
     "kinesis": ("kinesis", "Kinesis MultiLangDaemon: a mock daemon and a mock record processor."),
+    "tremor": ("tremor", "Tremor network protocol (WebSocket): a mock node and a mock client."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }
 
