@@ -166,6 +166,8 @@ def _print_client(result: dict, fmt: str) -> None:
         out.print(table)
     if result["error_close"]:
         out.print(f"the node closed the session: {result['error_close']}")
+    for note in result["notes"]:
+        out.print(f"note: {note}")
     for failure in result["failures"]:
         out.print(f"[bold red]FAILED[/] {failure}")
 

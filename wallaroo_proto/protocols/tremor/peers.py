@@ -394,9 +394,9 @@ class MockClient:
                 if step is not None:
                     step.replies.append(text)
                 if not verdict.ok:
-                    self.problems.append(f"server: {verdict.reason}")
                     if step is not None:
                         step.problems.append(verdict.reason)
+                    raise ClientError(f"the node broke the protocol: {verdict.reason}")
             if until() or self.ws_closed:
                 return
             if not self._read(deadline):
@@ -445,6 +445,7 @@ class ExchangeResult:
     delivered: int = 0
     seconds: float = 0.0
     error_close: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         rate = self.sent / self.seconds if self.seconds else 0.0
@@ -459,6 +460,7 @@ class ExchangeResult:
             "messages_per_second": round(rate, 1),
             "error_close": self.error_close,
             "failures": self.failures,
+            "notes": self.notes,
             "steps": [s.__dict__ for s in self.steps],
         }
 
@@ -468,10 +470,26 @@ def generated_exchange(
 ) -> ExchangeResult:
     """Echo ``messages`` values (``window`` in flight), publish ``publish`` events to ourselves, close."""
     result = ExchangeResult()
-    rng = random.Random(seed)
-    url = "/pipeline/mock/out"
     t0 = time.perf_counter()
     client.connect()
+    try:
+        _generated(client, result, messages, window, payload, publish, seed)
+    except ClientError as err:
+        result.failures.append(str(err))
+    return _finish(client, result, t0)
+
+
+def _generated(
+    client: MockClient,
+    result: ExchangeResult,
+    messages: int,
+    window: int,
+    payload: int,
+    publish: int,
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    url = "/pipeline/mock/out"
     for value in (
         {CONTROL: {"connect": {"protocol": "echo", "alias": "echo"}}},
         {
@@ -524,9 +542,8 @@ def generated_exchange(
         {CONTROL: "close"},
     ):
         step = client.send(value)
-        client.settle(step)
         result.steps.append(step)
-    return _finish(client, result, t0)
+        client.settle(step)
 
 
 def scripted_exchange(client: MockClient, script: Iterable[tuple[int, str]]) -> ExchangeResult:
@@ -535,14 +552,21 @@ def scripted_exchange(client: MockClient, script: Iterable[tuple[int, str]]) -> 
     t0 = time.perf_counter()
     client.connect()
     for number, line in script:
-        if client.ws_closed:
-            result.failures.append(f"line {number}: not sent, the server closed the session")
+        if client.ws_closed or client.session.state == "closed":
+            why = f"line {number} and on not sent: the node closed the session"
+            if client.session.failed is not None and client.session.error_close is not None:
+                result.notes.append(f"{why} (as it must after the script's violation)")
+            else:
+                result.failures.append(why)
             break
         step = client.send(line)
         step.sent = f"{number}: {step.sent}"
-        with contextlib.suppress(ClientError):
-            client.settle(step)
         result.steps.append(step)
+        try:
+            client.settle(step)
+        except ClientError as err:
+            result.failures.append(f"line {number}: {err}")
+            break
     return _finish(client, result, t0)
 
 
