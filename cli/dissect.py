@@ -40,7 +40,14 @@ STYLES = {
     "WORKERS_LEFT": "magenta",
     "INVALID": "bold red reverse",
 }
-_ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
+_ARROWS = {
+    "connector": "C→W",
+    "worker": "W→C",
+    "daemon": "D→P",
+    "processor": "P→D",
+    "client": "C→N",
+    "server": "N→C",
+}
 _TYPE_CHOICES = sorted({name for plugin in plugins() for name in plugin.type_names})
 
 

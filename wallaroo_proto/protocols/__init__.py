@@ -20,6 +20,7 @@ from typing import Any
 _PLUGIN_MODULES = (
     "wallaroo_proto.protocols.wallaroo.plugin",
     "wallaroo_proto.protocols.kinesis.plugin",
+    "wallaroo_proto.protocols.tremor.plugin",
 )
 
 

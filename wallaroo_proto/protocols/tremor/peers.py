@@ -111,8 +111,8 @@ class MockNode:
         conn = _NodeConnection(self, self._next, reader, writer)
         try:
             await conn.run()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass  # a peer gone, or the node stopping: either way this connection is over
         finally:
             conn.node.gone()
             self._tasks.discard(task)
@@ -289,6 +289,7 @@ class MockClient:
         self.pcap: TcpSession | None = None
         self._recorder = record
         self.inbox: list[str] = []
+        self._parts: list[str] = []  # a text message arriving in pieces
         self.problems: list[str] = []
         self.sent = 0
         self.received = 0
@@ -329,7 +330,7 @@ class MockClient:
         return bool(data)
 
     def _events(self) -> None:
-        parts: list[str] = []
+        parts = self._parts
         for event in self.ws.events():
             if isinstance(event, AcceptConnection):
                 self.accepted = True
@@ -339,7 +340,7 @@ class MockClient:
                 parts.append(event.data)
                 if event.message_finished:
                     self.inbox.append("".join(parts))
-                    parts = []
+                    parts.clear()
             elif isinstance(event, BytesMessage):
                 self.problems.append("server sent a binary frame (RFC 0019: text frames only)")
             elif isinstance(event, CloseConnection):
@@ -349,7 +350,6 @@ class MockClient:
                     self._write(self.ws.send(event.response()))
             elif isinstance(event, Ping):
                 self._write(self.ws.send(event.response()))
-        self._pending_parts = parts
 
     # session --------------------------------------------------------------------------
 
