@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from wallaroo_proto.protocols.tremor.core import Session
 from wallaroo_proto.protocols.tremor.node import Broker, NodeSession
@@ -143,3 +147,51 @@ def test_node_closes_a_broken_session_with_the_prototypes_text():
     assert out.close and out.violation
     out = _node(Broker(), 2).receive('{"tremor":"close"}')
     assert out.replies == ['{"tremor":{"close-ack":"ok"}}'] and out.close
+
+
+_ALIASES = st.sampled_from(["echo", "e2", "ps", "nope", "tremor"])
+_URLS = st.sampled_from(["/pipeline/a/out", "/onramp/m/in", "tremor://h/pipeline/a/out", "bad"])
+_CLIENT_VALUES = st.one_of(
+    st.builds(
+        lambda p, a: {"tremor": {"connect": {"protocol": p, "alias": a}}},
+        st.sampled_from(["echo", "pubsub", "api", "kafka"]),
+        _ALIASES,
+    ),
+    st.builds(lambda a: {"tremor": {"disconnect": a}}, _ALIASES),
+    st.builds(lambda a: {"tremor": {"disconnect": {"alias": a}}}, _ALIASES),
+    st.just({"tremor": "version"}),
+    st.just({"tremor": "close"}),
+    st.builds(lambda a, v: {a: v}, _ALIASES, st.integers() | st.text(max_size=5)),
+    st.builds(
+        lambda a, op, urls: {a: {op: urls}},
+        _ALIASES,
+        st.sampled_from(["subscribe", "unsubscribe", "publish", "unpublish"]),
+        st.lists(_URLS, max_size=3),
+    ),
+    st.builds(lambda a, to: {a: {"send": {"to": to, "data": 1}}}, _ALIASES, _URLS),
+    st.builds(lambda a, w: {a: w}, _ALIASES, st.sampled_from(["list", "version"])),
+    st.just({"a": 1, "b": 2}),
+    st.just([1]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_CLIENT_VALUES, max_size=25))
+def test_whatever_a_client_sends_the_node_answers_what_a_client_judge_accepts(values):
+    """The node's replies and pushes pass a separate client-side judge; a refusal ends the session."""
+    broker = Broker()
+    node = NodeSession(broker, 1)
+    judge = Session()
+    for text in node.opened():
+        assert judge.server(text).ok
+    for value in values:
+        judge.client(value)
+        out = node.receive(json.dumps(value))
+        replies = out.replies + [t for target, t in out.deliveries if target is node]
+        for text in replies:
+            verdict = judge.server(text)
+            assert verdict.ok, (value, text, verdict.reason)
+        if out.close:
+            assert judge.state == "closed"
+            break
+    assert judge.owed() == 0  # every message had its answers, in order

@@ -394,7 +394,9 @@ class Session:
         return f"unknown pubsub reply {op!r}"
 
     def _end(self, how: str) -> None:
+        """The session is over: nothing is owed any more (a node may refuse what this judge would take)."""
         self.state = "closed"
+        self.control.clear()
         for s in self.streams.values():
             self.history.append((s.alias, s.protocol, how))
         self.streams.clear()
