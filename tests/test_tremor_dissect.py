@@ -152,3 +152,37 @@ def test_dissect_cli_summary_and_jsonl():
     assert rows[0]["type"] == "UPGRADE_REQUEST" and rows[0]["http_target"] == "/"
     result = run_cli("dissect", str(SESSION), "--summary")
     assert "streams" in result.stdout and "0.207" in result.stdout
+
+
+@pytest.mark.slow
+def test_spark_replay_builds_the_tremor_tables():
+    pytest.importorskip("pyspark")
+    result = run_cli("spark-replay", "--jsonl", str(SESSION), str(FRAMING), timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    tables = {}
+    for row in rows:
+        tables.setdefault(row["table"], []).append(row)
+    sessions = {(r["capture"], r["conn_index"]): r for r in tables["tremor_sessions"]}
+    for path in (SESSION, FRAMING):
+        records, d = dissect(path)
+        for s in d.summaries():
+            row = sessions[(str(path), s["conn_index"])]
+            assert (row["client_messages"], row["server_messages"]) == (
+                s["client_messages"],
+                s["server_messages"],
+            )
+            assert row["violations"] == s["violations"] and row["http_status"] == s["http_status"]
+        messages = [r for r in tables["tremor_messages"] if r["capture"] == str(path)]
+        assert len(messages) == sum(1 for r in records if r.get("message_json"))
+    assert sessions[(str(SESSION), 2)]["error_close"] == (
+        '{"tremor":{"close":"0.207: Protocol session not connected error"}}'
+    )
+    streams = {
+        (r["conn_index"], r["alias"]): r for r in tables["tremor_streams"] if r["capture"] == str(SESSION)
+    }
+    assert streams[(1, "echo")]["protocol"] == "echo" and streams[(1, "echo")]["client_messages"] == 12
+    assert streams[(1, "ps")]["disconnected"] == 1
+    reasons = [r["reason"] for r in tables["tremor_violations"]]
+    assert any("RFC 0019" in r for r in reasons) and "no stream 'badger' is connected" in reasons
+    assert "connections" not in tables  # no Wallaroo rows
