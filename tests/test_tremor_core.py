@@ -195,3 +195,17 @@ def test_whatever_a_client_sends_the_node_answers_what_a_client_judge_accepts(va
             assert judge.state == "closed"
             break
     assert judge.owed() == 0  # every message had its answers, in order
+
+
+def test_pipelined_pubsub_requests_and_an_event_crossing_an_unsubscribe():
+    s = Session()
+    s.client('{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}')
+    assert s.client('{"p":{"subscribe":["/pipeline/a/out"]}}').ok
+    assert s.client('{"p":{"unsubscribe":["/pipeline/a/out"]}}').ok  # before the subscribe-ack came
+    assert s.server('{"tremor":{"connect-ack":{"protocol":"pubsub","alias":"p"}}}').ok
+    assert s.server('{"p":{"subscribe-ack":["/pipeline/a/out"]}}').ok
+    assert s.server('{"p":{"data":1,"meta":{}}}').ok  # sent before the node saw the unsubscribe
+    assert s.server('{"p":{"unsubscribe-ack":["/pipeline/a/out"]}}').ok
+    fresh = Session()
+    fresh.client('{"tremor":{"connect":{"protocol":"pubsub","alias":"q"}}}')
+    assert fresh.server('{"q":{"data":1}}').reason == "pubsub data on a stream that never subscribed"

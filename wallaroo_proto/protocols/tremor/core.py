@@ -89,7 +89,18 @@ def full_url(url: str) -> str:
 class Stream:
     """One alias's stream: its sub-protocol, state and, for pub/sub, its endpoints."""
 
-    __slots__ = ("alias", "protocol", "state", "strict", "subs", "pubs", "pending", "sent", "received")
+    __slots__ = (
+        "alias",
+        "protocol",
+        "state",
+        "strict",
+        "subs",
+        "pubs",
+        "subscribed",
+        "pending",
+        "sent",
+        "received",
+    )
 
     def __init__(self, alias: str, protocol: str, strict: bool) -> None:
         self.alias = alias
@@ -98,6 +109,7 @@ class Stream:
         self.strict = strict
         self.subs: list[str] = []
         self.pubs: list[str] = []
+        self.subscribed = False  # ever: events may still arrive after an unsubscribe
         #: Answers the server owes on this stream, in order: (type, value or None for any).
         self.pending: deque[tuple[str, Any]] = deque()
         self.sent = 0
@@ -178,6 +190,7 @@ class Session:
                     urls = m.properties.get(key, [])
                     ok = self._pubsub_urls(stream, op, urls)
                     (stream.subs if op == "subscribe" else stream.pubs).extend(ok)
+                stream.subscribed = bool(stream.subs)
             self.streams[m.alias] = stream
             self.connects += 1
             answer = {CONTROL: {"connect-ack": {"protocol": m.protocol, "alias": m.alias}}}
@@ -265,6 +278,16 @@ class Session:
         op, arg = next(iter(value.items()))
         if op in PUBSUB_LISTS:
             ok = self._pubsub_urls(stream, op, arg)
+            # The node acts on requests in order, so the change holds for the next request already,
+            # whether or not its ack has come back (a client may pipeline them).
+            target = stream.subs if op in ("subscribe", "unsubscribe") else stream.pubs
+            for url in ok:
+                known = full_url(url) in map(full_url, target)
+                if op in ("subscribe", "publish") and not known:
+                    target.append(url)
+                    stream.subscribed |= op == "subscribe"
+                elif op in ("unsubscribe", "unpublish"):
+                    target[:] = [u for u in target if full_url(u) != full_url(url)]
             answer = {alias: {f"{op}-ack": ok}}
             stream.pending.append((f"{op}-ack", answer))
             return (answer,)
@@ -375,22 +398,13 @@ class Session:
 
     def _pubsub_reply(self, stream: Stream, value: Any) -> str | None:
         if _is_data(value):
-            return None if stream.subs else "pubsub data on a stream with no subscription"
+            # Not ``stream.subs``: an event may cross an unsubscribe on the wire.
+            return None if stream.subscribed else "pubsub data on a stream that never subscribed"
         if not isinstance(value, dict) or len(value) != 1:
             return f"pubsub reply {_short(value)} is not a record with one field"
-        op, arg = next(iter(value.items()))
+        op = next(iter(value))
         if op in ("list", "version") or op.endswith("-ack") and op[:-4] in PUBSUB_LISTS:
-            reason = self._owed(stream.pending, op, {stream.alias: value}, f"pubsub {op}")
-            if reason is None and op.endswith("-ack"):
-                base = op[:-4]
-                target = stream.subs if base in ("subscribe", "unsubscribe") else stream.pubs
-                for url in arg:
-                    if base in ("subscribe", "publish"):
-                        if full_url(url) not in map(full_url, target):
-                            target.append(url)
-                    else:
-                        target[:] = [u for u in target if full_url(u) != full_url(url)]
-            return reason
+            return self._owed(stream.pending, op, {stream.alias: value}, f"pubsub {op}")
         return f"unknown pubsub reply {op!r}"
 
     def _end(self, how: str) -> None:

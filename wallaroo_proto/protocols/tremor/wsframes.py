@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import struct
 from dataclasses import dataclass, field
 
@@ -131,7 +132,7 @@ class FrameSplitter:
 
     After a gap the next frame boundary is unknown: bytes are skipped until a
     position where a FIN text, close, ping or pong frame with the direction's
-    masking starts and, for text, whose payload is a JSON record (``{``).
+    masking starts and, for text, whose whole payload is a JSON record.
     """
 
     def __init__(self, *, client: bool, max_frame: int = DEFAULT_MAX_FRAME) -> None:
@@ -202,14 +203,23 @@ class FrameSplitter:
                 continue
             if n > self.max_frame:
                 continue
-            if len(buf) < pos + head + 1:
-                return None
-            first = buf[pos + head]
+            if len(buf) < pos + head + n:
+                return None  # undecided: wait for the whole candidate
+            payload = bytes(buf[pos + head : pos + head + n])
             if want_mask:
-                first ^= buf[pos + head - 4]
-            if first == ord("{"):
+                payload = unmask(payload, bytes(buf[pos + head - 4 : pos + head]))
+            if _is_json_record(payload):
                 return pos
         return None
+
+
+def _is_json_record(payload: bytes) -> bool:
+    if not payload.startswith(b"{"):
+        return False
+    try:
+        return isinstance(json.loads(payload), dict)
+    except ValueError:
+        return False
 
 
 @dataclass(slots=True)
