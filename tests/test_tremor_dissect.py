@@ -186,3 +186,35 @@ def test_spark_replay_builds_the_tremor_tables():
     reasons = [r["reason"] for r in tables["tremor_violations"]]
     assert any("RFC 0019" in r for r in reasons) and "no stream 'badger' is connected" in reasons
     assert "connections" not in tables  # no Wallaroo rows
+
+
+def _without_packet(source: Path, target: Path, drop: int) -> None:
+    """A copy of a classic pcap without packet ``drop`` (1-based), as a capture that missed it."""
+    data = source.read_bytes()
+    out = bytearray(data[:24])
+    pos, number = 24, 0
+    while pos < len(data):
+        caplen = int.from_bytes(data[pos + 8 : pos + 12], "little")
+        number += 1
+        if number != drop:
+            out += data[pos : pos + 16 + caplen]
+        pos += 16 + caplen
+    target.write_bytes(bytes(out))
+
+
+def test_a_lost_segment_is_reported_and_reading_resyncs(tmp_path):
+    echoes = [r for r in _frames(SESSION) if r["type"] == "echo" and r["sender"] == "client"]
+    lost = echoes[4]
+    lossy = tmp_path / "lossy.pcap"
+    _without_packet(SESSION, lossy, lost["packet"])
+    records, d = dissect(lossy)
+    first = d.summaries()[0]
+    assert any(
+        f"{lost['length']} bytes missing at stream offset {lost['offset']}" in n
+        for n in first["capture_notes"]
+    )
+    assert first["violations"] == 0  # answers to what was lost are not held against the node
+    _, whole = dissect(SESSION)
+    assert first["state"] == "closed" and first["messages"] == whole.summaries()[0]["messages"] - 1
+    later = [r for r in records if r["conn_index"] == 1 and r["packet"] > lost["packet"]]
+    assert {"disconnect-ack", "close-ack"} <= {r["type"] for r in later}

@@ -99,11 +99,14 @@ class _Direction:
             self.phase = "frames"
             self.splitter.gap(0)
             self.splitter.offset = offset
+            self.tracker.session.lost()
             return
         self.tracker.note(
             f"{label}: {missing} bytes missing at stream offset {offset} "
-            f"(lost segment before packet {packet}); resynced at the next frame that starts a JSON message"
+            f"(lost segment before packet {packet}); resynced at the next frame that starts a JSON message; "
+            "answers are no longer judged (what was asked is unknown)"
         )
+        self.tracker.session.lost()
         if self.phase == "frames":
             self.splitter.gap(missing)
             self.assembler.opcode = None
@@ -264,6 +267,13 @@ class TremorTracker:
             value = parse_json(text)
         except MessageError:
             value = text  # the judge says what is wrong with it
+        other = self.dirs[not direction.client].half
+        if other is not None and other.pending and not session.uncertain:
+            # The other direction has a hole its later bytes wait behind: what it said is unknown.
+            self.note(
+                f"{self.dir_label(self.dirs[not direction.client])}: bytes missing; answers no longer judged"
+            )
+            session.lost()
         verdict = session.client(value) if direction.client else session.server(value)
         record["type"] = verdict.type
         self.types[verdict.type] += 1
