@@ -131,8 +131,10 @@ class FrameSplitter:
     """One direction's bytes in, whole frames out; resyncs after lost bytes.
 
     After a gap the next frame boundary is unknown: bytes are skipped until a
-    position where a FIN text, close, ping or pong frame with the direction's
-    masking starts and, for text, whose whole payload is a JSON record.
+    position where a FIN text frame with the direction's masking starts whose
+    whole payload is a JSON record. Control frames are not resynced on: their
+    few bytes turn up by chance inside masked data (a ping or close between
+    the gap and the next message is lost with it).
     """
 
     def __init__(self, *, client: bool, max_frame: int = DEFAULT_MAX_FRAME) -> None:
@@ -151,9 +153,8 @@ class FrameSplitter:
         pos = 0
         while not self.broken:
             if self.resyncing:
-                found = self._resync_at(pos)
+                found, keep = self._resync_at(pos)
                 if found is None:
-                    keep = max(pos, len(buf) - 14)  # a header may straddle the end
                     self.skipped += keep - pos
                     pos = keep
                     break
@@ -186,31 +187,27 @@ class FrameSplitter:
         self.resyncing = True
         self.broken = None
 
-    def _resync_at(self, start: int) -> int | None:
+    def _resync_at(self, start: int) -> tuple[int | None, int]:
+        """(where the next frame starts, or None; where to look again when more bytes come)."""
         buf = self.buf
         want_mask = 0x80 if self.client else 0
         for pos in range(start, len(buf) - 1):
-            b0 = buf[pos]
-            if b0 not in (0x81, 0x88, 0x89, 0x8A) or buf[pos + 1] & 0x80 != want_mask:
+            if buf[pos] != 0x81 or buf[pos + 1] & 0x80 != want_mask:
                 continue
             header = parse_header(buf, pos)
             if header is None:
-                return None  # undecided: wait for more bytes
+                return None, pos  # undecided: wait for the rest of the header
             head, n, _ = header
-            if b0 != 0x81:
-                if n <= 125:
-                    return pos
-                continue
             if n > self.max_frame:
                 continue
             if len(buf) < pos + head + n:
-                return None  # undecided: wait for the whole candidate
+                return None, pos  # undecided: wait for the whole candidate
             payload = bytes(buf[pos + head : pos + head + n])
             if want_mask:
                 payload = unmask(payload, bytes(buf[pos + head - 4 : pos + head]))
             if _is_json_record(payload):
-                return pos
-        return None
+                return pos, pos
+        return None, max(start, len(buf) - 1)
 
 
 def _is_json_record(payload: bytes) -> bool:
