@@ -94,3 +94,17 @@ def test_port_in_use_is_a_usage_error():
     with node() as n:
         result = run_cli("tremor", "mock-node", "--port", str(n.port))
     assert result.returncode == 2 and "cannot listen" in result.stderr
+
+
+def test_sigterm_tells_open_sessions_the_node_is_going_away():
+    with node() as n:
+        c = MockClient(n.host, n.port)
+        c.connect()
+        c.send({"tremor": {"connect": {"protocol": "echo"}}})
+        c.settle()
+        n.proc.send_signal(signal.SIGTERM)
+        c.receive(lambda: False, time.monotonic() + 60)
+        assert c.closed_by_server == 1001
+        c.close()
+        rc, out, _ = n.stop(None)
+    assert rc == 0 and json.loads(out.splitlines()[-1])["sessions"] == 1

@@ -10,7 +10,7 @@ session subscribed to its URL, as ``{"<alias>":{"data":..,"meta":{"url":..}}}``.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .core import CLIENT, Session, full_url
 from .messages import CONTROL, VERSION, dumps, status_text
@@ -68,6 +68,8 @@ class NodeSession:
         self.ident = ident
         self.session = Session(protocols=("echo", "pubsub"))
         self.announce_version = announce_version
+        #: The transport that carries pub/sub events from other sessions to this one (the peer sets it).
+        self.connection: Any = None
 
     def opened(self) -> list[str]:
         """What the node sends as the WebSocket opens: the prototype announces its version."""

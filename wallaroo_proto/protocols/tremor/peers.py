@@ -88,6 +88,7 @@ class MockNode:
         self.stats = NodeStats()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._live: set[_NodeConnection] = set()
         self._next = 0
 
     async def start(self) -> tuple[str, int]:
@@ -96,9 +97,14 @@ class MockNode:
         return host, port
 
     async def stop(self) -> None:
+        """Stop listening; tell every open session the node is going away (1001), then end them."""
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
+        for conn in list(self._live):
+            conn.close(CloseReason.GOING_AWAY, "node shutting down")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(2):
+                await asyncio.gather(*(c.writer.drain() for c in self._live), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -109,12 +115,14 @@ class MockNode:
         self.stats.connections += 1
         self._next += 1
         conn = _NodeConnection(self, self._next, reader, writer)
+        self._live.add(conn)
         try:
             await conn.run()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # a peer gone, or the node stopping: either way this connection is over
         finally:
             conn.node.gone()
+            self._live.discard(conn)
             self._tasks.discard(task)
             with contextlib.suppress(Exception):
                 writer.close()
@@ -129,7 +137,7 @@ class _NodeConnection:
         self.writer = writer
         self.ws = WSConnection(ConnectionType.SERVER)
         self.node = NodeSession(server.broker, ident)
-        self.node.connection = self  # deliveries from other sessions find their way here
+        self.node.connection = self
         self.parts: list[str] = []
         self.size = 0
         self.received = 0
@@ -149,14 +157,23 @@ class _NodeConnection:
             out += ws.send(TextMessage(data=text))
         self.writer.write(out)
 
+    def violation(self, reason: str) -> None:
+        stats = self.server.stats
+        stats.violations += 1
+        line = f"session {self.node.ident}: {reason}"
+        if len(stats.violation_list) < 100:
+            stats.violation_list.append(line)
+        self.server.log(line)
+
     def deliver(self, text: str) -> None:
         if self.writer.transport.get_write_buffer_size() > MAX_BACKLOG:
-            self._close(CloseReason.POLICY_VIOLATION, "too slow: replies backed up")
+            self.close(CloseReason.POLICY_VIOLATION, "too slow: replies backed up")
             return
         self._send_texts([text])
         self.server.stats.messages_out += 1
 
-    def _close(self, code: CloseReason, reason: str | None = None) -> None:
+    def close(self, code: CloseReason, reason: str | None = None) -> None:
+        """Send a Close frame (once the WebSocket is open); the read loop ends the connection."""
         if self.ws.state is ConnectionState.OPEN:
             data = self.ws.send(CloseConnection(code=code, reason=reason))
             self.writer.write(data)
@@ -172,8 +189,7 @@ class _NodeConnection:
                 ws.receive_data(data or None)
                 events = list(ws.events())
             except RemoteProtocolError as err:
-                stats.violations += 1
-                stats.violation_list.append(f"session {self.node.ident}: WebSocket: {err}")
+                self.violation(f"WebSocket: {err}")
                 with contextlib.suppress(LocalProtocolError):
                     self.writer.write(ws.send(err.event_hint) if err.event_hint else b"")
                 await self.writer.drain()
@@ -193,7 +209,7 @@ class _NodeConnection:
                 elif isinstance(event, TextMessage):
                     self.size += len(event.data)
                     if self.size > MAX_MESSAGE:
-                        self._close(CloseReason.MESSAGE_TOO_BIG, f"message over {MAX_MESSAGE} bytes")
+                        self.close(CloseReason.MESSAGE_TOO_BIG, f"message over {MAX_MESSAGE} bytes")
                         break
                     self.parts.append(event.data)
                     if not event.message_finished:
@@ -209,9 +225,7 @@ class _NodeConnection:
                         return
                     out = self.node.receive(text)
                     if out.violation is not None:
-                        stats.violations += 1
-                        if len(stats.violation_list) < 100:
-                            stats.violation_list.append(f"session {self.node.ident}: {out.violation}")
+                        self.violation(out.violation)
                     if faults.delay:
                         await self.writer.drain()
                         await asyncio.sleep(faults.delay)
@@ -220,12 +234,11 @@ class _NodeConnection:
                     for target, push in out.deliveries:
                         target.connection.deliver(push)
                     if out.close:
-                        self._close(CloseReason.NO_STATUS_RCVD)  # the prototype's Close(None): 88 00
+                        self.close(CloseReason.NO_STATUS_RCVD)  # the prototype's Close(None): 88 00
                         break
                 elif isinstance(event, BytesMessage):
-                    stats.violations += 1
-                    stats.violation_list.append(f"session {self.node.ident}: binary frame")
-                    self._close(CloseReason.UNSUPPORTED_DATA, "binary frames are not part of the protocol")
+                    self.violation("binary frame (RFC 0019: text frames only); closed with 1003")
+                    self.close(CloseReason.UNSUPPORTED_DATA, "binary frames are not part of the protocol")
                     break
                 elif isinstance(event, CloseConnection):
                     if ws.state is ConnectionState.REMOTE_CLOSING:
