@@ -11,6 +11,8 @@ ports and times, so not byte-for-byte the same twice). The tcpdump capture
 The DCP captures are recorded by the DCP mocks themselves over loopback
 (``mock-producer --record``): real timestamps, ports and uuids, so they differ
 on every run while holding the same conversation.
+The Tremor captures are recorded by ``tremor mock-client --record`` style
+clients against a live ``MockNode`` on loopback (real timestamps and ports).
 """
 
 from __future__ import annotations
@@ -305,6 +307,62 @@ def ambrosia_captures() -> None:
         ambrosia_run(HERE / "ambrosia-recovery.pcap", log_dir, *args)
     with tempfile.TemporaryDirectory() as log_dir:
         ambrosia_run(HERE / "ambrosia-faults.pcap", log_dir, *args, "--bad-check-at", "2", "--gap-at", "4")
+def tremor_samples(session_path: Path, framing_path: Path) -> None:
+    """Tremor sessions recorded by our mock client against our mock node over loopback."""
+    import asyncio
+    import threading
+    import time
+
+    from wsproto.events import BytesMessage, Ping, TextMessage
+
+    from wallaroo_proto.protocols.tremor.peers import (
+        MockClient,
+        MockNode,
+        generated_exchange,
+        scripted_exchange,
+    )
+
+    loop = asyncio.new_event_loop()
+    node = MockNode(port=0)
+    host, port = loop.run_until_complete(node.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        with PcapWriter(session_path) as w:
+            generated_exchange(MockClient(host, port, record=w), messages=12, window=4, payload=8, publish=3)
+            script = [
+                '{"tremor":{"connect":{"protocol":"echo","alias":"e"}}}',
+                '{"e":"beep"}',
+                '{"badger":"badger"}',
+            ]
+            scripted_exchange(MockClient(host, port, record=w), list(enumerate(script, 1)))
+        with PcapWriter(framing_path) as w:
+            c = MockClient(host, port, record=w)
+            c.connect()
+            c.send({"tremor": {"connect": {"protocol": "echo"}}})
+            c.settle()
+            c.send({"echo": "y" * 200})  # 16-bit lengths
+            c.send({"echo": "z" * 70_000})  # 64-bit lengths
+            c.settle()
+            text = '{"echo":{"fragmented":"' + "f" * 30 + '"}}'
+            c.session.client(text)
+            c._write(c.ws.send(TextMessage(data=text[:10], message_finished=False)))
+            c._write(c.ws.send(Ping(payload=b"between fragments")))
+            c._write(c.ws.send(TextMessage(data=text[10:25], message_finished=False)))
+            c._write(c.ws.send(TextMessage(data=text[25:], message_finished=True)))
+            c.settle()
+            c.send({"tremor": "close"})
+            c.settle()
+            c.close()
+            c = MockClient(host, port, record=w)
+            c.connect()
+            c._write(c.ws.send(BytesMessage(data=b"\x00binary\xff")))
+            c.receive(lambda: False, time.monotonic() + 10)
+            c.close()
+    finally:
+        asyncio.run_coroutine_threadsafe(node.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
 
 
 def main() -> None:
@@ -315,6 +373,7 @@ def main() -> None:
     pcap_to_pcapng_ns(HERE / "sink-2pc.pcap", HERE / "sink-2pc-ns.pcapng")
     dcp_samples(HERE / "dcp-stream.pcap", HERE / "dcp-rollback.pcap")
     ambrosia_captures()
+    tremor_samples(HERE / "tremor-session.pcap", HERE / "tremor-framing.pcap")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,14 @@ STYLES = {
 _ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
 _ARROWS |= {"consumer": "C→P", "producer": "P→C"}
 _ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D", "lb": "L→I", "ic": "I→L"}
+_ARROWS = {
+    "connector": "C→W",
+    "worker": "W→C",
+    "daemon": "D→P",
+    "processor": "P→D",
+    "client": "C→N",
+    "server": "N→C",
+}
 _TYPE_CHOICES = sorted({name for plugin in plugins() for name in plugin.type_names})
 
 

@@ -32,6 +32,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "conformance": ("conformance", "Test a worker, sink or connector against the protocol's rules."),
     "dcp": ("dcp", "Couchbase DCP: a mock producer and a mock consumer."),
     "ambrosia": ("ambrosia", "AMBROSIA IC <-> language binding: a mock IC and a mock language binding."),
+    "tremor": ("tremor", "Tremor network protocol (WebSocket): a mock node and a mock client."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }
 

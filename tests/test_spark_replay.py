@@ -224,6 +224,8 @@ def test_frames_and_audit_equal_the_dissector(captures, replayed):
         assert error is None
         expected_total += count
         for s in summaries:
+            if s["protocol"] != "wallaroo":
+                continue  # other protocols' samples have their own tables, tested with their plug-ins
             key = (path, s["connection"])
             assert connections[key]["conn_index"] == s["conn_index"]  # numbered alike in every task
             assert connections[key]["frames"] == s["frames"]

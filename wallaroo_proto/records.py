@@ -34,6 +34,7 @@ STRUCTS: dict[str, list[tuple[str, str]]] = {
 FIELDS: list[tuple[str, str, str]] = [
     ("capture", "string", "capture file name (as given)"),
     ("protocol", "string", "the connection's protocol: 'wallaroo', 'kinesis', 'dcp' (protocols.names())"),
+    ("protocol", "string", "the connection's protocol: 'wallaroo', 'kinesis', 'tremor' (protocols.names())"),
     ("connection", "string", "connection id: 'initiator addr:port > responder addr:port'"),
     ("conn_index", "int", "connection number in the capture, 1-based, in the order recognised"),
     ("initiator_addr", "string", "address of the side that sent HELLO (or opened TCP)"),
@@ -135,6 +136,19 @@ FIELDS: list[tuple[str, str, str]] = [
     ("method_id", "long", "AMBROSIA RPC method id"),
     ("rpc_type", "string", "AMBROSIA RPC type: async, fork or impulse"),
     ("checkpoint_length", "long", "AMBROSIA Checkpoint: the raw bytes' length"),
+    # Tremor network protocol (one WebSocket frame or HTTP head is one record; `type` is the message's)
+    ("ws_opcode", "int", "Tremor: the WebSocket frame's opcode (0 continuation, 1 text, 8 close...)"),
+    ("ws_fin", "boolean", "Tremor: the WebSocket frame's FIN bit"),
+    ("ws_masked", "boolean", "Tremor: the frame was masked (client frames must be)"),
+    ("ws_length_bits", "int", "Tremor: the payload length form used: 7, 16 or 64"),
+    ("ws_payload_len", "long", "Tremor: the frame's payload bytes"),
+    ("ws_close_code", "int", "Tremor: a close frame's status code (null: none)"),
+    ("http_target", "string", "Tremor: the upgrade request's target"),
+    ("http_status", "int", "Tremor: the upgrade response's status (101 switches)"),
+    ("alias", "string", "Tremor: the message's stream alias"),
+    ("tremor_protocol", "string", "Tremor: the stream's sub-protocol (echo, pubsub, api)"),
+    ("status_code", "string", "Tremor: the status code of a violation or an error close (0.207)"),
+    ("message_json", "string", "Tremor: the JSON text of the message this frame completes (cut at 4 KiB)"),
 ]
 
 FIELD_NAMES: tuple[str, ...] = tuple(name for name, _, _ in FIELDS)

@@ -22,6 +22,7 @@ _PLUGIN_MODULES = (
     "wallaroo_proto.protocols.kinesis.plugin",
     "wallaroo_proto.protocols.dcp.plugin",
     "wallaroo_proto.protocols.ambrosia.plugin",
+    "wallaroo_proto.protocols.tremor.plugin",
 )
 
 

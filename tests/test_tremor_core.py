@@ -1,0 +1,211 @@
+"""Tremor: one session's rules, judged from both sides; the node's answers; the pub/sub broker."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wallaroo_proto.protocols.tremor.core import Session
+from wallaroo_proto.protocols.tremor.node import Broker, NodeSession
+
+CONNECT_ECHO = '{"tremor":{"connect":{"protocol":"echo"}}}'
+ACK_ECHO = '{"tremor":{"connect-ack":{"protocol":"echo","alias":"echo"}}}'
+
+
+def test_rfc_echo_walkthrough_with_the_prototypes_ack():
+    s = Session()
+    assert s.server('{"tremor":{"version":"0.10.2"}}').ok  # the prototype's greeting
+    v = s.client(CONNECT_ECHO)
+    assert v.ok and v.type == "connect" and s.state == "active"
+    assert s.server(ACK_ECHO).ok
+    assert s.client('{"echo":"beep"}').type == "echo"
+    assert s.server('{"echo":"beep"}').ok
+    assert s.client('{"tremor":{"disconnect":"echo"}}').ok
+    assert s.server('{"tremor":{"disconnect-ack":{"alias":"echo"}}}').ok
+    assert s.state == "idle"  # RFC: Active -> Idle on the last disconnect
+    assert s.client('{"tremor":"close"}').ok and s.state == "closing"
+    assert s.server('{"tremor":{"close-ack":"ok"}}').ok and s.state == "closed"
+    assert s.violations == 0 and s.owed() == 0
+
+
+@pytest.mark.parametrize(
+    ("messages", "code"),
+    [
+        (['{"badger":"badger"}'], "0.207"),
+        ([CONNECT_ECHO, CONNECT_ECHO], "0.206"),
+        (['{"tremor":{"connect":{"protocol":"tremor"}}}'], "0.206"),
+        (['{"tremor":{"connect":{"protocol":"kafka"}}}'], "0.200"),
+        (['{"tremor":{"disconnect":{"alias":"nope"}}}'], "0.207"),
+        (['{"tremor":{"connect-ack":{"protocol":"echo","alias":"x"}}}'], "0.202"),
+        (['{"tremor":"close"}', CONNECT_ECHO], "0.202"),
+        (
+            [
+                '{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}',
+                '{"p":{"unsubscribe":["/pipeline/a/out"]}}',
+            ],
+            "2.201",
+        ),
+        (
+            ['{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}', '{"p":{"subscribe":["not a url"]}}'],
+            "2.200",
+        ),
+        (
+            [
+                '{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}',
+                '{"p":{"send":{"to":"/pipeline/a/in","data":1}}}',
+            ],
+            "2.202",
+        ),
+        (['{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}', '{"p":{"frob":[]}}'], "0.202"),
+        (['{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}', '{"p":42}'], "0.203"),
+    ],
+)
+def test_client_violations_and_their_codes(messages, code):
+    s = Session()
+    verdicts = [s.client(text) for text in messages]
+    assert all(v.ok for v in verdicts[:-1])
+    assert not verdicts[-1].ok and verdicts[-1].code == code and verdicts[-1].reason
+
+
+@pytest.mark.parametrize(
+    ("server", "reason"),
+    [
+        ('{"echo":"boop"}', 'echo reply "boop" where "beep" was due'),
+        ('{"tremor":{"close-ack":"ok"}}', "close-ack where echo was due"),
+        ('{"other":1}', "message on 'other', which is not connected"),
+        ('{"tremor":{"connect":{"protocol":"echo"}}}', "connect is the client's to send"),
+        ("[1,2]", "server sent a malformed message: a message must be a record, not list"),
+    ],
+)
+def test_server_violations(server, reason):
+    s = Session()
+    s.client(CONNECT_ECHO)
+    s.server(ACK_ECHO)
+    s.client('{"echo":"beep"}')
+    v = s.server(server)
+    if "close-ack" in server:  # no close was asked for
+        assert v.reason == "close-ack that answers nothing"
+    else:
+        assert v.reason == reason
+
+
+def test_version_info_only_first_or_when_asked():
+    s = Session()
+    s.client(CONNECT_ECHO)
+    s.server(ACK_ECHO)
+    assert not s.server('{"tremor":{"version":"1"}}').ok
+    s.client('{"tremor":"version"}')
+    assert s.server('{"tremor":{"version":"1"}}').ok
+
+
+def test_non_strict_pubsub_acks_only_what_succeeds():
+    s = Session()
+    s.client(
+        '{"tremor":{"connect":{"protocol":"pubsub","alias":"p","headers":{"command.policy":"non-strict"}}}}'
+    )
+    s.server('{"tremor":{"connect-ack":{"protocol":"pubsub","alias":"p"}}}')
+    v = s.client('{"p":{"subscribe":["/pipeline/a/out","bad url"]}}')
+    assert v.ok and v.answers == ({"p": {"subscribe-ack": ["/pipeline/a/out"]}},)
+    assert not s.server('{"p":{"subscribe-ack":["/pipeline/a/out","bad url"]}}').ok
+
+
+def _node(broker, ident):
+    n = NodeSession(broker, ident)
+    n.opened()
+    return n
+
+
+def test_node_answers_and_broker_delivers_across_sessions():
+    broker = Broker()
+    a, b = _node(broker, 1), _node(broker, 2)
+    out = a.receive(
+        '{"tremor":{"connect":{"protocol":"pubsub","alias":"in","properties":{"subscriptions":["/pipeline/x/out"]}}}}'
+    )
+    assert out.replies == ['{"tremor":{"connect-ack":{"protocol":"pubsub","alias":"in"}}}']
+    b.receive('{"tremor":{"connect":{"protocol":"pubsub","alias":"out"}}}')
+    assert b.receive('{"out":{"publish":["/pipeline/x/out"]}}').replies == [
+        '{"out":{"publish-ack":["/pipeline/x/out"]}}'
+    ]
+    out = b.receive('{"out":{"send":{"to":"/pipeline/x/out","data":{"n":1}}}}')
+    assert out.replies == []
+    assert [(t.ident, text) for t, text in out.deliveries] == [
+        (1, '{"in":{"data":{"n":1},"meta":{"url":"tremor://localhost/pipeline/x/out"}}}')
+    ]
+    a.receive('{"in":{"unsubscribe":["/pipeline/x/out"]}}')
+    assert b.receive('{"out":{"send":{"to":"/pipeline/x/out","data":2}}}').deliveries == []
+
+
+def test_node_closes_a_broken_session_with_the_prototypes_text():
+    n = _node(Broker(), 1)
+    out = n.receive('{"fleek":1,"flook":2}')
+    assert out.replies == [
+        '{"tremor":{"close":"0.205: Protocol operation - record requires one field only"}}'
+    ]
+    assert out.close and out.violation
+    out = _node(Broker(), 2).receive('{"tremor":"close"}')
+    assert out.replies == ['{"tremor":{"close-ack":"ok"}}'] and out.close
+
+
+_ALIASES = st.sampled_from(["echo", "e2", "ps", "nope", "tremor"])
+_URLS = st.sampled_from(["/pipeline/a/out", "/onramp/m/in", "tremor://h/pipeline/a/out", "bad"])
+_CLIENT_VALUES = st.one_of(
+    st.builds(
+        lambda p, a: {"tremor": {"connect": {"protocol": p, "alias": a}}},
+        st.sampled_from(["echo", "pubsub", "api", "kafka"]),
+        _ALIASES,
+    ),
+    st.builds(lambda a: {"tremor": {"disconnect": a}}, _ALIASES),
+    st.builds(lambda a: {"tremor": {"disconnect": {"alias": a}}}, _ALIASES),
+    st.just({"tremor": "version"}),
+    st.just({"tremor": "close"}),
+    st.builds(lambda a, v: {a: v}, _ALIASES, st.integers() | st.text(max_size=5)),
+    st.builds(
+        lambda a, op, urls: {a: {op: urls}},
+        _ALIASES,
+        st.sampled_from(["subscribe", "unsubscribe", "publish", "unpublish"]),
+        st.lists(_URLS, max_size=3),
+    ),
+    st.builds(lambda a, to: {a: {"send": {"to": to, "data": 1}}}, _ALIASES, _URLS),
+    st.builds(lambda a, w: {a: w}, _ALIASES, st.sampled_from(["list", "version"])),
+    st.just({"a": 1, "b": 2}),
+    st.just([1]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values=st.lists(_CLIENT_VALUES, max_size=25))
+def test_whatever_a_client_sends_the_node_answers_what_a_client_judge_accepts(values):
+    """The node's replies and pushes pass a separate client-side judge; a refusal ends the session."""
+    broker = Broker()
+    node = NodeSession(broker, 1)
+    judge = Session()
+    for text in node.opened():
+        assert judge.server(text).ok
+    for value in values:
+        judge.client(value)
+        out = node.receive(json.dumps(value))
+        replies = out.replies + [t for target, t in out.deliveries if target is node]
+        for text in replies:
+            verdict = judge.server(text)
+            assert verdict.ok, (value, text, verdict.reason)
+        if out.close:
+            assert judge.state == "closed"
+            break
+    assert judge.owed() == 0  # every message had its answers, in order
+
+
+def test_pipelined_pubsub_requests_and_an_event_crossing_an_unsubscribe():
+    s = Session()
+    s.client('{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}')
+    assert s.client('{"p":{"subscribe":["/pipeline/a/out"]}}').ok
+    assert s.client('{"p":{"unsubscribe":["/pipeline/a/out"]}}').ok  # before the subscribe-ack came
+    assert s.server('{"tremor":{"connect-ack":{"protocol":"pubsub","alias":"p"}}}').ok
+    assert s.server('{"p":{"subscribe-ack":["/pipeline/a/out"]}}').ok
+    assert s.server('{"p":{"data":1,"meta":{}}}').ok  # sent before the node saw the unsubscribe
+    assert s.server('{"p":{"unsubscribe-ack":["/pipeline/a/out"]}}').ok
+    fresh = Session()
+    fresh.client('{"tremor":{"connect":{"protocol":"pubsub","alias":"q"}}}')
+    assert fresh.server('{"q":{"data":1}}').reason == "pubsub data on a stream that never subscribed"

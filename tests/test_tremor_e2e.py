@@ -1,0 +1,110 @@
+"""Tremor mock-node and mock-client as real processes over loopback: exchanges, faults, bad peers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+
+import pytest
+from support import Server, run_cli
+from wsproto.events import BytesMessage
+
+from wallaroo_proto.protocols.tremor.peers import MockClient
+
+pytestmark = pytest.mark.slow
+
+
+def client(*args: str, timeout: float = 120) -> tuple[int, dict | None, str]:
+    result = run_cli("tremor", "mock-client", "--format", "json", *args, timeout=timeout)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return result.returncode, json.loads(lines[-1]) if lines else None, result.stderr
+
+
+def node(*args: str) -> Server:
+    return Server("tremor", "mock-node", "--port", "0", "--format", "json", *args)
+
+
+def test_generated_exchange_and_a_scripted_violation_against_one_node(tmp_path):
+    with node() as n:
+        code, summary, err = client("--connect", n.address, "--messages", "300", "--window", "16")
+        assert code == 0, err
+        assert summary["ok"] and summary["echoes"] == 300 and summary["delivered"] == 10
+        script = tmp_path / "script.jsonl"
+        script.write_text(
+            "# the RFC 0021 walkthrough, then a stream that was never connected\n"
+            '{"tremor":{"connect":{"protocol":"echo"}}}\n{"echo":"beep"}\n{"badger":"badger"}\n{"echo":1}\n'
+        )
+        code, summary, err = client("--connect", n.address, "--script", str(script))
+        assert code == 0, err
+        assert summary["error_close"] == "0.207: Protocol session not connected error"
+        assert [s["replies"] for s in summary["steps"]][1] == ['{"echo":"beep"}']
+        assert len(summary["steps"]) == 3  # the 4th line was not sent: the node closed the session
+        rc, out, _ = n.stop(signal.SIGTERM)
+    assert rc == 0
+    stats = json.loads(out.splitlines()[-1])
+    assert stats["sessions"] == 2 and stats["violations"] == 1
+
+
+def test_faults_refuse_drop_delay_malformed():
+    with node("--refuse") as n:
+        code, _, err = client("--connect", n.address)
+        assert code == 1 and "refused the upgrade (HTTP 503)" in err
+    with node("--drop-after", "5") as n:
+        code, summary, _ = client("--connect", n.address, "--timeout", "20")
+        assert code == 1 and not summary["ok"]
+        assert any("connection lost" in f or "closed" in f for f in summary["failures"]), summary["failures"]
+    with node("--malformed-after", "4") as n:
+        code, summary, _ = client("--connect", n.address, "--messages", "10")
+        assert code == 1
+        assert any("malformed" in f for f in summary["failures"])
+    with node("--delay", "20") as n:
+        code, summary, err = client(
+            "--connect", n.address, "--messages", "5", "--window", "1", "--publish", "1"
+        )
+        assert code == 0, err
+        assert summary["seconds"] >= 0.02 * 9  # every reply waited
+
+
+def test_a_bad_client_does_not_disturb_the_others():
+    with node() as n:
+        good = MockClient(n.host, n.port)
+        good.connect()
+        good.send({"tremor": {"connect": {"protocol": "echo"}}})
+        good.settle()
+        raw = socket.create_connection((n.host, n.port), timeout=30)  # not even HTTP
+        raw.sendall(b"\x00\x01garbage\r\n\r\n")
+        raw.settimeout(30)
+        assert raw.recv(4096).startswith(b"HTTP/1.1 400 ")  # wsproto's answer to a bad request
+        raw.close()
+        binary = MockClient(n.host, n.port)
+        binary.connect()
+        binary._write(binary.ws.send(BytesMessage(data=b"\x01\x02")))
+        binary.receive(lambda: False, time.monotonic() + 30)
+        assert binary.closed_by_server == 1003  # RFC 0019: binary frames close the connection
+        binary.close()
+        good.send({"echo": "still here"})
+        good.settle()
+        assert good.problems == [] and good.session.violations == 0
+        good.close()
+
+
+def test_port_in_use_is_a_usage_error():
+    with node() as n:
+        result = run_cli("tremor", "mock-node", "--port", str(n.port))
+    assert result.returncode == 2 and "cannot listen" in result.stderr
+
+
+def test_sigterm_tells_open_sessions_the_node_is_going_away():
+    with node() as n:
+        c = MockClient(n.host, n.port)
+        c.connect()
+        c.send({"tremor": {"connect": {"protocol": "echo"}}})
+        c.settle()
+        n.proc.send_signal(signal.SIGTERM)
+        c.receive(lambda: False, time.monotonic() + 60)
+        assert c.closed_by_server == 1001
+        c.close()
+        rc, out, _ = n.stop(None)
+    assert rc == 0 and json.loads(out.splitlines()[-1])["sessions"] == 1

@@ -1,0 +1,338 @@
+"""One Tremor session in a capture: the HTTP upgrade, WebSocket frames and JSON messages, judged.
+
+The capture driver reassembles each direction of a TCP connection and feeds
+it here. Each direction first reads its HTTP head (the client's upgrade
+request, the server's 101), then ``wsframes.FrameSplitter`` splits frames
+(resyncing after lost bytes), ``wsframes.MessageAssembler`` applies RFC 6455's
+framing rules and reassembles messages, and ``core.Session`` judges each text
+message as the node and the client judge them. One record per HTTP head and
+per frame; the frame that completes a message carries the message's fields.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+from wallaroo_proto.capture.pcap import format_address
+from wallaroo_proto.records import to_json
+
+from .core import CLIENT, SERVER, Session
+from .messages import MessageError, parse_json
+from .wsframes import (
+    BINARY,
+    CLOSE,
+    TEXT,
+    FrameSplitter,
+    Handshake,
+    MessageAssembler,
+    head_length,
+    looks_like_upgrade,
+    opcode_name,
+    read_request,
+    read_response,
+)
+
+if TYPE_CHECKING:
+    from wallaroo_proto.capture.dissector import Dissector
+
+#: The prototype's network port.
+PORTS = (9899,)
+_KEEP = 1000
+#: An HTTP head longer than this is not one.
+_MAX_HEAD = 64 * 1024
+_MAX_JSON_FIELD = 4096
+
+
+def detect(payload: bytes, max_frame_size: int = 0) -> bool:
+    """A connection opening with a WebSocket upgrade request."""
+    return looks_like_upgrade(payload)
+
+
+class _Direction:
+    __slots__ = ("tracker", "client", "half", "phase", "head", "splitter", "assembler", "bytes")
+
+    def __init__(self, tracker: TremorTracker, client: bool) -> None:
+        self.tracker = tracker
+        self.client = client
+        self.half: Any = None
+        self.phase = "http"  # -> frames, or body (no WebSocket: a refused upgrade)
+        self.head = bytearray()
+        self.splitter = FrameSplitter(client=client)
+        self.assembler = MessageAssembler(client=client)
+        self.bytes = 0
+
+    def data(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
+        self.bytes += len(payload)
+        if self.phase == "http":
+            self.head += payload
+            end = head_length(bytes(self.head[:_MAX_HEAD]))
+            if end is None:
+                if len(self.head) > _MAX_HEAD:
+                    self.tracker.note(
+                        f"{self.tracker.dir_label(self)}: no HTTP head in the first {_MAX_HEAD} bytes"
+                    )
+                    self.phase = "body"
+                return
+            head, rest = bytes(self.head[:end]), bytes(self.head[end:])
+            self.head = bytearray()
+            self.phase = self.tracker.handshake(self, head, packet, ts)
+            self.splitter.offset = offset + len(payload) - len(rest)
+            payload = rest
+            if not payload:
+                return
+        if self.phase == "frames":
+            for frame in self.splitter.feed(payload):
+                self.tracker.frame(self, frame, packet, ts)
+            if self.splitter.broken:
+                self.tracker.note(
+                    f"{self.tracker.dir_label(self)}: {self.splitter.broken}; the rest is skipped"
+                )
+                self.phase = "body"
+
+    def gap(self, offset: int, missing: int | None, packet: int, ts: int) -> None:
+        label = self.tracker.dir_label(self)
+        if missing is None:
+            self.tracker.note(
+                f"packet {packet}: capture starts mid-connection ({label}); resyncing on frames"
+            )
+            self.phase = "frames"
+            self.splitter.gap(0)
+            self.splitter.offset = offset
+            self.tracker.session.lost()
+            return
+        self.tracker.note(
+            f"{label}: {missing} bytes missing at stream offset {offset} "
+            f"(lost segment before packet {packet}); resynced at the next frame that starts a JSON message; "
+            "answers are no longer judged (what was asked is unknown)"
+        )
+        self.tracker.session.lost()
+        if self.phase == "frames":
+            self.splitter.gap(missing)
+            self.assembler.opcode = None
+            self.assembler.parts = []
+
+
+class TremorTracker:
+    """One TCP connection carrying one Tremor session."""
+
+    def __init__(
+        self,
+        dissector: Dissector,
+        index: int,
+        client: tuple[bytes, int],
+        server: tuple[bytes, int],
+        client_known: bool,
+    ) -> None:
+        self.out = dissector._out
+        self.jsonl = dissector.jsonl
+        self.canon: tuple = ()
+        self.initiator_fixed = False
+        self.dirs = {True: _Direction(self, True), False: _Direction(self, False)}
+        self.session = Session()
+        self.request: Handshake | None = None
+        self.response: Handshake | None = None
+        self.frame_index = 0
+        self.frames = Counter()
+        self.types: Counter[str] = Counter()
+        self.messages = 0
+        self.notes: list[str] = []
+        self.capture_notes: list[str] = []
+        self.violation_list: list[dict] = []
+        self.violations = 0
+        self.close_codes: dict[str, int | None] = {}
+        self.first_packet = self.last_packet = 0
+        self.first_ts = self.last_ts = 0.0
+        self.closed = "open at end of capture"
+        ia, ip = format_address(client[0]), client[1]
+        ra, rp = format_address(server[0]), server[1]
+        fmt = lambda a, p: f"[{a}]:{p}" if ":" in a else f"{a}:{p}"  # noqa: E731
+        self.label = f"{fmt(ia, ip)} > {fmt(ra, rp)}"
+        self.conn_index = index
+        self.ident = {
+            "capture": dissector.capture_name,
+            "protocol": "tremor",
+            "connection": self.label,
+            "conn_index": index,
+            "initiator_addr": ia,
+            "initiator_port": ip,
+            "responder_addr": ra,
+            "responder_port": rp,
+        }
+
+    @property
+    def summary(self) -> TremorTracker:
+        return self
+
+    def dir_label(self, direction: _Direction) -> str:
+        return "initiator>responder" if direction.client else "responder>initiator"
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+        self.capture_notes.append(text)
+
+    def _record(
+        self, direction: _Direction, packet: int, ts: int, offset: int, length: int, type_: str
+    ) -> dict:
+        if not self.first_packet:
+            self.first_packet, self.first_ts = packet, ts / 1e9
+        self.last_packet, self.last_ts = packet, ts / 1e9
+        record = dict(self.ident)
+        record.update(
+            sender=CLIENT if direction.client else SERVER,
+            direction=self.dir_label(direction),
+            ts=ts / 1e9,
+            ts_ns=ts,
+            packet=packet,
+            offset=offset,
+            length=length,
+            frame_index=self.frame_index,
+            type=type_,
+            verdict="accepted",
+        )
+        self.frame_index += 1
+        self.types[type_] += 1
+        if self.notes:
+            record["notes"] = self.notes
+            self.notes = []
+        return record
+
+    def _emit(self, record: dict, problems: list[str]) -> None:
+        if problems:
+            record["verdict"] = "violation"
+            record["violations"] = problems
+            self.violations += 1
+            if len(self.violation_list) < _KEEP:
+                for reason in problems:
+                    self.violation_list.append(
+                        {
+                            "packet": record["packet"],
+                            "offset": record["offset"],
+                            "type": record["type"],
+                            "reason": reason,
+                        }
+                    )
+        self.out.append(to_json(record) if self.jsonl else record)
+
+    # the upgrade ----------------------------------------------------------------------
+
+    def handshake(self, direction: _Direction, head: bytes, packet: int, ts: int) -> str:
+        """Judge one HTTP head; what the direction reads next."""
+        if direction.client:
+            hs = self.request = read_request(head)
+            record = self._record(direction, packet, ts, 0, len(head), "UPGRADE_REQUEST")
+            record["http_target"] = hs.target
+            phase = "frames"
+        else:
+            hs = self.response = read_response(head, self.request)
+            record = self._record(direction, packet, ts, 0, len(head), "UPGRADE_RESPONSE")
+            record["http_status"] = hs.status
+            phase = "frames" if hs.status == 101 else "body"
+            if hs.status is not None and hs.status != 101:
+                self.note(f"the server refused the upgrade (HTTP {hs.status}): no WebSocket follows")
+        self._emit(record, hs.problems)
+        return phase
+
+    # frames -----------------------------------------------------------------------------
+
+    def frame(self, direction: _Direction, f, packet: int, ts: int) -> None:
+        self.frames[opcode_name(f.opcode)] += 1
+        message, problems = direction.assembler.frame(f)
+        type_ = opcode_name(f.opcode)
+        record = self._record(direction, packet, ts, f.offset, f.wire_length, type_)
+        record.update(
+            ws_opcode=f.opcode,
+            ws_fin=f.fin,
+            ws_masked=f.masked,
+            ws_length_bits=f.length_bits,
+            ws_payload_len=len(f.payload),
+        )
+        if f.opcode == CLOSE:
+            code = direction.assembler.close_code if len(f.payload) >= 2 else None
+            record["ws_close_code"] = code
+            self.close_codes[CLIENT if direction.client else SERVER] = code
+        if message is not None:
+            if message.opcode == BINARY:
+                problems.append(
+                    "binary message (RFC 0019: data goes in text frames; the connection is closed)"
+                )
+            elif message.opcode == TEXT and message.text is not None:
+                self._message(direction, record, message.text, problems)
+        self._emit(record, problems)
+
+    def _message(self, direction: _Direction, record: dict, text: str, problems: list[str]) -> None:
+        self.messages += 1
+        session = self.session
+        try:
+            value = parse_json(text)
+        except MessageError:
+            value = text  # the judge says what is wrong with it
+        other = self.dirs[not direction.client].half
+        if other is not None and other.pending and not session.uncertain:
+            # The other direction has a hole its later bytes wait behind: what it said is unknown.
+            self.note(
+                f"{self.dir_label(self.dirs[not direction.client])}: bytes missing; answers no longer judged"
+            )
+            session.lost()
+        verdict = session.client(value) if direction.client else session.server(value)
+        record["type"] = verdict.type
+        self.types[verdict.type] += 1
+        record["message_json"] = text if len(text) <= _MAX_JSON_FIELD else text[:_MAX_JSON_FIELD] + "..."
+        if verdict.alias is not None:
+            record["alias"] = verdict.alias
+        if verdict.protocol is not None:
+            record["tremor_protocol"] = verdict.protocol
+        if verdict.code is not None:
+            record["status_code"] = verdict.code
+        elif verdict.type == "error-close":
+            record["status_code"] = verdict.message.code
+        if not verdict.ok:
+            problems.append(verdict.reason or "violation")
+
+    # the end ------------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        for direction in self.dirs.values():
+            half = direction.half
+            if half is not None:
+                half.flush(self.last_packet, int(self.last_ts * 1e9))
+        halves = [d.half for d in self.dirs.values() if d.half is not None]
+        if any(h.rst_seen for h in halves):
+            self.closed = "reset"
+        elif halves and all(h.fin_seen for h in halves):
+            self.closed = "closed"
+
+    def release(self) -> None:
+        for direction in self.dirs.values():
+            direction.half = None
+            direction.splitter = FrameSplitter(client=direction.client)
+            direction.head = bytearray()
+
+    def as_dict(self) -> dict:
+        s = self.session
+        streams = [{"alias": a, "protocol": p, "end": how} for a, p, how in s.history]
+        streams += [{"alias": st.alias, "protocol": st.protocol, "end": "open"} for st in s.streams.values()]
+        return {
+            "conn_index": self.conn_index,
+            "connection": self.label,
+            "protocol": "tremor",
+            "first_packet": self.first_packet,
+            "last_packet": self.last_packet,
+            "duration": round(self.last_ts - self.first_ts, 6),
+            "target": self.request.target if self.request else None,
+            "http_status": self.response.status if self.response else None,
+            "frames_by_opcode": dict(self.frames),
+            "types": dict(self.types),
+            "messages": self.messages,
+            "client_messages": s.client_messages,
+            "server_messages": s.server_messages,
+            "streams": streams,
+            "state": s.state,
+            "error_close": s.error_close,
+            "close_codes": self.close_codes,
+            "expecting": s.expecting(),
+            "violations": self.violations,
+            "violation_list": self.violation_list,
+            "capture_notes": self.capture_notes,
+            "closed": self.closed,
+        }

@@ -1,0 +1,143 @@
+"""The Tremor network-protocol plug-in: WebSocket frames, the session judge, its reports."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from wallaroo_proto.protocols import ProtocolPlugin
+
+from .core import Session
+from .dissect import PORTS, TremorTracker, detect
+from .messages import OPS, parse
+from .wsframes import OPCODE_NAMES, FrameSplitter
+
+RECORD_FIELDS = (
+    "ws_opcode",
+    "ws_fin",
+    "ws_masked",
+    "ws_length_bits",
+    "ws_payload_len",
+    "ws_close_code",
+    "http_target",
+    "http_status",
+    "alias",
+    "tremor_protocol",
+    "status_code",
+    "message_json",
+)
+TYPE_NAMES = (
+    "UPGRADE_REQUEST",
+    "UPGRADE_RESPONSE",
+    *OPCODE_NAMES.values(),
+    *OPS,
+    "echo",
+    "api",
+    "pubsub",
+    "pubsub:subscribe",
+    "pubsub:unsubscribe",
+    "pubsub:publish",
+    "pubsub:unpublish",
+    "pubsub:send",
+    "pubsub:list",
+    "pubsub:version",
+    "pubsub:data",
+    "pubsub:subscribe-ack",
+    "pubsub:unsubscribe-ack",
+    "pubsub:publish-ack",
+    "pubsub:unpublish-ack",
+    "INVALID",
+)
+TITLES = {
+    "sessions": "Tremor sessions",
+    "streams": "Tremor streams",
+    "messages": "Tremor messages",
+    "violations": "Tremor protocol violations",
+}
+
+
+def describe(r: dict) -> str:
+    """The record's own fields, as ``dissect``'s table shows them."""
+    parts = []
+    for label, key in (
+        ("target", "http_target"),
+        ("status", "http_status"),
+        ("alias", "alias"),
+        ("protocol", "tremor_protocol"),
+        ("code", "status_code"),
+        ("close", "ws_close_code"),
+    ):
+        if r.get(key) is not None:
+            parts.append(f"{label}={r[key]}")
+    if r.get("ws_payload_len") is not None:
+        flags = ("fin " if r.get("ws_fin") else "") + ("masked " if r.get("ws_masked") else "")
+        parts.append(f"{flags}len={r['ws_payload_len']}/{r.get('ws_length_bits')}bit")
+    if r.get("message_json"):
+        text = r["message_json"]
+        parts.append(text if len(text) <= 80 else text[:77] + "...")
+    return " ".join(parts)
+
+
+def print_summary(console: Console, s: dict) -> None:
+    """One session: the upgrade, frames, messages, streams, how it ended, violations."""
+    console.rule(Text(f"connection #{s['conn_index']}  {s['connection']}  (tremor)", style="bold"))
+    info = Table(show_header=False, box=None, pad_edge=False)
+    info.add_column(style="bold")
+    info.add_column()
+    info.add_row(
+        "packets", f"{s['first_packet']}..{s['last_packet']} over {s['duration']:.6f} s, {s['closed']}"
+    )
+    info.add_row("upgrade", f"GET {s['target'] or '?'} -> {s['http_status'] or 'no answer seen'}")
+    info.add_row("frames", ", ".join(f"{k} {v}" for k, v in s["frames_by_opcode"].items()) or "none")
+    info.add_row(
+        "messages", f"{s['messages']} (client {s['client_messages']}, server {s['server_messages']})"
+    )
+    streams = ", ".join(f"{x['alias']} ({x['protocol']}, {x['end']})" for x in s["streams"])
+    info.add_row("streams", streams or "none")
+    info.add_row("session", s["state"] + (f", error close {s['error_close']!r}" if s["error_close"] else ""))
+    if s["close_codes"]:
+        info.add_row(
+            "close frames",
+            ", ".join(f"{k} {v if v is not None else 'no code'}" for k, v in s["close_codes"].items()),
+        )
+    info.add_row("expecting", s["expecting"])
+    info.add_row("violations", Text(str(s["violations"]), style="bold red" if s["violations"] else "green"))
+    console.print(info)
+    for v in s["violation_list"][:50]:
+        console.print(Text(f"  packet {v['packet']} {v['type']}: {v['reason']}", style="red"))
+    if len(s["violation_list"]) > 50:
+        console.print(Text(f"  ... {s['violations'] - 50} more", style="red"))
+    for note in s["capture_notes"]:
+        console.print(Text(f"  note: {note}", style="yellow"))
+
+
+def _spark_reports() -> Mapping[str, Any]:
+    from . import spark
+
+    return {
+        "sessions": spark.sessions,
+        "streams": spark.streams,
+        "messages": spark.messages,
+        "violations": spark.violations,
+    }
+
+
+PLUGIN = ProtocolPlugin(
+    name="tremor",
+    default_ports=PORTS,
+    detect=detect,
+    framer=FrameSplitter,
+    decode=parse,
+    judge=Session,
+    tracker=TremorTracker,
+    record_fields=RECORD_FIELDS,
+    type_names=TYPE_NAMES,
+    print_summary=print_summary,
+    describe=describe,
+    spark_reports=_spark_reports,
+    report_titles=TITLES,
+)
