@@ -17,8 +17,8 @@ clients against a live ``MockNode`` on loopback (real timestamps and ports).
 
 from __future__ import annotations
 
-import signal
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -278,6 +278,8 @@ def dcp_samples(stream: Path, rollback: Path) -> None:
         options = ["--state", str(cstate), "--buffer-size", "600"]
         _wallaroo_proto(*consume, address, *options, stdout=subprocess.DEVNULL).wait(timeout=60)
         _stop(producer)
+
+
 _CLI = [sys.executable, "-m", "wallaroo_proto_cli", "ambrosia"]
 
 
@@ -307,6 +309,8 @@ def ambrosia_captures() -> None:
         ambrosia_run(HERE / "ambrosia-recovery.pcap", log_dir, *args)
     with tempfile.TemporaryDirectory() as log_dir:
         ambrosia_run(HERE / "ambrosia-faults.pcap", log_dir, *args, "--bad-check-at", "2", "--gap-at", "4")
+
+
 def tremor_samples(session_path: Path, framing_path: Path) -> None:
     """Tremor sessions recorded by our mock client against our mock node over loopback."""
     import asyncio

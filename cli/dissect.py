@@ -41,16 +41,7 @@ STYLES = {
     "INVALID": "bold red reverse",
 }
 _ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
-_ARROWS |= {"consumer": "C→P", "producer": "P→C"}
-_ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D", "lb": "L→I", "ic": "I→L"}
-_ARROWS = {
-    "connector": "C→W",
-    "worker": "W→C",
-    "daemon": "D→P",
-    "processor": "P→D",
-    "client": "C→N",
-    "server": "N→C",
-}
+_ARROWS |= {"consumer": "C→P", "producer": "P→C", "lb": "L→I", "ic": "I→L", "client": "C→N", "server": "N→C"}
 _TYPE_CHOICES = sorted({name for plugin in plugins() for name in plugin.type_names})
 
 
@@ -204,7 +195,7 @@ class _RichFrames:
     type=click.IntRange(1, 65535),
     multiple=True,
     help="TCP port to read (repeat) [default: each protocol's: wallaroo 7100 and 7200, kinesis 7300, "
-    "ambrosia 2000 and 2001]. "
+    "dcp 11210, ambrosia 2000 and 2001, tremor 9899]. "
     "Connections whose first bytes open a known protocol are found on any port.",
 )
 @click.option(
