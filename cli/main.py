@@ -75,8 +75,9 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="wallaroo-proto")
 def cli() -> None:
-    """A toolkit for the Wallaroo connector protocol v3: mock peers, a capture
-    dissector and a Spark replay job."""
+    """A toolkit for streaming-connector protocols (Wallaroo connector v3, Kinesis
+    MLD, Couchbase DCP, AMBROSIA, Tremor): mock peers, a capture dissector, a Spark
+    replay job, reports and conformance suites."""
 
 
 def main() -> None:

@@ -11,15 +11,25 @@ from __future__ import annotations
 import json
 import random
 import time
+from pathlib import Path
 
 import pytest
 from test_ambrosia_e2e import finish, start_ic, start_lb
 
 from wallaroo_proto.protocols.ambrosia.immortal import RpcSource
 
-RPCS = 1500
+RPCS = 3000
 ARGS = ("--rpcs", str(RPCS), "--batch", "15", "--checkpoint-every", "4")
 LB_ARGS = ("--connect-timeout", "15")
+
+
+def progress(log_dir: str) -> int:
+    """Input RPCs the IC's last durable checkpoint counts: the strikes' clock (it never goes back)."""
+    try:
+        line = (Path(log_dir) / "checkpoint.bin").read_bytes().partition(b"\n")[0]
+    except FileNotFoundError:
+        return 0
+    return json.loads(line)["generated"]  # replaced atomically, so never half written
 
 
 def crash_free_state(tmp_path) -> dict:
@@ -38,9 +48,13 @@ def test_state_survives_random_kill_9(tmp_path, seed):
     kills: list[str] = []
     lb = start_lb(rport, sport, *LB_ARGS)
     while len(kills) < 3:
-        moment = time.monotonic() + rng.uniform(0.1, 0.8)  # when to strike, not a wait for anything
-        while time.monotonic() < moment and ic.proc.poll() is None:
-            time.sleep(0.01)
+        # Strike once the checkpoints have counted a random number more RPCs: progress, not
+        # time, so a fast machine cannot finish the run before the first strike.
+        target = progress(log_dir) + rng.randint(60, 500)
+        deadline = time.monotonic() + 120
+        while progress(log_dir) < target and ic.proc.poll() is None:
+            assert time.monotonic() < deadline, f"the IC stopped checkpointing at {progress(log_dir)} RPCs"
+            time.sleep(0.002)
         if ic.proc.poll() is not None:  # it finished before the strike
             break
         victim = rng.choice(("ic", "lb"))
