@@ -146,7 +146,8 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
     "ports",
     type=int,
     multiple=True,
-    help="TCP port to read (repeatable; default each protocol's: wallaroo 7100 and 7200, kinesis 7300); "
+    help="TCP port to read (repeatable; default each protocol's: wallaroo 7100 and 7200, kinesis 7300, "
+    "dcp 11210, ambrosia 2000 and 2001, tremor 9899); "
     "connections that open with a known protocol are found on any port.",
 )
 @click.option(

@@ -163,3 +163,14 @@ def test_spark_replay_builds_the_dcp_tables():
     flow = [r for r in rows if r["table"] == "dcp_flow_control"]
     assert {r["buffer_size"] for r in flow} == {"1500", "600"} and all(r["stalls"] > 0 for r in flow)
     assert not [r for r in rows if r["table"] == "dcp_violations"]
+
+
+def test_fields_column_takes_spark_decimals():
+    """spark-replay --report hands describe() Spark rows: a u64 column arrives as a Decimal."""
+    from decimal import Decimal
+
+    from wallaroo_proto.protocols.dcp.plugin import PLUGIN
+
+    row = {"opaque": 7, "vbucket": 3, "start_seqno": Decimal(0), "vb_uuid": Decimal(2**64 - 2)}
+    text = PLUGIN.describe(row)
+    assert "uuid=0xfffffffffffffffe" in text and "start=0" in text, text

@@ -78,7 +78,7 @@ def describe(r: dict) -> str:
             if r.get("snap_start") is not None and r.get("start_seqno") is None:
                 parts.append(f"snap={r['snap_start']}..{r['snap_end']}/0x{r.get('snap_flags') or 0:x}")
         elif r.get(k) is not None:
-            parts.append(f"{label}={r[k]:#x}" if label == "uuid" else f"{label}={r[k]}")
+            parts.append(f"{label}={int(r[k]):#x}" if label == "uuid" else f"{label}={r[k]}")
     if r.get("dcp_event"):
         parts.append(f"({r['dcp_event']})")
     return " ".join(parts)
