@@ -230,6 +230,8 @@ class ConsumerVBucket:
 
     def stream_request(self, end: int = codec.FOREVER) -> codec.StreamReq:
         uuid = self.failover[0][0] if self.failover else 0
+        if self.seqno < self.snap_start:  # a marker came but none of its items: resume from the last point
+            return codec.StreamReq(0, self.seqno, end, uuid, self.seqno, self.seqno)
         return codec.StreamReq(0, self.seqno, end, uuid, self.snap_start, self.snap_end)
 
     def marker(self, start: int, end: int) -> None:
