@@ -89,6 +89,23 @@ def format_address(raw: bytes) -> str:
     return str(ipaddress.ip_address(raw))
 
 
+def connection_ident(capture: str, protocol: str, index: int, client: tuple, server: tuple) -> dict:
+    """The fields every record of one connection carries; ``connection`` is its printed label."""
+    ia, ip = format_address(client[0]), client[1]
+    ra, rp = format_address(server[0]), server[1]
+    fmt = lambda a, p: f"[{a}]:{p}" if ":" in a else f"{a}:{p}"  # noqa: E731
+    return {
+        "capture": capture,
+        "protocol": protocol,
+        "connection": f"{fmt(ia, ip)} > {fmt(ra, rp)}",
+        "conn_index": index,
+        "initiator_addr": ia,
+        "initiator_port": ip,
+        "responder_addr": ra,
+        "responder_port": rp,
+    }
+
+
 @contextmanager
 def _open(source: str | os.PathLike | BinaryIO):
     if isinstance(source, (str, os.PathLike)):

@@ -20,7 +20,7 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from wallaroo_proto.capture.pcap import format_address
+from wallaroo_proto.capture.pcap import connection_ident
 from wallaroo_proto.records import to_json
 
 from .codec import REQUESTS, Checkpoint, Initialize, Line, LineSplitter, ProcessRecords, Shutdown, Status
@@ -115,21 +115,9 @@ class KinesisTracker:
         self.first_packet = self.last_packet = 0
         self.first_ts = self.last_ts = 0.0
         self.closed = "open at end of capture"
-        ia, ip = format_address(client[0]), client[1]
-        ra, rp = format_address(server[0]), server[1]
-        fmt = lambda a, p: f"[{a}]:{p}" if ":" in a else f"{a}:{p}"  # noqa: E731
-        self.label = f"{fmt(ia, ip)} > {fmt(ra, rp)}"
         self.conn_index = index
-        self.ident = {
-            "capture": dissector.capture_name,
-            "protocol": "kinesis",
-            "connection": self.label,
-            "conn_index": index,
-            "initiator_addr": ia,
-            "initiator_port": ip,
-            "responder_addr": ra,
-            "responder_port": rp,
-        }
+        self.ident = connection_ident(dissector.capture_name, "kinesis", index, client, server)
+        self.label = self.ident["connection"]
 
     @property
     def summary(self) -> KinesisTracker:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from wallaroo_proto.capture.pcap import format_address
+from wallaroo_proto.capture.pcap import connection_ident
 from wallaroo_proto.records import to_json
 
 from .core import CLIENT, SERVER, Session
@@ -144,21 +144,9 @@ class TremorTracker:
         self.first_packet = self.last_packet = 0
         self.first_ts = self.last_ts = 0.0
         self.closed = "open at end of capture"
-        ia, ip = format_address(client[0]), client[1]
-        ra, rp = format_address(server[0]), server[1]
-        fmt = lambda a, p: f"[{a}]:{p}" if ":" in a else f"{a}:{p}"  # noqa: E731
-        self.label = f"{fmt(ia, ip)} > {fmt(ra, rp)}"
         self.conn_index = index
-        self.ident = {
-            "capture": dissector.capture_name,
-            "protocol": "tremor",
-            "connection": self.label,
-            "conn_index": index,
-            "initiator_addr": ia,
-            "initiator_port": ip,
-            "responder_addr": ra,
-            "responder_port": rp,
-        }
+        self.ident = connection_ident(dissector.capture_name, "tremor", index, client, server)
+        self.label = self.ident["connection"]
 
     @property
     def summary(self) -> TremorTracker:
