@@ -322,6 +322,7 @@ class Session:
         self.splitter = LineSplitter()
         self.lines: deque[Line] = deque()
         self.eof = False
+        self.input_lost = False
         self.pcap: TcpSession | None = None
         if daemon.pcap is not None:
             daemon.sessions += 1
@@ -348,10 +349,24 @@ class Session:
         try:
             await self.channel.write(data)
         except (ConnectionError, OSError) as err:
+            await self._judge_remaining_output()
             raise ShardFailure(
                 f"cannot write {what} to the processor: {err.strerror or err}{await self._exit_note()}; "
                 f"it was to read {what} next (after its output line {self.splitter.lines})"
             ) from None
+
+    async def _judge_remaining_output(self) -> None:
+        """A processor whose input broke has usually ended: what it wrote before is the better report.
+
+        Whether its exit beats our write is a race; judging its output either way
+        gives one answer (a bad line, or its output closing) whichever came first.
+        """
+        if self.input_lost:
+            return
+        self.input_lost = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.daemon.config.exit_grace):
+                await self.until_status()
 
     async def _exit_note(self) -> str:
         """How the processor ended, for a failure report; one that closed its pipes but lives on is killed."""
