@@ -168,7 +168,9 @@ def test_a_consumer_killed_with_sigkill_resumes_from_its_state(tmp_path):
 
 
 def test_a_bad_peer_gets_an_error_and_the_others_are_served(tmp_path):
-    with producer("--vbuckets", "1", "--items", "5") as server:
+    items = tmp_path / "items.jsonl"  # five distinct keys: generated ones may collide and dedupe
+    items.write_text("".join(f'{{"key": "k{n}", "value": "v{n}", "vbucket": 0}}\n' for n in range(5)))
+    with producer("--vbuckets", "1", "--items", "0", "--input", str(items)) as server:
         with socket.create_connection((server.host, server.port), timeout=30) as bad:
             bad.sendall(codec.encode(codec.Packet(0x80, codec.MUTATION, 0, 9, 0, 0, b"\0" * 3, b"k")))
             answer = b""
