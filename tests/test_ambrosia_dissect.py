@@ -119,12 +119,9 @@ def test_dissect_cli_summary_and_jsonl():
 
 
 @pytest.mark.slow
-def test_spark_replay_builds_the_ambrosia_tables():
-    pytest.importorskip("pyspark")
+def test_spark_replay_builds_the_ambrosia_tables(replayed_everything):
     paths = [str(CAPTURES / f"ambrosia-{name}.pcap") for name in ("first-start", "recovery", "faults")]
-    result = run_cli("spark-replay", "--jsonl", *paths, timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    rows = replayed_everything.ok().rows
     pairs = {r["capture"]: r for r in rows if r["table"] == "ambrosia_pairs"}
     assert set(pairs) == set(paths)
     recovery = pairs[paths[1]]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from support import run_cli
 
 from wallaroo_proto.capture.dissector import dissect
 from wallaroo_proto.capture.pcap import read_segments
@@ -150,13 +148,9 @@ def test_tshark_sees_the_same_opcodes_opaques_vbuckets_and_keys(name):
 
 
 @pytest.mark.slow
-def test_spark_replay_builds_the_dcp_tables():
-    pytest.importorskip("pyspark")
-    stream, rollback = (CAPTURES / n for n in SAMPLES)
-    ports = ("--port", str(server_port(stream)), "--port", str(server_port(rollback)))
-    result = run_cli("spark-replay", "--jsonl", *ports, str(stream), str(rollback), timeout=900)
-    assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+def test_spark_replay_builds_the_dcp_tables(replayed_everything):
+    stream, rollback = (CAPTURES / n for n in SAMPLES)  # read on their producers' ports
+    rows = replayed_everything.ok().rows
     vbs = {(r["capture"], r["vbucket"]): r for r in rows if r["table"] == "dcp_vbuckets"}
     assert vbs[(str(stream), 0)]["last_seqno"] == 40 and vbs[(str(stream), 0)]["snapshots_complete"] == 5
     assert vbs[(str(rollback), 0)]["rollbacks"] == 1 and "too_slow" in vbs[(str(rollback), 0)]["stream_ends"]

@@ -182,30 +182,28 @@ def test_u64_ids_exact_in_spark_and_sql(spark, captures):
 
 
 @pytest.mark.timeout(600)
-def test_u64_ids_exact_in_dissect_jsonl_parquet_and_reports(captures, tmp_path):
-    big = str(captures["big"])
+def test_u64_ids_exact_in_dissect_jsonl_parquet_and_reports(replayed_everything):
+    """The big-id capture (write_big_ids) dissected, and in the shared spark-replay run."""
+    replay = replayed_everything.ok()
+    big = str(replay.paths["big"])
     dissected = run_cli("dissect", big, "--format", "jsonl", timeout=120)
     assert dissected.returncode == 0, dissected.stderr
     lines = [json.loads(line) for line in dissected.stdout.splitlines()]
     assert [r["stream_id"] for r in lines if r["type"] == "NOTIFY"] == list(SENT)
     assert f'"message_id":{TOP}' in dissected.stdout
 
-    out = tmp_path / "out"
-    replayed = run_cli(
-        "spark-replay", big, "--master", "local[2]", "--jsonl", "--output", str(out), timeout=540
-    )
-    assert replayed.returncode == 0, replayed.stderr
-    rows = [json.loads(line) for line in replayed.stdout.splitlines()]
-    audit = [r for r in rows if r["table"] == "audit" and r["use"] == "source"]
+    audit = [r for r in replay.table("audit", "big") if r["use"] == "source"]
     assert [r["stream_id"] for r in audit] == [LOW, EDGE, ABOVE, TOP]  # the report's order: numeric
     assert {(r["first_id"], r["last_id"], r["messages"], r["gaps"]) for r in audit} == {(TOP - 1, TOP, 2, 0)}
     assert {r["stream_id"]: r["last_checkpoint"] for r in audit}[TOP] == TOP
-    (twopc,) = [r for r in rows if r["table"] == "twopc"]
+    (twopc,) = replay.table("twopc", "big")
     assert twopc["bytes_committed"] == 11 and twopc["where"][0]["end_por"] == 2**63 + 11
 
-    table = pq.read_table(out / "frames")
+    table = pq.read_table(replay.output / "frames")
     notified = [
-        int(r["stream_id"]) for r in table.select(["type", "stream_id"]).to_pylist() if r["type"] == "NOTIFY"
+        int(r["stream_id"])
+        for r in table.select(["capture", "type", "stream_id"]).to_pylist()
+        if r["type"] == "NOTIFY" and r["capture"] == str(replay.paths["big"])
     ]
     assert sorted(notified) == sorted(SENT)
     assert str(table.schema.field("stream_id").type) == "decimal128(20, 0)"

@@ -388,16 +388,6 @@ def test_cli_end_to_end(captures, tmp_path):
     ]
     assert sorted(r["txn_id"] for r in lines) == ["sink:c_id=1", "sink:c_id=2"]
 
-    scripted = run_cli("spark-replay", str(captures["sink"]), "--master", "local[1]", "--jsonl", timeout=360)
-    assert scripted.returncode == 0, scripted.stderr
-    rows = [json.loads(line) for line in scripted.stdout.splitlines()]
-    votes = {
-        (r["txn_id"], r["vote"], r["decision"], r["bytes_committed"]) for r in rows if r["table"] == "twopc"
-    }
-    assert votes == {("sink:c_id=1", True, True, 11), ("sink:c_id=2", False, False, 0)}
-    (audit,) = [r for r in rows if r["table"] == "audit"]
-    assert (audit["messages"], audit["gaps"], audit["last_checkpoint"]) == (4, 1, 11)
-
     stopped = run_cli(
         "spark-replay",
         str(captures["damaged"]),
@@ -411,3 +401,14 @@ def test_cli_end_to_end(captures, tmp_path):
     assert str(captures["damaged"]) in stopped.stderr
     assert "--fail-fast" in stopped.stderr
     assert "Traceback" not in stopped.stderr
+
+
+def test_jsonl_rows_of_the_sink_capture(replayed_everything):
+    """--jsonl for scripts: the hand-built sink capture's rounds and audit in the shared run."""
+    replay = replayed_everything.ok()
+    votes = {
+        (r["txn_id"], r["vote"], r["decision"], r["bytes_committed"]) for r in replay.table("twopc", "sink")
+    }
+    assert votes == {("sink:c_id=1", True, True, 11), ("sink:c_id=2", False, False, 0)}
+    (audit,) = replay.table("audit", "sink")
+    assert (audit["messages"], audit["gaps"], audit["last_checkpoint"]) == (4, 1, 11)

@@ -47,11 +47,15 @@ def build_report(
     title: str | None = None,
 ) -> Report:
     """The report of ``frames`` (spark-replay's DataFrame); ``errors``: capture -> why it stopped."""
+    from pyspark.sql import functions as F  # noqa: N812
+
     limits = limits or ReportLimits()
+    # The first connections in the captures' given order, as the local report (fed in that order) draws.
+    given_order = F.array_position(F.array(*(F.lit(name) for name in capture_names)), F.col("capture"))
     first = (
         frames.select("capture", "conn_index")
         .distinct()
-        .orderBy("capture", "conn_index")
+        .orderBy(given_order, "conn_index")
         .limit(limits.connections)
         .collect()
     )

@@ -1,0 +1,83 @@
+"""One spark-replay over every protocol's captures, shared by the tests that read its output.
+
+A Spark application costs half a minute or more to start on a loaded machine,
+so the per-protocol checks, the u64 check, the report check and the standalone
+cluster's comparison all read one run: ``--jsonl`` rows, ``--output`` Parquet
+tables and a ``--report`` page, over the sample captures, hand-built Wallaroo
+captures and two Kinesis conversations recorded by mock-daemon. One run over
+all five protocols also shows that they do not disturb each other.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from support import run_cli
+
+CAPTURES = Path(__file__).resolve().parent.parent / "captures"
+#: First, so the report numbers their connections c1-1, c2-1, c2-2 and c3-1.
+REPORT_SAMPLES = [CAPTURES / n for n in ("sink-2pc.pcap", "restart-reconnect.pcap", "source-session.pcap")]
+#: Every protocol's default port, and the ports the DCP samples' producers listened on.
+DEFAULT_PORTS = (7100, 7200, 7300, 11210, 2000, 2001, 9899)
+
+
+@dataclass
+class Replay:
+    paths: dict[str, Path]  # name -> capture
+    args: list[str]  # spark-replay's arguments before --master and the outputs
+    rows: list[dict]
+    output: Path  # --output: one Parquet table per directory
+    report: Path
+    returncode: int
+    stderr: str
+    tables: dict[str, list[dict]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for row in self.rows:
+            self.tables.setdefault(row["table"], []).append(row)
+
+    def ok(self) -> Replay:
+        """The run, once it is known to have succeeded (a violation is a finding, not a failure)."""
+        assert self.returncode == 0, self.stderr[-3000:]
+        return self
+
+    def table(self, name: str, capture: str) -> list[dict]:
+        """Rows of one table that came from the capture called ``capture``."""
+        return [r for r in self.tables.get(name, []) if r["capture"] == str(self.paths[capture])]
+
+
+def build_inputs(root: Path) -> tuple[dict[str, Path], list[str]]:
+    """Every capture the shared run reads, by name, and the arguments naming them."""
+    from test_dcp_dissect import server_port
+    from test_kinesis_dissect import record
+    from test_spark_datasource import write_big_ids
+    from test_spark_replay import write_sink
+
+    paths = {p.name: p for p in REPORT_SAMPLES}
+    paths.update({p.name: p for p in sorted(CAPTURES.glob("*.pcap*")) if p.name not in paths})
+    paths["sink"], paths["big"] = root / "sink.pcap", root / "big.pcap"
+    write_sink(paths["sink"])
+    write_big_ids(paths["big"])
+    paths["kinesis"], paths["kinesis-bad"] = root / "mld.pcap", root / "mld-bad.pcap"
+    assert record(paths["kinesis"]).returncode == 0
+    record(paths["kinesis-bad"], "--bad-response-after", "10")
+    ports = {*DEFAULT_PORTS, *(server_port(CAPTURES / n) for n in ("dcp-stream.pcap", "dcp-rollback.pcap"))}
+    args = [str(p) for p in paths.values()]
+    for port in sorted(ports):
+        args += ["--port", str(port)]
+    return paths, args
+
+
+def replay(root: Path) -> Replay:
+    paths, args = build_inputs(root)
+    output, report = root / "out", root / "report.html"
+    result = run_cli(
+        "spark-replay",
+        *args,
+        *("--master", "local[2]", "--jsonl", "--output", str(output), "--report", str(report)),
+        timeout=900,
+    )
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return Replay(paths, args, rows, output, report, result.returncode, result.stderr)
