@@ -282,6 +282,8 @@ def _run(
             err.print(f"[red]capture {problem['capture']}: {problem['error']} {kept}[/red]")
 
     tables = reports.build_tables(loaded.frames, loaded.problems)
+    if output:  # shown, then written: each summary computed once (they are small; frames are persisted)
+        tables = {n: t if n in ("frames", "messages", "problems") else t.persist() for n, t in tables.items()}
     jobs.register_views(tables)
     extra = {}
     try:  # planned before anything is printed: a mistake in them is usage, found at once
