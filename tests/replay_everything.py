@@ -2,10 +2,11 @@
 
 A Spark application costs half a minute or more to start on a loaded machine,
 so the per-protocol checks, the u64 check, the report check and the standalone
-cluster's comparison all read one run: ``--jsonl`` rows, ``--output`` Parquet
-tables and a ``--report`` page, over the sample captures, hand-built Wallaroo
-captures and two Kinesis conversations recorded by mock-daemon. One run over
-all five protocols also shows that they do not disturb each other.
+cluster's comparison all read one run: ``--jsonl`` rows (with a ``--sql`` query
+and the example ``--job``), ``--output`` Parquet tables and a ``--report`` page,
+over the sample captures, hand-built Wallaroo captures, a damaged one, and two
+Kinesis conversations recorded by mock-daemon. One run over all five protocols
+also shows that they do not disturb each other.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 REPORT_SAMPLES = [CAPTURES / n for n in ("sink-2pc.pcap", "restart-reconnect.pcap", "source-session.pcap")]
 #: Every protocol's default port, and the ports the DCP samples' producers listened on.
 DEFAULT_PORTS = (7100, 7200, 7300, 11210, 2000, 2001, 9899)
+SQL = "SELECT type, count(*) AS n FROM frames GROUP BY type"
+JOB = "wallaroo_proto.spark.example_job:key_counts"
 
 
 @dataclass
@@ -39,8 +42,14 @@ class Replay:
             self.tables.setdefault(row["table"], []).append(row)
 
     def ok(self) -> Replay:
-        """The run, once it is known to have succeeded (a violation is a finding, not a failure)."""
-        assert self.returncode == 0, self.stderr[-3000:]
+        """The run, once it is known to have read everything but the damaged capture.
+
+        The damaged capture makes the exit 1 (a problem found); a violation is a finding, not a problem.
+        """
+        named = [line for line in self.stderr.splitlines() if line.startswith("capture ")]
+        assert self.returncode == 1 and named, self.stderr[-3000:]
+        assert all(line.startswith(f"capture {self.paths['damaged']}: ") for line in named), named
+        assert "Traceback" not in self.stderr
         return self
 
     def table(self, name: str, capture: str) -> list[dict]:
@@ -53,18 +62,22 @@ def build_inputs(root: Path) -> tuple[dict[str, Path], list[str]]:
     from test_dcp_dissect import server_port
     from test_kinesis_dissect import record
     from test_spark_datasource import write_big_ids
-    from test_spark_replay import write_sink
+    from test_spark_replay import write_sink, write_source
 
     paths = {p.name: p for p in REPORT_SAMPLES}
     paths.update({p.name: p for p in sorted(CAPTURES.glob("*.pcap*")) if p.name not in paths})
-    paths["sink"], paths["big"] = root / "sink.pcap", root / "big.pcap"
+    paths["source"], paths["sink"], paths["big"] = root / "source.pcap", root / "sink.pcap", root / "big.pcap"
+    write_source(paths["source"])
     write_sink(paths["sink"])
     write_big_ids(paths["big"])
+    data = paths["source"].read_bytes()
+    paths["damaged"] = root / "damaged.pcap"
+    paths["damaged"].write_bytes(data[: len(data) * 3 // 5])  # ends inside a packet record
     paths["kinesis"], paths["kinesis-bad"] = root / "mld.pcap", root / "mld-bad.pcap"
     assert record(paths["kinesis"]).returncode == 0
     record(paths["kinesis-bad"], "--bad-response-after", "10")
     ports = {*DEFAULT_PORTS, *(server_port(CAPTURES / n) for n in ("dcp-stream.pcap", "dcp-rollback.pcap"))}
-    args = [str(p) for p in paths.values()]
+    args = [str(p) for p in paths.values()] + ["--sql", SQL, "--job", JOB]
     for port in sorted(ports):
         args += ["--port", str(port)]
     return paths, args

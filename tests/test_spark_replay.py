@@ -9,9 +9,11 @@ the example job. One Spark session (local[2]) serves the whole module.
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from py4j.protocol import Py4JJavaError
 from pyspark.errors import PySparkException
@@ -299,6 +301,17 @@ def test_example_job_counts_keys_per_window(spark, captures):
 
 
 @pytest.mark.timeout(480)
+def test_example_job_puts_times_that_are_not_milliseconds_in_a_null_window(spark):
+    """captures/source-session.pcap sends nanoseconds (1.76e18): past Spark's timestamps as ms."""
+    sample = str(Path(__file__).resolve().parent.parent / "captures" / "source-session.pcap")
+    loaded = spark_frames.load_frames(spark, [sample])
+    result = key_counts(reports.messages(loaded.frames)).collect()
+    assert result and all(row["window_start"] is None for row in result)
+    # stream 11: ids 1-7 keyed user-(id % 3); stream 12: two messages without a key
+    assert {row["key"]: row["messages"] for row in result} == {"user-0": 2, "user-1": 3, "user-2": 2, None: 2}
+
+
+@pytest.mark.timeout(480)
 def test_sql_over_the_views(spark, captures, replayed):
     _, _, tables = replayed
     jobs.register_views(tables)
@@ -353,41 +366,28 @@ def test_listing_and_task_planning(tmp_path):
     ]
 
 
-@pytest.mark.timeout(720)
-def test_cli_end_to_end(captures, tmp_path):
-    out = tmp_path / "out"
-    result = run_cli(
-        "spark-replay",
-        str(captures["source"]),
-        str(captures["sink"]),
-        str(captures["damaged"]),
-        "--master",
-        "local[1]",
-        "--output",
-        str(out),
-        "--format",
-        "json",
-        "--sql",
-        "SELECT type, count(*) AS n FROM frames GROUP BY type",
-        "--job",
-        "wallaroo_proto.spark.example_job:key_counts",
-        timeout=660,
-    )
-    assert result.returncode == 1, result.stderr  # a damaged capture is a problem found
-    assert f"capture {captures['damaged']}" in result.stderr
-    assert "Traceback" not in result.stderr
-    for title in ("Delivery audit per stream", "Flow control", "RESTARTs and reconnects", "2PC rounds"):
-        assert title in result.stdout
-    assert "sink:c_id=2" in result.stdout
-    written = sorted(p.name for p in out.iterdir())
-    assert {"frames", "messages", "audit", "twopc", "problems", "sql", "job"} <= set(written)
+@pytest.mark.timeout(480)
+def test_tables_written_as_json_and_csv(replayed, tmp_path):
+    """--format json and csv: JSON lines per part file; CSV with a header and nested columns as JSON."""
+    _, _, tables = replayed
+    chosen = {name: tables[name] for name in ("twopc", "audit")}
+    written = jobs.write_tables(chosen, str(tmp_path / "json"), "json")
     lines = [
-        json.loads(line)
-        for f in sorted((out / "twopc").glob("part-*.json"))
-        for line in f.read_text().splitlines()
+        json.loads(line) for f in sorted(Path(written["twopc"]).glob("part-*.json")) for line in f.open()
     ]
-    assert sorted(r["txn_id"] for r in lines) == ["sink:c_id=1", "sink:c_id=2"]
+    sinks = {r["txn_id"] for r in lines if r["capture"].endswith("sink.pcap")}
+    assert {"sink:c_id=1", "sink:c_id=2"} <= sinks
+    written = jobs.write_tables(chosen, str(tmp_path / "csv"), "csv")
+    parts = sorted(Path(written["twopc"]).glob("part-*.csv"))
+    rows = [row for f in parts for row in csv.DictReader(f.open(newline=""))]
+    where = {r["txn_id"]: json.loads(r["where"]) for r in rows}  # an array column, as JSON text
+    assert where["sink:c_id=1"] == [{"stream_id": 1, "start_por": 0, "end_por": 11}]
+    with pytest.raises(jobs.JobError, match="unknown output format 'xml'"):
+        jobs.write_tables(chosen, str(tmp_path / "xml"), "xml")
 
+
+@pytest.mark.timeout(480)
+def test_fail_fast_stops_at_the_damaged_capture(captures):
     stopped = run_cli(
         "spark-replay",
         str(captures["damaged"]),
@@ -412,3 +412,7 @@ def test_jsonl_rows_of_the_sink_capture(replayed_everything):
     assert votes == {("sink:c_id=1", True, True, 11), ("sink:c_id=2", False, False, 0)}
     (audit,) = replay.table("audit", "sink")
     assert (audit["messages"], audit["gaps"], audit["last_checkpoint"]) == (4, 1, 11)
+    # --sql and --job results are rows too: frames per type, and the example job's key counts.
+    per_type = {r["type"]: r["n"] for r in replay.tables["sql"]}
+    assert sum(per_type.values()) == pq.read_table(replay.output / "frames").num_rows
+    assert per_type["MESSAGE"] > 0 and {"window_start", "key", "messages"} <= set(replay.tables["job"][0])

@@ -7,7 +7,9 @@ Run it with::
 It takes the ``messages`` view's DataFrame and returns one row per (window, key):
 ``window_start``, ``window_end`` (UTC timestamps), ``key`` (text; null for messages
 without a key) and ``messages``. Event times are read as milliseconds since the
-epoch, which is what mock-source and the shipped connectors send. Each message
+epoch, which is what mock-source and the shipped connectors send; a time Spark
+cannot hold as milliseconds (nanoseconds, say) counts in a null window rather than
+failing the run. Each message
 is counted once: the copies a worker dropped as replays are left out, and so
 are resends after a reconnect (a stream's message id names one message, so
 rows are de-duplicated on capture, stream and message id).
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 
 #: Tumbling windows of this length (any Spark interval string).
 WINDOW = "10 seconds"
+#: Milliseconds since the epoch that Spark's timestamps hold: years 1 to 9999.
+MS_RANGE = (-62_135_596_800_000, 253_402_300_799_999)
 
 
 def windowed_key_counts(messages: DataFrame, window: str = WINDOW) -> DataFrame:
@@ -33,18 +37,25 @@ def windowed_key_counts(messages: DataFrame, window: str = WINDOW) -> DataFrame:
     once = messages.where(F.col("verdict") != "replayed").dropDuplicates(
         ["capture", "use", "stream_id", "message_id"]
     )
-    windows = F.window(F.timestamp_millis("event_time"), window)
-    return (
-        once.groupBy(windows.alias("w"), "key")
+    in_range = F.col("event_time").between(*MS_RANGE)
+    windowed = (
+        once.where(in_range)
+        .groupBy(F.window(F.timestamp_millis("event_time"), window).alias("w"), "key")
+        .agg(F.count("*").alias("messages"))
+        .select(F.col("w.start").alias("window_start"), F.col("w.end").alias("window_end"), "key", "messages")
+    )
+    unwindowed = (  # Spark's window() drops rows whose time is null: counted here instead
+        once.where(~in_range)
+        .groupBy("key")
         .agg(F.count("*").alias("messages"))
         .select(
-            F.col("w.start").alias("window_start"),
-            F.col("w.end").alias("window_end"),
+            F.lit(None).cast("timestamp").alias("window_start"),
+            F.lit(None).cast("timestamp").alias("window_end"),
             "key",
             "messages",
         )
-        .orderBy("window_start", "key")
     )
+    return windowed.unionByName(unwindowed).orderBy("window_start", "key")
 
 
 def key_counts(messages: DataFrame) -> DataFrame:

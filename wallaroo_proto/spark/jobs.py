@@ -120,8 +120,8 @@ def write_tables(tables: Mapping[str, DataFrame], directory: str, fmt: str = "pa
         path = os.path.join(directory, name)
         out = flatten_for_csv(frame) if fmt == "csv" else frame
         writer = out.write.mode("overwrite")
-        if fmt == "csv":
-            writer = writer.option("header", True)
+        if fmt == "csv":  # RFC 4180 quoting ("" inside quotes), as spreadsheets and csv readers expect
+            writer = writer.option("header", True).option("escape", '"')
         getattr(writer, fmt)(path)
         written[name] = path
     return written
