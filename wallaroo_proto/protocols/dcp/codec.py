@@ -288,7 +288,8 @@ class PacketSplitter:
         self.resync = False
         self.skipped = 0
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+    def feed(self, data: bytes, limit: int | None = None) -> list[tuple[int, bytes]]:
+        """Whole packets buffered after adding ``data``; at most ``limit`` of them (the rest stay)."""
         buf = self.buf
         buf += data
         out = []
@@ -305,7 +306,7 @@ class PacketSplitter:
                 self.skipped += found - pos
                 pos = found
                 self.resync = False
-            if n - pos < HEADER_SIZE:
+            if n - pos < HEADER_SIZE or (limit is not None and len(out) >= limit):
                 break
             magic = buf[pos]
             body = int.from_bytes(buf[pos + 8 : pos + 12], "big")
@@ -322,6 +323,10 @@ class PacketSplitter:
             pos = end
         self._drop(pos)
         return out
+
+    def consume(self, pos: int) -> None:
+        """The first ``pos`` buffered bytes were taken by the caller (whole packets, as from ``feed``)."""
+        self._drop(pos)
 
     def _drop(self, pos: int) -> None:
         if pos:
