@@ -730,6 +730,40 @@ def mutation(
     )
 
 
+def items(
+    vbucket: int, opaque: int, entries: list[tuple[int, int, int, bytes, bytes]], sid: int | None = None
+) -> list[bytes]:
+    """Many items' packets at once: (opcode, seqno, rev, key, value) each, a MUTATION, DELETION or EXPIRATION.
+
+    The same bytes as ``mutation``, ``deletion`` and ``expiration`` one by one; without a
+    stream id a mutation is one ``struct`` pack and one join.
+    """
+    out = []
+    append = out.append
+    head = _MUTATION_HEAD.pack
+    join = b"".join
+    for op, seqno, rev, key, value in entries:
+        if op == MUTATION and sid is None:
+            keylen = len(key)
+            append(
+                join(
+                    (
+                        head(REQ, MUTATION, keylen, 31, 0, vbucket, 31 + keylen + len(value), opaque, 0,
+                             seqno, rev, 0, 0, 0, 0, 0),
+                        key,
+                        value,
+                    )
+                )
+            )  # fmt: skip
+        elif op == MUTATION:
+            append(mutation(vbucket, opaque, seqno, rev, key, value, sid=sid))
+        elif op == DELETION:
+            append(deletion(vbucket, opaque, seqno, rev, key, sid))
+        else:
+            append(expiration(vbucket, opaque, seqno, rev, key, 0, sid))
+    return out
+
+
 def deletion(vbucket: int, opaque: int, seqno: int, rev: int, key: bytes, sid: int | None = None) -> bytes:
     return request(
         DELETION, vbucket=vbucket, opaque=opaque, extras=_DELETION_V1.pack(seqno, rev, 0), key=key, sid=sid

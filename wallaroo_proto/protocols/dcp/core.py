@@ -226,16 +226,13 @@ class Connection:
                 return s
         return None
 
-    def count_sent_run(self, size: int) -> None:
+    def count_sent_run(self, size: int) -> bool:
         """A run of stream messages of ``size`` bytes in all went out, each sent while under the buffer.
 
         Only the run's last message can fill the buffer, so this counts exactly as
-        ``count_sent`` per message would.
+        ``count_sent`` per message would; True when it filled it.
         """
-        if self.buffer_size:
-            self.outstanding += size
-            if self.outstanding >= self.buffer_size:
-                self.stalls += 1
+        return self.count_sent(size)
 
     # --------------------------------------------------------------------------------- consumer
 
