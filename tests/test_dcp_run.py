@@ -134,7 +134,7 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
         while j < len(events) and events[j][0] == "p":
             j += 1
         wires = [w for _, w in events[i:j]]
-        buf = bytearray(b"".join(wires))
+        buf = b"".join(wires)
         starts = [0]
         for w in wires:
             starts.append(starts[-1] + len(w))
@@ -175,3 +175,29 @@ def test_a_run_returns_items_and_markers_with_their_fields():
     assert conn.outstanding == pos
     v = conn.from_producer(decode_packet(buf, pos))
     assert v.kind is Kind.VIOLATION and "not after the last seqno 3" in v.reason
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([codec.MUTATION, codec.DELETION, codec.EXPIRATION]),
+            st.integers(0, 2**64 - 1),
+            st.integers(0, 2**64 - 1),
+            st.binary(min_size=1, max_size=20),
+            st.binary(max_size=40),
+        ),
+        max_size=8,
+    ),
+    st.sampled_from([None, 5]),
+)
+def test_many_items_encode_as_each_one_alone(entries, sid):
+    """The producer's batch encoder (``codec.items``) gives the bytes of the one-item builders."""
+    alone = []
+    for op, seqno, rev, key, value in entries:
+        if op == codec.MUTATION:
+            alone.append(codec.mutation(9, 7, seqno, rev, key, value, sid=sid))
+        elif op == codec.DELETION:
+            alone.append(codec.deletion(9, 7, seqno, rev, key, sid))
+        else:
+            alone.append(codec.expiration(9, 7, seqno, rev, key, 0, sid))
+    assert codec.items(9, 7, entries, sid) == alone

@@ -735,7 +735,8 @@ def items(
 ) -> list[bytes]:
     """Many items' packets at once: (opcode, seqno, rev, key, value) each, a MUTATION, DELETION or EXPIRATION.
 
-    The same bytes as ``mutation``, ``deletion`` and ``expiration`` one by one; without a
+    The same bytes as ``mutation``, ``deletion`` and ``expiration`` one by one (the value
+    is a mutation's only); without a
     stream id a mutation is one ``struct`` pack and one join.
     """
     out = []

@@ -32,7 +32,7 @@ from typing import Any
 from wallaroo_proto.durable import write_atomic
 
 from . import codec
-from .codec import FOREVER, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
+from .codec import FOREVER, HEADER_SIZE, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
 from .core import Connection, Kind
 from .store import DELETION, EXPIRATION, MUTATION, ConsumerVBucket, StateError
 
@@ -304,7 +304,10 @@ class MockConsumer:
         acknowledged per run, not per item.
         """
         splitter = self.splitter
-        end, taken = self.conn.process_run(splitter.buf, 0, splitter.max_body)
+        buf = splitter.buf
+        if len(buf) < 32 or len(buf) < HEADER_SIZE + int.from_bytes(buf[8:12], "big"):
+            return  # not even one whole packet yet (a large one is not copied again per read)
+        end, taken = self.conn.process_run(bytes(buf), 0, splitter.max_body)
         if not end:
             return
         splitter.consume(end)

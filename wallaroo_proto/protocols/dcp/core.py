@@ -57,11 +57,9 @@ MAX_FAILOVER_ENTRIES = 25
 SNAP_MAY_CONTAIN_DUPLICATES = 0x20
 #: Keys remembered per snapshot for the uniqueness check (a bound on memory).
 _KEYS_KEPT = 100_000
-_HEADER = codec.HEADER
-_SEQNO = struct.Struct(">Q")
+#: A header and the first extras field: an item's seqno, a marker's start.
+_HEADER_SEQNO = struct.Struct(">BBHBBHIIQQ")
 _MARKER_V1 = struct.Struct(">QQI")
-#: Extras lengths of the items the run path takes (a DELETION may be V1 or V2).
-_RUN_ITEM_EXTRAS = {codec.MUTATION: (31,), codec.DELETION: (18, 21), codec.EXPIRATION: (20,)}
 _NEEDS_OPEN = frozenset(
     (codec.CONTROL, codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG, codec.BUFFER_ACK)
 )
@@ -332,7 +330,7 @@ class Connection:
         return self._stream_message(p, msg)
 
     def process_run(
-        self, buf: bytes | bytearray, pos: int = 0, max_body: int = 20 * 1024 * 1024
+        self, buf: bytes, pos: int = 0, max_body: int = 20 * 1024 * 1024
     ) -> tuple[int, list[tuple[int, int, Any, Any, Any]]]:
         """Judge the producer's stream messages at ``buf[pos:]`` in one pass, straight from the bytes.
 
@@ -347,7 +345,7 @@ class Connection:
 
         Returns the position after the last packet taken and, per packet, a tuple:
         (opcode, opaque, seqno, key, value) for an item, (SNAPSHOT_MARKER, opaque,
-        start, end, flags) for a marker. Keys and values are bytes.
+        start, end, flags) for a marker. Keys and values are slices of ``buf`` (bytes).
         """
         out: list[tuple[int, int, Any, Any, Any]] = []
         append = out.append
@@ -355,13 +353,13 @@ class Connection:
         buffer_size = self.buffer_size
         outstanding = self.outstanding
         stalls = 0
-        unpack_header = _HEADER.unpack_from
-        unpack_seqno = _SEQNO.unpack_from
-        item_extras = _RUN_ITEM_EXTRAS
-        marker_op = codec.SNAPSHOT_MARKER
+        unpack_head = _HEADER_SEQNO.unpack_from
+        marker_op, mutation, deletion, expiration = (
+            codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION
+        )  # fmt: skip
         n = len(buf)
-        while n - pos >= 24:
-            magic, op, keylen, extlen, _dt, vb, bodylen, opaque, _cas = unpack_header(buf, pos)
+        while n - pos >= 32:  # a header and the first 8 bytes of the extras every message taken has
+            magic, op, keylen, extlen, _dt, vb, bodylen, opaque, _cas, seqno = unpack_head(buf, pos)
             size = 24 + bodylen
             if (
                 magic != 0x80
@@ -374,11 +372,10 @@ class Connection:
             s = streams.get(opaque)
             if s is None or s.vbucket != vb or s.sid is not None:
                 break
-            body = pos + 24
             if op == marker_op:
                 if extlen != 20 or keylen or bodylen != 20:
                     break
-                start, end, flags = _MARKER_V1.unpack_from(buf, body)
+                start, end, flags = _MARKER_V1.unpack_from(buf, pos + 24)
                 last = s.last_seqno
                 if start > end or s.snapshot_open or (end <= last and s.marker_seen):
                     break
@@ -389,19 +386,25 @@ class Connection:
                 s.snapshots += 1
                 append((op, opaque, start, end, flags))
             else:
-                extras = item_extras.get(op)
-                if extras is None or extlen not in extras or not keylen:
+                if op == mutation:
+                    if extlen != 31:
+                        break
+                elif op == deletion:
+                    if extlen != 18 and extlen != 21:
+                        break
+                elif op != expiration or extlen != 20:
                     break
-                seqno = unpack_seqno(buf, body)[0]
                 if (
-                    not s.marker_seen
+                    not keylen
+                    or not s.marker_seen
                     or seqno <= s.last_seqno
                     or not s.snap_start <= seqno <= s.snap_end
-                    or (s.request.end != FOREVER and seqno > s.request.end)
+                    or seqno > s.request.end
                 ):
                     break
-                key_at = body + extlen
-                key = bytes(buf[key_at : key_at + keylen])
+                key_at = pos + 24 + extlen
+                value_at = key_at + keylen
+                key = buf[key_at:value_at]
                 if not s.snap_flags & SNAP_MAY_CONTAIN_DUPLICATES:
                     keys = s.keys
                     if key in keys:
@@ -413,7 +416,7 @@ class Connection:
                 if s.snapshot_open and seqno == s.snap_end:
                     s.snapshot_open = False
                     s.snapshots_complete += 1
-                append((op, opaque, seqno, key, bytes(buf[key_at + keylen : pos + size])))
+                append((op, opaque, seqno, key, buf[value_at : pos + size]))
             if buffer_size:
                 outstanding += size
                 if outstanding >= buffer_size:

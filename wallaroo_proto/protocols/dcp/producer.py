@@ -64,6 +64,8 @@ CONTROL_KEYS = frozenset(
 FEATURES = (0x03, 0x07, 0x08)
 DEFAULT_NOOP_INTERVAL = 20.0
 _BATCH = 512
+#: Items encoded at a time: what a stream holds encoded beyond the socket's buffer is bounded by this.
+_CHUNK_ITEMS = 1024
 
 
 @dataclass
@@ -102,7 +104,7 @@ class Stats:
 
 @dataclass(slots=True)
 class _Chunk:
-    """A run of one stream's messages, encoded together: a snapshot (its marker and items) or its end.
+    """A run of one stream's messages, encoded together: a snapshot's marker and items (or a piece), its end.
 
     ``ends[k]`` is the byte count of ``wires[:k + 1]``, so the pump finds how many
     fit the flow-control window with one bisect. Items are ``wires[first_item:last_item]``;
@@ -417,7 +419,7 @@ class _Session:
     # ----------------------------------------------------------------------------- streaming
 
     def chunks(self, vb: VBucket, opaque: int, req: StreamReq, sid: int | None) -> Iterator[_Chunk]:
-        """The stream's messages a snapshot at a time, encoded when the pump gets to them."""
+        """The stream's messages a snapshot (or a piece of a large one) at a time, encoded when sent."""
         faults = self.producer.config.faults
         stats = self.producer.stats
         ended_once = self.producer.ended_once
@@ -431,17 +433,22 @@ class _Session:
                 versions = versions[: max(0, faults.end_after - sent)]
                 ended_once.add(vbid)
                 end_reason = faults.end_reason
-            wires = [codec.snapshot_marker(vbid, opaque, snap.start, snap.end, snap.flags, sid)]
-            wires += codec.items(
-                vbid,
-                opaque,
-                [(_OPCODES[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode()) for v in versions],
-                sid,
-            )
             sent += len(versions)
-            if end_reason is not None:
-                wires.append(codec.stream_end(vbid, opaque, end_reason, sid))
-            yield _chunk(wires, 1, 1 + len(versions), end_reason)
+            marker = codec.snapshot_marker(vbid, opaque, snap.start, snap.end, snap.flags, sid)
+            for at in range(0, max(len(versions), 1), _CHUNK_ITEMS):  # a large backfill in pieces
+                piece = versions[at : at + _CHUNK_ITEMS]
+                wires = [] if at else [marker]
+                lead = len(wires)
+                wires += codec.items(
+                    vbid,
+                    opaque,
+                    [(_OPCODES[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode()) for v in piece],
+                    sid,
+                )
+                last = at + _CHUNK_ITEMS >= len(versions)
+                if last and end_reason is not None:
+                    wires.append(codec.stream_end(vbid, opaque, end_reason, sid))
+                yield _chunk(wires, lead, lead + len(piece), end_reason if last else None)
             if end_reason is not None:
                 return
         if req.end != FOREVER and req.end <= vb.high_seqno:
