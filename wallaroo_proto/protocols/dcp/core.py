@@ -224,14 +224,6 @@ class Connection:
                 return s
         return None
 
-    def count_sent_run(self, size: int) -> bool:
-        """A run of stream messages of ``size`` bytes in all went out, each sent while under the buffer.
-
-        Only the run's last message can fill the buffer, so this counts exactly as
-        ``count_sent`` per message would; True when it filled it.
-        """
-        return self.count_sent(size)
-
     # --------------------------------------------------------------------------------- consumer
 
     def from_consumer(self, p: Packet, offset: int = 0) -> Verdict:

@@ -523,7 +523,8 @@ class _Session:
             if drop:
                 items = faults.drop_after - self.items
                 j = max(i, chunk.first_item) + items
-            if conn.count_sent_run(ends[j - 1] - base):
+            # Only the run's last message can fill the buffer: one count for the run is exact.
+            if conn.count_sent(ends[j - 1] - base):
                 stats.stalls += 1
             batch += chunk.wires[i:j]
             stream.at = j
