@@ -18,6 +18,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from wallaroo_proto import runtime
 from wallaroo_proto.durable import write_atomic
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.consumer import ConsumerConfig, MockConsumer
@@ -294,7 +295,7 @@ def mock_producer(**opts) -> None:
         producer = MockProducer(config, bucket, _log("dcp mock-producer"))
     except OSError as err:
         raise _usage_error(f"cannot write --record {opts['record']}: {err.strerror or err}") from err
-    asyncio.run(_serve(producer))
+    runtime.run(_serve(producer))
     summary = producer.summary()
     _print_producer_summary(summary, opts["fmt"])
     if summary["violations"]:
@@ -436,7 +437,7 @@ def mock_consumer(**opts) -> None:
         consumer = MockConsumer(config, _log("dcp mock-consumer"))
     except StateError as err:
         raise _usage_error(f"--state: {err}") from err
-    result, interrupted = asyncio.run(_consume(consumer))
+    result, interrupted = runtime.run(_consume(consumer))
     with contextlib.suppress(Exception):
         sys.stdout.flush()
     _print_consumer_summary(result, opts["fmt"], err=opts["out"] == "-")

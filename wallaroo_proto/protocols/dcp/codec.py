@@ -288,7 +288,8 @@ class PacketSplitter:
         self.resync = False
         self.skipped = 0
 
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+    def feed(self, data: bytes, limit: int | None = None) -> list[tuple[int, bytes]]:
+        """Whole packets buffered after adding ``data``; at most ``limit`` of them (the rest stay)."""
         buf = self.buf
         buf += data
         out = []
@@ -305,7 +306,7 @@ class PacketSplitter:
                 self.skipped += found - pos
                 pos = found
                 self.resync = False
-            if n - pos < HEADER_SIZE:
+            if n - pos < HEADER_SIZE or (limit is not None and len(out) >= limit):
                 break
             magic = buf[pos]
             body = int.from_bytes(buf[pos + 8 : pos + 12], "big")
@@ -322,6 +323,10 @@ class PacketSplitter:
             pos = end
         self._drop(pos)
         return out
+
+    def consume(self, pos: int) -> None:
+        """The first ``pos`` buffered bytes were taken by the caller (whole packets, as from ``feed``)."""
+        self._drop(pos)
 
     def _drop(self, pos: int) -> None:
         if pos:
@@ -723,6 +728,41 @@ def mutation(
         datatype=datatype,
         sid=sid,
     )
+
+
+def items(
+    vbucket: int, opaque: int, entries: list[tuple[int, int, int, bytes, bytes]], sid: int | None = None
+) -> list[bytes]:
+    """Many items' packets at once: (opcode, seqno, rev, key, value) each, a MUTATION, DELETION or EXPIRATION.
+
+    The same bytes as ``mutation``, ``deletion`` and ``expiration`` one by one (the value
+    is a mutation's only); without a
+    stream id a mutation is one ``struct`` pack and one join.
+    """
+    out = []
+    append = out.append
+    head = _MUTATION_HEAD.pack
+    join = b"".join
+    for op, seqno, rev, key, value in entries:
+        if op == MUTATION and sid is None:
+            keylen = len(key)
+            append(
+                join(
+                    (
+                        head(REQ, MUTATION, keylen, 31, 0, vbucket, 31 + keylen + len(value), opaque, 0,
+                             seqno, rev, 0, 0, 0, 0, 0),
+                        key,
+                        value,
+                    )
+                )
+            )  # fmt: skip
+        elif op == MUTATION:
+            append(mutation(vbucket, opaque, seqno, rev, key, value, sid=sid))
+        elif op == DELETION:
+            append(deletion(vbucket, opaque, seqno, rev, key, sid))
+        else:
+            append(expiration(vbucket, opaque, seqno, rev, key, 0, sid))
+    return out
 
 
 def deletion(vbucket: int, opaque: int, seqno: int, rev: int, key: bytes, sid: int | None = None) -> bytes:

@@ -25,18 +25,20 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import itemgetter
 from typing import Any
 
 from wallaroo_proto.durable import write_atomic
 
 from . import codec
-from .codec import FOREVER, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
+from .codec import FOREVER, HEADER_SIZE, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
 from .core import Connection, Kind
 from .store import DELETION, EXPIRATION, MUTATION, ConsumerVBucket, StateError
 
 _OPS = {codec.MUTATION: MUTATION, codec.DELETION: DELETION, codec.EXPIRATION: EXPIRATION}
-_ITEM_EXTRAS = {codec.MUTATION: 31, codec.DELETION: 18, codec.EXPIRATION: 20}
 _KEEP_VIOLATIONS = 100
+_OPAQUE = itemgetter(1)
 
 
 @dataclass
@@ -262,59 +264,120 @@ class MockConsumer:
         for vb in todo:
             self.stream_request(vb)
         await self.writer.drain()
-        open_count = len(todo)
-        buffer_size = self.config.buffer_size
-        threshold = buffer_size // 2
-        while open_count and not self.stop_requested:
-            offset, p = await self.next_packet()
-            verdict = self.judge(p, offset)
-            msg = verdict.message
-            if not p.is_request:
-                if p.opcode == codec.STREAM_REQ and p.opaque in self.streams:
-                    open_count -= self.stream_answer(p, msg)
+        self.open_count = len(todo)
+        while self.open_count and not self.stop_requested:
+            if not self.packets and not self.splitter.resync:
+                self.take_run()
+            item = self.buffered_packet()
+            if item is None:
+                await self.read_more()
                 continue
-            op = p.opcode
-            if op == codec.NOOP:
-                self.answer_noop(p)
-                await self.writer.drain()
-                continue
-            if buffer_size:
-                self.unacked += p.size
-                if self.unacked >= threshold:
-                    run.acks += 1
-                    self.send(codec.buffer_ack(self.unacked))
-                    self.unacked = 0
-            vb = self.streams.get(p.opaque)
-            if vb is None or msg is None:
-                continue
-            state = run.vbuckets[vb]
-            if op in _OPS:
-                run.items += 1
-                value = msg.value.decode("utf-8", "replace") if op == codec.MUTATION else ""
-                if state.apply(msg.seqno, msg.key.decode("utf-8", "replace"), _OPS[op], value):
-                    self.persist()
-            elif op == codec.SNAPSHOT_MARKER:
-                state.marker(msg.start, msg.end)
-                if msg.flags & codec.SNAP_ACK:
-                    self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=p.opaque))
-            elif op == codec.SEQNO_ADVANCED:
-                state.seqno = msg.seqno
-                if state.complete(msg.seqno):
-                    self.persist()
-            elif op == codec.STREAM_END:
-                reason = msg.reason_name
-                run.stream_ends[reason] = run.stream_ends.get(reason, 0) + 1
-                del self.streams[p.opaque]
-                if msg.reason == codec.END_OK:
-                    run.status[vb] = "done"
-                    open_count -= 1
-                    self.persist(force=True)
-                else:
-                    self.log(f"vbucket {vb}: stream end {reason}; asking again from seqno {state.seqno}")
-                    self.stream_request(vb)
+            self.handle(*item)
             if self.writer.transport.get_write_buffer_size() > 64 * 1024:
                 await self.writer.drain()
         await self.writer.drain()
+
+    async def read_more(self) -> None:
+        """One read into the splitter's buffer, where the run path reads the packets from."""
+        if self.writer.transport.get_write_buffer_size() > 64 * 1024:
+            await self.writer.drain()
+        data = await self.reader.read(256 * 1024)
+        if not data:
+            raise ConnectionLost("the producer closed the connection")
+        self.splitter.buf += data
+
+    def buffered_packet(self) -> tuple[int, Packet] | None:
+        """The next packet for the general path: one left from setup, else one from the buffer."""
+        if self.packets:
+            return self.packets.pop()
+        try:
+            got = self.splitter.feed(b"", 1)
+            return (got[0][0], decode_packet(got[0][1])) if got else None
+        except ProtocolError as err:
+            self.violation(str(err))
+            raise ConnectionLost(str(err)) from None
+
+    def take_run(self) -> None:
+        """Judge and apply the stream messages at the head of the buffer in one pass (``process_run``).
+
+        The copy is written per stream and run, and the flow-control buffer is
+        acknowledged per run, not per item.
+        """
+        splitter = self.splitter
+        buf = splitter.buf
+        if len(buf) < 32 or len(buf) < HEADER_SIZE + int.from_bytes(buf[8:12], "big"):
+            return  # not even one whole packet yet (a large one is not copied again per read)
+        end, taken = self.conn.process_run(bytes(buf), 0, splitter.max_body)
+        if not end:
+            return
+        splitter.consume(end)
+        run = self.run_state
+        completed = False
+        for opaque, entries in groupby(taken, _OPAQUE):
+            vb = self.streams.get(opaque)
+            if vb is None:
+                continue
+            items, done, acks = run.vbuckets[vb].apply_run(list(entries))
+            run.items += items
+            completed = completed or done
+            for _ in range(acks):
+                self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=opaque))
+        if completed:
+            self.persist()
+        self.count_unacked(end)
+
+    def count_unacked(self, size: int) -> None:
+        """Stream bytes taken; a BUFFER_ACK once half the window is used."""
+        buffer_size = self.config.buffer_size
+        if buffer_size:
+            self.unacked += size
+            if self.unacked >= buffer_size // 2:
+                self.run_state.acks += 1
+                self.send(codec.buffer_ack(self.unacked))
+                self.unacked = 0
+
+    def handle(self, offset: int, p: Packet) -> None:
+        """One packet by the general path: the core's verdict, then what it means for the copy."""
+        run = self.run_state
+        verdict = self.judge(p, offset)
+        msg = verdict.message
+        if not p.is_request:
+            if p.opcode == codec.STREAM_REQ and p.opaque in self.streams:
+                self.open_count -= self.stream_answer(p, msg)
+            return
+        op = p.opcode
+        if op == codec.NOOP:
+            self.answer_noop(p)
+            return
+        self.count_unacked(p.size)
+        vb = self.streams.get(p.opaque)
+        if vb is None or msg is None:
+            return
+        state = run.vbuckets[vb]
+        if op in _OPS:
+            run.items += 1
+            value = msg.value.decode("utf-8", "replace") if op == codec.MUTATION else ""
+            if state.apply(msg.seqno, msg.key.decode("utf-8", "replace"), _OPS[op], value):
+                self.persist()
+        elif op == codec.SNAPSHOT_MARKER:
+            state.marker(msg.start, msg.end)
+            if msg.flags & codec.SNAP_ACK:
+                self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=p.opaque))
+        elif op == codec.SEQNO_ADVANCED:
+            state.seqno = msg.seqno
+            if state.complete(msg.seqno):
+                self.persist()
+        elif op == codec.STREAM_END:
+            reason = msg.reason_name
+            run.stream_ends[reason] = run.stream_ends.get(reason, 0) + 1
+            del self.streams[p.opaque]
+            if msg.reason == codec.END_OK:
+                run.status[vb] = "done"
+                self.open_count -= 1
+                self.persist(force=True)
+            else:
+                self.log(f"vbucket {vb}: stream end {reason}; asking again from seqno {state.seqno}")
+                self.stream_request(vb)
 
     def stream_answer(self, p: Packet, msg: Any) -> int:
         """A STREAM_REQ's answer; returns 1 when the vbucket's stream will not come (closed here)."""

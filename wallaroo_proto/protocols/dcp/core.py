@@ -26,6 +26,7 @@ rule (``FailoverTable::needsRollback``); ``add_failover_entry`` its table update
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -56,6 +57,9 @@ MAX_FAILOVER_ENTRIES = 25
 SNAP_MAY_CONTAIN_DUPLICATES = 0x20
 #: Keys remembered per snapshot for the uniqueness check (a bound on memory).
 _KEYS_KEPT = 100_000
+#: A header and the first extras field: an item's seqno, a marker's start.
+_HEADER_SEQNO = struct.Struct(">BBHBBHIIQQ")
+_MARKER_V1 = struct.Struct(">QQI")
 _NEEDS_OPEN = frozenset(
     (codec.CONTROL, codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG, codec.BUFFER_ACK)
 )
@@ -316,6 +320,103 @@ class Connection:
                 PRODUCER, p, msg, [f"{p.name} is the consumer's command, sent by the producer"]
             )
         return self._stream_message(p, msg)
+
+    def process_run(
+        self, buf: bytes, pos: int = 0, max_body: int = 20 * 1024 * 1024
+    ) -> tuple[int, list[tuple[int, int, Any, Any, Any]]]:
+        """Judge the producer's stream messages at ``buf[pos:]`` in one pass, straight from the bytes.
+
+        Takes whole packets as long as ``from_producer`` would accept each with no
+        violation: MUTATION, DELETION, EXPIRATION and V1 SNAPSHOT_MARKER with magic
+        0x80 on an open stream without a stream id, with the same checks (extras and
+        key shape, opaque to stream, vbucket, seqno rising and inside the snapshot and
+        the stream's end, key once per snapshot, flow control) and the same changes to
+        the state. It stops before the first packet it does not take (a violation, a
+        partial packet, any other message); the caller gives that one to
+        ``from_producer``, which gives its verdict, and calls again after it.
+
+        Returns the position after the last packet taken and, per packet, a tuple:
+        (opcode, opaque, seqno, key, value) for an item, (SNAPSHOT_MARKER, opaque,
+        start, end, flags) for a marker. Keys and values are slices of ``buf`` (bytes).
+        """
+        out: list[tuple[int, int, Any, Any, Any]] = []
+        append = out.append
+        streams = self.streams
+        buffer_size = self.buffer_size
+        outstanding = self.outstanding
+        stalls = 0
+        unpack_head = _HEADER_SEQNO.unpack_from
+        marker_op, mutation, deletion, expiration = (
+            codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION
+        )  # fmt: skip
+        n = len(buf)
+        while n - pos >= 32:  # a header and the first 8 bytes of the extras every message taken has
+            magic, op, keylen, extlen, _dt, vb, bodylen, opaque, _cas, seqno = unpack_head(buf, pos)
+            size = 24 + bodylen
+            if (
+                magic != 0x80
+                or pos + size > n
+                or bodylen > max_body
+                or extlen + keylen > bodylen
+                or (buffer_size and outstanding >= buffer_size)
+            ):
+                break
+            s = streams.get(opaque)
+            if s is None or s.vbucket != vb or s.sid is not None:
+                break
+            if op == marker_op:
+                if extlen != 20 or keylen or bodylen != 20:
+                    break
+                start, end, flags = _MARKER_V1.unpack_from(buf, pos + 24)
+                last = s.last_seqno
+                if start > end or s.snapshot_open or (end <= last and s.marker_seen):
+                    break
+                s.snap_start, s.snap_end, s.snap_flags = start, end, flags
+                s.marker_seen = True
+                s.snapshot_open = end > last
+                s.keys = set()
+                s.snapshots += 1
+                append((op, opaque, start, end, flags))
+            else:
+                if op == mutation:
+                    if extlen != 31:
+                        break
+                elif op == deletion:
+                    if extlen != 18 and extlen != 21:
+                        break
+                elif op != expiration or extlen != 20:
+                    break
+                if (
+                    not keylen
+                    or not s.marker_seen
+                    or seqno <= s.last_seqno
+                    or not s.snap_start <= seqno <= s.snap_end
+                    or seqno > s.request.end
+                ):
+                    break
+                key_at = pos + 24 + extlen
+                value_at = key_at + keylen
+                key = buf[key_at:value_at]
+                if not s.snap_flags & SNAP_MAY_CONTAIN_DUPLICATES:
+                    keys = s.keys
+                    if key in keys:
+                        break
+                    if len(keys) < _KEYS_KEPT:
+                        keys.add(key)
+                s.last_seqno = seqno
+                s.items += 1
+                if s.snapshot_open and seqno == s.snap_end:
+                    s.snapshot_open = False
+                    s.snapshots_complete += 1
+                append((op, opaque, seqno, key, buf[value_at : pos + size]))
+            if buffer_size:
+                outstanding += size
+                if outstanding >= buffer_size:
+                    stalls += 1
+            pos += size
+        self.outstanding = outstanding
+        self.stalls += stalls
+        return pos, out
 
     def _producer_response(self, p: Packet, msg: Response, pending: _Pending | None) -> Verdict:
         if pending is None:

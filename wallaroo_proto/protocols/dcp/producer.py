@@ -18,11 +18,13 @@ before serving.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from wallaroo_proto.pcap_writer import PcapWriter
@@ -39,7 +41,7 @@ from .codec import (
     decode_packet,
 )
 from .core import Connection, Kind, needs_rollback
-from .store import DELETION, EXPIRATION, Bucket, VBucket
+from .store import DELETION, EXPIRATION, MUTATION, Bucket, VBucket
 
 #: Control keys this producer accepts (others: EINVAL, as the server answers keys it does not know).
 CONTROL_KEYS = frozenset(
@@ -62,6 +64,8 @@ CONTROL_KEYS = frozenset(
 FEATURES = (0x03, 0x07, 0x08)
 DEFAULT_NOOP_INTERVAL = 20.0
 _BATCH = 512
+#: Items encoded at a time: what a stream holds encoded beyond the socket's buffer is bounded by this.
+_CHUNK_ITEMS = 1024
 
 
 @dataclass
@@ -98,19 +102,34 @@ class Stats:
     per_vbucket: dict[int, int] = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class _Chunk:
+    """A run of one stream's messages, encoded together: a snapshot's marker and items (or a piece), its end.
+
+    ``ends[k]`` is the byte count of ``wires[:k + 1]``, so the pump finds how many
+    fit the flow-control window with one bisect. Items are ``wires[first_item:last_item]``;
+    with ``end_reason`` set the last wire is a STREAM_END.
+    """
+
+    wires: list[bytes]
+    ends: list[int]
+    first_item: int
+    last_item: int
+    end_reason: int | None = None
+
+
 class _Stream:
-    """One accepted stream: its messages, made as the window lets them go."""
+    """One accepted stream: its chunks, made as the window lets them go, and how far the current one went."""
 
-    __slots__ = ("vb", "opaque", "sid", "messages", "items")
+    __slots__ = ("vb", "opaque", "sid", "chunks", "chunk", "at")
 
-    def __init__(
-        self, vb: VBucket, opaque: int, sid: int | None, messages: Iterator[tuple[bytes, int]]
-    ) -> None:
+    def __init__(self, vb: VBucket, opaque: int, sid: int | None, chunks: Iterator[_Chunk]) -> None:
         self.vb = vb
         self.opaque = opaque
         self.sid = sid
-        self.messages = messages
-        self.items = 0
+        self.chunks = chunks
+        self.chunk: _Chunk | None = None
+        self.at = 0
 
 
 class MockProducer:
@@ -381,7 +400,7 @@ class _Session:
             return
         self.respond(p, value=codec.failover_log_value(vb.failover))
         stats.streams += 1
-        stream = _Stream(vb, p.opaque, sid, self.messages(vb, p.opaque, req, sid))
+        stream = _Stream(vb, p.opaque, sid, self.chunks(vb, p.opaque, req, sid))
         self.streams[p.opaque] = stream
         self.order.append(p.opaque)
         self.wake.set()
@@ -399,34 +418,41 @@ class _Session:
 
     # ----------------------------------------------------------------------------- streaming
 
-    def messages(
-        self, vb: VBucket, opaque: int, req: StreamReq, sid: int | None
-    ) -> Iterator[tuple[bytes, int]]:
-        """The stream's messages as (bytes, items in it); a STREAM_END closes it."""
+    def chunks(self, vb: VBucket, opaque: int, req: StreamReq, sid: int | None) -> Iterator[_Chunk]:
+        """The stream's messages a snapshot (or a piece of a large one) at a time, encoded when sent."""
         faults = self.producer.config.faults
         stats = self.producer.stats
+        ended_once = self.producer.ended_once
         sent = 0
         vbid = vb.vb
         for snap in vb.snapshots(req.start, req.end, self.producer.config.snapshot_size):
             stats.snapshots += 1
-            yield codec.snapshot_marker(vbid, opaque, snap.start, snap.end, snap.flags, sid), 0
-            for v in snap.versions:
-                if faults.end_after and sent >= faults.end_after and vbid not in self.producer.ended_once:
-                    self.producer.ended_once.add(vbid)
-                    yield codec.stream_end(vbid, opaque, faults.end_reason, sid), -1
-                    return
-                if v.op == DELETION:
-                    wire = codec.deletion(vbid, opaque, v.seqno, v.rev, v.key.encode(), sid)
-                elif v.op == EXPIRATION:
-                    wire = codec.expiration(vbid, opaque, v.seqno, v.rev, v.key.encode(), 0, sid)
-                else:
-                    wire = codec.mutation(
-                        vbid, opaque, v.seqno, v.rev, v.key.encode(), v.value.encode(), sid=sid
-                    )
-                sent += 1
-                yield wire, 1
+            versions = snap.versions
+            end_reason = None
+            if faults.end_after and vbid not in ended_once and sent + len(versions) > faults.end_after:
+                versions = versions[: max(0, faults.end_after - sent)]
+                ended_once.add(vbid)
+                end_reason = faults.end_reason
+            sent += len(versions)
+            marker = codec.snapshot_marker(vbid, opaque, snap.start, snap.end, snap.flags, sid)
+            for at in range(0, max(len(versions), 1), _CHUNK_ITEMS):  # a large backfill in pieces
+                piece = versions[at : at + _CHUNK_ITEMS]
+                wires = [] if at else [marker]
+                lead = len(wires)
+                wires += codec.items(
+                    vbid,
+                    opaque,
+                    [(_OPCODES[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode()) for v in piece],
+                    sid,
+                )
+                last = at + _CHUNK_ITEMS >= len(versions)
+                if last and end_reason is not None:
+                    wires.append(codec.stream_end(vbid, opaque, end_reason, sid))
+                yield _chunk(wires, lead, lead + len(piece), end_reason if last else None)
+            if end_reason is not None:
+                return
         if req.end != FOREVER and req.end <= vb.high_seqno:
-            yield codec.stream_end(vbid, opaque, codec.END_OK, sid), -1
+            yield _chunk([codec.stream_end(vbid, opaque, codec.END_OK, sid)], 0, 0, codec.END_OK)
 
     def _noop_due(self, now: float) -> float | None:
         """Seconds until the next noop (0: now), or None when noops are off."""
@@ -436,8 +462,6 @@ class _Session:
 
     async def pump(self) -> None:
         conn = self.conn
-        stats = self.producer.stats
-        faults = self.producer.config.faults
         while not self.closed:
             now = time.monotonic()
             due = self._noop_due(now)
@@ -449,45 +473,9 @@ class _Session:
                 self.send(wire)
                 self.last_noop = now
                 due = None
-            batch = []
-            order = self.order
-            while order and conn.may_send() and len(batch) < _BATCH:
-                opaque = order[0]
-                stream = self.streams.get(opaque)
-                if stream is None:
-                    order.popleft()
-                    continue
-                item = next(stream.messages, None)
-                if item is None:  # open-ended stream with nothing more to send: idle
-                    order.popleft()
-                    continue
-                wire, kind = item
-                if conn.count_sent(len(wire)):
-                    stats.stalls += 1
-                batch.append(wire)
-                if kind < 0:
-                    reason = codec.END_REASONS[int.from_bytes(wire[-4:], "big")]
-                    stats.stream_ends[reason] = stats.stream_ends.get(reason, 0) + 1
-                    conn.end_stream(opaque, reason)
-                    del self.streams[opaque]
-                    order.popleft()
-                    continue
-                if kind:
-                    stats.items += 1
-                    self.items += 1
-                    vbid = stream.vb.vb
-                    stats.per_vbucket[vbid] = stats.per_vbucket.get(vbid, 0) + 1
-                    if (
-                        faults.drop_after
-                        and self.items >= faults.drop_after
-                        and stats.dropped < faults.drop_times
-                    ):
-                        stats.dropped += 1
-                        self.send(b"".join(batch))
-                        self.producer.log(f"connection {self.index}: dropped after {self.items} items")
-                        self.close(abort=True)
-                        return
-                order.rotate(-1)
+            batch: list[bytes] = []
+            if not self.fill(batch):
+                return
             if batch:
                 self.send(b"".join(batch))
                 await self.writer.drain()
@@ -496,3 +484,74 @@ class _Session:
             timeout = None if due is None else max(due, 0.01)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
+
+    def fill(self, batch: list[bytes]) -> bool:
+        """Stream messages into ``batch``, round-robin a run per stream, while the window has room.
+
+        Every message goes while fewer bytes than the buffer are unacknowledged, as
+        ``Connection.may_send`` says per message. Returns False when a fault dropped the connection.
+        """
+        conn = self.conn
+        stats = self.producer.stats
+        faults = self.producer.config.faults
+        order = self.order
+        while order and conn.may_send() and len(batch) < _BATCH:
+            opaque = order[0]
+            stream = self.streams.get(opaque)
+            if stream is None:
+                order.popleft()
+                continue
+            chunk = stream.chunk
+            if chunk is None or stream.at >= len(chunk.wires):
+                chunk = stream.chunk = next(stream.chunks, None)
+                stream.at = 0
+                if chunk is None:  # open-ended stream with nothing more to send: idle
+                    order.popleft()
+                    continue
+            ends = chunk.ends
+            i = stream.at
+            base = ends[i - 1] if i else 0
+            j = min(len(ends), i + _BATCH - len(batch))
+            if conn.buffer_size:  # message m may go while the bytes before it leave the window open
+                j = min(j, bisect.bisect_left(ends, base + conn.buffer_size - conn.outstanding, i) + 1)
+            items = max(0, min(j, chunk.last_item) - max(i, chunk.first_item))
+            drop = (
+                faults.drop_after
+                and stats.dropped < faults.drop_times
+                and self.items + items >= faults.drop_after
+            )
+            if drop:
+                items = faults.drop_after - self.items
+                j = max(i, chunk.first_item) + items
+            # Only the run's last message can fill the buffer: one count for the run is exact.
+            if conn.count_sent(ends[j - 1] - base):
+                stats.stalls += 1
+            batch += chunk.wires[i:j]
+            stream.at = j
+            if items:
+                stats.items += items
+                self.items += items
+                vbid = stream.vb.vb
+                stats.per_vbucket[vbid] = stats.per_vbucket.get(vbid, 0) + items
+            if drop:
+                stats.dropped += 1
+                self.send(b"".join(batch))
+                self.producer.log(f"connection {self.index}: dropped after {self.items} items")
+                self.close(abort=True)
+                return False
+            if chunk.end_reason is not None and j == len(ends):
+                reason = codec.END_REASONS[chunk.end_reason]
+                stats.stream_ends[reason] = stats.stream_ends.get(reason, 0) + 1
+                conn.end_stream(opaque, reason)
+                del self.streams[opaque]
+                order.popleft()
+                continue
+            order.rotate(-1)
+        return True
+
+
+_OPCODES = {MUTATION: codec.MUTATION, DELETION: codec.DELETION, EXPIRATION: codec.EXPIRATION}
+
+
+def _chunk(wires: list[bytes], first_item: int, last_item: int, end_reason: int | None) -> _Chunk:
+    return _Chunk(wires, list(accumulate(map(len, wires))), first_item, last_item, end_reason)

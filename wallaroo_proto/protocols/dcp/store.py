@@ -31,6 +31,7 @@ from .core import add_failover_entry
 
 MUTATION, DELETION, EXPIRATION = "mutation", "deletion", "expiration"
 OPS = (MUTATION, DELETION, EXPIRATION)
+_RUN_OPS = {codec.MUTATION: MUTATION, codec.DELETION: DELETION, codec.EXPIRATION: EXPIRATION}
 
 
 class StateError(ValueError):
@@ -243,6 +244,40 @@ class ConsumerVBucket:
         self.seqno = seqno
         self.items += 1
         return self.complete(seqno)
+
+    def apply_run(self, entries: list[tuple[int, int, Any, Any, Any]]) -> tuple[int, bool, int]:
+        """One stream's markers and items in order, as ``Connection.process_run`` gives them.
+
+        Returns (items applied, whether a snapshot completed, markers that ask for an
+        acknowledgement). The same changes as ``marker`` and ``apply`` one by one.
+        """
+        versions = self.versions
+        consistent = self.consistent
+        snap_start, snap_end, seqno = self.snap_start, self.snap_end, self.seqno
+        items = acks = 0
+        completed = False
+        for op, _opaque, a, b, c in entries:
+            if op == codec.SNAPSHOT_MARKER:
+                snap_start, snap_end = a, b
+                if c & codec.SNAP_ACK:
+                    acks += 1
+                continue
+            seqno = a
+            entry = (a, _RUN_OPS[op], c.decode("utf-8", "replace") if op == codec.MUTATION else "")
+            key = b.decode("utf-8", "replace")
+            held = versions.get(key)
+            if held is None:
+                versions[key] = [entry]
+            else:
+                held.append(entry)
+            items += 1
+            if a == snap_end:
+                consistent.append(a)
+                snap_start = a
+                completed = True
+        self.snap_start, self.snap_end, self.seqno = snap_start, snap_end, seqno
+        self.items += items
+        return items, completed, acks
 
     def complete(self, seqno: int) -> bool:
         if seqno == self.snap_end:
