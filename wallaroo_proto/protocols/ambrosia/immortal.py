@@ -23,6 +23,8 @@ from .codec import FORK, RPC, encode_incoming_rpc, encode_outgoing_rpc
 ADD, BONUS = 1, 2
 BONUS_EVERY = 5
 _MASK = (1 << 64) - 1
+_IS_ZERO = bytes([1] + [0] * 255)  # a byte translation: 1 for 0, else 0
+_IS_ADD = bytes(int(b == ADD) for b in range(256))
 _PERIOD = 1000  # generated args: (index * 7919) % _PERIOD + 1
 
 
@@ -87,9 +89,10 @@ class Counter:
         self.bonuses += methods.count(BONUS)
         if ADD not in methods:
             return []
-        adds = map(operator.eq, methods, repeat(ADD))
-        multiples = map(operator.not_, map(operator.mod, values, repeat(BONUS_EVERY)))
-        return list(map(bonus_call, compress(args, map(operator.and_, adds, multiples))))
+        # one byte per RPC, 1 where it makes a self call: an add whose value is a multiple of BONUS_EVERY
+        multiples = bytes(map(operator.mod, values, repeat(BONUS_EVERY))).translate(_IS_ZERO)
+        calls = int.from_bytes(multiples) & int.from_bytes(methods.translate(_IS_ADD))
+        return list(map(bonus_call, compress(args, calls.to_bytes(len(args)))))
 
     def snapshot(self) -> bytes:
         return json.dumps(self.state(), sort_keys=True).encode()
