@@ -401,7 +401,7 @@ def scan_rpcs(body: bytes) -> tuple[bytes, list[bytes]] | None:
     that body instead. No message objects: one regular-expression pass.
     """
     found = _INCOMING_RPC.findall(body)
-    if sum(map(len, found)) != len(body):  # matches tile the body only if every message is one
+    if len(b"".join(found)) != len(body):  # matches tile the body only if every message is one
         return None
     return bytes(map(_METHOD_BYTE, found)).translate(_HALVE), list(map(_INCOMING_ARGS, found))
 
@@ -417,7 +417,7 @@ def scan_self_calls(data: bytes) -> list[bytes] | None:
     except (Incomplete, MalformedError):
         return None
     found = _SELF_CALL.findall(data, pos)
-    if len(found) != count or sum(map(len, found)) != len(data) - pos:
+    if len(found) != count or len(b"".join(found)) != len(data) - pos:
         return None
     heads = _INCOMING_HEAD
     return [heads[rpc[0]] + rpc[3:] for rpc in found]
