@@ -153,7 +153,7 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
 @click.option(
     "--log-dir", default=None, help="Durable log and checkpoints (fsync); a restart recovers from it."
 )
-@click.option("--no-fsync", is_flag=True, help="Write the log without fsync (benchmarks only).")
+@click.option("--no-fsync", is_flag=True, help="Log and checkpoints without fsync (benchmarks only).")
 @click.option("--committer", type=int, default=None, help="Committer id for a first start (default: random).")
 @click.option("--bad-check-at", type=int, default=None, help="Fault: send record N with wrong check bytes.")
 @click.option("--gap-at", type=int, default=None, help="Fault: skip sequence id N.")

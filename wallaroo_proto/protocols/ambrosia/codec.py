@@ -18,8 +18,10 @@ its header and Checkpoint message but not the blob.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import NamedTuple
 
 import xxhash
@@ -364,6 +366,61 @@ def record_messages(body: bytes | bytearray | memoryview) -> list[Message]:
             raise MalformedError(err.reason, pos) from None
         out.append(msg)
     return out
+
+
+def _short_rpcs(head: bytes, fixed: int, types: bytes) -> re.Pattern[bytes]:
+    """One RPC message in its short form: a one-byte size, then ``head`` (a pattern), a one-byte
+    method id >= 0 and an RPC type of ``types``; ``fixed`` bytes besides the args count in the size.
+    Each size byte has its own branch, so the size fixes the match's length."""
+    method = b"[" + re.escape(bytes(range(0, 0x80, 2))) + b"]"
+    kinds = b"[" + re.escape(types) + b"]"
+    branches = (
+        re.escape(bytes((size,))) + head + method + kinds + b".{%d}" % (size // 2 - fixed)
+        for size in range(2 * fixed, 0x80, 2)
+    )
+    return re.compile(b"|".join(branches), re.DOTALL)
+
+
+#: An incoming RPC (IC -> LB): size, type RPC, reserved (any byte), method id, RPC type, args.
+_INCOMING_RPC = _short_rpcs(b"\\x00.", 4, bytes((ASYNC, FORK, IMPULSE)))
+#: A self call (LB -> IC) that is not an Impulse: size, type RPC, destination "", reserved, method, type.
+_SELF_CALL = _short_rpcs(b"\\x00\\x00.", 5, bytes((ASYNC, FORK)))
+_METHOD_BYTE = itemgetter(3)
+_INCOMING_ARGS = itemgetter(slice(5, None))
+_HALVE = bytes(b >> 1 for b in range(256))  # a one-byte ZigZag integer >= 0 (an even byte): its value
+#: An incoming RPC's size byte and type, by the size byte of the same RPC sent as a self call.
+_INCOMING_HEAD = [bytes((size - 2, RPC)) if size >= 2 else b"" for size in range(0x80)]
+
+
+def scan_rpcs(body: bytes) -> tuple[bytes, list[bytes]] | None:
+    """A record body of plain incoming RPCs read in one pass: (method ids, one a byte; args).
+
+    It takes only the common short form (a one-byte size, type RPC, a one-byte
+    method id >= 0, RPC type 0 to 2) and returns None when any message has
+    another shape, so the general path (``record_messages``) reads and judges
+    that body instead. No message objects: one regular-expression pass.
+    """
+    found = _INCOMING_RPC.findall(body)
+    if len(b"".join(found)) != len(body):  # matches tile the body only if every message is one
+        return None
+    return bytes(map(_METHOD_BYTE, found)).translate(_HALVE), list(map(_INCOMING_ARGS, found))
+
+
+def scan_self_calls(data: bytes) -> list[bytes] | None:
+    """An RPCBatch's data (from the LB) of plain self calls, each re-encoded as the IC delivers it.
+
+    None unless the count matches and every inner message is a non-Impulse RPC
+    to "" in the short form; the general path judges the rest.
+    """
+    try:
+        count, pos = read_zz(data, 0, len(data))
+    except (Incomplete, MalformedError):
+        return None
+    found = _SELF_CALL.findall(data, pos)
+    if len(found) != count or len(b"".join(found)) != len(data) - pos:
+        return None
+    heads = _INCOMING_HEAD
+    return [heads[rpc[0]] + rpc[3:] for rpc in found]
 
 
 # --- stream splitters ---------------------------------------------------------------------------------

@@ -52,6 +52,8 @@ from .codec import (
     checkpoint_length,
     decode_rpc,
     record_messages,
+    scan_rpcs,
+    scan_self_calls,
     type_name,
 )
 
@@ -150,21 +152,7 @@ class Session:
         """One log record from the IC."""
         problems: list[str] = []
         seq = header.seq
-        if self.committer is None:
-            self.committer = header.committer
-        elif header.committer != self.committer:
-            problems.append(
-                _violation("committer-changed", f"committer id {header.committer}, was {self.committer}")
-            )
-            self.committer = header.committer
-        if self.verify_check_bytes:
-            want = check_bytes(body, seq)
-            if header.check != want:
-                problems.append(
-                    _violation(
-                        "check-bytes", f"check bytes {header.check:#018x}, the body's are {want:#018x}"
-                    )
-                )
+        self._header_checks(header, body, problems)
         try:
             messages = record_messages(body) if self.judge_own_bodies or seq < 0 else []
         except MalformedError as err:
@@ -187,6 +175,48 @@ class Session:
             if kind is Kind.REPLAYED:
                 self.replayed += 1
         return self._verdict(kind, problems, messages, note)
+
+    def from_ic_rpcs(self, header: Header, body: bytes) -> tuple[Verdict, tuple[bytes, list[bytes]] | None]:
+        """``from_ic`` for a record of plain RPCs, read in one pass: (verdict, (method ids, args)).
+
+        Method ids come one a byte (``codec.scan_rpcs``).
+
+        The record-level rules are the same; the RPCs come as two lists instead
+        of messages in the verdict. Any other record (a control or checkpoint
+        record, an unusual message, a malformed size) goes through ``from_ic``,
+        whose verdict holds its messages, with None for the lists.
+        """
+        seq = header.seq
+        rpcs = scan_rpcs(body) if seq >= 0 else None
+        if rpcs is None:
+            return self.from_ic(header, body), None
+        problems: list[str] = []
+        self._header_checks(header, body, problems)
+        self._normal(seq, (), problems)
+        self.rpcs_in += len(rpcs[1])
+        self.records += 1
+        if self.phase is Phase.REPLAY or self.phase is Phase.UPGRADE_TEST:
+            self.replayed += 1
+            return self._verdict(Kind.REPLAYED, problems, ()), rpcs
+        return self._verdict(Kind.ACCEPTED, problems, ()), rpcs
+
+    def _header_checks(self, header: Header, body: bytes, problems: list[str]) -> None:
+        """The committer id and the check bytes."""
+        if self.committer is None:
+            self.committer = header.committer
+        elif header.committer != self.committer:
+            problems.append(
+                _violation("committer-changed", f"committer id {header.committer}, was {self.committer}")
+            )
+            self.committer = header.committer
+        if self.verify_check_bytes:
+            want = check_bytes(body, header.seq)
+            if header.check != want:
+                problems.append(
+                    _violation(
+                        "check-bytes", f"check bytes {header.check:#018x}, the body's are {want:#018x}"
+                    )
+                )
 
     def _verdict(self, kind: Kind, problems: list[str], messages, note: str | None = None) -> Verdict:
         if problems:
@@ -233,7 +263,7 @@ class Session:
             )
         self.phase = Phase.REPLAY
 
-    def _normal(self, seq: int, messages: list[Message], problems: list[str]) -> None:
+    def _normal(self, seq: int, messages: list[Message] | tuple[()], problems: list[str]) -> None:
         if self.phase is Phase.START:
             problems.append(_violation("start-sequence", f"the IC opened with record {seq}"))
             self.phase = Phase.NORMAL
@@ -306,6 +336,15 @@ class Session:
             )
 
     # --- LB -> IC ---------------------------------------------------------------------------------
+
+    def from_lb_self_calls(self, message: Message) -> tuple[Verdict, list[bytes] | None]:
+        """``from_lb`` for an RPCBatch of plain self calls, read in one pass: (verdict, the calls
+        re-encoded as the IC delivers them). Any other message goes through ``from_lb``, with None."""
+        calls = scan_self_calls(message.data) if message.type == RPC_BATCH else None
+        if calls is None:
+            return self.from_lb(message), None
+        self.rpcs_out += len(calls)
+        return Verdict(Kind.ACCEPTED, (), (message,)), calls
 
     def from_lb(self, message: Message) -> Verdict:
         """One message from the LB."""

@@ -5,7 +5,8 @@ requires), and follows the IC's records: on a first start it sends its
 InitialMessage and first checkpoint; on a recovery it loads the checkpoint
 record's bytes and replays the records after it; it answers every checkpoint
 request with its state, applies each RPC to the counter (``immortal.Counter``)
-and sends the self calls that makes. Every record is judged by the shared
+and sends the self calls that makes (those of the records in one read
+together, in one RPCBatch). Every record is judged by the shared
 rules (check bytes included, which real bindings skip); a violation is
 reported and the record still applied, as a binding that trusts its IC would.
 It ends when the IC closes the send port.
@@ -38,6 +39,7 @@ from .codec import (
     RecordFrame,
     RecordSplitter,
     batch_messages,
+    encode_batch,
     encode_message,
     read_zz,
     type_name,
@@ -84,6 +86,7 @@ class MockLB:
         self.writer: asyncio.StreamWriter | None = None
         self._blob: list[bytes] = []
         self._since_ask = 0
+        self._self_calls: list[bytes] = []  # made, not yet sent
 
     async def _connect(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         deadline = time.monotonic() + self.config.connect_timeout
@@ -117,7 +120,9 @@ class MockLB:
                             self._load(b"".join(self._blob))
                     elif type(frame) is Garbage:
                         self._violations((f"framing: {frame.reason} (stream offset {frame.offset})",))
+                        self._flush_self_calls()
                         return self.stats
+                self._flush_self_calls()
                 await self.writer.drain()
             verdict = self.session.close("ic", splitter.blob_left)
             if verdict is not None:
@@ -135,7 +140,7 @@ class MockLB:
 
     def _record(self, frame: RecordFrame) -> None:
         header = frame.header
-        verdict = self.session.from_ic(header, frame.body)
+        verdict, rpcs = self.session.from_ic_rpcs(header, frame.body)
         if not verdict.ok:
             self._violations(
                 tuple(f"record {header.seq} at stream offset {frame.offset}: {v}" for v in verdict.violations)
@@ -155,8 +160,25 @@ class MockLB:
         stats.records += 1
         if verdict.kind == "replayed":
             stats.replayed += 1
+        if rpcs is not None:  # plain RPCs, read in one pass
+            stats.rpcs += len(rpcs[1])
+            out = self.counter.apply_many(*rpcs)
+        else:
+            out = self._messages(verdict.messages)
+        if out:
+            self.stats.self_calls += len(out)
+            self._self_calls += out
+        every = self.config.ask_checkpoint_every
+        if every:
+            self._since_ask += 1
+            if self._since_ask >= every:
+                self._since_ask = 0
+                self._send(Message(TAKE_CHECKPOINT, b""))
+
+    def _messages(self, messages: tuple[Message, ...]) -> list[bytes]:
+        """A record's messages applied one by one: the self calls they make."""
         out: list[bytes] = []
-        for msg in verdict.messages:
+        for msg in messages:
             kind = msg.type
             if kind == RPC:
                 self._apply(msg.data, out)
@@ -169,14 +191,7 @@ class MockLB:
                     pass
             elif kind == INITIAL_MESSAGE:
                 self.counter.initialized = True
-        if out:
-            self.writer.write(b"".join(out))
-        every = self.config.ask_checkpoint_every
-        if every:
-            self._since_ask += 1
-            if self._since_ask >= every:
-                self._since_ask = 0
-                self._send(Message(TAKE_CHECKPOINT, b""))
+        return out
 
     def _apply(self, data: bytes, out: list[bytes]) -> None:
         """An incoming RPC's data: reserved byte, method id, RPC type, args."""
@@ -191,7 +206,6 @@ class MockLB:
         self.stats.rpcs += 1
         call = self.counter.apply(method, args)
         if call:
-            self.stats.self_calls += 1
             out.append(call)
 
     def _control(self, kind: int) -> None:
@@ -207,8 +221,18 @@ class MockLB:
             self._send(Message(CHECKPOINT, zz64(len(blob))), blob)
             self.stats.checkpoints_sent += 1
 
+    def _flush_self_calls(self) -> None:
+        """The self calls made since the last flush, in one RPCBatch (one send for many records)."""
+        calls = self._self_calls
+        if calls:
+            self.writer.write(calls[0] if len(calls) == 1 else encode_batch(calls))
+            calls.clear()
+
     def _send(self, message: Message, blob: bytes = b"") -> None:
-        """A message of the LB's own protocol steps, judged like the IC would judge it, then sent."""
+        """A message of the LB's own protocol steps, judged like the IC would judge it, then sent.
+
+        Self calls made before it go first: a checkpoint must follow the calls its state made."""
+        self._flush_self_calls()
         verdict = self.session.from_lb(message)
         if not verdict.ok:
             self._violations(verdict.violations)

@@ -1,0 +1,196 @@
+"""The one-pass paths (a record's plain RPCs, a batch of self calls) agree with the general path.
+
+Random records, valid and not, go through two mock LBs, one forced onto the
+general path: verdicts, counters, the immortal's state and the self calls
+it sends must be the same. The IC's one-pass reading of self-call batches is
+held against decoding each RPC and encoding it again.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wallaroo_proto.protocols.ambrosia.codec import (
+    ASYNC,
+    FORK,
+    IMPULSE,
+    INITIAL_MESSAGE,
+    PING,
+    RPC,
+    RPC_BATCH,
+    TAKE_BECOMING_PRIMARY_CHECKPOINT,
+    TAKE_CHECKPOINT,
+    Header,
+    Message,
+    RecordFrame,
+    batch_messages,
+    check_bytes,
+    control_record,
+    decode_rpc,
+    encode_batch,
+    encode_incoming_rpc,
+    encode_message,
+    encode_outgoing_rpc,
+    read_header,
+    read_message,
+    scan_rpcs,
+    scan_self_calls,
+    zz32,
+)
+from wallaroo_proto.protocols.ambrosia.core import Session
+from wallaroo_proto.protocols.ambrosia.immortal import ADD, BONUS, Counter, RpcSource, bonus_call
+from wallaroo_proto.protocols.ambrosia.lb import LbConfig, MockLB
+
+C = 7
+_args = st.one_of(
+    st.integers(-50, 10_000).map(lambda n: b"%d" % n),
+    st.binary(max_size=70),
+    st.sampled_from([b"", b" 15 ", b"1_0", b"+5", b"-0", b"\xff"]),
+)
+_method = st.one_of(st.sampled_from([ADD, BONUS]), st.integers(0, 63), st.integers(-3, 200))
+#: One message of a record body: mostly plain RPCs, sometimes anything else a body can hold.
+_plain_rpc = st.builds(
+    encode_incoming_rpc, _method, st.sampled_from([ASYNC, FORK, IMPULSE]), _args, st.integers(0, 255)
+)
+_message = st.one_of(
+    _plain_rpc,
+    st.builds(encode_incoming_rpc, _method, st.integers(3, 255), _args),  # an unknown RPC type
+    st.builds(lambda a: encode_batch([encode_incoming_rpc(ADD, FORK, a)]), _args),
+    st.builds(
+        encode_message, st.sampled_from([INITIAL_MESSAGE, PING, TAKE_CHECKPOINT, 99]), st.binary(max_size=8)
+    ),
+    st.builds(lambda a: zz32(len(a) + 9) + bytes((RPC,)) + a, st.binary(max_size=6)),  # a size that overruns
+    st.binary(min_size=1, max_size=6),
+)
+
+
+@st.composite
+def _records(draw) -> list[tuple[int, int, bytes, bool]]:
+    """(committer, sequence id, body, right check bytes) for a run of normal records."""
+    out = []
+    seq = 0
+    for _ in range(draw(st.integers(1, 6))):
+        body = b"".join(draw(st.lists(_plain_rpc if draw(st.booleans()) else _message, max_size=12)))
+        seq += draw(st.sampled_from([1, 1, 1, 1, 2, 0, -5]))
+        committer = draw(st.sampled_from([C, C, C, C + 1]))
+        out.append((committer, seq, body, draw(st.sampled_from([True, True, True, False]))))
+    return out
+
+
+class _Wire:
+    """Stands in for the LB's writer: what it would send."""
+
+    def __init__(self) -> None:
+        self.sent = bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.sent += data
+
+
+def _lb(general: bool) -> MockLB:
+    lb = MockLB(LbConfig())
+    lb.writer = _Wire()
+    if general:
+        session = lb.session
+        session.from_ic_rpcs = lambda header, body: (session.from_ic(header, body), None)
+    return lb
+
+
+def _frame(committer: int, seq: int, body: bytes, good_check: bool) -> RecordFrame:
+    check = check_bytes(body, seq) ^ (0 if good_check else 1)
+    return RecordFrame(0, Header(committer, 24 + len(body), check, seq), body)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_records(), st.booleans())
+def test_lb_fast_and_general_paths_agree(records, opened) -> None:
+    fast, general = _lb(False), _lb(True)
+    frames = []
+    if opened:  # a first start, answered: normal records come next
+        start = control_record(C, TAKE_BECOMING_PRIMARY_CHECKPOINT)
+        frames.append(RecordFrame(0, read_header(start), start[24:]))
+    frames += [_frame(*record) for record in records]
+    for frame in frames:
+        fast._record(frame)
+        general._record(frame)
+    for lb in (fast, general):
+        lb._flush_self_calls()
+    assert fast.stats == general.stats
+    assert fast.counter.state() == general.counter.state()
+    assert bytes(fast.writer.sent) == bytes(general.writer.sent)
+    del general.session.from_ic_rpcs
+    assert vars(fast.session) == vars(general.session)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(_method, st.sampled_from([ASYNC, FORK, IMPULSE]), _args), max_size=30), _records())
+def test_session_fast_path_verdicts_and_rpcs(rpcs, records) -> None:
+    """Plain RPC bodies take the fast path; every body gets the general path's verdict."""
+    plain = b"".join(encode_incoming_rpc(m, t, a) for m, t, a in rpcs)
+    one_byte = all(0 <= m < 64 and len(a) < 60 for m, _, a in rpcs)
+    scanned = scan_rpcs(plain)
+    assert (scanned is not None) == one_byte
+    if scanned is not None:
+        assert list(scanned[0]) == [m for m, _, _ in rpcs]
+        assert scanned[1] == [a for _, _, a in rpcs]
+    fast, general = Session(), Session()
+    for committer, seq, body, good in [(C, 0, plain, True), *records]:
+        frame = _frame(committer, seq, body, good)
+        verdict, _ = fast.from_ic_rpcs(frame.header, body)
+        want = general.from_ic(frame.header, body)
+        assert (verdict.kind, verdict.violations) == (want.kind, want.violations)
+    assert vars(fast) == vars(general)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_method, max_size=40), st.lists(_args, max_size=40))
+def test_apply_many_is_apply_in_order(methods, args) -> None:
+    methods = [m % 64 for m in methods][: len(args)]
+    args = args[: len(methods)]
+    one, many = Counter(), Counter()
+    calls = [call for m, a in zip(methods, args, strict=True) if (call := one.apply(m, a))]
+    assert many.apply_many(bytes(methods), args) == calls
+    assert many.state() == one.state()
+
+
+_self_call = st.one_of(
+    st.builds(encode_outgoing_rpc, st.just(""), _method, st.sampled_from([ASYNC, FORK, IMPULSE]), _args),
+    st.builds(encode_outgoing_rpc, st.sampled_from(["other", ""]), _method, st.integers(0, 4), _args),
+    st.builds(bonus_call, _args),
+    st.binary(min_size=1, max_size=5),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_self_call, max_size=12), st.integers(-1, 2))
+def test_self_call_batches_fast_and_general_agree(calls, count_off) -> None:
+    data = zz32(len(calls) + count_off) + b"".join(calls)
+    message = Message(RPC_BATCH, data)
+    fast, general = Session(), Session()
+    verdict, delivered = fast.from_lb_self_calls(message)
+    want = general.from_lb(message)
+    assert (verdict.kind, verdict.violations, verdict.messages) == (want.kind, want.violations, want.messages)
+    assert vars(fast) == vars(general)
+    if delivered is not None:  # what the IC's general path makes of each inner RPC
+        inner = [decode_rpc(m.data, outgoing=True) for m in batch_messages(message)[2]]
+        assert not any(r.destination for r in inner)
+        assert delivered == [encode_incoming_rpc(r.method_id, r.rpc_type, r.args, r.reserved) for r in inner]
+
+
+def test_plain_self_call_batch_takes_the_fast_path() -> None:
+    calls = [bonus_call(b"%d" % n) for n in range(5, 200, 5)]
+    assert scan_self_calls(read_message(encode_batch(calls), 0, 1 << 20)[0].data) == [
+        encode_incoming_rpc(BONUS, FORK, b"%d" % n) for n in range(5, 200, 5)
+    ]
+
+
+@given(_args)
+def test_bonus_call_is_the_general_encoding(args) -> None:
+    assert bonus_call(args) == encode_outgoing_rpc("", BONUS, FORK, args)
+
+
+def test_generated_bodies_cross_the_period() -> None:
+    source = RpcSource(5000)
+    for first, last in ((0, 0), (0, 100), (990, 1010), (1, 3999), (2500, 5000)):
+        assert source.body(first, last) == b"".join(source.encoded(first, last))
