@@ -1,11 +1,10 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 # Tests import their helpers (support.py) by plain name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
