@@ -14,10 +14,9 @@ producer; otherwise the initiator.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from wallaroo_proto.capture.pcap import connection_ident
+from wallaroo_proto.capture.tracker import ConnectionTracker
 from wallaroo_proto.records import to_json
 
 from . import codec
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 
 #: The KV data port (11207 is TLS, which a capture cannot read).
 PORTS = (11210,)
-_KEEP = 1000
 #: Commands only a consumer (a client) sends first.
 _CLIENT_FIRST = frozenset(
     (codec.HELLO, codec.OPEN, codec.SASL_LIST_MECHS, codec.SASL_AUTH, codec.VERSION, codec.SELECT_BUCKET)
@@ -79,8 +77,10 @@ class _Direction:
             )
 
 
-class DcpTracker:
+class DcpTracker(ConnectionTracker):
     """One TCP connection carrying one DCP (memcached binary protocol) session."""
+
+    protocol = "dcp"
 
     def __init__(
         self,
@@ -90,36 +90,10 @@ class DcpTracker:
         server: tuple[bytes, int],
         client_known: bool,
     ) -> None:
-        self.out = dissector._out
-        self.jsonl = dissector.jsonl
-        self.canon: tuple = ()
-        self.initiator_fixed = False
+        super().__init__(dissector, index, client, server)
         self.dirs = {True: _Direction(self, True), False: _Direction(self, False)}
         self.conn = Connection()
         self.consumer_client: bool | None = None
-        self.frame_index = 0
-        self.notes: list[str] = []
-        self.capture_notes: list[str] = []
-        self.types: Counter[str] = Counter()
-        self.violation_list: list[dict] = []
-        self.violations = 0
-        self.first_packet = self.last_packet = 0
-        self.first_ts = self.last_ts = 0.0
-        self.closed = "open at end of capture"
-        self.conn_index = index
-        self.ident = connection_ident(dissector.capture_name, "dcp", index, client, server)
-        self.label = self.ident["connection"]
-
-    @property
-    def summary(self) -> DcpTracker:
-        return self
-
-    def dir_label(self, direction: _Direction) -> str:
-        return "initiator>responder" if direction.client else "responder>initiator"
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-        self.capture_notes.append(text)
 
     def _sender(self, direction: _Direction, p: Packet | None) -> str:
         if self.consumer_client is None and p is not None:
@@ -232,19 +206,6 @@ class DcpTracker:
             record["dcp_key"] = msg.name
         if self.conn.buffer_size and p.is_request and p.opcode in codec.STREAM_MESSAGES | {codec.BUFFER_ACK}:
             record["outstanding"] = self.conn.outstanding
-
-    def _violation(self, record: dict, reason: str) -> None:
-        record["violations"] = [reason]
-        self.violations += 1
-        if len(self.violation_list) < _KEEP:
-            self.violation_list.append(
-                {
-                    "packet": record["packet"],
-                    "offset": record["offset"],
-                    "type": record["type"],
-                    "reason": reason,
-                }
-            )
 
     def finish(self) -> None:
         for direction in self.dirs.values():

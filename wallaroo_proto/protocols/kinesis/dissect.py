@@ -20,7 +20,7 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from wallaroo_proto.capture.pcap import connection_ident
+from wallaroo_proto.capture.tracker import ConnectionTracker
 from wallaroo_proto.records import to_json
 
 from .codec import REQUESTS, Checkpoint, Initialize, Line, LineSplitter, ProcessRecords, Shutdown, Status
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 #: Processor port of ``mock-daemon --record`` captures.
 PORTS = (7300,)
 #: Per-connection cap on stored violations (the count stays exact).
-_KEEP = 1000
 
 
 def looks_like_mld(payload: bytes, max_frame_size: int = 0) -> bool:
@@ -83,8 +82,10 @@ class _Direction:
             )
 
 
-class KinesisTracker:
+class KinesisTracker(ConnectionTracker):
     """One TCP connection carrying one shard's MLD conversation."""
+
+    protocol = "kinesis"
 
     def __init__(
         self,
@@ -94,10 +95,7 @@ class KinesisTracker:
         server: tuple[bytes, int],
         client_known: bool,
     ) -> None:
-        self.out = dissector._out
-        self.jsonl = dissector.jsonl
-        self.canon: tuple = ()
-        self.initiator_fixed = False
+        super().__init__(dissector, index, client, server)
         self.dirs = {True: _Direction(self, True), False: _Direction(self, False)}
         self.conv = Conversation()
         self.daemon_client: bool | None = None
@@ -105,29 +103,9 @@ class KinesisTracker:
         self.fallback_daemon_client = not (client[1] in PORTS and server[1] not in PORTS)
         self.request_ts: int | None = None
         self.latencies: list[float] = []
-        self.frame_index = 0
-        self.notes: list[str] = []  # for the next record
-        self.capture_notes: list[str] = []  # all of them, for the summary
         self.errors: Counter[str] = Counter()
-        self.types: Counter[str] = Counter()
-        self.violation_list: list[dict] = []
-        self.violations = 0
-        self.first_packet = self.last_packet = 0
-        self.first_ts = self.last_ts = 0.0
-        self.closed = "open at end of capture"
-        self.conn_index = index
-        self.ident = connection_ident(dissector.capture_name, "kinesis", index, client, server)
-        self.label = self.ident["connection"]
-
-    @property
-    def summary(self) -> KinesisTracker:
-        """The driver asks for ``summary.violations`` and ``summary.as_dict()``: both are here."""
-        return self
 
     # sides ---------------------------------------------------------------------------
-
-    def dir_label(self, direction: _Direction) -> str:
-        return "initiator>responder" if direction.client else "responder>initiator"
 
     def _sender(self, direction: _Direction, data: bytes) -> str:
         if self.daemon_client is None:
@@ -146,10 +124,6 @@ class KinesisTracker:
             else:
                 self.daemon_client = self.fallback_daemon_client
         return DAEMON if direction.client == self.daemon_client else PROCESSOR
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-        self.capture_notes.append(text)
 
     def midstream_start(self, direction: _Direction, packet: int) -> None:
         self.note(f"packet {packet}: capture starts mid-connection ({self.dir_label(direction)})")
@@ -230,19 +204,6 @@ class KinesisTracker:
                     self.errors[msg.error] += 1
         if accepted and record["sender"] == DAEMON and not isinstance(msg, Checkpoint):
             self.request_ts = ts
-
-    def _violation(self, record: dict, reason: str) -> None:
-        record["violations"] = [reason]
-        self.violations += 1
-        if len(self.violation_list) < _KEEP:
-            self.violation_list.append(
-                {
-                    "packet": record["packet"],
-                    "offset": record["offset"],
-                    "type": record["type"],
-                    "reason": reason,
-                }
-            )
 
     # the end -------------------------------------------------------------------------
 

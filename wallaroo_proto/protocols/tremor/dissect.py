@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from wallaroo_proto.capture.pcap import connection_ident
+from wallaroo_proto.capture.tracker import KEEP_VIOLATIONS, ConnectionTracker
 from wallaroo_proto.records import to_json
 
 from .core import CLIENT, SERVER, Session
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 #: The prototype's network port.
 PORTS = (9899,)
-_KEEP = 1000
 #: An HTTP head longer than this is not one.
 _MAX_HEAD = 64 * 1024
 _MAX_JSON_FIELD = 4096
@@ -113,8 +112,10 @@ class _Direction:
             self.assembler.parts = []
 
 
-class TremorTracker:
+class TremorTracker(ConnectionTracker):
     """One TCP connection carrying one Tremor session."""
+
+    protocol = "tremor"
 
     def __init__(
         self,
@@ -124,40 +125,14 @@ class TremorTracker:
         server: tuple[bytes, int],
         client_known: bool,
     ) -> None:
-        self.out = dissector._out
-        self.jsonl = dissector.jsonl
-        self.canon: tuple = ()
-        self.initiator_fixed = False
+        super().__init__(dissector, index, client, server)
         self.dirs = {True: _Direction(self, True), False: _Direction(self, False)}
         self.session = Session()
         self.request: Handshake | None = None
         self.response: Handshake | None = None
-        self.frame_index = 0
         self.frames = Counter()
-        self.types: Counter[str] = Counter()
         self.messages = 0
-        self.notes: list[str] = []
-        self.capture_notes: list[str] = []
-        self.violation_list: list[dict] = []
-        self.violations = 0
         self.close_codes: dict[str, int | None] = {}
-        self.first_packet = self.last_packet = 0
-        self.first_ts = self.last_ts = 0.0
-        self.closed = "open at end of capture"
-        self.conn_index = index
-        self.ident = connection_ident(dissector.capture_name, "tremor", index, client, server)
-        self.label = self.ident["connection"]
-
-    @property
-    def summary(self) -> TremorTracker:
-        return self
-
-    def dir_label(self, direction: _Direction) -> str:
-        return "initiator>responder" if direction.client else "responder>initiator"
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-        self.capture_notes.append(text)
 
     def _record(
         self, direction: _Direction, packet: int, ts: int, offset: int, length: int, type_: str
@@ -190,7 +165,7 @@ class TremorTracker:
             record["verdict"] = "violation"
             record["violations"] = problems
             self.violations += 1
-            if len(self.violation_list) < _KEEP:
+            if len(self.violation_list) < KEEP_VIOLATIONS:
                 for reason in problems:
                     self.violation_list.append(
                         {
