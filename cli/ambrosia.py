@@ -16,18 +16,11 @@ import sys
 
 import click
 from rich.console import Console
+from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
 
 from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, MockIC
 from wallaroo_proto.protocols.ambrosia.immortal import ADD, RpcSource
 from wallaroo_proto.protocols.ambrosia.lb import LbConfig, MockLB
-
-EXIT_INTERRUPTED = 130
-
-
-def _usage_error(message: str) -> click.ClickException:
-    err = click.ClickException(message)
-    err.exit_code = 2
-    return err
 
 
 def _log(prefix: str):
@@ -64,14 +57,14 @@ def _read_lines(path: str) -> list[bytes]:
         with open(path, "rb") as f:
             return f.read().splitlines()
     except OSError as err:
-        raise _usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
+        raise usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
 
 
 async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
     try:
         host, rport, sport = ic.bind()
     except OSError as err:
-        raise _usage_error(f"cannot listen on {ic.config.host}: {err.strerror or err}") from err
+        raise usage_error(f"cannot listen on {ic.config.host}: {err.strerror or err}") from err
     loop = asyncio.get_running_loop()
     serve = asyncio.ensure_future(ic.serve())
     signals = 0
@@ -170,7 +163,7 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
 )
 @click.option("--keep-open", is_flag=True, help="Stay up after every RPC is in (until SIGTERM).")
 @click.option("--record", default=None, help="Write both sockets' traffic to this pcap.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@summary_format
 def mock_ic(**opts) -> None:
     """Play the AMBROSIA Immortal Coordinator for a language binding.
 
@@ -206,7 +199,7 @@ def mock_ic(**opts) -> None:
     try:
         ic = MockIC(config)
     except OSError as err:
-        raise _usage_error(f"cannot open {err.filename}: {err.strerror or err}") from err
+        raise usage_error(f"cannot open {err.filename}: {err.strerror or err}") from err
     _tune_gc()
     summary, interrupted = asyncio.run(_serve_ic(ic))
     _print_ic_summary(summary, opts["fmt"])
@@ -244,7 +237,7 @@ async def _run_lb(lb: MockLB) -> tuple[dict, bool]:
 @click.option(
     "--ask-checkpoint-every", type=click.IntRange(0), default=0, help="Send TakeCheckpoint every N records."
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@summary_format
 def mock_lb(**opts) -> None:
     """Play an AMBROSIA language binding (a counter immortal) for an IC.
 

@@ -17,6 +17,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from wallaroo_proto_cli.options import usage_error
 
 from wallaroo_proto.conformance import Suite, SuiteUnavailable, run_suite, select, suites
 from wallaroo_proto.conformance.report import as_json, counts, junit_xml
@@ -25,12 +26,6 @@ from wallaroo_proto.conformance.runner import FAIL, PASS, Result, Target
 #: Lines of a failure's trace the table shows.
 SEEN_LINES = 6
 STYLES = {PASS: "[green]pass[/]", FAIL: "[bold red]FAIL[/]", "skip": "[yellow]skip[/]"}
-
-
-def _usage_error(message: str) -> click.ClickException:
-    err = click.ClickException(message)
-    err.exit_code = 2
-    return err
 
 
 def render(console: Console, suite: Suite, target: Target, results: list[Result], seconds: float) -> None:
@@ -123,11 +118,11 @@ def make_command(suite: Suite) -> click.Command:
                 list_cases(console, suite)
             return
         if suite.target == "address" and not address:
-            raise _usage_error("give the HOST:PORT to test")
+            raise usage_error("give the HOST:PORT to test")
         try:
             cases = select(suite.cases, only, skip)
         except ValueError as err:
-            raise _usage_error(str(err)) from None
+            raise usage_error(str(err)) from None
         target = Target(address=address, command=tuple(command), listen=listen)
         progress = Console(stderr=True)
 
@@ -141,7 +136,7 @@ def make_command(suite: Suite) -> click.Command:
                 run_suite(suite, target, options, cases, timeout=timeout, on_result=on_result)
             )
         except SuiteUnavailable as err:
-            raise _usage_error(f"conformance {suite.name}: {err}") from None
+            raise usage_error(f"conformance {suite.name}: {err}") from None
         except KeyboardInterrupt:
             sys.exit(130)
         if junit:

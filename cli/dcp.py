@@ -17,6 +17,7 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Table
+from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
 
 from wallaroo_proto import runtime
 from wallaroo_proto.durable import write_atomic
@@ -25,14 +26,7 @@ from wallaroo_proto.protocols.dcp.consumer import ConsumerConfig, MockConsumer
 from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, ProducerConfig
 from wallaroo_proto.protocols.dcp.store import Bucket, StateError, new_uuid
 
-EXIT_INTERRUPTED = 130
 _REASONS = {name: value for value, name in codec.END_REASONS.items()}
-
-
-def _usage_error(message: str) -> click.ClickException:
-    err = click.ClickException(message)
-    err.exit_code = 2
-    return err
 
 
 def _log(prefix: str):
@@ -78,9 +72,9 @@ def _load_bucket(opts: dict, uuids: random.Random) -> Bucket:
             with open(path, "rb") as f:
                 bucket = Bucket.from_json(f.read())
         except OSError as err:
-            raise _usage_error(f"cannot read --state {path}: {err.strerror or err}") from err
+            raise usage_error(f"cannot read --state {path}: {err.strerror or err}") from err
         except StateError as err:
-            raise _usage_error(f"--state {path}: {err}") from err
+            raise usage_error(f"--state {path}: {err}") from err
     else:
         bucket = Bucket.new(opts["vbuckets"], uuids)
     return bucket
@@ -91,7 +85,7 @@ def _read_items(path: str) -> list[dict]:
     try:
         f = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
     except OSError as err:
-        raise _usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
+        raise usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
     with f:
         for n, line in enumerate(f, start=1):
             if not line.strip():
@@ -99,9 +93,9 @@ def _read_items(path: str) -> list[dict]:
             try:
                 item = json.loads(line)
             except ValueError as err:
-                raise _usage_error(f"--input {path} line {n}: not JSON ({err})") from None
+                raise usage_error(f"--input {path} line {n}: not JSON ({err})") from None
             if not isinstance(item, dict):
-                raise _usage_error(f"--input {path} line {n}: not a JSON object")
+                raise usage_error(f"--input {path} line {n}: not a JSON object")
             items.append(item)
     return items
 
@@ -138,7 +132,7 @@ async def _serve(producer: MockProducer) -> bool:
     try:
         host, port = await producer.start()
     except OSError as err:
-        raise _usage_error(
+        raise usage_error(
             f"cannot listen on {producer.config.host}:{producer.config.port}: {err.strerror or err}"
         ) from err
     stop = asyncio.Event()
@@ -247,14 +241,7 @@ async def _serve(producer: MockProducer) -> bool:
     default=None,
     help="Record every connection into this pcap.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Summary format.",
-)
+@summary_format
 def mock_producer(**opts) -> None:
     """Play a Couchbase data node's DCP producer for DCP consumers.
 
@@ -284,17 +271,17 @@ def mock_producer(**opts) -> None:
         try:
             bucket.load(_read_items(opts["input_path"]))
         except StateError as err:
-            raise _usage_error(f"--input {opts['input_path']}: {err}") from err
+            raise usage_error(f"--input {opts['input_path']}: {err}") from err
     if opts["state_path"]:
         try:
             write_atomic(opts["state_path"], bucket.to_json())
         except OSError as err:
-            raise _usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
+            raise usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
     config = ProducerConfig(opts["host"], opts["port"], opts["snapshot_size"], opts["record"], faults)
     try:
         producer = MockProducer(config, bucket, _log("dcp mock-producer"))
     except OSError as err:
-        raise _usage_error(f"cannot write --record {opts['record']}: {err.strerror or err}") from err
+        raise usage_error(f"cannot write --record {opts['record']}: {err.strerror or err}") from err
     runtime.run(_serve(producer))
     summary = producer.summary()
     _print_producer_summary(summary, opts["fmt"])
@@ -397,14 +384,7 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     help="Reconnect this many times when the connection drops.",
 )
 @click.option("--retry-delay", type=click.FloatRange(0), default=0.2, show_default=True, help="Seconds.")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Summary format.",
-)
+@summary_format
 def mock_consumer(**opts) -> None:
     """Stream vbuckets from a DCP producer into a durable copy, as a replica or connector does.
 
@@ -418,7 +398,7 @@ def mock_consumer(**opts) -> None:
     if opts["out"] and opts["out"] != "-":
         directory = os.path.dirname(os.path.abspath(opts["out"]))
         if not os.path.isdir(directory):
-            raise _usage_error(f"--out {opts['out']}: no directory {directory}")
+            raise usage_error(f"--out {opts['out']}: no directory {directory}")
     config = ConsumerConfig(
         host=host.strip("[]") or "127.0.0.1",
         port=int(port),
@@ -436,7 +416,7 @@ def mock_consumer(**opts) -> None:
     try:
         consumer = MockConsumer(config, _log("dcp mock-consumer"))
     except StateError as err:
-        raise _usage_error(f"--state: {err}") from err
+        raise usage_error(f"--state: {err}") from err
     result, interrupted = runtime.run(_consume(consumer))
     with contextlib.suppress(Exception):
         sys.stdout.flush()

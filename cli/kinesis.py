@@ -21,6 +21,7 @@ import time
 import click
 from rich.console import Console
 from rich.table import Table
+from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
 
 from wallaroo_proto.protocols.kinesis.codec import DIALECTS
 from wallaroo_proto.protocols.kinesis.daemon import DaemonConfig, Faults, MockDaemon, parse_checkpoint_error
@@ -33,14 +34,6 @@ from wallaroo_proto.protocols.kinesis.processor import (
     summary,
 )
 from wallaroo_proto.protocols.kinesis.records import from_lines, generated
-
-EXIT_INTERRUPTED = 130
-
-
-def _usage_error(message: str) -> click.ClickException:
-    err = click.ClickException(message)
-    err.exit_code = 2
-    return err
 
 
 def _address(value: str | None, option: str) -> tuple[str, int] | None:
@@ -88,7 +81,7 @@ def _read_inputs(paths: tuple[str, ...]) -> list[bytes]:
                 with open(path, "rb") as f:
                     lines.extend(f.read().splitlines())
         except OSError as err:
-            raise _usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
+            raise usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
     return lines
 
 
@@ -142,7 +135,7 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     try:
         address = await daemon.start()
     except OSError as err:
-        raise _usage_error(f"cannot listen on {daemon.config.listen}: {err.strerror or err}") from err
+        raise usage_error(f"cannot listen on {daemon.config.listen}: {err.strerror or err}") from err
     loop = asyncio.get_running_loop()
     run = asyncio.ensure_future(daemon.run())
     signals = 0
@@ -255,14 +248,7 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     default=None,
     help="Record every shard's conversation as a loopback TCP connection into this pcap.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Summary format.",
-)
+@summary_format
 def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     """Play the KCL MultiLangDaemon for a record processor.
 
@@ -277,7 +263,7 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         raise click.UsageError("give exactly one of: -- COMMAND..., --listen HOST:PORT, --connect HOST:PORT")
     command_ = list(processor_command)
     if command_ and shutil.which(command_[0]) is None:
-        raise _usage_error(f"COMMAND {command_[0]!r} is not an executable file or on PATH")
+        raise usage_error(f"COMMAND {command_[0]!r} is not an executable file or on PATH")
     try:
         faults = Faults(
             checkpoint_errors=[parse_checkpoint_error(spec) for spec in opts["checkpoint_errors"]],
@@ -292,9 +278,9 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         leases = LeaseTable.open(opts["state_path"])
         leases.save()  # find out now, not at the first checkpoint, that it cannot be written
     except StateError as err:
-        raise _usage_error(str(err)) from err
+        raise usage_error(str(err)) from err
     except OSError as err:
-        raise _usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
+        raise usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
     if opts["inputs"]:
         try:
             opts["key"].format(n=0, line="")
@@ -323,7 +309,7 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         daemon = MockDaemon(config, shards, leases, _log("kinesis mock-daemon"))
         result, interrupted = asyncio.run(_run_daemon(daemon))
     except OSError as err:
-        raise _usage_error(f"cannot write {err.filename}: {err.strerror or err}") from err
+        raise usage_error(f"cannot write {err.filename}: {err.strerror or err}") from err
     _print_daemon_summary(result, opts["fmt"])
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
@@ -366,7 +352,7 @@ async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
         try:
             host, port = await procs.listen(*listen)
         except OSError as err:
-            raise _usage_error(f"cannot listen on {opts['listen']}: {err.strerror or err}") from err
+            raise usage_error(f"cannot listen on {opts['listen']}: {err.strerror or err}") from err
         click.echo(f"wallaroo-proto kinesis mock-processor: listening on {host}:{port}")
         sys.stdout.flush()
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(procs.crash_event.wait())]
@@ -380,7 +366,7 @@ async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
     for task in done:
         exc = task.exception()
         if isinstance(exc, OSError):
-            raise _usage_error(f"cannot connect to {opts['connect']}: {exc.strerror or exc}")
+            raise usage_error(f"cannot connect to {opts['connect']}: {exc.strerror or exc}")
     await procs.close()
     return summary(procs.results, procs.crashed), procs.crashed is not None
 
@@ -428,14 +414,7 @@ async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
     default=0,
     help="Answer with a wrong responseFor once N records came.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Summary format.",
-)
+@summary_format
 def mock_processor(**opts) -> None:
     """Play a KCL record processor for a daemon (such as erlmld).
 
@@ -459,7 +438,7 @@ def mock_processor(**opts) -> None:
     if opts["out"]:
         directory = os.path.dirname(os.path.abspath(opts["out"].replace("{shard}", "x")))
         if not os.path.isdir(directory):
-            raise _usage_error(f"--out {opts['out']}: no directory {directory}")
+            raise usage_error(f"--out {opts['out']}: no directory {directory}")
     stdio = not (opts["listen"] or opts["connect"])
     _tune_gc()
     if stdio:

@@ -13,13 +13,12 @@ import signal
 import sys
 
 import click
+from wallaroo_proto_cli.options import EXIT_INTERRUPTED
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
 from wallaroo_proto.protocols.wallaroo.inputs import InputError, build_inputs
 from wallaroo_proto.protocols.wallaroo.source import MockSource, SourceFailed, SourceOptions, SourceStats
-
-EXIT_INTERRUPTED = 130
 
 
 def _parse_address(value: str) -> tuple[str, int]:

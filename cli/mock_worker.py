@@ -19,6 +19,7 @@ import click
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from wallaroo_proto_cli.options import summary_format, usage_error
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import (
@@ -41,13 +42,6 @@ from wallaroo_proto.protocols.wallaroo.sink_forwarder import SinkForwarder
 from wallaroo_proto.protocols.wallaroo.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
 
 NAME = "mock-worker"
-
-
-def _usage_error(message: str) -> click.ClickException:
-    """Unusable input (a file, a port): exit 2 with the message, no traceback."""
-    err = click.ClickException(message)
-    err.exit_code = 2
-    return err
 
 
 def _live_table(worker: MockWorker, rate: float) -> Group:
@@ -138,17 +132,17 @@ def _driver_options(opts: dict) -> dict:
 def _input_state(path: str, source: str) -> Registry:
     """The --state of an --input run: its sink position names the input it belongs to."""
     if source == "-":
-        raise _usage_error(
+        raise usage_error(
             f"--state {path}: stdin (--input -) cannot be read again after a crash; give a file or gen:N"
         )
     try:
         registry = Registry.open(path)
     except StateError as err:
-        raise _usage_error(str(err)) from err
+        raise usage_error(str(err)) from err
     sink = registry.sink
     if registry.streams or (sink is not None and sink.get("input") != source):
         was = f"--input {sink.get('input')}" if sink and sink.get("input") else "a worker serving connectors"
-        raise _usage_error(f"--state {path} was written for {was}, not --input {source}; give another file")
+        raise usage_error(f"--state {path} was written for {was}, not --input {source}; give another file")
     registry.sink = sink or {"offset": 0, "txn": None, "next_cid": 1, "input": source}
     return registry
 
@@ -191,17 +185,17 @@ def _drive_input(opts: dict) -> None:
     except ValueError as err:
         if not saved["offset"]:
             raise click.BadParameter(str(err), param_hint="--input") from err
-        raise _usage_error(
+        raise usage_error(
             f"--state {path} has the first {saved['offset']} bytes of --input {source} committed, "
             f"but {err}: not the input it was written for"
         ) from err
     except OSError as err:
-        raise _usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
+        raise usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
     if registry is not None:
         try:
             registry.save()  # find out now, not at the first commit, that it cannot be written
         except OSError as err:
-            raise _usage_error(f"cannot write --state {path}: {err.strerror or err}") from err
+            raise usage_error(f"cannot write --state {path}: {err.strerror or err}") from err
     if saved["offset"] or saved["txn"]:
         click.echo(f"{NAME}: resuming --input {source} after byte {saved['offset']} of it", err=True)
     try:
@@ -210,7 +204,7 @@ def _drive_input(opts: dict) -> None:
         click.echo(f"{NAME}: {err}", err=True)
         sys.exit(1)
     except OSError as err:
-        raise _usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
+        raise usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
     summary = stats.as_dict()
     if opts["fmt"] == "json":
         click.echo(json.dumps(summary, default=str))
@@ -253,7 +247,7 @@ async def _run(
             worker.set_sink(SinkForwarder(host, port, saved=registry.sink, **driver_options))
     except OSError as err:
         reason = f"cannot open {err.filename}: {err.strerror}" if err.filename else str(err)
-        raise _usage_error(reason) from err
+        raise usage_error(reason) from err
     # Handlers first: a SIGTERM sent the moment the ready line appears must still end cleanly.
     stop = asyncio.Event()
     worker.on_fatal = stop.set
@@ -264,7 +258,7 @@ async def _run(
         host, port = await worker.start()
     except OSError as err:
         worker.io.shutdown()
-        raise _usage_error(f"cannot listen on {config.host}:{config.port}: {err.strerror or err}") from err
+        raise usage_error(f"cannot listen on {config.host}:{config.port}: {err.strerror or err}") from err
     click.echo(f"wallaroo-proto {NAME}: listening on {host}:{port}")
     sys.stdout.flush()
 
@@ -417,14 +411,7 @@ async def _run(
     show_default=True,
     help="Connections beyond this get ERROR 'too many connections'.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Summary format.",
-)
+@summary_format
 @click.option(
     "--sink",
     default=None,
@@ -504,9 +491,9 @@ def command(**opts) -> None:
         registry = Registry.open(opts["state_path"])
         registry.save()  # find out now, not at the first checkpoint, that it cannot be written
     except StateError as err:
-        raise _usage_error(str(err)) from err
+        raise usage_error(str(err)) from err
     except OSError as err:
-        raise _usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
+        raise usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
     live = opts["live"] if opts["live"] is not None else sys.stderr.isatty()
     summary = runtime.run(_run(config, registry, opts["out"], live, sink))
     _print_summary(summary, opts["fmt"])

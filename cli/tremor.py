@@ -17,6 +17,7 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Table
+from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
 
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.tremor.peers import (
@@ -29,14 +30,6 @@ from wallaroo_proto.protocols.tremor.peers import (
     read_script,
     scripted_exchange,
 )
-
-EXIT_INTERRUPTED = 130
-
-
-def _usage_error(message: str) -> click.ClickException:
-    err = click.ClickException(message)
-    err.exit_code = 2
-    return err
 
 
 def _console() -> Console:
@@ -57,7 +50,7 @@ async def _run_node(node: MockNode) -> bool:
     try:
         host, port = await node.start()
     except OSError as err:
-        raise _usage_error(f"cannot listen on {node.host}:{node.port}: {err.strerror or err}") from err
+        raise usage_error(f"cannot listen on {node.host}:{node.port}: {err.strerror or err}") from err
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -100,14 +93,7 @@ async def _run_node(node: MockNode) -> bool:
     metavar="N",
     help="Fault: a connection's Nth message from the node is cut short (not JSON).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Summary format.",
-)
+@summary_format
 def mock_node(
     host: str, port: int, refuse: bool, drop_after: int, delay: float, malformed_after: int, fmt: str
 ) -> None:
@@ -206,14 +192,7 @@ def _print_client(result: dict, fmt: str) -> None:
 @click.option(
     "--record", type=click.Path(dir_okay=False), default=None, help="Record the connection into this pcap."
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="Summary format.",
-)
+@summary_format
 def mock_client(address: str, script, messages, window, payload_size, publish, timeout, record, fmt) -> None:
     """Open a session with a node, run an exchange, check each reply, print a summary.
 
@@ -229,7 +208,7 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
     try:
         writer = PcapWriter(record) if record else None
     except OSError as err:
-        raise _usage_error(f"cannot write --record {record}: {err.strerror or err}") from err
+        raise usage_error(f"cannot write --record {record}: {err.strerror or err}") from err
     client = MockClient(host, port, timeout=timeout, record=writer)
     try:
         if lines is not None:
