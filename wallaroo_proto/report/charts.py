@@ -24,6 +24,8 @@ MARKER_COLOURS = {
     "error": "#d62828",
     "abort": "#e76f51",
     "end": "#555",
+    "rollback": "#7b2cbf",
+    "connect": "#0077b6",
 }
 DIRECTION_COLOURS = ("#1f77b4", "#ff7f0e")
 

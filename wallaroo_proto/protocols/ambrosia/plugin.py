@@ -15,6 +15,7 @@ from .codec import TYPE_NAMES as MESSAGE_TYPES
 from .codec import RecordSplitter, read_header
 from .core import Session
 from .dissect import PORTS, AmbrosiaTracker, looks_like_ambrosia
+from .report import AmbrosiaSignals
 
 RECORD_FIELDS = (
     "ambrosia_socket",
@@ -125,4 +126,5 @@ PLUGIN = ProtocolPlugin(
     describe=describe,
     spark_reports=_spark_reports,
     report_titles=TITLES,
+    report_signals=AmbrosiaSignals,
 )

@@ -15,6 +15,7 @@ from . import codec
 from .codec import PacketSplitter, decode_packet
 from .core import Connection
 from .dissect import PORTS, DcpTracker, looks_like_dcp
+from .report import DcpSignals
 
 RECORD_FIELDS = (
     "dcp_magic",
@@ -152,4 +153,5 @@ PLUGIN = ProtocolPlugin(
     describe=describe,
     spark_reports=_spark_reports,
     report_titles=TITLES,
+    report_signals=DcpSignals,
 )

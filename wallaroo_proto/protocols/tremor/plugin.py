@@ -14,6 +14,7 @@ from wallaroo_proto.protocols import ProtocolPlugin
 from .core import Session
 from .dissect import PORTS, TremorTracker, detect
 from .messages import OPS, parse
+from .report import TremorSignals
 from .wsframes import OPCODE_NAMES, FrameSplitter
 
 RECORD_FIELDS = (
@@ -140,4 +141,5 @@ PLUGIN = ProtocolPlugin(
     describe=describe,
     spark_reports=_spark_reports,
     report_titles=TITLES,
+    report_signals=TremorSignals,
 )
