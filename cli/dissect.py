@@ -42,7 +42,7 @@ STYLES = {
 }
 _ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
 _ARROWS |= {"consumer": "C→P", "producer": "P→C", "lb": "L→I", "ic": "I→L", "client": "C→N", "server": "N→C"}
-_TYPE_CHOICES = sorted({name for plugin in plugins() for name in plugin.type_names})
+_TYPE_CHOICES = sorted({name.lower() for plugin in plugins() for name in plugin.type_names})
 
 
 def _parse_time(value: str | None) -> float | None:
