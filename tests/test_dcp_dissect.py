@@ -93,6 +93,40 @@ def test_violations_are_named_with_their_packet(tmp_path):
     assert dissector.summaries()[0]["violations"] == 1
 
 
+def test_packets_around_bad_headers_in_one_segment_are_all_read(tmp_path):
+    path = tmp_path / "torn.pcap"
+    junk = b"\x00" * 30  # magic 0x00 is no header; a resync finds the next packet
+    one_segment = b"".join(
+        [
+            codec.snapshot_marker(3, 7, 0, 3, 1),
+            codec.mutation(3, 7, 1, 1, b"a", b"x"),
+            junk,
+            codec.mutation(3, 7, 2, 1, b"b", b"y"),
+            junk,
+            codec.deletion(3, 7, 3, 1, b"c"),
+        ]
+    )
+    _session(path, 11210, [one_segment])
+    records, _ = dissect(path)
+    tail = [
+        (r["type"], r.get("dcp_key"), r["offset"]) for r in records if r["packet"] == records[-1]["packet"]
+    ]
+    # The producer sent 88 bytes before (two 24-byte responses, the stream's with a 16-byte failover
+    # log); then wire sizes from the header, extras, key and value: a marker 24 + 20, a mutation
+    # 24 + 31 + 1 + 1, the junk 30.
+    start = 88
+    first_junk = start + 44 + 57
+    second_junk = first_junk + 30 + 57
+    assert tail == [
+        ("DCP_SNAPSHOT_MARKER", None, start),
+        ("DCP_MUTATION", "a", start + 44),
+        ("INVALID", None, first_junk),
+        ("DCP_MUTATION", "b", first_junk + 30),
+        ("INVALID", None, second_junk),
+        ("DCP_DELETION", "c", second_junk + 30),
+    ]
+
+
 def test_detected_by_its_first_bytes_on_any_port(tmp_path):
     path = tmp_path / "port-9000.pcap"
     _session(path, 9000, [codec.snapshot_marker(3, 7, 0, 1, 1), codec.deletion(3, 7, 1, 1, b"gone")])

@@ -120,6 +120,8 @@ class ProtocolError(ValueError):
         super().__init__(f"{reason} (at byte offset {offset})")
         self.reason = reason
         self.offset = offset
+        #: From ``PacketSplitter.feed``: the whole packets before the bad header, still to be read.
+        self.packets: list[tuple[int, bytes]] = []
 
 
 @dataclass(slots=True)
@@ -275,8 +277,9 @@ class PacketSplitter:
     """One direction's bytes to packets: ``feed`` gives (stream offset, wire bytes) for whole packets.
 
     A bad magic or a body over ``max_body`` raises ProtocolError with its
-    offset; after ``gap`` (lost bytes) or an error the splitter skips to the
-    next offset where a plausible DCP header starts.
+    offset and the whole packets before it (``packets``); after ``gap`` (lost
+    bytes) or an error the splitter skips to the next offset where a plausible
+    DCP header starts, on the next ``feed``.
     """
 
     __slots__ = ("buf", "offset", "max_body", "resync", "skipped")
@@ -315,7 +318,9 @@ class PacketSplitter:
                 self._drop(pos + 1)
                 self.resync = True
                 reason = f"bad magic 0x{magic:02x}" if magic not in MAGICS else f"body of {body} bytes"
-                raise ProtocolError(f"{reason}: not a packet header; resyncing", where)
+                err = ProtocolError(f"{reason}: not a packet header; resyncing", where)
+                err.packets = out
+                raise err
             end = pos + HEADER_SIZE + body
             if end > n:
                 break

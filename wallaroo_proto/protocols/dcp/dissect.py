@@ -55,13 +55,17 @@ class _Direction:
 
     def data(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
         self.bytes += len(payload)
-        try:
-            packets = self.splitter.feed(payload)
-        except ProtocolError as err:
-            self.tracker.torn(self, err, packet, ts)
-            packets = self.splitter.feed(b"")
-        for at, wire in packets:
-            self.tracker.packet(self, at, wire, packet, ts)
+        while True:  # one turn per bad header in the payload, the packets before it first
+            try:
+                packets, torn = self.splitter.feed(payload), None
+            except ProtocolError as err:
+                packets, torn = err.packets, err
+            for at, wire in packets:
+                self.tracker.packet(self, at, wire, packet, ts)
+            if torn is None:
+                return
+            self.tracker.torn(self, torn, packet, ts)
+            payload = b""
 
     def gap(self, offset: int, missing: int | None, packet: int, ts: int) -> None:
         if missing is None:
