@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from decimal import Decimal
 from pathlib import Path
@@ -207,3 +208,20 @@ def test_u64_ids_exact_in_dissect_jsonl_parquet_and_reports(replayed_everything)
     ]
     assert sorted(notified) == sorted(SENT)
     assert str(table.schema.field("stream_id").type) == "decimal128(20, 0)"
+
+
+def test_the_shipped_zip_is_removed_when_the_driver_exits(tmp_path):
+    """register() on a session it did not build ships the package from a temporary directory."""
+    script = (
+        "import sys\n"
+        "from wallaroo_proto.spark.session import ship_package\n"
+        "class Context:\n"
+        "    def addPyFile(self, path):\n"
+        "        print(path, flush=True)\n"
+        "ship_package(Context())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shipped = Path(done.stdout.strip())
+    assert shipped.name.endswith(".zip") and shipped.parent.name.startswith("wallaroo-spark-")
+    assert not shipped.parent.exists()

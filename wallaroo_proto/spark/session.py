@@ -11,6 +11,7 @@ without installing anything.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -68,7 +69,9 @@ def ship_package(sc: SparkContext, directory: str | os.PathLike | None = None) -
     if getattr(sc, "_wallaroo_shipped", False):
         return
     if directory is None:
+        # Spark serves the zip from here for as long as the driver runs: removed when it exits.
         directory = tempfile.mkdtemp(prefix="wallaroo-spark-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
     sc.addPyFile(str(package_zip(directory)))
     sc._wallaroo_shipped = True  # type: ignore[attr-defined]
 
