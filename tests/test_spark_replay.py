@@ -272,6 +272,10 @@ def test_reports_beyond_the_summary(captures, replayed):
     first = flow[(source, "127.0.0.1:40001 > 127.0.0.1:7100")]
     assert first["zero_credit_s"] == pytest.approx(0.5, abs=1e-5)
     assert first["zero_credit_spells"] == 1
+    # A sink's worker ignores its credits: no zero-credit time is claimed for it.
+    (sink_flow,) = [row for key, row in flow.items() if key[0] == sink]
+    assert sink_flow["use"] == "sink" and sink_flow["credits_granted"] > 0
+    assert sink_flow["zero_credit_s"] is None and sink_flow["zero_credit_spells"] is None
     (restart,) = tables["restarts"].where(f"capture = '{source}'").collect()
     assert restart["connection"] == "127.0.0.1:40001 > 127.0.0.1:7100"
     assert restart["address"] == "127.0.0.1:7100"

@@ -212,7 +212,9 @@ def flow_control(frames: DataFrame) -> DataFrame:
     protocol core took (none for a frame it rejects), never below zero;
     ``credits_left`` is the last level, and ``zero_credit_s`` adds up the capture time from each frame that
     leaves the level at zero to the next frame of the connection, and
-    ``zero_credit_spells`` counts the times it fell to zero.
+    ``zero_credit_spells`` counts the times it fell to zero. Both are null on a sink's
+    connection: the worker ignores a sink's credits and relies on TCP backpressure
+    (protocol notes), so its level at zero means nothing, and ``report`` does not draw it.
     """
     F = _f()  # noqa: N806
     data_side = F.when(F.col("use") == "sink", F.lit("worker")).otherwise(F.lit("connector"))
@@ -252,6 +254,7 @@ def flow_control(frames: DataFrame) -> DataFrame:
         .withColumn("prev_level", F.lag("level").over(ordered))
     )
     at_zero = F.col("ok_at").isNotNull() & (F.col("frame_index") >= F.col("ok_at")) & (F.col("level") <= 0)
+    enforced = F.first("use") != "sink"
     return (
         events.groupBy(*CONN)
         .agg(
@@ -259,12 +262,14 @@ def flow_control(frames: DataFrame) -> DataFrame:
             F.sum("granted").alias("credits_granted"),
             F.sum("spent").alias("credits_spent"),
             F.max_by("level", "frame_index").alias("credits_left"),
-            F.coalesce(F.sum(F.when(at_zero, F.col("next_ns") - F.col("ts_ns"))) / 1e9, F.lit(0.0)).alias(
-                "zero_credit_s"
-            ),
-            F.count(F.when(at_zero & ((F.col("prev_level") > 0) | F.col("prev_level").isNull()), 1)).alias(
-                "zero_credit_spells"
-            ),
+            F.when(
+                enforced,
+                F.coalesce(F.sum(F.when(at_zero, F.col("next_ns") - F.col("ts_ns"))) / 1e9, F.lit(0.0)),
+            ).alias("zero_credit_s"),
+            F.when(
+                enforced,
+                F.count(F.when(at_zero & ((F.col("prev_level") > 0) | F.col("prev_level").isNull()), 1)),
+            ).alias("zero_credit_spells"),
             F.count(F.when(F.col("type") == "ACK", 1)).alias("acks"),
         )
         .orderBy(*CONN)
