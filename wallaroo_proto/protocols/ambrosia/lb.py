@@ -45,7 +45,7 @@ from .codec import (
     type_name,
     zz64,
 )
-from .core import Session
+from .core import Kind, Session
 from .immortal import Counter
 
 _ASKS = (TAKE_CHECKPOINT, TAKE_BECOMING_PRIMARY_CHECKPOINT, UPGRADE_TAKE_CHECKPOINT)
@@ -87,6 +87,9 @@ class MockLB:
         self._blob: list[bytes] = []
         self._since_ask = 0
         self._self_calls: list[bytes] = []  # made, not yet sent
+        # plain RPCs read (and judged), applied together before anything else happens
+        self._methods: list[bytes] = []
+        self._args: list[bytes] = []
 
     async def _connect(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         deadline = time.monotonic() + self.config.connect_timeout
@@ -141,10 +144,22 @@ class MockLB:
     def _record(self, frame: RecordFrame) -> None:
         header = frame.header
         verdict, rpcs = self.session.from_ic_rpcs(header, frame.body)
-        if not verdict.ok:
+        if verdict.violations:
             self._violations(
                 tuple(f"record {header.seq} at stream offset {frame.offset}: {v}" for v in verdict.violations)
             )
+        stats = self.stats
+        if rpcs is not None:  # plain RPCs, read in one pass: applied with the rest of this read's
+            methods, args = rpcs
+            stats.records += 1
+            stats.rpcs += len(args)
+            if verdict.kind is Kind.REPLAYED:
+                stats.replayed += 1
+            self._methods.append(methods)
+            self._args += args
+            self._asked_every()
+            return
+        self._apply_pending()
         seq = header.seq
         if seq == CONTROL_SEQ:
             if len(verdict.messages) == 1:
@@ -156,24 +171,34 @@ class MockLB:
             if len(verdict.messages) == 1 and _blob_len(verdict.messages[0].data) == 0:
                 self._load(b"")
             return
-        stats = self.stats
         stats.records += 1
-        if verdict.kind == "replayed":
+        if verdict.kind is Kind.REPLAYED:
             stats.replayed += 1
-        if rpcs is not None:  # plain RPCs, read in one pass
-            stats.rpcs += len(rpcs[1])
-            out = self.counter.apply_many(*rpcs)
-        else:
-            out = self._messages(verdict.messages)
+        out = self._messages(verdict.messages)
         if out:
-            self.stats.self_calls += len(out)
+            stats.self_calls += len(out)
             self._self_calls += out
+        self._asked_every()
+
+    def _asked_every(self) -> None:
+        """``--ask-checkpoint-every``: the LB's own TakeCheckpoint after so many records."""
         every = self.config.ask_checkpoint_every
         if every:
             self._since_ask += 1
             if self._since_ask >= every:
                 self._since_ask = 0
                 self._send(Message(TAKE_CHECKPOINT, b""))
+
+    def _apply_pending(self) -> None:
+        """Apply the plain RPCs read so far, in order, in one ``apply_many`` (the per-call costs are
+        paid once a read, not once a record); their self calls queue to be sent."""
+        if self._args:
+            out = self.counter.apply_many(b"".join(self._methods), self._args)
+            self._methods = []
+            self._args = []
+            if out:
+                self.stats.self_calls += len(out)
+                self._self_calls += out
 
     def _messages(self, messages: tuple[Message, ...]) -> list[bytes]:
         """A record's messages applied one by one: the self calls they make."""
@@ -223,6 +248,7 @@ class MockLB:
 
     def _flush_self_calls(self) -> None:
         """The self calls made since the last flush, in one RPCBatch (one send for many records)."""
+        self._apply_pending()
         calls = self._self_calls
         if calls:
             self.writer.write(calls[0] if len(calls) == 1 else encode_batch(calls))
@@ -239,6 +265,7 @@ class MockLB:
         self.writer.write(encode_message(message.type, message.data) + blob)
 
     def _load(self, blob: bytes) -> None:
+        self._apply_pending()
         try:
             self.counter = Counter.load(blob)
         except (ValueError, KeyError) as err:
