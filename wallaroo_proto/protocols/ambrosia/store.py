@@ -44,7 +44,7 @@ class IcCheckpoint:
             "seq": self.seq,
             "generated": self.generated,
             "outputs": self.outputs,
-            "pending": [p.hex() for p in self.pending],
+            "pending": list(map(bytes.hex, self.pending)),
         }
         return json.dumps(meta).encode() + b"\n" + self.blob
 
