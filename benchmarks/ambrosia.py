@@ -70,7 +70,7 @@ while True:
             rpcs += 1
         pos = end
     del buf[:pos]
-print(rpcs)
+print(rpcs, flush=True)
 """
 
 
@@ -128,7 +128,7 @@ def run_bare(stream: bytes, rpcs: int) -> dict:
     for first in range(0, len(stream), 1 << 16):
         conn.sendall(view[first : first + (1 << 16)])
     conn.shutdown(socket.SHUT_WR)
-    found = int(child.stdout.read())
+    found = int(child.stdout.readline())  # the count, not the child's exit as well
     seconds = time.perf_counter() - start
     child.wait(timeout=60)
     conn.close()
