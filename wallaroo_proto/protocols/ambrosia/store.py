@@ -7,8 +7,8 @@ record's size field is ``-(size)-1``, as the IC marks xxHash64 check bytes,
 and each record is followed by the IC's watermarks: how many of its input
 RPCs and of the LB's outgoing RPCs the log holds up to it. ``checkpoint.bin``
 (replaced atomically) holds the IC's own state as one JSON line, then the
-LB's checkpoint bytes. Loading verifies every record's check bytes and cuts a
-torn or damaged tail, as a crash mid-write leaves.
+self calls it holds, then the LB's checkpoint bytes. Loading verifies every
+record's check bytes and cuts a torn or damaged tail, as a crash mid-write leaves.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from wallaroo_proto.durable import fsync_dir, write_atomic
 
-from .codec import HEADER_SIZE, check_bytes, read_header
+from .codec import HEADER_SIZE, check_bytes, read_header, read_zz
 
 _WATERMARK = struct.Struct("<qq")
 _SIZE = struct.Struct("<i")
@@ -39,21 +39,40 @@ class IcCheckpoint:
     blob: bytes
 
     def encode(self) -> bytes:
+        """One JSON line, then the pending calls back to back (each message carries its size; the
+        line says how many bytes they take), then the LB's bytes. Thousands of calls can wait at a
+        checkpoint, and the LB waits for this write: raw bytes, no hex or JSON string for them."""
+        held = b"".join(self.pending)
         meta = {
             "committer": self.committer,
             "seq": self.seq,
             "generated": self.generated,
             "outputs": self.outputs,
-            "pending": list(map(bytes.hex, self.pending)),
+            "pending_bytes": len(held),
         }
-        return json.dumps(meta).encode() + b"\n" + self.blob
+        return json.dumps(meta).encode() + b"\n" + held + self.blob
 
     @classmethod
     def decode(cls, data: bytes) -> IcCheckpoint:
-        line, _, blob = data.partition(b"\n")
+        line, _, rest = data.partition(b"\n")
         meta = json.loads(line)
-        pending = [bytes.fromhex(p) for p in meta["pending"]]
+        if "pending_bytes" in meta:
+            size = meta["pending_bytes"]
+            pending, blob = _split_messages(rest[:size]), rest[size:]
+        else:  # the older form: a hex string for each call
+            pending, blob = [bytes.fromhex(p) for p in meta["pending"]], rest
         return cls(meta["committer"], meta["seq"], meta["generated"], meta["outputs"], pending, blob)
+
+
+def _split_messages(data: bytes) -> list[bytes]:
+    """Encoded messages back to back, each one's bytes apart (its ZigZag size says where it ends)."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        size, after = read_zz(data, pos, len(data))
+        out.append(data[pos : after + size])
+        pos = after + size
+    return out
 
 
 @dataclass
