@@ -246,23 +246,26 @@ class MockLB:
             self._send(Message(CHECKPOINT, zz64(len(blob))), blob)
             self.stats.checkpoints_sent += 1
 
-    def _flush_self_calls(self) -> None:
-        """The self calls made since the last flush, in one RPCBatch (one send for many records)."""
+    def _flush_self_calls(self, then: bytes = b"") -> None:
+        """The self calls made since the last flush, in one RPCBatch (one send for many records),
+        and ``then`` after them in the same write."""
         self._apply_pending()
         calls = self._self_calls
         if calls:
-            self.writer.write(calls[0] if len(calls) == 1 else encode_batch(calls))
+            then = (calls[0] if len(calls) == 1 else encode_batch(calls)) + then
             calls.clear()
+        if then:
+            self.writer.write(then)
 
     def _send(self, message: Message, blob: bytes = b"") -> None:
         """A message of the LB's own protocol steps, judged like the IC would judge it, then sent.
 
         Self calls made before it go first: a checkpoint must follow the calls its state made."""
-        self._flush_self_calls()
+        self._apply_pending()
         verdict = self.session.from_lb(message)
         if not verdict.ok:
             self._violations(verdict.violations)
-        self.writer.write(encode_message(message.type, message.data) + blob)
+        self._flush_self_calls(encode_message(message.type, message.data) + blob)
 
     def _load(self, blob: bytes) -> None:
         self._apply_pending()
