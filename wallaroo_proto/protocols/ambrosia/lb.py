@@ -6,9 +6,11 @@ InitialMessage and first checkpoint; on a recovery it loads the checkpoint
 record's bytes and replays the records after it; it answers every checkpoint
 request with its state, applies each RPC to the counter (``immortal.Counter``)
 and sends the self calls that makes (those of the records in one read
-together, in one RPCBatch). Every record is judged by the shared
-rules (check bytes included, which real bindings skip); a violation is
-reported and the record still applied, as a binding that trusts its IC would.
+together, in one RPCBatch). Every record is judged by the shared rules as it
+comes (check bytes included, which real bindings skip); the plain RPCs of one
+read are applied together, in order, before anything else is done. A
+violation is reported and the record still applied, as a binding that trusts
+its IC would.
 It ends when the IC closes the send port.
 """
 
