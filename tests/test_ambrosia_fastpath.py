@@ -8,7 +8,7 @@ held against decoding each RPC and encoding it again.
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from wallaroo_proto.protocols.ambrosia.codec import (
@@ -145,6 +145,7 @@ def test_session_fast_path_verdicts_and_rpcs(rpcs, records) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_method, max_size=40), st.lists(_args, max_size=40))
+@example([ADD, ADD], [b"5", b"x" * 60])  # a self call too long for the one-byte size form
 def test_apply_many_is_apply_in_order(methods, args) -> None:
     methods = [m % 64 for m in methods][: len(args)]
     args = args[: len(methods)]

@@ -18,6 +18,7 @@ its header and Checkpoint message but not the blob.
 
 from __future__ import annotations
 
+import operator
 import re
 import struct
 from dataclasses import dataclass
@@ -386,6 +387,8 @@ _INCOMING_RPC = _short_rpcs(b"\\x00.", 4, bytes((ASYNC, FORK, IMPULSE)))
 #: A self call (LB -> IC) that is not an Impulse: size, type RPC, destination "", reserved, method, type.
 _SELF_CALL = _short_rpcs(b"\\x00\\x00.", 5, bytes((ASYNC, FORK)))
 _METHOD_BYTE = itemgetter(3)
+_SIZE_BYTE = itemgetter(0)
+_SELF_CALL_REST = itemgetter(slice(3, None))
 _INCOMING_ARGS = itemgetter(slice(5, None))
 _HALVE = bytes(b >> 1 for b in range(256))  # a one-byte ZigZag integer >= 0 (an even byte): its value
 #: An incoming RPC's size byte and type, by the size byte of the same RPC sent as a self call.
@@ -419,8 +422,9 @@ def scan_self_calls(data: bytes) -> list[bytes] | None:
     found = _SELF_CALL.findall(data, pos)
     if len(found) != count or len(b"".join(found)) != len(data) - pos:
         return None
-    heads = _INCOMING_HEAD
-    return [heads[rpc[0]] + rpc[3:] for rpc in found]
+    # each: the incoming head for its size byte, then its bytes from the reserved byte on
+    heads = map(_INCOMING_HEAD.__getitem__, map(_SIZE_BYTE, found))
+    return list(map(operator.add, heads, map(_SELF_CALL_REST, found)))
 
 
 # --- stream splitters ---------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ from .immortal import RpcSource
 from .store import DirStore, IcCheckpoint, LoggedRecord, MemoryStore
 
 DIALECTS = ("current", "seed")
+#: The most records built, logged and sent at once.
+MAX_BURST = 64
 
 
 @dataclass
@@ -274,41 +276,59 @@ class MockIC:
         return await self._deliver(run, ck.committer, seq, generated, b"")
 
     async def _deliver(self, run: _Run, committer: int, seq: int, generated: int, prefix: bytes) -> bool:
-        """Records of pending self calls and input RPCs, checkpoints between; True when all are in."""
+        """Records of pending self calls and input RPCs, checkpoints between; True when all are in.
+
+        Records go in bursts: built, logged in one write (one fsync), then sent in one write. A
+        burst starts at one record after each checkpoint and doubles up to ``MAX_BURST``, so the
+        LB gets the first record at once and the system calls are paid once a burst later on."""
         cfg = self.config
         source = cfg.source
         since = 0
         dirty = bool(prefix)
         start = time.perf_counter()
         gap_done = False
+        burst_size = 1
         while not self._stopping:
-            take = min(cfg.batch, source.count - generated)
-            if prefix or run.pending or take > 0:
-                parts = [prefix, *run.pending, source.body(generated, generated + take)]
-                self.stats.self_calls_logged += len(run.pending)
-                self.stats.rpcs_logged += take
-                run.pending.clear()
-                prefix = b""
-                generated += take
-                if cfg.gap_at is not None and seq == cfg.gap_at and not gap_done:
-                    seq += 1  # fault: a sequence id never sent
-                    gap_done = True
-                wire = encode_record(committer, seq, b"".join(parts))
-                self.store.append(LoggedRecord(wire, seq, generated, run.outputs))
-                if cfg.crash_at is not None and seq == cfg.crash_at:
-                    cfg.log(f"fault: kill -9 after logging record {seq}")
+            if prefix or run.pending or generated < source.count:
+                room = cfg.checkpoint_every - since if cfg.checkpoint_every else MAX_BURST
+                burst: list[LoggedRecord] = []
+                crash = False
+                size = min(burst_size, room)
+                while len(burst) < size and (prefix or run.pending or generated < source.count):
+                    gap = cfg.gap_at is not None and seq == cfg.gap_at and not gap_done
+                    if burst and cfg.crash_at is not None and seq + gap == cfg.crash_at:
+                        break  # the record to crash after goes alone: the ones before it are sent
+                    take = min(cfg.batch, source.count - generated)
+                    parts = [prefix, *run.pending, source.body(generated, generated + take)]
+                    self.stats.self_calls_logged += len(run.pending)
+                    self.stats.rpcs_logged += take
+                    run.pending.clear()
+                    prefix = b""
+                    generated += take
+                    if gap:
+                        seq += 1  # fault: a sequence id never sent
+                        gap_done = True
+                    wire = encode_record(committer, seq, b"".join(parts))
+                    burst.append(LoggedRecord(wire, seq, generated, run.outputs))
+                    crash = cfg.crash_at is not None and seq == cfg.crash_at
+                    seq += 1
+                    if crash:
+                        break
+                self.store.append_many(burst)
+                if crash:
+                    cfg.log(f"fault: kill -9 after logging record {burst[-1].seq}")
                     os.kill(os.getpid(), signal.SIGKILL)
-                if cfg.bad_check_at is not None and seq == cfg.bad_check_at:
-                    wire = wire[:8] + bytes(b ^ 0xFF for b in wire[8:16]) + wire[16:]
-                await self._send(run, wire)
+                wires = [_bad_check(r.wire) if r.seq == cfg.bad_check_at else r.wire for r in burst]
+                await self._send_all(run, wires)
                 self.stats.delivery_seconds = time.perf_counter() - start
-                seq += 1
-                since += 1
+                since += len(burst)
+                burst_size = min(2 * burst_size, MAX_BURST)
                 dirty = True
                 if (cfg.checkpoint_every and since >= cfg.checkpoint_every) or run.lb_asks:
                     run.lb_asks = False
                     since = 0
                     dirty = False
+                    burst_size = 1
                     blob = await self._ask_checkpoint(run, committer, TAKE_CHECKPOINT)
                     await self._save(
                         IcCheckpoint(committer, seq, generated, run.outputs, list(run.pending), blob)
@@ -334,17 +354,23 @@ class MockIC:
     # --- sending and asking -----------------------------------------------------------------------
 
     async def _send(self, run: _Run, wire: bytes) -> None:
+        await self._send_all(run, [wire])
+
+    async def _send_all(self, run: _Run, wires: list[bytes]) -> None:
+        """Records (each with what follows it on the wire), judged in order, then sent in one write."""
         if run.gone.is_set():
             raise LbGone()
-        header = read_header(wire)
-        # Its own records keep the judge's phase right; their flaws are the faults it was told to make.
-        run.session.from_ic(header, wire[24 : header.size])
-        run.writer.write(wire)
-        if run.pcap_out is not None:
-            run.pcap_out.send(False, wire)
+        normal = 0
+        for wire in wires:
+            header = read_header(wire)
+            # Its own records keep the judge's phase right; their flaws are the faults it was told to make.
+            run.session.from_ic(header, wire[24 : header.size])
+            if run.pcap_out is not None:
+                run.pcap_out.send(False, wire)
+            normal += header.seq >= 0
+        run.writer.write(wires[0] if len(wires) == 1 else b"".join(wires))
         await run.writer.drain()
-        if header.seq >= 0:
-            self.stats.records_sent += 1
+        self.stats.records_sent += normal
 
     async def _ask_checkpoint(self, run: _Run, committer: int, kind: int) -> bytes:
         run.checkpoint = asyncio.get_running_loop().create_future()
@@ -357,7 +383,12 @@ class MockIC:
             run.checkpoint = None
 
     async def _save(self, ck: IcCheckpoint) -> None:
-        await asyncio.get_running_loop().run_in_executor(None, self.store.save_checkpoint, ck)
+        """The checkpoint, stored before any record after it is sent. Only an fsync waits long enough
+        to be worth a worker thread: the IC has nothing else to do meanwhile but read the LB."""
+        if self.config.log_dir and self.config.fsync:
+            await asyncio.get_running_loop().run_in_executor(None, self.store.save_checkpoint, ck)
+        else:
+            self.store.save_checkpoint(ck)
         self.stats.checkpoints += 1
         self.stats.last_checkpoint = {"seq": ck.seq, "bytes": len(ck.blob), "blob": ck.blob}
 
@@ -495,6 +526,11 @@ class MockIC:
             "rpcs_per_second": round(s.rpcs_logged / s.delivery_seconds) if s.delivery_seconds else 0,
             "done": s.done,
         }
+
+
+def _bad_check(wire: bytes) -> bytes:
+    """Fault: the record with its check bytes inverted (on the wire only; the log has them right)."""
+    return wire[:8] + bytes(b ^ 0xFF for b in wire[8:16]) + wire[16:]
 
 
 async def _watch_eof(run: _Run, reader: asyncio.StreamReader) -> None:

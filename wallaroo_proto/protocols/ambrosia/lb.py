@@ -6,9 +6,11 @@ InitialMessage and first checkpoint; on a recovery it loads the checkpoint
 record's bytes and replays the records after it; it answers every checkpoint
 request with its state, applies each RPC to the counter (``immortal.Counter``)
 and sends the self calls that makes (those of the records in one read
-together, in one RPCBatch). Every record is judged by the shared
-rules (check bytes included, which real bindings skip); a violation is
-reported and the record still applied, as a binding that trusts its IC would.
+together, in one RPCBatch). Every record is judged by the shared rules as it
+comes (check bytes included, which real bindings skip); the plain RPCs of one
+read are applied together, in order, before anything else is done. A
+violation is reported and the record still applied, as a binding that trusts
+its IC would.
 It ends when the IC closes the send port.
 """
 
@@ -45,7 +47,7 @@ from .codec import (
     type_name,
     zz64,
 )
-from .core import Session
+from .core import Kind, Session
 from .immortal import Counter
 
 _ASKS = (TAKE_CHECKPOINT, TAKE_BECOMING_PRIMARY_CHECKPOINT, UPGRADE_TAKE_CHECKPOINT)
@@ -87,6 +89,9 @@ class MockLB:
         self._blob: list[bytes] = []
         self._since_ask = 0
         self._self_calls: list[bytes] = []  # made, not yet sent
+        # plain RPCs read (and judged), applied together before anything else happens
+        self._methods: list[bytes] = []
+        self._args: list[bytes] = []
 
     async def _connect(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         deadline = time.monotonic() + self.config.connect_timeout
@@ -141,10 +146,22 @@ class MockLB:
     def _record(self, frame: RecordFrame) -> None:
         header = frame.header
         verdict, rpcs = self.session.from_ic_rpcs(header, frame.body)
-        if not verdict.ok:
+        if verdict.violations:
             self._violations(
                 tuple(f"record {header.seq} at stream offset {frame.offset}: {v}" for v in verdict.violations)
             )
+        stats = self.stats
+        if rpcs is not None:  # plain RPCs, read in one pass: applied with the rest of this read's
+            methods, args = rpcs
+            stats.records += 1
+            stats.rpcs += len(args)
+            if verdict.kind is Kind.REPLAYED:
+                stats.replayed += 1
+            self._methods.append(methods)
+            self._args += args
+            self._asked_every()
+            return
+        self._apply_pending()
         seq = header.seq
         if seq == CONTROL_SEQ:
             if len(verdict.messages) == 1:
@@ -156,24 +173,34 @@ class MockLB:
             if len(verdict.messages) == 1 and _blob_len(verdict.messages[0].data) == 0:
                 self._load(b"")
             return
-        stats = self.stats
         stats.records += 1
-        if verdict.kind == "replayed":
+        if verdict.kind is Kind.REPLAYED:
             stats.replayed += 1
-        if rpcs is not None:  # plain RPCs, read in one pass
-            stats.rpcs += len(rpcs[1])
-            out = self.counter.apply_many(*rpcs)
-        else:
-            out = self._messages(verdict.messages)
+        out = self._messages(verdict.messages)
         if out:
-            self.stats.self_calls += len(out)
+            stats.self_calls += len(out)
             self._self_calls += out
+        self._asked_every()
+
+    def _asked_every(self) -> None:
+        """``--ask-checkpoint-every``: the LB's own TakeCheckpoint after so many records."""
         every = self.config.ask_checkpoint_every
         if every:
             self._since_ask += 1
             if self._since_ask >= every:
                 self._since_ask = 0
                 self._send(Message(TAKE_CHECKPOINT, b""))
+
+    def _apply_pending(self) -> None:
+        """Apply the plain RPCs read so far, in order, in one ``apply_many`` (the per-call costs are
+        paid once a read, not once a record); their self calls queue to be sent."""
+        if self._args:
+            out = self.counter.apply_many(b"".join(self._methods), self._args)
+            self._methods = []
+            self._args = []
+            if out:
+                self.stats.self_calls += len(out)
+                self._self_calls += out
 
     def _messages(self, messages: tuple[Message, ...]) -> list[bytes]:
         """A record's messages applied one by one: the self calls they make."""
@@ -221,24 +248,29 @@ class MockLB:
             self._send(Message(CHECKPOINT, zz64(len(blob))), blob)
             self.stats.checkpoints_sent += 1
 
-    def _flush_self_calls(self) -> None:
-        """The self calls made since the last flush, in one RPCBatch (one send for many records)."""
+    def _flush_self_calls(self, then: bytes = b"") -> None:
+        """The self calls made since the last flush, in one RPCBatch (one send for many records),
+        and ``then`` after them in the same write."""
+        self._apply_pending()
         calls = self._self_calls
         if calls:
-            self.writer.write(calls[0] if len(calls) == 1 else encode_batch(calls))
+            then = (calls[0] if len(calls) == 1 else encode_batch(calls)) + then
             calls.clear()
+        if then:
+            self.writer.write(then)
 
     def _send(self, message: Message, blob: bytes = b"") -> None:
         """A message of the LB's own protocol steps, judged like the IC would judge it, then sent.
 
         Self calls made before it go first: a checkpoint must follow the calls its state made."""
-        self._flush_self_calls()
+        self._apply_pending()
         verdict = self.session.from_lb(message)
         if not verdict.ok:
             self._violations(verdict.violations)
-        self.writer.write(encode_message(message.type, message.data) + blob)
+        self._flush_self_calls(encode_message(message.type, message.data) + blob)
 
     def _load(self, blob: bytes) -> None:
+        self._apply_pending()
         try:
             self.counter = Counter.load(blob)
         except (ValueError, KeyError) as err:

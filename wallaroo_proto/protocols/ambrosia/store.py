@@ -7,8 +7,8 @@ record's size field is ``-(size)-1``, as the IC marks xxHash64 check bytes,
 and each record is followed by the IC's watermarks: how many of its input
 RPCs and of the LB's outgoing RPCs the log holds up to it. ``checkpoint.bin``
 (replaced atomically) holds the IC's own state as one JSON line, then the
-LB's checkpoint bytes. Loading verifies every record's check bytes and cuts a
-torn or damaged tail, as a crash mid-write leaves.
+self calls it holds, then the LB's checkpoint bytes. Loading verifies every
+record's check bytes and cuts a torn or damaged tail, as a crash mid-write leaves.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from wallaroo_proto.durable import fsync_dir, write_atomic
 
-from .codec import HEADER_SIZE, check_bytes, read_header
+from .codec import HEADER_SIZE, check_bytes, read_header, read_zz
 
 _WATERMARK = struct.Struct("<qq")
 _SIZE = struct.Struct("<i")
@@ -39,21 +39,40 @@ class IcCheckpoint:
     blob: bytes
 
     def encode(self) -> bytes:
+        """One JSON line, then the pending calls back to back (each message carries its size; the
+        line says how many bytes they take), then the LB's bytes. Thousands of calls can wait at a
+        checkpoint, and the LB waits for this write: raw bytes, no hex or JSON string for them."""
+        held = b"".join(self.pending)
         meta = {
             "committer": self.committer,
             "seq": self.seq,
             "generated": self.generated,
             "outputs": self.outputs,
-            "pending": [p.hex() for p in self.pending],
+            "pending_bytes": len(held),
         }
-        return json.dumps(meta).encode() + b"\n" + self.blob
+        return json.dumps(meta).encode() + b"\n" + held + self.blob
 
     @classmethod
     def decode(cls, data: bytes) -> IcCheckpoint:
-        line, _, blob = data.partition(b"\n")
+        line, _, rest = data.partition(b"\n")
         meta = json.loads(line)
-        pending = [bytes.fromhex(p) for p in meta["pending"]]
+        if "pending_bytes" in meta:
+            size = meta["pending_bytes"]
+            pending, blob = _split_messages(rest[:size]), rest[size:]
+        else:  # the older form: a hex string for each call
+            pending, blob = [bytes.fromhex(p) for p in meta["pending"]], rest
         return cls(meta["committer"], meta["seq"], meta["generated"], meta["outputs"], pending, blob)
+
+
+def _split_messages(data: bytes) -> list[bytes]:
+    """Encoded messages back to back, each one's bytes apart (its ZigZag size says where it ends)."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        size, after = read_zz(data, pos, len(data))
+        out.append(data[pos : after + size])
+        pos = after + size
+    return out
 
 
 @dataclass
@@ -84,6 +103,9 @@ class MemoryStore:
 
     def append(self, record: LoggedRecord) -> None:
         self._records.append(record)
+
+    def append_many(self, records: list[LoggedRecord]) -> None:
+        self._records += records
 
     def save_checkpoint(self, checkpoint: IcCheckpoint) -> None:
         self._checkpoint = checkpoint
@@ -133,16 +155,29 @@ class DirStore:
         return Loaded(checkpoint, records, cut)
 
     def append(self, record: LoggedRecord) -> None:
+        self.append_many([record])
+
+    def append_many(self, records: list[LoggedRecord]) -> None:
+        """Records in order, in one write (and one fsync): a group commit. All of them are on disk
+        (or, without fsync, with the OS) when it returns."""
+        if not records:
+            return
         if self._log is None:
-            seq = self._log_seq if self._log_seq is not None else record.seq
+            seq = self._log_seq if self._log_seq is not None else records[0].seq
             self._log = open(self._log_path(seq), "ab")  # noqa: SIM115 - closed by close()
             self._log_seq = seq
             if self.fsync:
                 fsync_dir(self.path)
-        wire = record.wire
-        size = read_header(wire).size
-        disk = wire[:4] + _SIZE.pack(-size - 1) + wire[8:]
-        self._log.write(disk + _WATERMARK.pack(record.generated, record.outputs))
+        out = []
+        for record in records:
+            wire = record.wire
+            out += (
+                wire[:4],
+                _SIZE.pack(-_SIZE.unpack_from(wire, 4)[0] - 1),
+                wire[8:],
+                _WATERMARK.pack(record.generated, record.outputs),
+            )
+        self._log.write(b"".join(out))
         self._log.flush()
         if self.fsync:
             os.fsync(self._log.fileno())
