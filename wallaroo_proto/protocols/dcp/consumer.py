@@ -25,8 +25,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import itemgetter
 from typing import Any
 
 from wallaroo_proto.durable import write_atomic
@@ -34,11 +32,10 @@ from wallaroo_proto.durable import write_atomic
 from . import codec
 from .codec import FOREVER, HEADER_SIZE, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
 from .core import Connection, Kind
-from .store import DELETION, EXPIRATION, MUTATION, ConsumerVBucket, StateError
+from .store import ConsumerVBucket, StateError
 
-_OPS = {codec.MUTATION: MUTATION, codec.DELETION: DELETION, codec.EXPIRATION: EXPIRATION}
+_ITEM_OPCODES = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION))
 _KEEP_VIOLATIONS = 100
-_OPAQUE = itemgetter(1)
 
 
 @dataclass
@@ -313,15 +310,15 @@ class MockConsumer:
         splitter.consume(end)
         run = self.run_state
         completed = False
-        for opaque, entries in groupby(taken, _OPAQUE):
-            vb = self.streams.get(opaque)
+        for stream_run in taken:
+            vb = self.streams.get(stream_run.opaque)
             if vb is None:
                 continue
-            items, done, acks = run.vbuckets[vb].apply_run(list(entries))
+            items, done, acks = run.vbuckets[vb].apply_run(stream_run)
             run.items += items
             completed = completed or done
             for _ in range(acks):
-                self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=opaque))
+                self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=stream_run.opaque))
         if completed:
             self.persist()
         self.count_unacked(end)
@@ -354,10 +351,9 @@ class MockConsumer:
         if vb is None or msg is None:
             return
         state = run.vbuckets[vb]
-        if op in _OPS:
+        if op in _ITEM_OPCODES:
             run.items += 1
-            value = msg.value.decode("utf-8", "replace") if op == codec.MUTATION else ""
-            if state.apply(msg.seqno, msg.key.decode("utf-8", "replace"), _OPS[op], value):
+            if state.apply(msg.seqno, msg.key, op, msg.value):
                 self.persist()
         elif op == codec.SNAPSHOT_MARKER:
             state.marker(msg.start, msg.end)
