@@ -192,6 +192,8 @@ def test_a_run_returns_items_and_markers_with_their_fields():
         codec.mutation(3, 7, 3, 1, b"d", b""),  # seqno not rising: left to from_producer
     ]
     buf = b"".join(wires)
+    assert conn.process_run(buf, 0, max_body=20) == (len(wires[0]), [StreamRun(7, [], [(0, 0, 3, 1)], [])])
+    conn = _fresh(1000)  # a body over max_body is left to the splitter, which names it
     pos, taken = conn.process_run(buf)
     assert pos == len(buf) - len(wires[-1])
     assert taken == [

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from . import codec
 from .codec import (
     FOREVER,
+    HEADER_SIZE,
     SUCCESS,
     BufferAck,
     Control,
@@ -59,9 +60,12 @@ SNAP_MAY_CONTAIN_DUPLICATES = 0x20
 _KEYS_KEPT = 100_000
 #: A header and the first extras field: an item's seqno, a marker's start.
 #: What the run path reads of a header and the first extras field (an item's seqno, a marker's start):
-#: magic, opcode, key length, extras length, vbucket, body length, opaque, seqno (datatype and cas
-#: are not judged).
-_RUN_HEAD = struct.Struct(">BBHBxHII8xQ")
+#: magic and opcode as one number, key length, extras length, vbucket, body length, opaque, seqno
+#: (datatype and cas are not judged).
+_RUN_HEAD = struct.Struct(">HHBxHII8xQ")
+_REQ_MARKER, _REQ_MUTATION, _REQ_DELETION, _REQ_EXPIRATION = (
+    codec.REQ << 8 | op for op in (codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION)
+)
 #: A flow-control limit no count reaches: the run path's limit when there is no buffer.
 _UNLIMITED = 1 << 80
 _MARKER_V1 = struct.Struct(">QQI")
@@ -365,24 +369,26 @@ class Connection:
         taken and one ``StreamRun`` per such stretch, in order.
         """
         runs: list[StreamRun] = []
-        n = len(buf)
+        start_pos = pos
         buffer_size = self.buffer_size
-        limit = buffer_size or _UNLIMITED
         outstanding = self.outstanding
-        if n - pos < 32 or outstanding >= limit:
+        if buffer_size and outstanding >= buffer_size:
             return pos, runs
+        # Taking the bytes up to here fills the flow-control window: the packet that reaches it is the last.
+        window_end = pos + buffer_size - outstanding if buffer_size else _UNLIMITED
+        # A packet whose body is over max_body ends past n, so it is not taken.
+        n = min(len(buf), pos + HEADER_SIZE + max_body)
         streams = self.streams
         stalls = 0
         unpack = _RUN_HEAD.unpack_from
         unpack_marker = _MARKER_V1.unpack_from
-        marker_op, mutation, deletion, expiration = (
-            codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION
-        )  # fmt: skip
-        # Every message taken has a header and at least 8 bytes of extras: an item's seqno, a marker's start.
-        magic, op, keylen, extlen, vb, bodylen, opaque, seqno = unpack(buf, pos)
+        try:  # every message taken has more than its header and the first 8 bytes of extras
+            magic_op, keylen, extlen, vb, bodylen, opaque, seqno = unpack(buf, pos)
+        except struct.error:
+            return pos, runs
         while True:
             s = streams.get(opaque)
-            if s is None or s.vbucket != vb or s.sid is not None or magic != 0x80:
+            if s is None or s.vbucket != vb or s.sid is not None:
                 break
             stream_opaque, vbucket = opaque, vb
             last, snap_start, snap_end, flags = s.last_seqno, s.snap_start, s.snap_end, s.snap_flags
@@ -400,14 +406,14 @@ class Connection:
             next_stream = False
             while True:
                 end = pos + 24 + bodylen
-                if end > n or bodylen > max_body:
+                if end > n:
                     break
                 if (
-                    op == mutation
+                    magic_op == _REQ_MUTATION
                     and extlen == 31
-                    or op == deletion
+                    or magic_op == _REQ_DELETION
                     and (extlen == 18 or extlen == 21)
-                    or op == expiration
+                    or magic_op == _REQ_EXPIRATION
                     and extlen == 20
                 ):
                     if not lo < seqno <= hi or not 0 < keylen <= bodylen - extlen:
@@ -421,15 +427,17 @@ class Connection:
                         if room:
                             keys.add(key)
                             room -= 1
-                    append((op, seqno, key, buf[value_at:end]))
-                    last = lo = seqno
+                    append((magic_op & 0xFF, seqno, key, buf[value_at:end]))
+                    lo = seqno
                     if seqno == open_end:
                         snapshot_open = False
                         open_end = -1
                         completed.append(seqno)
-                elif op == marker_op:
+                elif magic_op == _REQ_MARKER:
                     if extlen != 20 or keylen or bodylen != 20:
                         break
+                    if items:
+                        last = items[-1][1]
                     start, mark_end, mark_flags = unpack_marker(buf, pos + 24)
                     if start > mark_end or snapshot_open or (mark_end <= last and marker_seen):
                         break
@@ -445,20 +453,22 @@ class Connection:
                     unique = not mark_flags & SNAP_MAY_CONTAIN_DUPLICATES
                 else:
                     break
-                outstanding += end - pos
                 pos = end
-                if outstanding >= limit:
+                if pos >= window_end:
                     stalls += 1
                     break
-                if n - pos < 32:
+                try:
+                    magic_op, keylen, extlen, vb, bodylen, opaque, seqno = unpack(buf, pos)
+                except struct.error:
                     break
-                magic, op, keylen, extlen, vb, bodylen, opaque, seqno = unpack(buf, pos)
                 if opaque != stream_opaque:
                     next_stream = True
                     break
-                if vb != vbucket or magic != 0x80:
+                if vb != vbucket:
                     break
             if items or markers:
+                if items:
+                    last = items[-1][1]
                 s.last_seqno, s.snap_start, s.snap_end, s.snap_flags = last, snap_start, snap_end, flags
                 s.marker_seen, s.snapshot_open, s.keys = marker_seen, snapshot_open, keys
                 s.items += len(items)
@@ -468,7 +478,7 @@ class Connection:
             if not next_stream:
                 break
         if buffer_size:
-            self.outstanding = outstanding
+            self.outstanding = outstanding + pos - start_pos
             self.stalls += stalls
         return pos, runs
 
