@@ -32,6 +32,7 @@ from wallaroo_proto.durable import write_atomic
 from . import codec
 from .codec import FOREVER, HEADER_SIZE, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
 from .core import Connection, Kind
+from .link import Link
 from .store import ConsumerVBucket, StateError
 
 _ITEM_OPCODES = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION))
@@ -141,13 +142,13 @@ class MockConsumer:
 
     def stop(self) -> None:
         self.stop_requested = True
-        if getattr(self, "writer", None) is not None:
-            self.writer.close()
+        if getattr(self, "link", None) is not None:
+            self.link.close()
 
     async def session(self) -> None:
         cfg = self.config
-        reader, writer = await asyncio.open_connection(cfg.host, cfg.port)
-        self.reader, self.writer = reader, writer
+        link = await Link.open(cfg.host, cfg.port)
+        self.link = link
         self.conn = Connection()
         self.splitter = PacketSplitter()
         self.packets: list[tuple[int, Packet]] = []
@@ -163,15 +164,15 @@ class MockConsumer:
             await self.stream_all()
         finally:
             self.stream_seconds += time.monotonic() - started
-            writer.close()
+            link.close()
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await link.wait_closed()
 
     def send(self, wire: bytes) -> None:
         verdict = self.conn.from_consumer(decode_packet(wire))
         if verdict.kind is not Kind.ACCEPTED:
             self.violation(f"own request: {verdict.reason}")
-        self.writer.write(wire)
+        self.link.write(wire)
 
     def next_opaque(self) -> int:
         self.opaque += 1
@@ -179,7 +180,7 @@ class MockConsumer:
 
     async def next_packet(self) -> tuple[int, Packet]:
         while not self.packets:
-            data = await self.reader.read(256 * 1024)
+            data = await self.link.read()
             if not data:
                 raise ConnectionLost("the producer closed the connection")
             try:
@@ -194,7 +195,7 @@ class MockConsumer:
         """Send one command and wait for its answer (stream traffic cannot come before streams exist)."""
         opaque = decode_packet(wire).opaque
         self.send(wire)
-        await self.writer.drain()
+        await self.link.drain()
         while True:
             offset, p = await self.next_packet()
             verdict = self.judge(p, offset)
@@ -260,7 +261,7 @@ class MockConsumer:
         todo = [vb for vb in wanted if run.status.get(vb) not in ("done", "not_my_vbucket")]
         for vb in todo:
             self.stream_request(vb)
-        await self.writer.drain()
+        await self.link.drain()
         self.open_count = len(todo)
         while self.open_count and not self.stop_requested:
             if not self.packets and not self.splitter.resync:
@@ -270,15 +271,15 @@ class MockConsumer:
                 await self.read_more()
                 continue
             self.handle(*item)
-            if self.writer.transport.get_write_buffer_size() > 64 * 1024:
-                await self.writer.drain()
-        await self.writer.drain()
+            if self.link.transport.get_write_buffer_size() > 64 * 1024:
+                await self.link.drain()
+        await self.link.drain()
 
     async def read_more(self) -> None:
         """One read into the splitter's buffer, where the run path reads the packets from."""
-        if self.writer.transport.get_write_buffer_size() > 64 * 1024:
-            await self.writer.drain()
-        data = await self.reader.read(256 * 1024)
+        if self.link.transport.get_write_buffer_size() > 64 * 1024:
+            await self.link.drain()
+        data = await self.link.read()
         if not data:
             raise ConnectionLost("the producer closed the connection")
         self.splitter.buf += data
