@@ -152,6 +152,7 @@ class MockConsumer:
         self.conn = Connection()
         self.splitter = PacketSplitter()
         self.packets: list[tuple[int, Packet]] = []
+        self.fresh = b""  # read, not yet in the splitter
         self.opaque = 0
         self.unacked = 0
         self.streams: dict[int, int] = {}  # opaque -> vb
@@ -276,20 +277,22 @@ class MockConsumer:
         await self.link.drain()
 
     async def read_more(self) -> None:
-        """One read into the splitter's buffer, where the run path reads the packets from."""
+        """One read; the bytes wait in ``fresh`` for the run path, which joins them to the splitter's."""
         if self.link.transport.get_write_buffer_size() > 64 * 1024:
             await self.link.drain()
         data = await self.link.read()
         if not data:
             raise ConnectionLost("the producer closed the connection")
-        self.splitter.buf += data
+        self.splitter.buf += self.fresh
+        self.fresh = data
 
     def buffered_packet(self) -> tuple[int, Packet] | None:
         """The next packet for the general path: one left from setup, else one from the buffer."""
         if self.packets:
             return self.packets.pop()
+        fresh, self.fresh = self.fresh, b""
         try:
-            got = self.splitter.feed(b"", 1)
+            got = self.splitter.feed(fresh, 1)
             return (got[0][0], decode_packet(got[0][1])) if got else None
         except ProtocolError as err:
             self.violation(str(err))
@@ -302,13 +305,17 @@ class MockConsumer:
         acknowledged per run, not per item.
         """
         splitter = self.splitter
-        buf = splitter.buf
-        if len(buf) < 32 or len(buf) < HEADER_SIZE + int.from_bytes(buf[8:12], "big"):
+        buf, fresh = splitter.buf, self.fresh
+        head = bytes(buf[:12]) + fresh[:12]
+        if len(buf) + len(fresh) < HEADER_SIZE + max(8, int.from_bytes(head[8:12], "big")):
             return  # not even one whole packet yet (a large one is not copied again per read)
-        end, taken = self.conn.process_run(bytes(buf), 0, splitter.max_body)
+        # What the splitter holds (normally the end of a packet) and what came, as one bytes.
+        data = bytes(buf) + fresh if buf else fresh
+        end, taken = self.conn.process_run(data, 0, splitter.max_body)
         if not end:
             return
-        splitter.consume(end)
+        self.fresh = b""
+        splitter.rebuffer(data, end)
         run = self.run_state
         completed = False
         for stream_run in taken:
