@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.codec import FOREVER, StreamReq, decode_packet
-from wallaroo_proto.protocols.dcp.core import Connection, Kind
+from wallaroo_proto.protocols.dcp.core import Connection, Kind, StreamRun
 
 # Streams: opaque -> (vbucket, stream id, end seqno).
 STREAMS = {7: (3, None, FOREVER), 8: (5, None, 3), 9: (6, 2, FOREVER)}
@@ -114,14 +114,41 @@ def _state(conn: Connection) -> tuple:
     return streams, ended, fields
 
 
+def _what(p: codec.Packet, verdict) -> tuple:
+    """What an accepted stream packet carries, as the run path reports it."""
+    msg = verdict.message
+    if p.opcode == codec.SNAPSHOT_MARKER:
+        return ("marker", p.opaque, msg.start, msg.end, msg.flags)
+    return ("item", p.opaque, p.opcode, msg.seqno, msg.key, p.value, verdict.event == "snapshot complete")
+
+
+def _unrolled(run: StreamRun) -> list[tuple]:
+    """A run's markers and items back in packet order, in ``_what``'s form."""
+    out = []
+    markers = iter(run.markers)
+    marker = next(markers, None)
+    for i, item in enumerate([*run.items, None]):
+        while marker is not None and marker[0] == i:
+            out.append(("marker", run.opaque, *marker[1:]))
+            marker = next(markers, None)
+        if item is not None:
+            out.append(("item", run.opaque, *item, item[1] in run.completed))
+    return out
+
+
 @settings(max_examples=300, deadline=None)
 @given(traffic(), st.sampled_from([0, 0, 150, 600, 4000]))
 def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buffer_size):
     one_by_one, by_run = _fresh(buffer_size), _fresh(buffer_size)
     expected: list[Kind] = []
+    carried: list[tuple | None] = []  # per event: what an accepted stream packet carries
     for who, wire in events:
         judge = one_by_one.from_producer if who == "p" else one_by_one.from_consumer
-        expected.append(judge(decode_packet(wire)).kind)
+        p = decode_packet(wire)
+        verdict = judge(p)
+        expected.append(verdict.kind)
+        taken_kinds = (codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION)
+        carried.append(_what(p, verdict) if verdict.ok and who == "p" and p.opcode in taken_kinds else None)
 
     got: list[Kind] = []
     i = 0
@@ -141,7 +168,10 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
         pos = 0
         while pos < len(buf):
             pos, taken = by_run.process_run(buf, pos)
-            got.extend([Kind.ACCEPTED] * len(taken))
+            for run in taken:
+                for what in _unrolled(run):
+                    assert what == carried[len(got)]  # the same fields, the same snapshot completions
+                    got.append(Kind.ACCEPTED)
             if pos < len(buf):
                 assert pos in starts  # it stops on a packet boundary
                 p = decode_packet(buf, pos)
@@ -162,13 +192,21 @@ def test_a_run_returns_items_and_markers_with_their_fields():
         codec.mutation(3, 7, 3, 1, b"d", b""),  # seqno not rising: left to from_producer
     ]
     buf = b"".join(wires)
+    assert conn.process_run(buf, 0, max_body=20) == (len(wires[0]), [StreamRun(7, [], [(0, 0, 3, 1)], [])])
+    conn = _fresh(1000)  # a body over max_body is left to the splitter, which names it
     pos, taken = conn.process_run(buf)
     assert pos == len(buf) - len(wires[-1])
     assert taken == [
-        (codec.SNAPSHOT_MARKER, 7, 0, 3, 1),
-        (codec.MUTATION, 7, 1, b"a", b"x1"),
-        (codec.DELETION, 7, 2, b"b", b""),
-        (codec.EXPIRATION, 7, 3, b"c", b""),
+        StreamRun(
+            7,
+            [
+                (codec.MUTATION, 1, b"a", b"x1"),
+                (codec.DELETION, 2, b"b", b""),
+                (codec.EXPIRATION, 3, b"c", b""),
+            ],
+            [(0, 0, 3, 1)],
+            [3],
+        )
     ]
     s = conn.streams[7]
     assert (s.last_seqno, s.items, s.snapshots_complete, s.snapshot_open) == (3, 3, 1, False)

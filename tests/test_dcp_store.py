@@ -9,7 +9,16 @@ from hypothesis import strategies as st
 
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.core import needs_rollback
-from wallaroo_proto.protocols.dcp.store import DELETION, MUTATION, Bucket, ConsumerVBucket, VBucket
+from wallaroo_proto.protocols.dcp.store import (
+    DELETION,
+    EXPIRATION,
+    MUTATION,
+    Bucket,
+    ConsumerVBucket,
+    VBucket,
+)
+
+OPCODES = {MUTATION: codec.MUTATION, DELETION: codec.DELETION, EXPIRATION: codec.EXPIRATION}
 
 
 def _vb(*ops: tuple[str, str]) -> VBucket:
@@ -46,10 +55,10 @@ def test_failover_loses_the_newest_versions_and_starts_a_new_uuid():
 def test_consumer_rolls_back_to_its_last_complete_snapshot():
     c = ConsumerVBucket(0, [(7, 0)])
     c.marker(0, 2)
-    c.apply(1, "a", MUTATION, "1")
-    assert c.apply(2, "b", MUTATION, "2")
+    c.apply(1, b"a", codec.MUTATION, b"1")
+    assert c.apply(2, b"b", codec.MUTATION, b"2")
     c.marker(3, 5)
-    c.apply(3, "a", MUTATION, "3")
+    c.apply(3, b"a", codec.MUTATION, b"3")
     assert c.rollback(4) == 2
     assert (c.seqno, c.snap_start, c.snap_end, c.state()) == (2, 2, 2, {"a": "1", "b": "2"})
     assert c.rollback(1) == 0 and c.state() == {} and c.failover == [(7, 0)]
@@ -74,7 +83,7 @@ def _sync(vb: VBucket, c: ConsumerVBucket, budget: int | None, size: int) -> str
                 if budget == 0:
                     return "cut"
                 budget -= 1
-            c.apply(v.seqno, v.key, v.op, v.value)
+            c.apply(v.seqno, v.key.encode(), OPCODES[v.op], v.value.encode())
     return "done"
 
 

@@ -333,6 +333,11 @@ class PacketSplitter:
         """The first ``pos`` buffered bytes were taken by the caller (whole packets, as from ``feed``)."""
         self._drop(pos)
 
+    def rebuffer(self, data: bytes, pos: int) -> None:
+        """``data`` is the buffer and more bytes after it; the caller took its first ``pos`` bytes."""
+        self.buf = bytearray(memoryview(data)[pos:])
+        self.offset += pos
+
     def _drop(self, pos: int) -> None:
         if pos:
             del self.buf[:pos]

@@ -25,8 +25,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import itemgetter
 from typing import Any
 
 from wallaroo_proto.durable import write_atomic
@@ -34,11 +32,11 @@ from wallaroo_proto.durable import write_atomic
 from . import codec
 from .codec import FOREVER, HEADER_SIZE, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
 from .core import Connection, Kind
-from .store import DELETION, EXPIRATION, MUTATION, ConsumerVBucket, StateError
+from .link import Link
+from .store import ConsumerVBucket, StateError
 
-_OPS = {codec.MUTATION: MUTATION, codec.DELETION: DELETION, codec.EXPIRATION: EXPIRATION}
+_ITEM_OPCODES = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION))
 _KEEP_VIOLATIONS = 100
-_OPAQUE = itemgetter(1)
 
 
 @dataclass
@@ -144,16 +142,17 @@ class MockConsumer:
 
     def stop(self) -> None:
         self.stop_requested = True
-        if getattr(self, "writer", None) is not None:
-            self.writer.close()
+        if getattr(self, "link", None) is not None:
+            self.link.close()
 
     async def session(self) -> None:
         cfg = self.config
-        reader, writer = await asyncio.open_connection(cfg.host, cfg.port)
-        self.reader, self.writer = reader, writer
+        link = await Link.open(cfg.host, cfg.port)
+        self.link = link
         self.conn = Connection()
         self.splitter = PacketSplitter()
         self.packets: list[tuple[int, Packet]] = []
+        self.fresh = b""  # read, not yet in the splitter
         self.opaque = 0
         self.unacked = 0
         self.streams: dict[int, int] = {}  # opaque -> vb
@@ -166,15 +165,15 @@ class MockConsumer:
             await self.stream_all()
         finally:
             self.stream_seconds += time.monotonic() - started
-            writer.close()
+            link.close()
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                await link.wait_closed()
 
     def send(self, wire: bytes) -> None:
         verdict = self.conn.from_consumer(decode_packet(wire))
         if verdict.kind is not Kind.ACCEPTED:
             self.violation(f"own request: {verdict.reason}")
-        self.writer.write(wire)
+        self.link.write(wire)
 
     def next_opaque(self) -> int:
         self.opaque += 1
@@ -182,7 +181,7 @@ class MockConsumer:
 
     async def next_packet(self) -> tuple[int, Packet]:
         while not self.packets:
-            data = await self.reader.read(256 * 1024)
+            data = await self.link.read()
             if not data:
                 raise ConnectionLost("the producer closed the connection")
             try:
@@ -197,7 +196,7 @@ class MockConsumer:
         """Send one command and wait for its answer (stream traffic cannot come before streams exist)."""
         opaque = decode_packet(wire).opaque
         self.send(wire)
-        await self.writer.drain()
+        await self.link.drain()
         while True:
             offset, p = await self.next_packet()
             verdict = self.judge(p, offset)
@@ -263,7 +262,7 @@ class MockConsumer:
         todo = [vb for vb in wanted if run.status.get(vb) not in ("done", "not_my_vbucket")]
         for vb in todo:
             self.stream_request(vb)
-        await self.writer.drain()
+        await self.link.drain()
         self.open_count = len(todo)
         while self.open_count and not self.stop_requested:
             if not self.packets and not self.splitter.resync:
@@ -273,25 +272,27 @@ class MockConsumer:
                 await self.read_more()
                 continue
             self.handle(*item)
-            if self.writer.transport.get_write_buffer_size() > 64 * 1024:
-                await self.writer.drain()
-        await self.writer.drain()
+            if self.link.transport.get_write_buffer_size() > 64 * 1024:
+                await self.link.drain()
+        await self.link.drain()
 
     async def read_more(self) -> None:
-        """One read into the splitter's buffer, where the run path reads the packets from."""
-        if self.writer.transport.get_write_buffer_size() > 64 * 1024:
-            await self.writer.drain()
-        data = await self.reader.read(256 * 1024)
+        """One read; the bytes wait in ``fresh`` for the run path, which joins them to the splitter's."""
+        if self.link.transport.get_write_buffer_size() > 64 * 1024:
+            await self.link.drain()
+        data = await self.link.read()
         if not data:
             raise ConnectionLost("the producer closed the connection")
-        self.splitter.buf += data
+        self.splitter.buf += self.fresh
+        self.fresh = data
 
     def buffered_packet(self) -> tuple[int, Packet] | None:
         """The next packet for the general path: one left from setup, else one from the buffer."""
         if self.packets:
             return self.packets.pop()
+        fresh, self.fresh = self.fresh, b""
         try:
-            got = self.splitter.feed(b"", 1)
+            got = self.splitter.feed(fresh, 1)
             return (got[0][0], decode_packet(got[0][1])) if got else None
         except ProtocolError as err:
             self.violation(str(err))
@@ -304,24 +305,28 @@ class MockConsumer:
         acknowledged per run, not per item.
         """
         splitter = self.splitter
-        buf = splitter.buf
-        if len(buf) < 32 or len(buf) < HEADER_SIZE + int.from_bytes(buf[8:12], "big"):
+        buf, fresh = splitter.buf, self.fresh
+        head = bytes(buf[:12]) + fresh[:12]
+        if len(buf) + len(fresh) < HEADER_SIZE + max(8, int.from_bytes(head[8:12], "big")):
             return  # not even one whole packet yet (a large one is not copied again per read)
-        end, taken = self.conn.process_run(bytes(buf), 0, splitter.max_body)
+        # What the splitter holds (normally the end of a packet) and what came, as one bytes.
+        data = bytes(buf) + fresh if buf else fresh
+        end, taken = self.conn.process_run(data, 0, splitter.max_body)
         if not end:
             return
-        splitter.consume(end)
+        self.fresh = b""
+        splitter.rebuffer(data, end)
         run = self.run_state
         completed = False
-        for opaque, entries in groupby(taken, _OPAQUE):
-            vb = self.streams.get(opaque)
+        for stream_run in taken:
+            vb = self.streams.get(stream_run.opaque)
             if vb is None:
                 continue
-            items, done, acks = run.vbuckets[vb].apply_run(list(entries))
+            items, done, acks = run.vbuckets[vb].apply_run(stream_run)
             run.items += items
             completed = completed or done
             for _ in range(acks):
-                self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=opaque))
+                self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=stream_run.opaque))
         if completed:
             self.persist()
         self.count_unacked(end)
@@ -354,10 +359,9 @@ class MockConsumer:
         if vb is None or msg is None:
             return
         state = run.vbuckets[vb]
-        if op in _OPS:
+        if op in _ITEM_OPCODES:
             run.items += 1
-            value = msg.value.decode("utf-8", "replace") if op == codec.MUTATION else ""
-            if state.apply(msg.seqno, msg.key.decode("utf-8", "replace"), _OPS[op], value):
+            if state.apply(msg.seqno, msg.key, op, msg.value):
                 self.persist()
         elif op == codec.SNAPSHOT_MARKER:
             state.marker(msg.start, msg.end)

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 from . import codec
 from .codec import (
     FOREVER,
+    HEADER_SIZE,
     SUCCESS,
     BufferAck,
     Control,
@@ -58,7 +59,15 @@ SNAP_MAY_CONTAIN_DUPLICATES = 0x20
 #: Keys remembered per snapshot for the uniqueness check (a bound on memory).
 _KEYS_KEPT = 100_000
 #: A header and the first extras field: an item's seqno, a marker's start.
-_HEADER_SEQNO = struct.Struct(">BBHBBHIIQQ")
+#: What the run path reads of a header and the first extras field (an item's seqno, a marker's start):
+#: magic and opcode as one number, key length, extras length, vbucket, body length, opaque, seqno
+#: (datatype and cas are not judged).
+_RUN_HEAD = struct.Struct(">HHBxHII8xQ")
+_REQ_MARKER, _REQ_MUTATION, _REQ_DELETION, _REQ_EXPIRATION = (
+    codec.REQ << 8 | op for op in (codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION)
+)
+#: A flow-control limit no count reaches: the run path's limit when there is no buffer.
+_UNLIMITED = 1 << 80
 _MARKER_V1 = struct.Struct(">QQI")
 _NEEDS_OPEN = frozenset(
     (codec.CONTROL, codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG, codec.BUFFER_ACK)
@@ -147,6 +156,25 @@ class Stream:
     snapshots: int = 0
     snapshots_complete: int = 0
     end_reason: str | None = None
+
+
+@dataclass(slots=True)
+class StreamRun:
+    """Consecutive stream messages of one stream, taken and judged by ``Connection.process_run``.
+
+    ``items``: (opcode, seqno, key, value) per item, key and value sliced from the
+    buffer; ``markers``: (items before it, start, end, flags) per snapshot marker;
+    ``completed``: the end seqnos of the snapshots its items completed, in order.
+    """
+
+    opaque: int
+    items: list[tuple[int, int, bytes, bytes]]
+    markers: list[tuple[int, int, int, int]]
+    completed: list[int]
+
+    @property
+    def packets(self) -> int:
+        return len(self.items) + len(self.markers)
 
 
 @dataclass(slots=True)
@@ -323,7 +351,7 @@ class Connection:
 
     def process_run(
         self, buf: bytes, pos: int = 0, max_body: int = 20 * 1024 * 1024
-    ) -> tuple[int, list[tuple[int, int, Any, Any, Any]]]:
+    ) -> tuple[int, list[StreamRun]]:
         """Judge the producer's stream messages at ``buf[pos:]`` in one pass, straight from the bytes.
 
         Takes whole packets as long as ``from_producer`` would accept each with no
@@ -335,88 +363,124 @@ class Connection:
         partial packet, any other message); the caller gives that one to
         ``from_producer``, which gives its verdict, and calls again after it.
 
-        Returns the position after the last packet taken and, per packet, a tuple:
-        (opcode, opaque, seqno, key, value) for an item, (SNAPSHOT_MARKER, opaque,
-        start, end, flags) for a marker. Keys and values are slices of ``buf`` (bytes).
+        While consecutive packets stay on one stream, its fields live in locals (the
+        checks per item are a few comparisons); the stream is written back when the
+        packets move to another stream. Returns the position after the last packet
+        taken and one ``StreamRun`` per such stretch, in order.
         """
-        out: list[tuple[int, int, Any, Any, Any]] = []
-        append = out.append
-        streams = self.streams
+        runs: list[StreamRun] = []
+        start_pos = pos
         buffer_size = self.buffer_size
         outstanding = self.outstanding
+        if buffer_size and outstanding >= buffer_size:
+            return pos, runs
+        # Taking the bytes up to here fills the flow-control window: the packet that reaches it is the last.
+        window_end = pos + buffer_size - outstanding if buffer_size else _UNLIMITED
+        # A packet whose body is over max_body ends past n, so it is not taken.
+        n = min(len(buf), pos + HEADER_SIZE + max_body)
+        streams = self.streams
         stalls = 0
-        unpack_head = _HEADER_SEQNO.unpack_from
-        marker_op, mutation, deletion, expiration = (
-            codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION
-        )  # fmt: skip
-        n = len(buf)
-        while n - pos >= 32:  # a header and the first 8 bytes of the extras every message taken has
-            magic, op, keylen, extlen, _dt, vb, bodylen, opaque, _cas, seqno = unpack_head(buf, pos)
-            size = 24 + bodylen
-            if (
-                magic != 0x80
-                or pos + size > n
-                or bodylen > max_body
-                or extlen + keylen > bodylen
-                or (buffer_size and outstanding >= buffer_size)
-            ):
-                break
+        unpack = _RUN_HEAD.unpack_from
+        unpack_marker = _MARKER_V1.unpack_from
+        try:  # every message taken has more than its header and the first 8 bytes of extras
+            magic_op, keylen, extlen, vb, bodylen, opaque, seqno = unpack(buf, pos)
+        except struct.error:
+            return pos, runs
+        while True:
             s = streams.get(opaque)
             if s is None or s.vbucket != vb or s.sid is not None:
                 break
-            if op == marker_op:
-                if extlen != 20 or keylen or bodylen != 20:
-                    break
-                start, end, flags = _MARKER_V1.unpack_from(buf, pos + 24)
-                last = s.last_seqno
-                if start > end or s.snapshot_open or (end <= last and s.marker_seen):
-                    break
-                s.snap_start, s.snap_end, s.snap_flags = start, end, flags
-                s.marker_seen = True
-                s.snapshot_open = end > last
-                s.keys = set()
-                s.snapshots += 1
-                append((op, opaque, start, end, flags))
-            else:
-                if op == mutation:
-                    if extlen != 31:
-                        break
-                elif op == deletion:
-                    if extlen != 18 and extlen != 21:
-                        break
-                elif op != expiration or extlen != 20:
+            stream_opaque, vbucket = opaque, vb
+            last, snap_start, snap_end, flags = s.last_seqno, s.snap_start, s.snap_end, s.snap_flags
+            marker_seen, snapshot_open, keys, req_end = s.marker_seen, s.snapshot_open, s.keys, s.request.end
+            # An item's seqno must be in (lo, hi]; it completes the snapshot when it is open_end.
+            lo = max(last, snap_start - 1)
+            hi = min(snap_end, req_end) if marker_seen else -1
+            open_end = snap_end if snapshot_open else -1
+            unique = not flags & SNAP_MAY_CONTAIN_DUPLICATES
+            room = _KEYS_KEPT - len(keys)
+            items: list[tuple[int, int, bytes, bytes]] = []
+            markers: list[tuple[int, int, int, int]] = []
+            completed: list[int] = []
+            append = items.append
+            next_stream = False
+            while True:
+                end = pos + 24 + bodylen
+                if end > n:
                     break
                 if (
-                    not keylen
-                    or not s.marker_seen
-                    or seqno <= s.last_seqno
-                    or not s.snap_start <= seqno <= s.snap_end
-                    or seqno > s.request.end
+                    magic_op == _REQ_MUTATION
+                    and extlen == 31
+                    or magic_op == _REQ_DELETION
+                    and (extlen == 18 or extlen == 21)
+                    or magic_op == _REQ_EXPIRATION
+                    and extlen == 20
                 ):
-                    break
-                key_at = pos + 24 + extlen
-                value_at = key_at + keylen
-                key = buf[key_at:value_at]
-                if not s.snap_flags & SNAP_MAY_CONTAIN_DUPLICATES:
-                    keys = s.keys
-                    if key in keys:
+                    if not lo < seqno <= hi or not 0 < keylen <= bodylen - extlen:
                         break
-                    if len(keys) < _KEYS_KEPT:
-                        keys.add(key)
-                s.last_seqno = seqno
-                s.items += 1
-                if s.snapshot_open and seqno == s.snap_end:
-                    s.snapshot_open = False
-                    s.snapshots_complete += 1
-                append((op, opaque, seqno, key, buf[value_at : pos + size]))
-            if buffer_size:
-                outstanding += size
-                if outstanding >= buffer_size:
+                    key_at = pos + 24 + extlen
+                    value_at = key_at + keylen
+                    key = buf[key_at:value_at]
+                    if unique:
+                        if key in keys:
+                            break
+                        if room:
+                            keys.add(key)
+                            room -= 1
+                    append((magic_op & 0xFF, seqno, key, buf[value_at:end]))
+                    lo = seqno
+                    if seqno == open_end:
+                        snapshot_open = False
+                        open_end = -1
+                        completed.append(seqno)
+                elif magic_op == _REQ_MARKER:
+                    if extlen != 20 or keylen or bodylen != 20:
+                        break
+                    if items:
+                        last = items[-1][1]
+                    start, mark_end, mark_flags = unpack_marker(buf, pos + 24)
+                    if start > mark_end or snapshot_open or (mark_end <= last and marker_seen):
+                        break
+                    snap_start, snap_end, flags = start, mark_end, mark_flags
+                    marker_seen = True
+                    snapshot_open = mark_end > last
+                    keys = set()
+                    room = _KEYS_KEPT
+                    markers.append((len(items), start, mark_end, mark_flags))
+                    lo = max(last, start - 1)
+                    hi = min(mark_end, req_end)
+                    open_end = mark_end if snapshot_open else -1
+                    unique = not mark_flags & SNAP_MAY_CONTAIN_DUPLICATES
+                else:
+                    break
+                pos = end
+                if pos >= window_end:
                     stalls += 1
-            pos += size
-        self.outstanding = outstanding
-        self.stalls += stalls
-        return pos, out
+                    break
+                try:
+                    magic_op, keylen, extlen, vb, bodylen, opaque, seqno = unpack(buf, pos)
+                except struct.error:
+                    break
+                if opaque != stream_opaque:
+                    next_stream = True
+                    break
+                if vb != vbucket:
+                    break
+            if items or markers:
+                if items:
+                    last = items[-1][1]
+                s.last_seqno, s.snap_start, s.snap_end, s.snap_flags = last, snap_start, snap_end, flags
+                s.marker_seen, s.snapshot_open, s.keys = marker_seen, snapshot_open, keys
+                s.items += len(items)
+                s.snapshots += len(markers)
+                s.snapshots_complete += len(completed)
+                runs.append(StreamRun(stream_opaque, items, markers, completed))
+            if not next_stream:
+                break
+        if buffer_size:
+            self.outstanding = outstanding + pos - start_pos
+            self.stalls += stalls
+        return pos, runs
 
     def _producer_response(self, p: Packet, msg: Response, pending: _Pending | None) -> Verdict:
         if pending is None:

@@ -24,7 +24,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, chain, repeat
+from operator import add, attrgetter
 from typing import Any
 
 from wallaroo_proto.pcap_writer import PcapWriter
@@ -41,7 +42,7 @@ from .codec import (
     decode_packet,
 )
 from .core import Connection, Kind, needs_rollback
-from .store import DELETION, EXPIRATION, MUTATION, Bucket, VBucket
+from .store import DELETION, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket
 
 #: Control keys this producer accepts (others: EINVAL, as the server answers keys it does not know).
 CONTROL_KEYS = frozenset(
@@ -106,12 +107,13 @@ class Stats:
 class _Chunk:
     """A run of one stream's messages, encoded together: a snapshot's marker and items (or a piece), its end.
 
-    ``ends[k]`` is the byte count of ``wires[:k + 1]``, so the pump finds how many
-    fit the flow-control window with one bisect. Items are ``wires[first_item:last_item]``;
-    with ``end_reason`` set the last wire is a STREAM_END.
+    ``data`` holds the messages back to back and ``ends[k]`` is where message k
+    ends, so the pump finds how many fit the flow-control window with one bisect.
+    Items are messages ``first_item`` to ``last_item`` (exclusive); with
+    ``end_reason`` set the last message is a STREAM_END.
     """
 
-    wires: list[bytes]
+    data: bytes
     ends: list[int]
     first_item: int
     last_item: int
@@ -425,6 +427,7 @@ class _Session:
         ended_once = self.producer.ended_once
         sent = 0
         vbid = vb.vb
+        opaque_bytes = opaque.to_bytes(4, "big")
         for snap in vb.snapshots(req.start, req.end, self.producer.config.snapshot_size):
             stats.snapshots += 1
             versions = snap.versions
@@ -437,22 +440,31 @@ class _Session:
             marker = codec.snapshot_marker(vbid, opaque, snap.start, snap.end, snap.flags, sid)
             for at in range(0, max(len(versions), 1), _CHUNK_ITEMS):  # a large backfill in pieces
                 piece = versions[at : at + _CHUNK_ITEMS]
-                wires = [] if at else [marker]
-                lead = len(wires)
-                wires += codec.items(
-                    vbid,
-                    opaque,
-                    [(_OPCODES[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode()) for v in piece],
-                    sid,
-                )
+                lead = [] if at else [marker]
+                if sid is None:  # the stored packets with this stream's opaque
+                    tails = list(map(_TAIL, piece))
+                    body = chain.from_iterable(zip(map(_HEAD, piece), repeat(opaque_bytes), tails))
+                    data = b"".join(chain(lead, body))
+                    sizes = map(add, map(len, tails), repeat(len(opaque_bytes) + OPAQUE_AT))
+                    ends = list(accumulate(chain(map(len, lead), sizes)))
+                else:
+                    entries = [
+                        (_OPCODES[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode()) for v in piece
+                    ]
+                    wires = lead + codec.items(vbid, opaque, entries, sid)
+                    data, ends = b"".join(wires), list(accumulate(map(len, wires)))
                 last = at + _CHUNK_ITEMS >= len(versions)
-                if last and end_reason is not None:
-                    wires.append(codec.stream_end(vbid, opaque, end_reason, sid))
-                yield _chunk(wires, lead, lead + len(piece), end_reason if last else None)
+                reason = end_reason if last else None
+                if reason is not None:
+                    end_wire = codec.stream_end(vbid, opaque, reason, sid)
+                    data += end_wire
+                    ends.append(ends[-1] + len(end_wire) if ends else len(end_wire))
+                yield _Chunk(data, ends, len(lead), len(lead) + len(piece), reason)
             if end_reason is not None:
                 return
         if req.end != FOREVER and req.end <= vb.high_seqno:
-            yield _chunk([codec.stream_end(vbid, opaque, codec.END_OK, sid)], 0, 0, codec.END_OK)
+            end_wire = codec.stream_end(vbid, opaque, codec.END_OK, sid)
+            yield _Chunk(end_wire, [len(end_wire)], 0, 0, codec.END_OK)
 
     def _noop_due(self, now: float) -> float | None:
         """Seconds until the next noop (0: now), or None when noops are off."""
@@ -473,7 +485,7 @@ class _Session:
                 self.send(wire)
                 self.last_noop = now
                 due = None
-            batch: list[bytes] = []
+            batch: list[bytes | memoryview] = []
             if not self.fill(batch):
                 return
             if batch:
@@ -485,8 +497,10 @@ class _Session:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), timeout)
 
-    def fill(self, batch: list[bytes]) -> bool:
+    def fill(self, batch: list[bytes | memoryview]) -> bool:
         """Stream messages into ``batch``, round-robin a run per stream, while the window has room.
+
+        A run goes as one slice of its chunk's bytes; a batch holds at most ``_BATCH`` messages.
 
         Every message goes while fewer bytes than the buffer are unacknowledged, as
         ``Connection.may_send`` says per message. Returns False when a fault dropped the connection.
@@ -495,14 +509,15 @@ class _Session:
         stats = self.producer.stats
         faults = self.producer.config.faults
         order = self.order
-        while order and conn.may_send() and len(batch) < _BATCH:
+        room = _BATCH
+        while order and conn.may_send() and room > 0:
             opaque = order[0]
             stream = self.streams.get(opaque)
             if stream is None:
                 order.popleft()
                 continue
             chunk = stream.chunk
-            if chunk is None or stream.at >= len(chunk.wires):
+            if chunk is None or stream.at >= len(chunk.ends):
                 chunk = stream.chunk = next(stream.chunks, None)
                 stream.at = 0
                 if chunk is None:  # open-ended stream with nothing more to send: idle
@@ -511,7 +526,7 @@ class _Session:
             ends = chunk.ends
             i = stream.at
             base = ends[i - 1] if i else 0
-            j = min(len(ends), i + _BATCH - len(batch))
+            j = min(len(ends), i + room)
             if conn.buffer_size:  # message m may go while the bytes before it leave the window open
                 j = min(j, bisect.bisect_left(ends, base + conn.buffer_size - conn.outstanding, i) + 1)
             items = max(0, min(j, chunk.last_item) - max(i, chunk.first_item))
@@ -526,7 +541,9 @@ class _Session:
             # Only the run's last message can fill the buffer: one count for the run is exact.
             if conn.count_sent(ends[j - 1] - base):
                 stats.stalls += 1
-            batch += chunk.wires[i:j]
+            if j > i:
+                batch.append(memoryview(chunk.data)[base : ends[j - 1]])
+                room -= j - i
             stream.at = j
             if items:
                 stats.items += items
@@ -553,5 +570,4 @@ class _Session:
 _OPCODES = {MUTATION: codec.MUTATION, DELETION: codec.DELETION, EXPIRATION: codec.EXPIRATION}
 
 
-def _chunk(wires: list[bytes], first_item: int, last_item: int, end_reason: int | None) -> _Chunk:
-    return _Chunk(wires, list(accumulate(map(len, wires))), first_item, last_item, end_reason)
+_HEAD, _TAIL = attrgetter("head"), attrgetter("tail")

@@ -11,8 +11,8 @@ a point where the consumer's copy equals the producer's state at that seqno.
 A failover loses the newest versions (the promoted replica never got them)
 and starts a new failover entry with a fresh uuid at the new high seqno.
 
-Consumer side: a ``ConsumerVBucket`` keeps every version received and the
-ends of the snapshots it completed, so a ROLLBACK to seqno r truncates it to
+Consumer side: a ``ConsumerVBucket`` keeps every item received (undecoded, in
+seqno order) and the ends of the snapshots it completed, so a ROLLBACK to seqno r truncates it to
 the last completed snapshot end at or before r, the newest point it holds a
 consistent copy of. Both sides serialize to plain JSON values for ``--state``.
 """
@@ -24,14 +24,17 @@ import json
 import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from . import codec
-from .core import add_failover_entry
+from .core import StreamRun, add_failover_entry
 
 MUTATION, DELETION, EXPIRATION = "mutation", "deletion", "expiration"
 OPS = (MUTATION, DELETION, EXPIRATION)
-_RUN_OPS = {codec.MUTATION: MUTATION, codec.DELETION: DELETION, codec.EXPIRATION: EXPIRATION}
+_OPCODES = {MUTATION: codec.MUTATION, DELETION: codec.DELETION, EXPIRATION: codec.EXPIRATION}
+#: Where a packet's opaque starts.
+OPAQUE_AT = 12
 
 
 class StateError(ValueError):
@@ -40,11 +43,19 @@ class StateError(ValueError):
 
 @dataclass(slots=True)
 class Version:
+    """One version of an item, kept with its stream packet already encoded.
+
+    The packet (``codec.items``) with the opaque left out is ``head`` + opaque +
+    ``tail``: a stream sends it with its own opaque and nothing encoded per item.
+    """
+
     seqno: int
     key: str
     op: str
     value: str
     rev: int
+    head: bytes = b""
+    tail: bytes = b""
 
 
 @dataclass(slots=True)
@@ -73,6 +84,7 @@ class VBucket:
         self.revs: dict[str, int] = {}
         for v in self.log:
             self.revs[v.key] = v.rev
+            self._encode(v)
         #: Versions up to this seqno count as on disk: a stream from before it starts with a backfill.
         self.persisted = self.high_seqno
 
@@ -88,8 +100,15 @@ class VBucket:
         rev = self.revs.get(key, 0) + 1
         self.revs[key] = rev
         version = Version(len(self.log) + 1, key, op, value if op == MUTATION else "", rev)
+        self._encode(version)
         self.log.append(version)
         return version
+
+    def _encode(self, v: Version) -> None:
+        """Keep the version's stream packet, opaque left out (as a store keeps items in their binary form)."""
+        entry = (_OPCODES[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode())
+        wire = codec.items(self.vb, 0, [entry])[0]
+        v.head, v.tail = wire[:OPAQUE_AT], wire[OPAQUE_AT + 4 :]
 
     def fail_over(self, uuid: int, lose: int) -> None:
         """A replica that missed the newest ``lose`` versions takes over with ``uuid``."""
@@ -150,11 +169,14 @@ class VBucket:
 
 def _dedup(versions: list[Version]) -> list[Version]:
     """The last version of each key, in seqno order (what a snapshot carries)."""
-    latest: dict[str, Version] = {}
-    for v in versions:
-        latest.pop(v.key, None)
-        latest[v.key] = v
-    return list(latest.values())
+    latest = dict(zip(map(_KEY, versions), versions, strict=True))  # a key's last version wins
+    if len(latest) == len(versions):
+        return versions
+    return sorted(latest.values(), key=_VERSION_SEQNO)
+
+
+_KEY = attrgetter("key")
+_VERSION_SEQNO = attrgetter("seqno")
 
 
 class Bucket:
@@ -214,15 +236,20 @@ class Bucket:
 
 @dataclass(slots=True)
 class ConsumerVBucket:
-    """A consumer's copy of one vbucket and what it asks the producer for when it resumes."""
+    """A consumer's copy of one vbucket and what it asks the producer for when it resumes.
+
+    The copy is a log of the items received, in seqno order, as they came off the
+    wire: (opcode, seqno, key, value) with key and value undecoded, so a run of items
+    is added with one ``extend``. Text is made only for output and the state file.
+    """
 
     vb: int
     failover: list[tuple[int, int]] = field(default_factory=list)
     seqno: int = 0
     snap_start: int = 0
     snap_end: int = 0
-    #: key -> every version received, oldest first: (seqno, op, value).
-    versions: dict[str, list[tuple[int, str, str]]] = field(default_factory=dict)
+    #: Every item received, oldest first: (opcode, seqno, key, value); a value only for a mutation.
+    log: list[tuple[int, int, bytes, bytes]] = field(default_factory=list)
     #: Ends of the snapshots completed, ascending: the points a rollback can go back to.
     consistent: list[int] = field(default_factory=list)
     items: int = 0
@@ -238,46 +265,36 @@ class ConsumerVBucket:
     def marker(self, start: int, end: int) -> None:
         self.snap_start, self.snap_end = start, end
 
-    def apply(self, seqno: int, key: str, op: str, value: str) -> bool:
-        """One item; True when it completes the snapshot."""
-        self.versions.setdefault(key, []).append((seqno, op, value))
+    def apply(self, seqno: int, key: bytes, opcode: int, value: bytes = b"") -> bool:
+        """One item (a codec MUTATION, DELETION or EXPIRATION); True when it completes the snapshot."""
+        self.log.append((opcode, seqno, key, value if opcode == codec.MUTATION else b""))
         self.seqno = seqno
         self.items += 1
         return self.complete(seqno)
 
-    def apply_run(self, entries: list[tuple[int, int, Any, Any, Any]]) -> tuple[int, bool, int]:
-        """One stream's markers and items in order, as ``Connection.process_run`` gives them.
+    def apply_run(self, run: StreamRun) -> tuple[int, bool, int]:
+        """One stream's markers and items as ``Connection.process_run`` judged them.
 
         Returns (items applied, whether a snapshot completed, markers that ask for an
-        acknowledgement). The same changes as ``marker`` and ``apply`` one by one.
+        acknowledgement). The same changes as ``marker`` and ``apply`` one by one: the
+        core already found which items completed their snapshot.
         """
-        versions = self.versions
-        consistent = self.consistent
-        snap_start, snap_end, seqno = self.snap_start, self.snap_end, self.seqno
-        items = acks = 0
-        completed = False
-        for op, _opaque, a, b, c in entries:
-            if op == codec.SNAPSHOT_MARKER:
-                snap_start, snap_end = a, b
-                if c & codec.SNAP_ACK:
-                    acks += 1
-                continue
-            seqno = a
-            entry = (a, _RUN_OPS[op], c.decode("utf-8", "replace") if op == codec.MUTATION else "")
-            key = b.decode("utf-8", "replace")
-            held = versions.get(key)
-            if held is None:
-                versions[key] = [entry]
-            else:
-                held.append(entry)
-            items += 1
-            if a == snap_end:
-                consistent.append(a)
-                snap_start = a
-                completed = True
-        self.snap_start, self.snap_end, self.seqno = snap_start, snap_end, seqno
-        self.items += items
-        return items, completed, acks
+        items = run.items
+        self.log.extend(items)
+        self.items += len(items)
+        if items:
+            self.seqno = items[-1][1]
+        acks = 0
+        for _, start, end, flags in run.markers:
+            self.snap_start, self.snap_end = start, end
+            if flags & codec.SNAP_ACK:
+                acks += 1
+        completed = run.completed
+        if completed:
+            self.consistent += completed
+            if completed[-1] == self.snap_end:  # the last snapshot is whole (a marker comes after any other)
+                self.snap_start = self.snap_end
+        return len(items), bool(completed), acks
 
     def complete(self, seqno: int) -> bool:
         if seqno == self.snap_end:
@@ -291,24 +308,20 @@ class ConsumerVBucket:
         kept = bisect.bisect_right(self.consistent, to)
         point = self.consistent[kept - 1] if kept else 0
         del self.consistent[kept:]
-        for key in list(self.versions):
-            kept = [v for v in self.versions[key] if v[0] <= point]
-            if kept:
-                self.versions[key] = kept
-            else:
-                del self.versions[key]
+        del self.log[bisect.bisect_right(self.log, point, key=_SEQNO) :]
         self.seqno = self.snap_start = self.snap_end = point
         self.failover = [(u, s) for u, s in self.failover if s <= point]
         self.rollbacks += 1
         return point
 
     def state(self) -> dict[str, str]:
-        live = {}
-        for key, versions in self.versions.items():
-            _, op, value = versions[-1]
-            if op == MUTATION:
-                live[key] = value
-        return live
+        """The live items as text: key -> value (deleted and expired keys absent)."""
+        latest = {key: (opcode, value) for opcode, _, key, value in self.log}
+        return {
+            key.decode("utf-8", "replace"): value.decode("utf-8", "replace")
+            for key, (opcode, value) in latest.items()
+            if opcode == codec.MUTATION
+        }
 
     def to_json(self) -> dict:
         return {
@@ -316,7 +329,10 @@ class ConsumerVBucket:
             "seqno": self.seqno,
             "snap_start": self.snap_start,
             "snap_end": self.snap_end,
-            "versions": {k: [list(v) for v in vs] for k, vs in self.versions.items()},
+            "log": [
+                [seqno, _OP_NAMES[opcode], key.decode("utf-8", "replace"), value.decode("utf-8", "replace")]
+                for opcode, seqno, key, value in self.log
+            ],
             "consistent": self.consistent,
             "items": self.items,
             "rollbacks": self.rollbacks,
@@ -325,16 +341,26 @@ class ConsumerVBucket:
     @classmethod
     def from_json(cls, vb: int, obj: Any) -> ConsumerVBucket:
         try:
+            log = [
+                (_OPCODES[op], int(seqno), str(key).encode(), str(value).encode())
+                for seqno, op, key, value in obj["log"]
+            ]
+            if any(log[i][1] >= log[i + 1][1] for i in range(len(log) - 1)):
+                raise ValueError("log seqnos not rising")
             return cls(
                 vb,
                 [(int(u), int(s)) for u, s in obj["failover"]],
                 int(obj["seqno"]),
                 int(obj["snap_start"]),
                 int(obj["snap_end"]),
-                {str(k): [(int(s), str(o), str(v)) for s, o, v in vs] for k, vs in obj["versions"].items()},
+                log,
                 [int(c) for c in obj["consistent"]],
                 int(obj.get("items", 0)),
                 int(obj.get("rollbacks", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise StateError(f"vbucket {vb}: {err}") from None
+
+
+_SEQNO = itemgetter(1)
+_OP_NAMES = {opcode: name for name, opcode in _OPCODES.items()}
