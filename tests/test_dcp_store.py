@@ -64,6 +64,28 @@ def test_consumer_rolls_back_to_its_last_complete_snapshot():
     assert c.rollback(1) == 0 and c.state() == {} and c.failover == [(7, 0)]
 
 
+def test_a_consumer_state_of_the_earlier_form_still_loads():
+    """Earlier releases kept each key's versions; the copy is now one log in seqno order."""
+    earlier = {
+        "failover": [[7, 0]],
+        "seqno": 3,
+        "snap_start": 3,
+        "snap_end": 3,
+        "versions": {"a": [[1, "mutation", "1"], [3, "mutation", "3"]], "b": [[2, "deletion", ""]]},
+        "consistent": [2, 3],
+        "items": 3,
+        "rollbacks": 0,
+    }
+    c = ConsumerVBucket.from_json(0, earlier)
+    assert c.state() == {"a": "3"} and (c.seqno, c.consistent) == (3, [2, 3])
+    assert c.to_json()["log"] == [
+        [1, "mutation", "a", "1"],
+        [2, "deletion", "b", ""],
+        [3, "mutation", "a", "3"],
+    ]
+    assert c.rollback(2) == 2 and c.state() == {"a": "1"}
+
+
 def _sync(vb: VBucket, c: ConsumerVBucket, budget: int | None, size: int) -> str:
     """One stream request and what follows, cut after ``budget`` items (a dropped connection)."""
     req = c.stream_request(max(vb.high_seqno, c.seqno))

@@ -341,9 +341,10 @@ class ConsumerVBucket:
     @classmethod
     def from_json(cls, vb: int, obj: Any) -> ConsumerVBucket:
         try:
+            rows = obj["log"] if "log" in obj else _log_of_versions(obj["versions"])
             log = [
                 (_OPCODES[op], int(seqno), str(key).encode(), str(value).encode())
-                for seqno, op, key, value in obj["log"]
+                for seqno, op, key, value in rows
             ]
             if any(log[i][1] >= log[i + 1][1] for i in range(len(log) - 1)):
                 raise ValueError("log seqnos not rising")
@@ -360,6 +361,11 @@ class ConsumerVBucket:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise StateError(f"vbucket {vb}: {err}") from None
+
+
+def _log_of_versions(versions: dict) -> list:
+    """A state file of earlier releases kept each key's versions, ``{key: [[seqno, op, value]]}``."""
+    return sorted(([seqno, op, key, value] for key, held in versions.items() for seqno, op, value in held))
 
 
 _SEQNO = itemgetter(1)
