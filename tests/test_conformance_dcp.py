@@ -41,7 +41,8 @@ def test_mock_producer_after_a_failover_passes_every_producer_case(tmp_path) -> 
         pass  # the history is written before the ready line
     args = ["--vbuckets", "4", "--items", "20", "--failover", "25", "--state", state]
     with Server("dcp", "mock-producer", "--port", "0", *args) as producer:
-        code, report = conformance(producer.address)
+        auth = ["--user", "conformance", "--password", "secret", "--bucket", "default"]
+        code, report = conformance(producer.address, *auth)
         exit_code, _, err = producer.stop()
     bad = [f"{c['id']}: {c['reason']}\n{c['seen']}" for c in report["cases"] if c["status"] != "pass"]
     assert code == 0 and not bad, "\n\n".join(bad)

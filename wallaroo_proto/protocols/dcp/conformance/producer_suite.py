@@ -10,7 +10,9 @@ the seqno expected is worked out with the server's own rule (``core.needs_rollba
 from the failover log and high seqno the producer gave.
 
 The vbucket tested is ``--vbucket``, else the one with the highest seqno that
-GET_ALL_VB_SEQNOS names (vbucket 0 if the producer does not answer it).
+GET_ALL_VB_SEQNOS names (vbucket 0 if the producer does not answer it). Against a
+Couchbase data node, ``--user``/``--password`` authenticate each connection (SASL
+PLAIN) and ``--bucket`` selects the bucket, as a real consumer does before DCP_OPEN.
 """
 
 from __future__ import annotations
@@ -59,11 +61,23 @@ class ProducerUnderTest:
     buffer_size: int = 1024
     noop_interval: float = 1.0
     window: float = 0.5
+    user: str | None = None
+    password: str = ""
+    bucket: str | None = None
     probes: list[ProducerProbe] = field(default_factory=list)
 
     async def connect(self, trace: Trace, label: str = "c1") -> ProducerProbe:
+        """A connection, authenticated (SASL PLAIN) and on the bucket when ``--user``/``--bucket`` say so."""
         probe = await ProducerProbe.connect(self.host, self.port, trace, label)
         self.probes.append(probe)
+        if self.user is not None:
+            plain = b"\0" + self.user.encode() + b"\0" + self.password.encode()
+            await probe.expect_success(
+                probe.request(codec.SASL_AUTH, key=b"PLAIN", value=plain), "SASL PLAIN"
+            )
+        if self.bucket is not None:
+            opaque = probe.request(codec.SELECT_BUCKET, key=self.bucket.encode())
+            await probe.expect_success(opaque, f"SELECT_BUCKET {self.bucket}")
         return probe
 
     async def opened(self, trace: Trace, label: str = "c1", **controls: str) -> ProducerProbe:
@@ -613,6 +627,9 @@ def _cases() -> tuple[Case, ...]:
 CASES = _cases()
 
 OPTIONS = (
+    SuiteOption("user", "Authenticate each connection with SASL PLAIN as this user.", None),
+    SuiteOption("password", "The SASL PLAIN password (with --user).", None),
+    SuiteOption("bucket", "SELECT_BUCKET this bucket on each connection before DCP_OPEN.", None),
     SuiteOption("vbucket", "The vbucket to test (default: the one with the highest seqno).", None),
     SuiteOption("buffer-size", "connection_buffer_size of the flow-control cases, in bytes.", 1024),
     SuiteOption("noop-interval", "set_noop_interval of the NOOP cases, in seconds.", 1.0),
@@ -637,6 +654,9 @@ async def open_producer_target(
         int(options.get("buffer_size") or 1024),
         float(options.get("noop_interval") or 1.0),
         int(options.get("window_ms") or 500) / 1000,
+        options.get("user"),
+        options.get("password") or "",
+        options.get("bucket"),
     )
     try:
         async with asyncio.timeout(10):
