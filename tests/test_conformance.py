@@ -147,7 +147,7 @@ def test_cli_lists_cases_and_refuses_bad_usage_with_exit_2() -> None:
 
 def test_the_docs_list_every_case_of_every_suite() -> None:
     doc = (TESTS.parent / "docs" / "conformance.md").read_text()
-    for name in ("worker", "sink", "connector", "processor", "daemon", "producer", "lb", "node"):
+    for name in ("worker", "sink", "connector", "processor", "daemon", "producer", "lb", "ic", "node"):
         section = doc.split(f"### `conformance {name}`")[1].split("###")[0]
         for case in get_suite(name).cases:
             assert f"| `{case.id}` | {case.ref} | {case.expect} |" in section, (name, case.id)

@@ -1,10 +1,10 @@
-"""AMBROSIA's conformance suite: a language binding, played against by the Immortal Coordinator."""
+"""AMBROSIA's conformance suites: a language binding (played by the IC), an IC (played by bindings)."""
 
 from __future__ import annotations
 
-from wallaroo_proto.conformance.runner import Suite
+from wallaroo_proto.conformance.runner import Suite, SuiteOption
 
-from . import lb_suite
+from . import ic_suite, lb_suite
 
 SUITES = (
     Suite(
@@ -16,5 +16,14 @@ SUITES = (
         lb_suite.CASES,
         lb_suite.open_ic,
         lb_suite.OPTIONS,
+    ),
+    Suite(
+        "ic",
+        "ambrosia",
+        "Play AMBROSIA language bindings against an Immortal Coordinator at HOST:RECEIVE_PORT:SEND_PORT.",
+        "address",
+        ic_suite.CASES,
+        ic_suite.open_ic_target,
+        (SuiteOption("window-ms", "How long the IC is watched for a record it must hold back.", 500),),
     ),
 )
