@@ -18,13 +18,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wsproto.events import CloseConnection
-
 from wallaroo_proto.conformance.runner import Case, CaseFailed, Result, SuiteUnavailable, Target, Trace
 
 from ..messages import CONTROL, STATUS, ErrorClose, dumps
 from ..wsframes import BINARY, TEXT, read_response
-from .probe import Closed, NodeProbe, client_frame
+from .probe import NodeProbe, client_frame
 
 RFC = "RFC 0019"
 WS = "RFC 6455"
@@ -141,14 +139,13 @@ async def _closes_on_frame(ctx: NodeUnderTest, trace: Trace, frame: bytes, what:
     await ctx.stream(probe)
     probe.send_raw(frame, what)
     probe.trace("   waiting for the node to close the connection")
-    while True:
-        event = await probe._event()
-        if isinstance(event, Closed):
-            break
-        if isinstance(event, str):
-            trace(f"{probe.label} <- {event}")
-            raise CaseFailed(f"the node took the {what} and answered it instead of closing", trace.tail())
-    return f"the node {event.how}; " + await ctx.still_serving(trace, bystander)
+    try:
+        closed = await probe.closes_unanswered()
+    except CaseFailed as failed:
+        raise CaseFailed(
+            f"the node took the {what} and answered it instead of closing", failed.seen
+        ) from None
+    return f"the node {closed.how}; " + await ctx.still_serving(trace, bystander)
 
 
 # --- the upgrade --------------------------------------------------------------------------------------
@@ -475,8 +472,7 @@ async def framing_reserved_opcode(ctx: NodeUnderTest, trace: Trace) -> str:
 async def framing_close(ctx: NodeUnderTest, trace: Trace) -> str:
     probe = await ctx.session(trace)
     await ctx.stream(probe)
-    probe.trace(f"{probe.label} -> Close frame 1000")
-    probe._write(probe.ws.send(CloseConnection(code=1000, reason="conformance")))
+    probe.close_frame(1000, "conformance")
     probe.trace("   waiting for the node's Close frame")
     closed = await probe.closes()
     if closed.how.startswith("closed the TCP"):

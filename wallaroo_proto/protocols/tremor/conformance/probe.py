@@ -194,6 +194,11 @@ class NodeProbe:
             + (", a ping after the first" if ping else "")
         )
 
+    def close_frame(self, code: int, reason: str) -> None:
+        """Start the WebSocket closing handshake (RFC 6455 5.5.1)."""
+        self.trace(f"{self.label} -> Close frame {code}")
+        self._write(self.ws.send(CloseConnection(code=code, reason=reason)))
+
     def ping(self, payload: bytes) -> None:
         self.trace(f"{self.label} -> Ping {payload!r}")
         self._write(self.ws.send(Ping(payload=payload)))
@@ -251,6 +256,16 @@ class NodeProbe:
                 raise CaseFailed(f"the node {event.how} instead of a Pong", self.trace.tail())
             if isinstance(event, str):
                 self._judge(event)
+
+    async def closes_unanswered(self) -> Closed:
+        """Wait for the node to end the WebSocket; any text message before that fails the case."""
+        while True:
+            event = await self._event()
+            if isinstance(event, Closed):
+                return event
+            if isinstance(event, str):
+                self.trace(f"{self.label} <- {short(event)}")
+                raise CaseFailed("the node answered instead of closing", self.trace.tail())
 
     async def closes(self) -> Closed:
         """Wait for the node to end the WebSocket; a text message before that is judged on the way."""
