@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
-import signal
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from wallaroo_proto.conformance import process
 from wallaroo_proto.conformance.runner import (
     Case,
     CaseFailed,
@@ -65,8 +64,6 @@ IC_CODE = "IC code"
 RECORDS, PER_RECORD = 6, 10
 #: Seconds a case may take beyond --timeout for each LB process it starts.
 START_TIME = 5.0
-#: Lines of the LB's output a failure shows.
-OUTPUT_LINES = 8
 
 
 def _bound(host: str, port: int) -> socket.socket:
@@ -197,9 +194,8 @@ class IcPlayer:
     send_port: int = 0
     rsock: socket.socket | None = None
     ssock: socket.socket | None = None
-    procs: list[asyncio.subprocess.Process] = field(default_factory=list)
+    runs: list[process.Started] = field(default_factory=list)
     peers: list[LbPeer] = field(default_factory=list)
-    drains: list[asyncio.Task] = field(default_factory=list)
 
     def bind(self, receive_port: int, send_port: int) -> None:
         self.rsock = _bound(self.host, receive_port)
@@ -213,28 +209,15 @@ class IcPlayer:
 
     async def start(self, trace: Trace) -> deque[str]:
         """Start the LB command (if any); its output's last lines, kept as it runs."""
-        output: deque[str] = deque(maxlen=OUTPUT_LINES)
         if not self.command:
             trace(f"   waiting for an LB started by hand (receive port {self.receive_port})")
-            return output
+            return deque()
         fill = {"host": self.host, "receive_port": str(self.receive_port), "send_port": str(self.send_port)}
-        args = [arg.format(**fill) if "{" in arg else arg for arg in self.command]
-        env = {**os.environ, "AMBROSIA_IC": f"{self.host}:{self.receive_port}:{self.send_port}"}
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *args,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-            )
-        except OSError as err:
-            raise SuiteUnavailable(f"cannot run {args[0]!r}: {err.strerror or err}") from None
-        self.procs.append(proc)
-        trace(f"started the LB (pid {proc.pid})")
-        self.drains.append(asyncio.ensure_future(_drain(proc, output)))
-        return output
+        env = {"AMBROSIA_IC": f"{self.host}:{self.receive_port}:{self.send_port}"}
+        run = await process.start(self.command, fill, env)
+        self.runs.append(run)
+        trace(f"started the LB (pid {run.proc.pid})")
+        return run.output
 
     async def lb(self, trace: Trace) -> LbPeer:
         """Start an LB and take its two connections in the IC's order: receive port, then send port."""
@@ -264,8 +247,8 @@ class IcPlayer:
         accept = asyncio.ensure_future(asyncio.get_running_loop().sock_accept(sock))
         if not self.command:
             return (await accept)[0]
-        proc = self.procs[-1]
-        exited = asyncio.ensure_future(proc.wait())
+        run = self.runs[-1]
+        exited = asyncio.ensure_future(run.proc.wait())
         try:
             await asyncio.wait({accept, exited}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -273,23 +256,18 @@ class IcPlayer:
         if accept.done():
             return accept.result()[0]
         accept.cancel()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(1):
-                await self.drains[-1]  # the rest of its output
-        seen = trace.tail() + "".join(f"\n{line}" for line in output)
-        raise CaseFailed(f"the LB exited with code {proc.returncode} before connecting to the {port}", seen)
+        seen = trace.tail() + "\n" + await run.exited()
+        raise CaseFailed(
+            f"the LB exited with code {run.proc.returncode} before connecting to the {port}", seen
+        )
 
     async def stop_all(self) -> None:
         peers, self.peers = self.peers, []
         for peer in peers:
             peer.close()
-        procs, self.procs = self.procs, []
-        for proc in procs:
-            await _stop(proc)
-        drains, self.drains = self.drains, []
-        for task in drains:
-            task.cancel()
-        await asyncio.gather(*drains, return_exceptions=True)
+        runs, self.runs = self.runs, []
+        for run in runs:
+            await run.stop()
 
     async def after_case(self, case: Case, result: Result) -> Result:
         await self.stop_all()
@@ -299,25 +277,6 @@ class IcPlayer:
         for sock in (self.rsock, self.ssock):
             if sock is not None:
                 sock.close()
-
-
-async def _drain(proc: asyncio.subprocess.Process, into: deque[str]) -> None:
-    assert proc.stdout is not None
-    async for line in proc.stdout:
-        into.append(line.decode("utf-8", "replace").rstrip())
-
-
-async def _stop(proc: asyncio.subprocess.Process) -> None:
-    """SIGTERM to the LB's process group, SIGKILL after 5 s."""
-    if proc.returncode is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 30.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait):
-                await proc.wait()
-                return
 
 
 # --- the runs a case is made of -----------------------------------------------------------------------
@@ -439,9 +398,8 @@ async def case_close_exits(ctx: IcPlayer, trace: Trace) -> str:
     await peer.checkpoint(type_name(TAKE_CHECKPOINT))
     trace("ic closes both sockets")
     peer.close()
-    proc = ctx.procs[-1]
     trace("   waiting for the LB to exit")
-    code = await proc.wait()
+    code = await ctx.runs[-1].proc.wait()
     return f"the LB exited with code {code}"
 
 
