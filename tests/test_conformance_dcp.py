@@ -1,10 +1,13 @@
-"""``conformance producer``, proven both ways over real loopback.
+"""``conformance producer`` and ``conformance consumer``, proven both ways over real loopback.
 
 dcp mock-producer passes every case (restarted once after a failover, so a
 diverged history is there to roll back); a sloppy producer
 (tests/peers/sloppy_dcp_producer.py: SUCCESS to everything, no flow control,
 NOOPs whether answered or not) fails exactly the cases it breaks, each with the
-DCP core's reason where the core judged the packet.
+DCP core's reason where the core judged the packet. dcp mock-consumer passes every
+consumer case; a sloppy consumer (tests/peers/sloppy_dcp_consumer.py: acknowledges
+more than it got, never asks again after a STREAM_END other than ok, keeps no copy)
+fails those two cases and has the rollback case skipped.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import READY, Server, run_cli
+from support import COMMAND, READY, Server, run_cli
 
 from wallaroo_proto.conformance import get_suite
 
@@ -92,3 +95,46 @@ def test_a_sloppy_producer_fails_exactly_the_rules_it_breaks() -> None:
     assert status["rollback.diverged"] == "skip"  # one failover entry: nothing diverged
     reasons = {c["id"]: c["reason"] for c in report["cases"] if c["status"] == "fail"}
     assert reasons == SLOPPY_FAILURES
+
+
+# --- the consumer suite -------------------------------------------------------------------------------
+
+
+def consumer_conformance(*args: str) -> tuple[int, dict]:
+    done = run_cli("conformance", "consumer", "--format", "json", *args, timeout=300)
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_the_consumer_suite_needs_a_command() -> None:
+    done = run_cli("conformance", "consumer")
+    assert done.returncode == 2 and "give the consumer's command" in done.stderr
+
+
+@pytest.mark.slow
+def test_mock_consumer_with_a_state_and_a_small_buffer_passes_every_consumer_case() -> None:
+    consumer = [*COMMAND, "dcp", "mock-consumer", "--connect", "{host}:{port}", "--state", "{state}"]
+    code, report = consumer_conformance("--", *consumer, "--buffer-size", "4096")
+    bad = [f"{c['id']}: {c['reason']}\n{c['seen']}" for c in report["cases"] if c["status"] != "pass"]
+    assert code == 0 and not bad, "\n\n".join(bad)
+    assert [c["id"] for c in report["cases"]] == [c.id for c in get_suite("consumer").cases]
+
+
+@pytest.mark.slow
+def test_a_sloppy_consumer_fails_exactly_the_rules_it_breaks() -> None:
+    sloppy = [sys.executable, str(PEERS / "sloppy_dcp_consumer.py"), "--connect", "{host}:{port}"]
+    code, report = consumer_conformance("--", *sloppy)
+    assert code == 1
+    status = {c["id"]: (c["status"], c["reason"]) for c in report["cases"]}
+    assert status["stream.all"][0] == status["stream.not-my-vbucket"][0] == "pass"
+    assert status["flow.acks"][0] == "fail"
+    assert status["flow.acks"][1].startswith("acknowledges 131072 bytes, only ")  # the core's reason
+    assert status["stream-end.reopened"] == (
+        "fail",
+        "0 of 2 streams ended ok before the consumer stopped "
+        "(stream ends: {'too_slow': 2}, NOT_MY_VBUCKET 0)",
+    )
+    assert status["rollback.obeyed"] == (
+        "skip",
+        "the consumer asked again from the start: it keeps no copy between runs ({state})",
+    )
