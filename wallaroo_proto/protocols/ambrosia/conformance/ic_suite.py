@@ -403,7 +403,10 @@ async def open_ic_target(target: Target, options: Mapping[str, Any]) -> AsyncIte
     )
     try:
         async with asyncio.timeout(10):
-            await ctx.connect_pair(Trace(), "reach")  # an LB that leaves at once: the IC serves the next
+            _, from_ic = await ctx.connect_pair(Trace(), "reach")
+            # An LB that leaves once the IC took it (its first record came), not before: a pair the IC
+            # had not accepted yet would leave a connection behind for the next LB to be paired with.
+            await from_ic.read(1)
     except (OSError, TimeoutError) as err:
         raise SuiteUnavailable(
             f"cannot connect to {ctx.host}:{ctx.receive_port} and then :{ctx.send_port}: {err or 'timed out'}"
