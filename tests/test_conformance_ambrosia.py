@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +24,12 @@ from wallaroo_proto.conformance import get_suite
 
 PEERS = Path(__file__).resolve().parent / "peers"
 PORTS = ["--receive-port", "{receive_port}", "--send-port", "{send_port}"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def conformance_of(suite: str, *args: str) -> tuple[int, dict]:
@@ -107,3 +115,24 @@ def test_an_ic_that_breaks_the_record_rules_fails_with_the_cores_reason(fault, r
     assert code == 1
     reasons = {c["id"]: c["reason"] for c in report["cases"] if c["status"] == "fail"}
     assert list(reasons) == ["records.self-calls"] and reasons["records.self-calls"].startswith(reason)
+
+
+@pytest.mark.slow
+def test_lb_cases_run_on_a_binding_started_by_hand_at_the_ports_given() -> None:
+    receive, send = free_port(), free_port()
+    ports = ["--receive-port", str(receive), "--send-port", str(send)]
+    suite = subprocess.Popen(
+        [*COMMAND, "conformance", "lb", "--format", "json", "--case", "first-start", *ports],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lb = run_cli("ambrosia", "mock-lb", *ports, timeout=120)  # it retries until the suite listens
+        out, err = suite.communicate(timeout=120)
+    finally:
+        suite.kill()
+    assert suite.returncode == 0, err
+    (case,) = json.loads(out)["cases"]
+    assert case["status"] == "pass" and case["seen"].startswith("InitialMessage of 22 bytes")
+    assert "first start" in lb.stdout
