@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from support import COMMAND, Server, run_cli
 
-from wallaroo_proto.conformance import CaseFailed, CaseSkipped, get_suite, select
+from wallaroo_proto.conformance import CaseFailed, CaseSkipped, get_suite, select, suites
 from wallaroo_proto.conformance.report import as_json, junit_xml
 from wallaroo_proto.conformance.runner import Case, Result, Target, run_case
 
@@ -147,9 +147,10 @@ def test_cli_lists_cases_and_refuses_bad_usage_with_exit_2() -> None:
 
 def test_the_docs_list_every_case_of_every_suite() -> None:
     doc = (TESTS.parent / "docs" / "conformance.md").read_text()
-    for name in ("worker", "sink", "connector", "processor", "daemon"):
+    for suite in suites():  # every registered suite, so a new one cannot go undocumented
+        name = suite.name
         section = doc.split(f"### `conformance {name}`")[1].split("###")[0]
-        for case in get_suite(name).cases:
+        for case in suite.cases:
             assert f"| `{case.id}` | {case.ref} | {case.expect} |" in section, (name, case.id)
 
 

@@ -26,6 +26,9 @@ from .runner import (
 _SUITE_MODULES = (
     "wallaroo_proto.protocols.wallaroo.conformance",
     "wallaroo_proto.protocols.kinesis.conformance",
+    "wallaroo_proto.protocols.dcp.conformance",
+    "wallaroo_proto.protocols.ambrosia.conformance",
+    "wallaroo_proto.protocols.tremor.conformance",
 )
 
 

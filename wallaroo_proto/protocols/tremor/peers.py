@@ -243,6 +243,13 @@ class _NodeConnection:
                 elif isinstance(event, CloseConnection):
                     if ws.state is ConnectionState.REMOTE_CLOSING:
                         self.writer.write(ws.send(event.response()))
+                    elif ws.state is ConnectionState.OPEN:
+                        # wsproto's word for a frame it cannot parse: fail the connection (RFC 6455 7.1.7),
+                        # a Close frame with its code, then hang up without waiting for an answer.
+                        self.violation(f"WebSocket: {event.reason} (closed with {event.code})")
+                        self.writer.write(ws.send(CloseConnection(code=event.code, reason=event.reason)))
+                        await self.writer.drain()
+                        return
                     self.closing = True
                     break
                 elif isinstance(event, Ping):
