@@ -301,6 +301,11 @@ class _Session:
                     self.respond(p, codec.EINVAL)
                 self.close()
                 return
+            if not p.is_request and p.opcode == codec.NOOP and p.status == SUCCESS:
+                # A successful reply matching no NOOP goes to the producer's error handler, which
+                # disconnects (producer.cc handleResponse).
+                self.close()
+                return
         if not p.is_request:
             if p.opcode == codec.NOOP:
                 stats.noops += 1

@@ -394,6 +394,19 @@ async def noop_one_at_a_time(ctx: ProducerUnderTest, trace: Trace) -> str:
     return f"no second NOOP in {quiet:g} s while the first was unanswered; the next came after the answer"
 
 
+async def noop_wrong_opaque(ctx: ProducerUnderTest, trace: Trace) -> str:
+    bystander = await ctx.opened(trace, "bystander")
+    interval = f"{ctx.noop_interval:g}"
+    probe = await ctx.opened(trace, enable_noop="true", set_noop_interval=interval)
+    probe.answer_noops = False
+    trace(f"   waiting for a DCP_NOOP (interval {interval} s)")
+    await probe.until(lambda: bool(probe.noops))
+    probe.answer_noop(probe.noops[0] ^ 0xFFFF)
+    trace("   waiting for the producer to close the connection")
+    await probe.closes()
+    return "the producer closed the connection; " + await _still_serving(ctx, trace, bystander)
+
+
 # --- stream end and close ----------------------------------------------------------------------------
 
 
@@ -590,6 +603,12 @@ def _cases() -> tuple[Case, ...]:
             "no second DCP_NOOP while one is unanswered; answering it with its opaque brings the next",
             noop_one_at_a_time,
             extra=10.0,
+        ),
+        case(
+            "noop.wrong-opaque",
+            f"{CODE}: DcpProducer::handleResponse",
+            "a SUCCESS reply to a DCP_NOOP under another opaque: the producer disconnects, serves the others",
+            noop_wrong_opaque,
         ),
         case(
             "close-stream.stream-end",
