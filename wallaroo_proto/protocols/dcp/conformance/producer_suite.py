@@ -35,6 +35,7 @@ from wallaroo_proto.conformance.runner import (
     Target,
     Trace,
 )
+from wallaroo_proto.conformance.target import parse_address, reachable
 
 from .. import codec
 from ..codec import FOREVER, StreamReq
@@ -660,15 +661,13 @@ OPTIONS = (
 async def open_producer_target(
     target: Target, options: Mapping[str, Any]
 ) -> AsyncIterator[ProducerUnderTest]:
-    host, sep, port = (target.address or "").rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise SuiteUnavailable(f"{target.address!r} is not HOST:PORT")
+    host, port = parse_address(target.address or "")
     vbucket = options.get("vbucket")
     if vbucket is not None and (not str(vbucket).isdigit() or int(vbucket) >= VBUCKETS):
         raise SuiteUnavailable(f"--vbucket {vbucket}: a vbucket is 0 to {VBUCKETS - 1}")
     ctx = ProducerUnderTest(
-        host.strip("[]") or "127.0.0.1",
-        int(port),
+        host,
+        port,
         None if vbucket is None else int(vbucket),
         int(options.get("buffer_size") or 1024),
         float(options.get("noop_interval") or 1.0),
@@ -677,12 +676,7 @@ async def open_producer_target(
         options.get("password") or "",
         options.get("bucket"),
     )
-    try:
-        async with asyncio.timeout(10):
-            _, writer = await asyncio.open_connection(ctx.host, ctx.port)
-    except (OSError, TimeoutError) as err:
-        raise SuiteUnavailable(f"cannot connect to {ctx.host}:{ctx.port}: {err or 'timed out'}") from None
-    writer.transport.abort()
+    await reachable(host, port)
     try:
         yield ctx
     finally:

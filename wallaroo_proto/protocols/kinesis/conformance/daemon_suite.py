@@ -20,10 +20,10 @@ from wallaroo_proto.conformance.runner import (
     CaseFailed,
     CaseSkipped,
     Result,
-    SuiteUnavailable,
     Target,
     Trace,
 )
+from wallaroo_proto.conformance.target import parse_address
 
 from ..codec import (
     Checkpoint,
@@ -265,10 +265,8 @@ def _cases() -> tuple[Case, ...]:
 
 @contextlib.asynccontextmanager
 async def open_daemon(target: Target, options: Mapping[str, Any]) -> AsyncIterator[DaemonUnderTest]:
-    host, sep, port = (target.address or "").rpartition(":")
-    if not sep or not port.isdigit():
-        raise SuiteUnavailable(f"{target.address!r} is not HOST:PORT")
-    ctx = DaemonUnderTest(host or "127.0.0.1", int(port))
+    host, port = parse_address(target.address or "")
+    ctx = DaemonUnderTest(host, port)
     try:
         yield ctx
     finally:

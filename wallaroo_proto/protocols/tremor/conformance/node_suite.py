@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wallaroo_proto.conformance.runner import Case, CaseFailed, Result, SuiteUnavailable, Target, Trace
+from wallaroo_proto.conformance.runner import Case, CaseFailed, Result, Target, Trace
+from wallaroo_proto.conformance.target import parse_address, reachable
 
 from ..messages import CONTROL, STATUS, ErrorClose, dumps
 from ..wsframes import BINARY, TEXT, read_response
@@ -681,16 +682,9 @@ CASES = (
 
 @contextlib.asynccontextmanager
 async def open_node(target: Target, options: Mapping[str, Any]) -> AsyncIterator[NodeUnderTest]:
-    host, sep, port = (target.address or "").rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise SuiteUnavailable(f"{target.address!r} is not HOST:PORT")
-    ctx = NodeUnderTest(host.strip("[]") or "127.0.0.1", int(port))
-    try:
-        async with asyncio.timeout(10):
-            _, writer = await asyncio.open_connection(ctx.host, ctx.port)
-    except (OSError, TimeoutError) as err:
-        raise SuiteUnavailable(f"cannot connect to {ctx.host}:{ctx.port}: {err or 'timed out'}") from None
-    writer.transport.abort()
+    host, port = parse_address(target.address or "")
+    await reachable(host, port)
+    ctx = NodeUnderTest(host, port)
     try:
         yield ctx
     finally:

@@ -1,12 +1,11 @@
-"""What the three Wallaroo suites share: where the rules are written, addresses, ids, probe upkeep."""
+"""What the three Wallaroo suites share: where the rules are written, ids, probe upkeep."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 
-from wallaroo_proto.conformance.runner import Result, SuiteUnavailable
+from wallaroo_proto.conformance.runner import Result
 
 from .probe import Probe
 
@@ -22,13 +21,6 @@ def spec(section: str) -> str:
 def notes(section: str) -> str:
     """Shipped behaviour, as a section of docs/protocol-notes.md records it."""
     return f"{NOTES}: {section}"
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise SuiteUnavailable(f"{text!r} is not HOST:PORT")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def new_stream_id() -> int:
@@ -61,15 +53,3 @@ class ProbeKeeper:
     async def after_case(self, case, result: Result) -> Result:
         await self.close_all()
         return result
-
-
-async def reachable(host: str, port: int, timeout: float = 10.0) -> None:
-    """Raise SuiteUnavailable unless something accepts connections at host:port."""
-    try:
-        async with asyncio.timeout(timeout):
-            _, writer = await asyncio.open_connection(host, port)
-    except (OSError, TimeoutError) as err:
-        raise SuiteUnavailable(f"cannot connect to {host}:{port}: {err or 'timed out'}") from None
-    writer.transport.abort()
-    with contextlib.suppress(Exception):
-        await writer.wait_closed()

@@ -31,10 +31,11 @@ from wallaroo_proto.conformance.runner import (
     Target,
     Trace,
 )
+from wallaroo_proto.conformance.target import parse_address
 
 from ..frames import SOURCE_VERSION, Ack, EosMessage, Error, Hello, Message, Notify, NotifyAck, Ok, Restart
 from ..protocol import Side, StreamState, Use, check_hello
-from .common import parse_address, spec
+from .common import spec
 from .probe import PeerClosed, Probe
 
 OUTPUT_LINES = 15

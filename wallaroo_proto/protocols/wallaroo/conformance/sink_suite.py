@@ -28,6 +28,7 @@ from wallaroo_proto.conformance.runner import (
     Target,
     Trace,
 )
+from wallaroo_proto.conformance.target import parse_address, reachable
 
 from ..errors import ProtocolError
 from ..frames import SINK_VERSION, Error, Hello, Message, Notify, NotifyAck, Ok, show_text
@@ -44,7 +45,7 @@ from ..twopc import (
     twopc_frame,
 )
 from ..wire import U32
-from .common import ProbeKeeper, notes, parse_address, reachable, spec, tag
+from .common import ProbeKeeper, notes, spec, tag
 from .probe import PeerClosed, Probe
 
 _rtags = itertools.count(1)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wallaroo_proto.conformance.runner import Case, CaseFailed, CaseSkipped, SuiteOption, Target, Trace
+from wallaroo_proto.conformance.target import parse_address, reachable
 
 from ..codec import encode
 from ..frames import (
@@ -31,7 +32,7 @@ from ..frames import (
 )
 from ..protocol import Side, Use
 from ..wire import U32
-from .common import ProbeKeeper, new_stream_id, notes, parse_address, reachable, spec, tag
+from .common import ProbeKeeper, new_stream_id, notes, spec, tag
 from .probe import PeerClosed, Probe
 
 #: Most credits the credit cases will spend to reach the end of a grant.
