@@ -77,7 +77,8 @@ def describe(r: dict) -> str:
     for label, k in keys:
         if k is None:
             if r.get("snap_start") is not None and r.get("start_seqno") is None:
-                parts.append(f"snap={r['snap_start']}..{r['snap_end']}/0x{r.get('snap_flags') or 0:x}")
+                end, flags = r.get("snap_end", "?"), r.get("snap_flags") or 0
+                parts.append(f"snap={r['snap_start']}..{end}/0x{flags:x}")
         elif r.get(k) is not None:
             parts.append(f"{label}={int(r[k]):#x}" if label == "uuid" else f"{label}={r[k]}")
     if r.get("dcp_event"):
