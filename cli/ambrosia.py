@@ -21,6 +21,7 @@ from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_e
 from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, MockIC
 from wallaroo_proto.protocols.ambrosia.immortal import ADD, RpcSource
 from wallaroo_proto.protocols.ambrosia.lb import LbConfig, MockLB
+from wallaroo_proto.protocols.ambrosia.store import StoreError
 
 
 def _log(prefix: str):
@@ -200,6 +201,8 @@ def mock_ic(**opts) -> None:
         ic = MockIC(config)
     except OSError as err:
         raise usage_error(f"cannot open {err.filename}: {err.strerror or err}") from err
+    except StoreError as err:
+        raise usage_error(str(err)) from None
     _tune_gc()
     summary, interrupted = asyncio.run(_serve_ic(ic))
     _print_ic_summary(summary, opts["fmt"])

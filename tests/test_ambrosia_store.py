@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import struct
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import run_cli
 
 from wallaroo_proto.protocols.ambrosia.codec import FORK, encode_incoming_rpc, encode_record
-from wallaroo_proto.protocols.ambrosia.store import DirStore, IcCheckpoint, LoggedRecord
+from wallaroo_proto.protocols.ambrosia.store import DirStore, IcCheckpoint, LoggedRecord, StoreError
 
 #: Self calls as the IC holds them: encoded incoming RPCs, short and long sizes.
 _calls = st.lists(
@@ -50,3 +52,31 @@ def test_a_burst_is_logged_as_its_records_one_after_another(tmp_path_factory, bo
     assert (path / "log-0.bin").read_bytes() == want
     store.save_checkpoint(IcCheckpoint(5, 0, 0, 0, [], b""))  # a checkpoint before them: all replay
     assert DirStore(path).load().records == records
+
+
+META = b'{"committer": 7, "seq": 0, "generated": 0, "outputs": 0, "pending_bytes": 3}\n'
+
+
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        (META + b"\x7f\x00\x00", "no whole message at byte 0"),  # ZigZag 0x7f is -64: a negative size
+        (META + b"\x0a\x00\x00", "no whole message at byte 0"),  # size 5, only 2 bytes after it
+        (META + b"\x80\x80\x80", "no whole message at byte 0"),  # a varint that never ends
+        (b"not json\n", "not a checkpoint mock-ic wrote"),
+        (b'{"seq": 1}\n', "not a checkpoint mock-ic wrote"),
+    ],
+)
+def test_a_checkpoint_it_did_not_write_is_refused_with_its_path(tmp_path, content, reason) -> None:
+    (tmp_path / "checkpoint.bin").write_bytes(content)
+    with pytest.raises(StoreError, match=reason) as refused:
+        DirStore(tmp_path).load()
+    assert str(tmp_path / "checkpoint.bin") in str(refused.value)
+
+
+def test_mock_ic_refuses_such_a_log_dir_at_start(tmp_path) -> None:
+    (tmp_path / "checkpoint.bin").write_bytes(META + b"\x7f\x00\x00")
+    args = ("--log-dir", str(tmp_path), "--receive-port", "0", "--send-port", "0")
+    done = run_cli("ambrosia", "mock-ic", *args, timeout=120)
+    assert done.returncode == 2 and "not a checkpoint mock-ic wrote" in done.stderr
+    assert "Traceback" not in done.stderr

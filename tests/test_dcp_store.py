@@ -64,6 +64,17 @@ def test_consumer_rolls_back_to_its_last_complete_snapshot():
     assert c.rollback(1) == 0 and c.state() == {} and c.failover == [(7, 0)]
 
 
+def test_an_item_whose_seqno_does_not_rise_is_left_out_of_the_copy():
+    c = ConsumerVBucket(0, [(7, 0)])
+    c.marker(0, 5)
+    c.apply(2, b"a", codec.MUTATION, b"1")
+    c.apply(3, b"b", codec.MUTATION, b"2")
+    assert not c.apply(3, b"c", codec.MUTATION, b"again") and not c.apply(1, b"d", codec.MUTATION, b"old")
+    assert c.state() == {"a": "1", "b": "2"}
+    again = ConsumerVBucket.from_json(0, c.to_json())  # the state file still loads
+    assert again.state() == c.state() and again.seqno == 3
+
+
 def test_a_consumer_state_of_the_earlier_form_still_loads():
     """Earlier releases kept each key's versions; the copy is now one log in seqno order."""
     earlier = {

@@ -166,16 +166,24 @@ def test_tremor_streams_echoes_and_closes() -> None:
             {"ts": 1.4, "type": "echo", "alias": "e", "sender": "server", "message_json": '{"e":2}'},
             {"ts": 1.6, "type": "echo", "alias": "e", "sender": "server", "message_json": '{"e":1}'},
             {"ts": 1.7, "type": "echo", "alias": "e", "sender": "server", "message_json": '{"e":3}'},
+            {
+                "ts": 1.9,
+                "type": "connect-ack",
+                "alias": "p",
+                "tremor_protocol": "pubsub",
+                "verdict": "accepted",
+            },
             {"ts": 2.0, "type": "disconnect-ack", "alias": "e", "verdict": "accepted"},
             {"ts": 2.1, "type": "error-close", "status_code": "0.207", "verdict": "accepted"},
         ],
     )
     (streams,) = signals.series
-    assert streams.points == [(1.0, 1), (2.0, 0)]
+    assert streams.points == [(1.0, 1), (1.9, 2), (2.0, 1), (2.1, 0)]  # the close ends the streams left
     (echo,) = signals.distributions
     assert echo.sample == pytest.approx([0.2, 0.5])  # matched by content; an unasked answer is left out
     assert [(m.kind, m.label) for m in signals.markers] == [
         ("connect", "connected e (echo)"),
+        ("connect", "connected p (pubsub)"),
         ("end", "disconnected e"),
         ("error", "closed with 0.207"),
     ]
@@ -190,3 +198,4 @@ def test_tremor_session_sample() -> None:
     assert echo.count == 12 and echo.low > 0
     assert [m.kind for m in signals.markers] == ["connect", "connect", "end", "end", "end"]
     assert [(m.kind, m.label) for m in second.signal_values().markers][-1] == ("error", "closed with 0.207")
+    assert [v for _, v in second.signal_values().series[0].points] == [1, 0]

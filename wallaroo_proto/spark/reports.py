@@ -254,7 +254,7 @@ def flow_control(frames: DataFrame) -> DataFrame:
         .withColumn("prev_level", F.lag("level").over(ordered))
     )
     at_zero = F.col("ok_at").isNotNull() & (F.col("frame_index") >= F.col("ok_at")) & (F.col("level") <= 0)
-    enforced = F.first("use") != "sink"
+    enforced = F.coalesce(F.first("use", ignorenulls=True), F.lit("")) != "sink"
     return (
         events.groupBy(*CONN)
         .agg(

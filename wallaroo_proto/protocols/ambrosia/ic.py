@@ -132,6 +132,7 @@ class MockIC:
         self.config = config
         self.stats = IcStats()
         self.store = DirStore(config.log_dir, fsync=config.fsync) if config.log_dir else MemoryStore()
+        self.store.load()  # a log dir it cannot recover from is refused now, not at the first LB
         self.rsock: socket.socket | None = None
         self.ssock: socket.socket | None = None
         self.send_port = config.send_port

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from wallaroo_proto.durable import fsync_dir, write_atomic
 
-from .codec import HEADER_SIZE, check_bytes, read_header, read_zz
+from .codec import HEADER_SIZE, Incomplete, check_bytes, read_header, read_zz
 
 _WATERMARK = struct.Struct("<qq")
 _SIZE = struct.Struct("<i")
@@ -64,12 +64,21 @@ class IcCheckpoint:
         return cls(meta["committer"], meta["seq"], meta["generated"], meta["outputs"], pending, blob)
 
 
+class StoreError(ValueError):
+    """A ``--log-dir`` whose files this tool did not write (a checkpoint that does not decode)."""
+
+
 def _split_messages(data: bytes) -> list[bytes]:
     """Encoded messages back to back, each one's bytes apart (its ZigZag size says where it ends)."""
     out = []
     pos = 0
     while pos < len(data):
-        size, after = read_zz(data, pos, len(data))
+        try:
+            size, after = read_zz(data, pos, len(data))
+        except Incomplete:
+            size, after = -1, pos
+        if size < 0 or after + size > len(data):
+            raise ValueError(f"pending calls: no whole message at byte {pos}")
         out.append(data[pos : after + size])
         pos = after + size
     return out
@@ -134,7 +143,10 @@ class DirStore:
         ckpt_path = self.path / "checkpoint.bin"
         if not ckpt_path.exists():
             return Loaded(None)
-        checkpoint = IcCheckpoint.decode(ckpt_path.read_bytes())
+        try:
+            checkpoint = IcCheckpoint.decode(ckpt_path.read_bytes())
+        except (ValueError, KeyError, TypeError) as err:  # json's errors are ValueErrors
+            raise StoreError(f"{ckpt_path}: not a checkpoint mock-ic wrote ({err})") from None
         log_path = self._log_path(checkpoint.seq)
         records: list[LoggedRecord] = []
         cut = None

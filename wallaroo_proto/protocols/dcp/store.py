@@ -266,7 +266,13 @@ class ConsumerVBucket:
         self.snap_start, self.snap_end = start, end
 
     def apply(self, seqno: int, key: bytes, opcode: int, value: bytes = b"") -> bool:
-        """One item (a codec MUTATION, DELETION or EXPIRATION); True when it completes the snapshot."""
+        """One item (a codec MUTATION, DELETION or EXPIRATION); True when it completes the snapshot.
+
+        An item whose seqno does not rise (a producer's violation, which the core reports) is left
+        out: the copy stays a log in seqno order, which rollbacks and the state file rely on.
+        """
+        if self.log and seqno <= self.log[-1][1]:
+            return False
         self.log.append((opcode, seqno, key, value if opcode == codec.MUTATION else b""))
         self.seqno = seqno
         self.items += 1

@@ -37,6 +37,9 @@ class TremorSignals:
         if accepted and alias is not None and kind in ("connect-ack", "disconnect-ack"):
             (self.connected.add if kind == "connect-ack" else self.connected.discard)(alias)
             self.streams.add(ts, len(self.connected))
+        elif kind in ("close-ack", "error-close") and self.connected:  # the session's streams end with it
+            self.connected.clear()
+            self.streams.add(ts, 0)
         if kind == "echo" and alias is not None:
             self._echo(ts, r.get("sender"), (alias, hash(r.get("message_json"))))
         self._markers(r, ts, kind, alias)
