@@ -69,14 +69,14 @@ def test_mock_lb_passes_every_lb_case() -> None:
 @pytest.mark.slow
 def test_a_sloppy_lb_fails_exactly_the_rules_it_breaks() -> None:
     sloppy = [sys.executable, str(PEERS / "sloppy_ambrosia_lb.py"), *PORTS]
-    code, report = conformance("--timeout", "2", "--", *sloppy)
+    code, report = conformance("--timeout", "4", "--", *sloppy)
     assert code == 1
     reasons = {c["id"]: c["reason"] for c in report["cases"] if c["status"] == "fail"}
     assert reasons == {
         "recovery.state": "the checkpoint after the recovery (1 bytes) differs from the one taken at the "
         "same point without a crash (1 bytes)",
         "recovery.upgrade": "initial-message: InitialMessage outside a first start",
-        "close.exits": "no conclusion within 7 s (waiting for the LB to exit)",
+        "close.exits": "no conclusion within 9 s (waiting for the LB to exit)",
     }
     state = next(c for c in report["cases"] if c["id"] == "recovery.state")
     assert state["seen"].endswith("without a crash: b'6'\nafter recovery: b'3'")

@@ -89,16 +89,16 @@ SLOPPY_FAILURES = {
     "disconnect.then-message": "message on '*', which is not connected",
     "disconnect.not-connected": "disconnect-ack that answers nothing",
     "stream.not-connected": "message on '*', which is not connected",
-    "close.ack": "no conclusion within 2 s (waiting for the node to end the WebSocket)",
-    "malformed.json": "no conclusion within 2 s (waiting for the error close 0.101)",
+    "close.ack": "no conclusion within 4 s (waiting for the node to end the WebSocket)",
+    "malformed.json": "no conclusion within 4 s (waiting for the error close 0.101)",
     "malformed.not-record": "server sent a malformed message: a message must be a record, not list",
     "malformed.two-keys": "server sent a malformed message: a message has 2 fields (tremor, echo)",
     "malformed.unknown-op": "server sent a malformed message: unknown control operation 'dance'",
-    "framing.unmasked": "no conclusion within 2 s (waiting for the node to close the connection)",
-    "framing.binary": "no conclusion within 2 s (waiting for the node to close the connection)",
-    "framing.invalid-utf8": "no conclusion within 2 s (waiting for the node to close the connection)",
-    "framing.reserved-opcode": "no conclusion within 2 s (waiting for the node to close the connection)",
-    "framing.close": "no conclusion within 2 s (waiting for the node's Close frame)",
+    "framing.unmasked": "no conclusion within 4 s (waiting for the node to close the connection)",
+    "framing.binary": "no conclusion within 4 s (waiting for the node to close the connection)",
+    "framing.invalid-utf8": "no conclusion within 4 s (waiting for the node to close the connection)",
+    "framing.reserved-opcode": "no conclusion within 4 s (waiting for the node to close the connection)",
+    "framing.close": "no conclusion within 4 s (waiting for the node's Close frame)",
 }
 
 
@@ -110,7 +110,7 @@ def test_a_sloppy_node_fails_exactly_the_rules_it_breaks() -> None:
     try:
         match = READY.search(proc.stdout.readline())
         assert match, "the sloppy node printed no ready line"
-        code, report = conformance("node", f"{match.group(1)}:{match.group(2)}", "--timeout", "2")
+        code, report = conformance("node", f"{match.group(1)}:{match.group(2)}", "--timeout", "4")
     finally:
         proc.kill()
         proc.wait(timeout=30)

@@ -39,9 +39,7 @@ class Started:
 
     async def exited(self, seconds: float = 1.0) -> str:
         """After the process ended: its output up to the end (waited for at most ``seconds``)."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self.drain
+        await asyncio.wait({self.drain}, timeout=seconds)  # not cancelled: later output still arrives
         return self.tail()
 
     async def stop(self) -> None:
