@@ -39,6 +39,10 @@ _ITEM_OPCODES = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION))
 _KEEP_VIOLATIONS = 100
 
 
+#: What the run path (``Connection.process_run``) can take, as the first byte after magic 0x80.
+_RUN_OPCODES = frozenset((codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION))
+
+
 @dataclass
 class ConsumerConfig:
     host: str = "127.0.0.1"
@@ -309,6 +313,8 @@ class MockConsumer:
         head = bytes(buf[:12]) + fresh[:12]
         if len(buf) + len(fresh) < HEADER_SIZE + max(8, int.from_bytes(head[8:12], "big")):
             return  # not even one whole packet yet (a large one is not copied again per read)
+        if head[0] != codec.REQ or head[1] not in _RUN_OPCODES:
+            return  # the run path would not take it (a noop, a stream end, a stream id): no copy
         # What the splitter holds (normally the end of a packet) and what came, as one bytes.
         data = bytes(buf) + fresh if buf else fresh
         end, taken = self.conn.process_run(data, 0, splitter.max_body)

@@ -58,7 +58,6 @@ MAX_FAILOVER_ENTRIES = 25
 SNAP_MAY_CONTAIN_DUPLICATES = 0x20
 #: Keys remembered per snapshot for the uniqueness check (a bound on memory).
 _KEYS_KEPT = 100_000
-#: A header and the first extras field: an item's seqno, a marker's start.
 #: What the run path reads of a header and the first extras field (an item's seqno, a marker's start):
 #: magic and opcode as one number, key length, extras length, vbucket, body length, opaque, seqno
 #: (datatype and cas are not judged).
