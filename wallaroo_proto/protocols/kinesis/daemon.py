@@ -229,6 +229,7 @@ class ChildChannel(Channel):
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
         await self.proc.wait()
+        self.proc.stdin.close()  # every pipe closed, so nothing of the process outlives the loop
         await self._drain_stderr()
 
     async def wait(self, grace: float) -> int | None:
@@ -242,9 +243,14 @@ class ChildChannel(Channel):
         return code
 
     async def _drain_stderr(self) -> None:
+        """Its stderr echoed, and what it left on stdout read away: a pipe whose reading is paused
+        never sees its end, and a pipe left open is closed at garbage collection, when the event
+        loop may be gone (a traceback on stderr)."""
         with contextlib.suppress(Exception):
             async with asyncio.timeout(5):
                 await self._stderr
+                while await self.proc.stdout.read(_READ_SIZE):
+                    pass
 
     def describe_exit(self) -> str:
         code = self.proc.returncode
