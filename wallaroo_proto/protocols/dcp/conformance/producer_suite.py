@@ -17,7 +17,6 @@ PLAIN) and ``--bucket`` selects the bucket, as a real consumer does before DCP_O
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 import struct
@@ -25,11 +24,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from wallaroo_proto.conformance.probes import ProbeKeeper
 from wallaroo_proto.conformance.runner import (
     Case,
     CaseFailed,
     CaseSkipped,
-    Result,
     SuiteOption,
     SuiteUnavailable,
     Target,
@@ -55,7 +54,7 @@ def tag() -> str:
 
 
 @dataclass
-class ProducerUnderTest:
+class ProducerUnderTest(ProbeKeeper):
     host: str
     port: int
     vbucket: int | None = None
@@ -130,16 +129,6 @@ class ProducerUnderTest:
         if high == 0:
             raise CaseSkipped(f"vbucket {vb} has no items")
         return vb, high, log
-
-    def abort_all(self) -> None:
-        probes, self.probes = self.probes, []
-        for probe in probes:
-            probe.abort()
-
-    async def after_case(self, case: Case, result: Result) -> Result:
-        self.abort_all()
-        await asyncio.sleep(0)
-        return result
 
 
 async def stream_request(probe: ProducerProbe, vb: int, req: StreamReq) -> tuple[int, Any, Any]:

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from wallaroo_proto.conformance.runner import Case, CaseFailed, Result, Target, Trace
+from wallaroo_proto.conformance.probes import ProbeKeeper
+from wallaroo_proto.conformance.runner import Case, CaseFailed, Target, Trace
 from wallaroo_proto.conformance.target import parse_address, reachable
 
 from ..messages import CONTROL, STATUS, ErrorClose, dumps
@@ -43,7 +44,7 @@ def connect(protocol: str | None, alias: str | None = None, **extra: Any) -> dic
 
 
 @dataclass
-class NodeUnderTest:
+class NodeUnderTest(ProbeKeeper):
     host: str
     port: int
     probes: list[NodeProbe] = field(default_factory=list)
@@ -76,16 +77,6 @@ class NodeUnderTest:
         newcomer = await self.session(trace, "newcomer")
         await self.echo(newcomer, await self.stream(newcomer), "hello again")
         return "the node still served another session and a new one"
-
-    def abort_all(self) -> None:
-        probes, self.probes = self.probes, []
-        for probe in probes:
-            probe.abort()
-
-    async def after_case(self, case: Case, result: Result) -> Result:
-        self.abort_all()
-        await asyncio.sleep(0)
-        return result
 
 
 # --- shared shapes of a case ---------------------------------------------------------------------------

@@ -1,13 +1,8 @@
-"""What the three Wallaroo suites share: where the rules are written, ids, probe upkeep."""
+"""What the three Wallaroo suites share: where the rules are written, and fresh ids."""
 
 from __future__ import annotations
 
-import asyncio
 import random
-
-from wallaroo_proto.conformance.runner import Result
-
-from .probe import Probe
 
 SPEC = "spec"
 NOTES = "protocol-notes"
@@ -30,26 +25,3 @@ def new_stream_id() -> int:
 
 def tag() -> str:
     return f"{random.getrandbits(32):08x}"
-
-
-class ProbeKeeper:
-    """Closes every probe a case opened once the case is over, whatever its outcome.
-
-    A mix-in for the suites' dataclass contexts, which hold the ``probes`` list.
-    """
-
-    probes: list[Probe]
-
-    def keep(self, probe: Probe) -> Probe:
-        self.probes.append(probe)
-        return probe
-
-    async def close_all(self) -> None:
-        probes, self.probes = self.probes, []
-        for probe in probes:
-            probe.abort()
-        await asyncio.sleep(0)
-
-    async def after_case(self, case, result: Result) -> Result:
-        await self.close_all()
-        return result

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from wallaroo_proto.conformance.probes import ProbeKeeper
 from wallaroo_proto.conformance.runner import (
     FAIL,
     Case,
@@ -45,7 +46,7 @@ from ..twopc import (
     twopc_frame,
 )
 from ..wire import U32
-from .common import ProbeKeeper, notes, spec, tag
+from .common import notes, spec, tag
 from .probe import PeerClosed, Probe
 
 _rtags = itertools.count(1)

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from wallaroo_proto.conformance.probes import ProbeKeeper
 from wallaroo_proto.conformance.runner import Case, CaseFailed, CaseSkipped, SuiteOption, Target, Trace
 from wallaroo_proto.conformance.target import parse_address, reachable
 
@@ -32,7 +33,7 @@ from ..frames import (
 )
 from ..protocol import Side, Use
 from ..wire import U32
-from .common import ProbeKeeper, new_stream_id, notes, spec, tag
+from .common import new_stream_id, notes, spec, tag
 from .probe import PeerClosed, Probe
 
 #: Most credits the credit cases will spend to reach the end of a grant.
