@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.pcap import CaptureError
+from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError
 from wallaroo_proto.protocols import get_plugin, names, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import to_json
@@ -240,13 +240,14 @@ def command(
 ):
     """Show, filter and validate the protocol frames in pcap/pcapng FILES."""
     console = Console(highlight=False, soft_wrap=False)
-    errors = Console(stderr=True, highlight=False)
+    errors = Console(stderr=True, highlight=False, soft_wrap=True)
     keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
     filtering = keep.active
     jsonl = fmt == "jsonl"
     out = sys.stdout
     violations = 0
     unusable = False
+    cut_short = False
     for path in files:
         source = sys.stdin.buffer if path == "-" else path
         dissector = Dissector(
@@ -285,8 +286,12 @@ def command(
                     else:
                         rich_out.add(r)
         except CaptureError as err:
-            unusable = True
-            errors.print(f"[bold red]wallaroo-proto dissect:[/] {path}: {err}", markup=True)
+            if err.cut:
+                cut_short = True
+                errors.print(f"[yellow]wallaroo-proto dissect:[/] {path}: {err} {CUT_NOTE}", markup=True)
+            else:
+                unusable = True
+                errors.print(f"[bold red]wallaroo-proto dissect:[/] {path}: {err}", markup=True)
         except KeyboardInterrupt:
             out.flush()
             raise SystemExit(130) from None
@@ -314,4 +319,6 @@ def command(
         raise SystemExit(EXIT_UNUSABLE)
     if strict and violations:
         errors.print(f"[bold red]{violations} frame(s) with protocol violations[/]", markup=True)
+        raise SystemExit(EXIT_VIOLATIONS)
+    if cut_short:
         raise SystemExit(EXIT_VIOLATIONS)

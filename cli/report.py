@@ -13,9 +13,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
+from wallaroo_proto.capture.pcap import CUT_NOTE
 from wallaroo_proto.protocols import names
 from wallaroo_proto.report.model import ReportLimits
 
+EXIT_PROBLEM = 1
 EXIT_UNUSABLE = 2
 
 
@@ -53,7 +55,7 @@ def command(captures, output, ports, protocol, shown, max_frames, max_connection
     from wallaroo_proto.report.collect import build_report
     from wallaroo_proto.report.html import write_report
 
-    console = Console(stderr=True, highlight=False)
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
     limits = ReportLimits(ladder_frames=max_frames, shown_frames=shown, connections=max_connections)
     with console.status("dissecting…"):
         report = build_report(captures, ports=ports or None, protocol=protocol, limits=limits, title=title)
@@ -65,7 +67,9 @@ def command(captures, output, ports, protocol, shown, max_frames, max_connection
     conns = [c for cap in report.captures for c in cap.connections]
     violations = sum(c.violations for c in conns)
     for capture in report.captures:
-        if capture.error:
+        if capture.cut:
+            console.print(f"[yellow]wallaroo-proto report:[/] {capture.name}: {capture.error} {CUT_NOTE}")
+        elif capture.error:
             console.print(f"[bold red]wallaroo-proto report:[/] {capture.name}: {capture.error}")
         elif not capture.connections:
             console.print(f"{capture.name}: no protocol connections found")
@@ -74,5 +78,7 @@ def command(captures, output, ports, protocol, shown, max_frames, max_connection
         f"{sum(c.frames for c in conns)} frames, {violations} with violations; {size / 1024:.0f} KiB"
     )
     click.echo(os.path.abspath(output))
-    if any(c.error for c in report.captures):
+    if any(c.error and not c.cut for c in report.captures):
         raise SystemExit(EXIT_UNUSABLE)
+    if any(c.cut for c in report.captures):
+        raise SystemExit(EXIT_PROBLEM)

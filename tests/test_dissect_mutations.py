@@ -9,7 +9,6 @@ truncation, inserted and deleted bytes, duplicated packets. The command runs in-
 from __future__ import annotations
 
 import io
-import struct
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
+from support import packet_spans
 from wallaroo_proto_cli.dissect import _fields, _Filter, _RichFrames, command
 
 from wallaroo_proto.capture.dissector import dissect
@@ -45,29 +45,6 @@ VIEWS = [
     ["--strict"],
     ["--type", "message", "--type", "phase1", "--since", "0.001"],
 ]
-
-
-def packet_spans(data: bytes) -> list[tuple[int, int]]:
-    """(start, end) of each packet record: pcap records, or pcapng enhanced packet blocks."""
-    spans = []
-    if data[:4] == b"\x0a\x0d\x0d\x0a":
-        order = "<" if data[8:12] == b"\x4d\x3c\x2b\x1a" else ">"
-        pos = 0
-        while pos + 8 <= len(data):
-            block_type, length = struct.unpack_from(order + "II", data, pos)
-            if length < 12:
-                break
-            if block_type == 6:
-                spans.append((pos, pos + length))
-            pos += length
-    else:
-        order = "<" if data[:4] in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
-        pos = 24
-        while pos + 16 <= len(data):
-            (incl_len,) = struct.unpack_from(order + "I", data, pos + 8)
-            spans.append((pos, pos + 16 + incl_len))
-            pos += 16 + incl_len
-    return spans
 
 
 def duplicate_packet(data: bytes, which: int) -> bytes:

@@ -40,7 +40,9 @@ class PcapWriter:
 
     def __init__(self, target: str | os.PathLike | BinaryIO, *, snaplen: int = 262_144) -> None:
         if isinstance(target, (str, os.PathLike)):
-            self._file: BinaryIO = open(target, "wb")  # noqa: SIM115 - closed by close()
+            # Unbuffered, one write per packet: a recorder killed -9 leaves every packet
+            # it wrote whole, so the capture reads to the moment it died.
+            self._file: BinaryIO = open(target, "wb", buffering=0)  # noqa: SIM115 - closed by close()
             self._owned = True
         else:
             self._file = target
@@ -54,8 +56,7 @@ class PcapWriter:
         sec = int(ts)
         usec = min(int(round((ts - sec) * 1_000_000)), 999_999)
         captured = frame[: self.snaplen]
-        self._file.write(struct.pack("<IIII", sec, usec, len(captured), len(frame)))
-        self._file.write(captured)
+        self._file.write(struct.pack("<IIII", sec, usec, len(captured), len(frame)) + captured)
         self.packets += 1
 
     def flush(self) -> None:

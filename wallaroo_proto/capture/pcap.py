@@ -63,16 +63,27 @@ _PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 MAX_RECORD = 16 * 1024 * 1024
 _CHUNK = 1 << 20
 
+#: What a capture cut short (``CaptureError.cut``) still gives its reader.
+CUT_NOTE = "(the capture is cut short there; every packet before it was read)"
+
 Segment = tuple[int, int, tuple[bytes, int, bytes, int], int, int, bytes]
 
 
 class CaptureError(Exception):
-    """A capture file that cannot be read (further): what, and where."""
+    """A capture file that cannot be read (further): what, and where.
 
-    def __init__(self, what: str, *, packet: int | None = None, offset: int | None = None) -> None:
+    ``cut`` marks a file that simply ends mid-packet, as a recorder killed while
+    writing leaves it: everything before the cut is sound, so readers report it
+    as a found problem rather than as unusable input.
+    """
+
+    def __init__(
+        self, what: str, *, packet: int | None = None, offset: int | None = None, cut: bool = False
+    ) -> None:
         self.what = what
         self.packet = packet
         self.offset = offset
+        self.cut = cut
         super().__init__(what)
 
     def __str__(self) -> str:
@@ -175,6 +186,7 @@ def _read_pcap(f: BinaryIO, magic: bytes, stats: dict) -> Iterator[Segment]:
                         f"truncated record header ({len(buf)} of 16 bytes): the file ends mid-packet",
                         packet=number + 1,
                         offset=base,
+                        cut=True,
                     )
                 break
         number += 1
@@ -196,6 +208,7 @@ def _read_pcap(f: BinaryIO, magic: bytes, stats: dict) -> Iterator[Segment]:
                     f"truncated packet: {caplen} bytes captured, only {len(buf) - 16} left in the file",
                     packet=number,
                     offset=base,
+                    cut=True,
                 )
         b = pos + 16  # the packet's first byte
         pos = end
@@ -275,6 +288,7 @@ def _read_pcapng(f: BinaryIO, stats: dict) -> Iterator[Segment]:
                     f"truncated or damaged pcapng block ({end - start} bytes left unread)",
                     packet=number + 1,
                     offset=start,
+                    cut=_ends_mid_block(f, start, end, reader.endian),
                 ) from None
             break
         except Scapy_Exception as err:
@@ -294,6 +308,19 @@ def _read_pcapng(f: BinaryIO, stats: dict) -> Iterator[Segment]:
     stats["packets"] = number
     stats["tcp"] = tcp
     stats["skipped"] = number - tcp
+
+
+def _ends_mid_block(f: BinaryIO, start: int, end: int, endian: str) -> bool:
+    """Whether the block at ``start`` declares a sound length that runs past the file's end: a cut."""
+    try:
+        f.seek(start)
+        head = f.read(8)
+    except (OSError, ValueError):
+        return False
+    if len(head) < 8:
+        return True
+    _kind, length = struct.unpack(endian + "II", head)
+    return length >= 12 and length % 4 == 0 and start + length > end
 
 
 # --- link, IP and TCP headers ------------------------------------------------

@@ -36,6 +36,7 @@ def build_report(
                 builder.feed(record)
         except CaptureError as err:
             capture.error = str(err)
+            capture.cut = err.cut
         except OSError as err:
             capture.error = err.strerror or str(err)
         capture.connections = builder.finish()

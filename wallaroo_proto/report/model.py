@@ -244,6 +244,8 @@ class CaptureReport:
     name: str
     connections: list[ConnectionReport] = field(default_factory=list)
     error: str | None = None
+    #: The error is only that the file ends mid-packet: what came before is whole.
+    cut: bool = False
 
     @property
     def start(self) -> float | None:
