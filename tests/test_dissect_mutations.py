@@ -1,5 +1,6 @@
-"""dissect on damaged captures: any mutation of a sample capture, through every view, ends with
-exit 0, 1 or 2 and a message, never a traceback.
+"""dissect and report on damaged captures: any mutation of a sample capture, through every view
+and through the report, ends with exit 0, 1 or 2 and a message, never a traceback. Each
+protocol's samples get their own examples.
 
 Mutations are those a broken disk, a cut transfer or a bad capture tool make: byte flips,
 truncation, inserted and deleted bytes, duplicated packets. The command runs in-process
@@ -13,11 +14,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 from support import packet_spans
 from wallaroo_proto_cli.dissect import _fields, _Filter, _RichFrames, command
+from wallaroo_proto_cli.report import command as report_command
 
 from wallaroo_proto.capture.dissector import dissect
 from wallaroo_proto.records import to_json
@@ -84,11 +86,19 @@ def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("mutations")
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(sample=st.sampled_from(sorted(SAMPLES)), mutations=st.lists(mutation, min_size=1, max_size=4))
-@example(sample="sink-2pc-ns.pcapng", mutations=[("flip", 409, 0x01)])  # a HELLO cut short: framing breaks
-@example(sample="sink-2pc-ns.pcapng", mutations=[("flip", 48, 0x09)])  # if_tsresol 0: years past 9999
-def test_any_mutation_through_any_view_exits_cleanly(workdir, sample, mutations):
+def protocol_of(sample: str) -> str:
+    """The sample's protocol, by its name's prefix (captures/README.md); the rest are Wallaroo's."""
+    prefix = sample.split("-", 1)[0]
+    return prefix if prefix in ("kinesis", "dcp", "ambrosia", "tremor") else "wallaroo"
+
+
+BY_PROTOCOL = {
+    p: sorted(s for s in SAMPLES if protocol_of(s) == p) for p in ("wallaroo", "dcp", "ambrosia", "tremor")
+}
+
+
+def check_every_view(workdir: Path, sample: str, mutations: list) -> None:
+    """The mutated capture through the dissector and every view: clean exits, no traceback."""
     data = SAMPLES[sample]
     for m in mutations:
         data = apply(data, m)
@@ -108,6 +118,42 @@ def test_any_mutation_through_any_view_exits_cleanly(workdir, sample, mutations)
         )
         assert result.exit_code in (0, 1, 2), (where, result.exit_code, result.output)
         assert "Traceback" not in result.stdout and "Traceback" not in result.stderr, where
+
+
+# Per protocol, so that each gets its share of examples whatever the number of samples.
+@pytest.mark.parametrize("protocol", sorted(BY_PROTOCOL))
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), mutations=st.lists(mutation, min_size=1, max_size=4))
+def test_any_mutation_through_any_view_exits_cleanly(workdir, protocol, data, mutations):
+    check_every_view(workdir, data.draw(st.sampled_from(BY_PROTOCOL[protocol])), mutations)
+
+
+@pytest.mark.parametrize(
+    ("sample", "mutations"),
+    [
+        ("sink-2pc-ns.pcapng", [("flip", 409, 0x01)]),  # a HELLO cut short: framing breaks
+        ("sink-2pc-ns.pcapng", [("flip", 48, 0x09)]),  # if_tsresol 0: years past 9999
+    ],
+)
+def test_mutations_found_before(workdir, sample, mutations):
+    check_every_view(workdir, sample, mutations)
+
+
+@pytest.mark.parametrize("protocol", sorted(BY_PROTOCOL))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), mutations=st.lists(mutation, min_size=1, max_size=4))
+def test_any_mutation_through_report_exits_cleanly(workdir, protocol, data, mutations):
+    sample = data.draw(st.sampled_from(BY_PROTOCOL[protocol]))
+    captured = SAMPLES[sample]
+    for m in mutations:
+        captured = apply(captured, m)
+    path = workdir / f"report-{sample}"
+    path.write_bytes(captured)
+    result = CliRunner().invoke(report_command, [str(path), "-o", str(workdir / "report.html")])
+    where = f"report on {sample} mutated by {mutations}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), (where, result.exc_info)
+    assert result.exit_code in (0, 1, 2), (where, result.exit_code, result.output)
+    assert "Traceback" not in result.output, where
 
 
 def test_the_mutations_do_what_they_say():
