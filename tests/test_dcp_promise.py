@@ -3,8 +3,12 @@ finally streams to the end holds the producer's latest state of every vbucket.
 
 Each seed plays rounds. A round starts the producer from its --state (after the first round it may
 fail over, losing its newest items, and it adds new ones), starts the consumer from its own --state,
-and at a random moment kills one of them with SIGKILL (or lets the consumer finish). The last round
-runs to the end; then the consumer's items must equal the producer's.
+and kills one of them with SIGKILL. The last round runs to the end; then the consumer's items must
+equal the producer's.
+
+The strike lands mid-run by construction: until the last round the consumer follows (--follow, so
+it never ends by itself), and the strike waits for observed progress, not for a time: the
+consumer's first save of the round (a completed snapshot, or a rollback's truncation).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import random
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from support import COMMAND, Server
@@ -44,6 +49,7 @@ def test_copy_equals_the_producer_after_failovers_and_kills(tmp_path, seed):
         if round_ and rng.random() < 0.7:
             args += ["--failover", str(rng.randint(0, 80))]
         server = Server("dcp", "mock-producer", "--port", "0", *args)
+        before = saved(cstate)
         consumer = subprocess.Popen(
             [
                 *COMMAND,
@@ -57,7 +63,7 @@ def test_copy_equals_the_producer_after_failovers_and_kills(tmp_path, seed):
                 str(rng.choice([0, 2000, 50_000])),
                 "--format",
                 "json",
-                *(["--out", str(out)] if last else []),
+                *(["--out", str(out)] if last else ["--follow"]),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -67,7 +73,11 @@ def test_copy_equals_the_producer_after_failovers_and_kills(tmp_path, seed):
         story.append((args, victim))
         try:
             if victim is not None:
-                time.sleep(rng.uniform(0.0, 0.6))  # the moment of the crash, not a wait for anything
+                deadline = time.monotonic() + 120
+                while saved(cstate) == before:
+                    assert consumer.poll() is None, (story, consumer.communicate()[1])
+                    assert time.monotonic() < deadline, "the consumer saved nothing in 120 s"
+                    time.sleep(0.005)
                 if victim == "producer":
                     server.kill()
                 else:
@@ -87,3 +97,11 @@ def test_copy_equals_the_producer_after_failovers_and_kills(tmp_path, seed):
         if consumer.returncode == 1:  # lost its producer: it says so, nothing else
             assert "connection lost" in stdout or "connection" in stderr, stderr
     assert consumer_items(out) == producer_items(pstate), story
+
+
+def saved(cstate: Path) -> str | None:
+    """The consumer's saved copy (replaced atomically, so never half written); None before the first."""
+    try:
+        return cstate.read_text()
+    except FileNotFoundError:
+        return None
