@@ -185,7 +185,7 @@ def command(
     out = Console()
     if not out.is_terminal:
         out = Console(width=200)  # a pipe or a file: wide rows rather than folded cells
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     conf = []
     for item in confs:
         key, sep, value = item.partition("=")
@@ -193,9 +193,11 @@ def command(
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--conf")
         conf.append((key.strip(), value.strip()))
 
+    from py4j.protocol import Py4JJavaError
+
     from wallaroo_proto.spark import frames as frames_mod
     from wallaroo_proto.spark import jobs
-    from wallaroo_proto.spark.session import SparkStartError, build_session, stop_session
+    from wallaroo_proto.spark.session import SparkStartError, build_session, spark_failure, stop_session
 
     if job:
         try:
@@ -240,6 +242,9 @@ def command(
     except KeyboardInterrupt:
         err.print("[yellow]spark-replay: interrupted; stopping Spark[/yellow]")
         code = EXIT_INTERRUPTED
+    except Py4JJavaError as exc:  # Spark itself failed (a master that gave up on us...): one line, no stack
+        err.print(f"[red]spark-replay: Spark failed: {spark_failure(spark, exc)}[/red]")
+        code = EXIT_PROBLEM
     finally:
         stop_session(spark)
     raise SystemExit(code)

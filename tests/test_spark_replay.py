@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import socket
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -316,7 +317,7 @@ def test_example_job_puts_times_that_are_not_milliseconds_in_a_null_window(spark
 
 
 @pytest.mark.timeout(480)
-def test_sql_over_the_views(spark, captures, replayed):
+def test_sql_over_the_views(spark, captures, replayed, capfd):
     _, _, tables = replayed
     jobs.register_views(tables)
     query = (
@@ -324,8 +325,11 @@ def test_sql_over_the_views(spark, captures, replayed):
     )
     row = jobs.run_sql(spark, query).collect()[0]
     assert row["n"] == 2
+    capfd.readouterr()
     with pytest.raises(jobs.JobError, match="--sql failed"):
         jobs.run_sql(spark, "SELECT nope FROM frames")
+    # The error is reported once, by the caller: PySpark's own JSON log of it, with the Java stack, is off.
+    assert "UNRESOLVED_COLUMN" not in capfd.readouterr().err
     with pytest.raises(jobs.JobError, match="MODULE:FUNCTION"):
         jobs.load_job("no_colon_here")
 
@@ -420,3 +424,18 @@ def test_jsonl_rows_of_the_sink_capture(replayed_everything):
     per_type = {r["type"]: r["n"] for r in replay.tables["sql"]}
     assert sum(per_type.values()) == pq.read_table(replay.output / "frames").num_rows
     assert per_type["MESSAGE"] > 0 and {"window_start", "key", "messages"} <= set(replay.tables["job"][0])
+
+
+def test_an_unreachable_master_is_one_line_at_once(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    result = run_cli(
+        "spark-replay",
+        str(Path(__file__).resolve().parent.parent / "captures" / "dcp-stream.pcap"),
+        "--master",
+        f"spark://127.0.0.1:{port}",
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"cannot reach the Spark master 'spark://127.0.0.1:{port}'" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import threading
@@ -52,6 +53,37 @@ class SparkStartError(Exception):
 
 def is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[") or master.startswith("local-cluster[")
+
+
+#: Seconds to wait for a standalone master's port before giving up (Spark itself would try for 60).
+MASTER_CONNECT_TIMEOUT = 10.0
+
+
+def check_master_reachable(master: str, timeout: float = MASTER_CONNECT_TIMEOUT) -> None:
+    """Refuse a standalone master nobody listens at, at once: Spark would retry for a minute,
+    then fail with a stack trace about a stopped context."""
+    if not master.startswith("spark://"):
+        return
+    reasons = []
+    for address in master[len("spark://") :].split(","):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise SparkStartError(f"master {master!r}: {address!r} is not HOST:PORT")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+            return
+        except OSError as err:
+            reasons.append(f"{address}: {err.strerror or err}")
+    raise SparkStartError(f"cannot reach the Spark master {master!r} ({'; '.join(reasons)})")
+
+
+def quiet_query_errors() -> None:
+    """PySpark logs every failed query, with its Java stack, as JSON on stderr before raising it;
+    the caller already reports the error in one line."""
+    from pyspark.logger import PySparkLogger
+
+    for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
+        PySparkLogger.getLogger(name).disabled = True
 
 
 def package_zip(directory: str | os.PathLike) -> Path:
@@ -128,21 +160,26 @@ def build_session(
     for key, value in conf:
         spark_conf.set(key, value)
 
+    quiet_query_errors()
     if SparkContext._active_spark_context is None:
+        check_master_reachable(master)
         log = open(log_path, "ab")  # noqa: SIM115 - the JVM keeps its own copy of the descriptor
         try:
             gateway = SparkContext._gateway
             if gateway is None:
                 gateway = launch_gateway(spark_conf, popen_kwargs={"stdout": log, "stderr": log})
             sc = SparkContext(conf=spark_conf, gateway=gateway)
-        except Exception as err:  # Java missing, bad master URL, port trouble...
+            # A master that took the connection but never registered us stops the context here.
+            ship_package(sc, workdir)
+        except Exception as err:  # Java missing, bad master URL, port trouble, an unresponsive master...
             reason = _log_reason(log_path) or _first_line(err)
+            if SparkContext._active_spark_context is not None:
+                SparkContext._active_spark_context.stop()
             raise SparkStartError(
                 f"Spark did not start on master {master!r}: {reason} (log: {log_path})"
             ) from None
         finally:
             log.close()
-        ship_package(sc, workdir)
     else:
         sc = SparkContext.getOrCreate(spark_conf)  # joined: it was given our package when it started
     sc.setLogLevel(log_level)
@@ -161,12 +198,22 @@ def stop_session(spark: SparkSession) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def spark_failure(spark: SparkSession, err: BaseException) -> str:
+    """Why Spark failed under a running session, in one line: the JVM log's reason or the error."""
+    log_path = getattr(spark, "_wallaroo_log", None)
+    reason = (_log_reason(log_path) if log_path else None) or _first_line(err)
+    return f"{reason} (log: {log_path})" if log_path else reason
+
+
 def _log_reason(log_path: Path) -> str | None:
     """The last exception line the JVM logged (e.g. why a master URL was refused)."""
     try:
         lines = log_path.read_text(errors="replace").splitlines()
     except OSError:
         return None
+    for line in lines:  # a scheduler that gave up says why (an unresponsive master)
+        if "Application has been killed. Reason: " in line:
+            return line.split("Reason: ", 1)[1].strip()[:300]
     for line in reversed(lines):
         if "Exception:" in line or "Error:" in line:
             return line.strip()[:300]
