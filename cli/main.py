@@ -56,6 +56,13 @@ class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(SUBCOMMANDS)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:
+        """As click's, with the nearest command names for a mistyped one (as click gives a plain group)."""
+        name = args[0]
+        if name not in SUBCOMMANDS and not name.startswith("-") and not ctx.resilient_parsing:
+            raise click.exceptions.NoSuchCommand(name, possibilities=SUBCOMMANDS, ctx=ctx)
+        return super().resolve_command(ctx, args)
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         entry = SUBCOMMANDS.get(cmd_name)
         if entry is None:
