@@ -104,9 +104,7 @@ def mock_node(
     ..."}}``) and the others carry on. Exit 0 after a signal, 2 on bad usage.
     """
     faults = Faults(refuse=refuse, drop_after=drop_after, delay=delay / 1000, malformed_after=malformed_after)
-    node = MockNode(
-        host, port, faults, log=lambda line: click.echo(f"tremor mock-node: violation: {line}", err=True)
-    )
+    node = MockNode(host, port, faults, log=lambda line: click.echo(f"tremor mock-node: {line}", err=True))
     asyncio.run(_run_node(node))
     stats = node.stats.as_dict()
     if fmt == "json":

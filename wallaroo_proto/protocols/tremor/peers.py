@@ -63,6 +63,7 @@ class NodeStats:
     messages_in: int = 0
     messages_out: int = 0
     violations: int = 0
+    internal_errors: int = 0
     dropped: int = 0
     violation_list: list[str] = field(default_factory=list)
 
@@ -120,6 +121,11 @@ class MockNode:
             await conn.run()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # a peer gone, or the node stopping: either way this connection is over
+        except Exception as err:  # noqa: BLE001 - the node's own bug: one line, this peer closed
+            self.stats.internal_errors += 1
+            self.log(f"session {conn.node.ident}: internal error: {type(err).__name__}: {err}"[:300])
+            with contextlib.suppress(Exception):
+                conn.close(CloseReason.INTERNAL_ERROR, "internal error")
         finally:
             conn.node.gone()
             self._live.discard(conn)
@@ -163,7 +169,7 @@ class _NodeConnection:
         line = f"session {self.node.ident}: {reason}"
         if len(stats.violation_list) < 100:
             stats.violation_list.append(line)
-        self.server.log(line)
+        self.server.log(f"violation: {line}")
 
     def deliver(self, text: str) -> None:
         if self.writer.transport.get_write_buffer_size() > MAX_BACKLOG:
@@ -226,6 +232,9 @@ class _NodeConnection:
                     out = self.node.receive(text)
                     if out.violation is not None:
                         self.violation(out.violation)
+                    if out.internal is not None:
+                        stats.internal_errors += 1
+                        self.server.log(f"session {self.node.ident}: internal error: {out.internal}")
                     if faults.delay:
                         await self.writer.drain()
                         await asyncio.sleep(faults.delay)
