@@ -130,3 +130,14 @@ def test_values_the_node_could_not_send_back_get_the_error_close_and_one_log_lin
     assert rc == 0 and "Traceback" not in err
     assert len([line for line in err.splitlines() if "violation" in line]) == 3, err
     assert json.loads(out.splitlines()[-1])["internal_errors"] == 0
+
+
+def test_handshake_and_write_timeouts_are_options():
+    with node("--handshake-timeout", "1", "--write-timeout", "5") as n:
+        raw = socket.create_connection((n.host, n.port), timeout=60)
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and no more
+        assert raw.recv(4096).startswith(b"HTTP/1.1 408 ")
+        raw.close()
+        rc, out, err = n.stop(signal.SIGTERM)
+    assert rc == 0 and "no WebSocket upgrade within 1 s" in err
+    assert json.loads(out.splitlines()[-1])["timeouts"] == 1
