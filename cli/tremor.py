@@ -93,9 +93,31 @@ async def _run_node(node: MockNode) -> bool:
     metavar="N",
     help="Fault: a connection's Nth message from the node is cut short (not JSON).",
 )
+@click.option(
+    "--write-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Abort a connection that reads nothing of our frames for this many seconds (0: never).",
+)
+@click.option(
+    "--handshake-timeout",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="Answer 408 and close a connection with no full upgrade request in this many seconds (0: never).",
+)
 @summary_format
 def mock_node(
-    host: str, port: int, refuse: bool, drop_after: int, delay: float, malformed_after: int, fmt: str
+    host: str,
+    port: int,
+    refuse: bool,
+    drop_after: int,
+    delay: float,
+    malformed_after: int,
+    write_timeout: float,
+    handshake_timeout: float,
+    fmt: str,
 ) -> None:
     """Serve Tremor network-protocol sessions: echo and pub/sub streams over one WebSocket each.
 
@@ -105,7 +127,12 @@ def mock_node(
     """
     faults = Faults(refuse=refuse, drop_after=drop_after, delay=delay / 1000, malformed_after=malformed_after)
     node = MockNode(
-        host, port, faults, log=lambda line: click.echo(f"tremor mock-node: violation: {line}", err=True)
+        host,
+        port,
+        faults,
+        log=lambda line: click.echo(f"tremor mock-node: {line}", err=True),
+        write_timeout=write_timeout,
+        handshake_timeout=handshake_timeout,
     )
     asyncio.run(_run_node(node))
     stats = node.stats.as_dict()
@@ -116,7 +143,8 @@ def mock_node(
     out.print(
         f"tremor mock-node summary: {stats['connections']} connections, {stats['sessions']} sessions, "
         f"{stats['refused']} refused, {stats['dropped']} dropped, {stats['messages_in']:,} messages in, "
-        f"{stats['messages_out']:,} out, {stats['violations']} client violations"
+        f"{stats['messages_out']:,} out, {stats['violations']} client violations, "
+        f"{stats['timeouts']} timed out"
     )
     for line in stats["violation_list"]:
         out.print(f"  [red]violation[/] {line}")

@@ -287,3 +287,53 @@ def test_resync_never_invents_a_frame(keys, sizes, data):
     if after:  # from the first frame found on, nothing is skipped
         first = starts.index(after[0].offset)
         assert [f.offset for f in after] == starts[first:]
+
+
+# --------------------------------------------------------------------------- what the node takes as JSON
+
+
+@pytest.mark.parametrize(
+    ("text", "detail"),
+    [
+        ('{"e":NaN}', "NaN is not JSON"),
+        ('{"e":[Infinity]}', "Infinity is not JSON"),
+        ('{"e":-Infinity}', "-Infinity is not JSON"),
+        ('{"e":1e400}', "out of range"),
+        ('{"e":"\\ud800"}', "lone surrogate"),  # a high half with nothing after it
+        ('{"e":"a\\udfffb"}', "lone surrogate"),  # a low half on its own
+        ('{"\\ud800":1}', "lone surrogate"),  # in a key
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than 512"),
+        ('{"e":' * 513 + "1" + "}" * 513, "nested deeper than 512"),
+    ],
+)
+def test_values_no_json_text_could_send_back_are_malformed(text, detail):
+    """simd-json (the real node's parser) refuses NaN, Infinity and lone surrogates; the rest
+    Python would read but could not write back, so the node refuses them too (0.101)."""
+    with pytest.raises(m.MessageError) as err:
+        m.parse_json(text)
+    assert err.value.code == "0.101" and detail in err.value.detail
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ('{"e":"\\ud83d\\ude00"}', {"e": "\U0001f600"}),  # a surrogate pair is one character
+        ('{"e":"\\\\ud800"}', {"e": "\\ud800"}),  # an escaped backslash, then plain letters
+        ('{"e":"[[[[{{{{"}', {"e": "[[[[{{{{"}),  # brackets in strings do not nest
+        ('{"e":1.5e300}', {"e": 1.5e300}),
+    ],
+)
+def test_unusual_but_valid_json_is_taken(text, value):
+    assert m.parse_json(text) == value
+
+
+def test_nesting_up_to_the_limit_is_taken_and_echoed_back():
+    text = '{"e":' * 512 + "1" + "}" * 512
+    assert m.encode(m.parse(text)) == text
+
+
+@pytest.mark.parametrize("text", ['"snot"', '""', "42", "-1.5", "true", "null", "[1]"])
+def test_any_non_record_json_value_is_0_203(text):
+    with pytest.raises(m.MessageError) as err:
+        m.parse(text)
+    assert err.value.code == "0.203"

@@ -61,6 +61,11 @@ def test_rfc_echo_walkthrough_with_the_prototypes_ack():
         ),
         (['{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}', '{"p":{"frob":[]}}'], "0.202"),
         (['{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}', '{"p":42}'], "0.203"),
+        (['"snot"'], "0.203"),  # a bare string is a value like any other: not a record
+        (['""'], "0.203"),
+        (['"{\\"echo\\":1}"'], "0.203"),  # a string holding JSON text is still a string
+        (["42"], "0.203"),
+        ([CONNECT_ECHO, '{"echo":NaN}'], "0.101"),
     ],
 )
 def test_client_violations_and_their_codes(messages, code):
@@ -209,3 +214,104 @@ def test_pipelined_pubsub_requests_and_an_event_crossing_an_unsubscribe():
     fresh = Session()
     fresh.client('{"tremor":{"connect":{"protocol":"pubsub","alias":"q"}}}')
     assert fresh.server('{"q":{"data":1}}').reason == "pubsub data on a stream that never subscribed"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"e":NaN}',  # Python's json would take it and write back a NaN no JSON reader takes
+        '{"e":"\\ud800"}',  # a lone surrogate: taken, then unencodable as UTF-8 on the way out
+        "[" * 100_000 + "]" * 100_000,  # deeper than Python's recursion
+    ],
+)
+def test_node_closes_values_it_could_not_send_back_with_0_101(text):
+    n = _node(Broker(), 1)
+    n.receive('{"tremor":{"connect":{"protocol":"echo","alias":"e"}}}')
+    out = n.receive(text)
+    assert out.replies == ['{"tremor":{"close":"0.101: Malformed value - not a well-formed tremor value"}}']
+    assert out.close and out.violation and out.internal is None
+
+
+def test_node_survives_its_own_failure_with_the_prototypes_internal_error_close(monkeypatch):
+    n = _node(Broker(), 1)
+
+    def broken(_text):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(n, "_receive", broken)
+    out = n.receive('{"tremor":"version"}')
+    assert out.replies == ['{"tremor":{"close":"unknown server error"}}']
+    assert out.close and out.internal == "RuntimeError: boom"
+
+
+_JSONISH = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=6), c, max_size=3),
+    max_leaves=10,
+)
+_NASTY = st.sampled_from(
+    ["NaN", "-Infinity", "Infinity", '"\\ud800"', '"\\udc00x"', "1e999", "-1e999", "[" * 600 + "]" * 600]
+)
+
+
+def _message_text(draw_alias, value, nasty, where):
+    text = json.dumps({draw_alias: value})
+    if nasty is not None:  # put a value no JSON writer could produce somewhere inside
+        text = text[:where] + nasty + text[where:] if where < len(text) else text + nasty
+    return text
+
+
+_TEXTS = st.one_of(
+    st.text(max_size=40),  # anything at all
+    st.builds(
+        _message_text,
+        st.sampled_from(["e", "ps", "tremor", "nope"]),
+        _JSONISH,
+        st.none() | _NASTY,
+        st.integers(0, 60),
+    ),
+    st.builds(
+        lambda a, v, n: json.dumps({a: v}).replace("0", n, 1),
+        st.sampled_from(["e", "ps"]),
+        _JSONISH,
+        _NASTY,
+    ),
+    st.sampled_from(
+        [
+            '{"tremor":{"connect":{"protocol":"echo","alias":"e"}}}',
+            '{"tremor":{"connect":{"protocol":"pubsub","alias":"ps",'
+            '"properties":{"subscriptions":["/pipeline/a/out"],"publications":["/pipeline/a/out"]}}}}',
+            '{"ps":{"send":{"to":"/pipeline/a/out","data":0}}}',
+        ]
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(texts=st.lists(_TEXTS, max_size=12))
+def test_whatever_text_a_client_sends_the_node_answers_validly_or_closes_with_a_status(texts):
+    """Any text message gets replies a separate judge accepts, each encodable as UTF-8, or the
+    protocol's error close with a status code; never the node's own failure."""
+    node = NodeSession(Broker(), 1)
+    judge = Session()
+    for text in node.opened():
+        assert judge.server(text).ok
+    for text in texts:
+        judge.client(text)
+        out = node.receive(text)
+        assert out.internal is None, (text, out.internal)
+        replies = out.replies + [t for target, t in out.deliveries if target is node]
+        for reply in replies:
+            reply.encode("utf-8")
+            verdict = judge.server(reply)
+            assert verdict.ok, (text, reply, verdict.reason)
+        if out.close:
+            assert judge.state == "closed"
+            if out.violation is not None:
+                assert judge.error_close is not None and judge.error_close[:1].isdigit()
+            break
+    assert judge.owed() == 0

@@ -108,3 +108,36 @@ def test_sigterm_tells_open_sessions_the_node_is_going_away():
         c.close()
         rc, out, _ = n.stop(None)
     assert rc == 0 and json.loads(out.splitlines()[-1])["sessions"] == 1
+
+
+def test_values_the_node_could_not_send_back_get_the_error_close_and_one_log_line():
+    """NaN, a lone surrogate escape and 100,000 levels of nesting: each session ends with the
+    0.101 close and a Close frame, the node logs one line for each and serves on."""
+    texts = ['{"e":NaN}', '{"e":"\\ud800"}', "[" * 100_000 + "]" * 100_000]
+    with node() as n:
+        for text in texts:
+            c = MockClient(n.host, n.port, timeout=60)
+            c.connect()
+            c.send({"tremor": {"connect": {"protocol": "echo", "alias": "e"}}})
+            c.settle()
+            c.send(text)
+            c.settle()
+            c.receive(lambda: False, time.monotonic() + 60)
+            assert c.session.error_close == "0.101: Malformed value - not a well-formed tremor value"
+            assert c.ws_closed  # a Close frame, not a bare EOF
+            c.close()
+        rc, out, err = n.stop(signal.SIGTERM)
+    assert rc == 0 and "Traceback" not in err
+    assert len([line for line in err.splitlines() if "violation" in line]) == 3, err
+    assert json.loads(out.splitlines()[-1])["internal_errors"] == 0
+
+
+def test_handshake_and_write_timeouts_are_options():
+    with node("--handshake-timeout", "1", "--write-timeout", "5") as n:
+        raw = socket.create_connection((n.host, n.port), timeout=60)
+        raw.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n")  # and no more
+        assert raw.recv(4096).startswith(b"HTTP/1.1 408 ")
+        raw.close()
+        rc, out, err = n.stop(signal.SIGTERM)
+    assert rc == 0 and "no WebSocket upgrade within 1 s" in err
+    assert json.loads(out.splitlines()[-1])["timeouts"] == 1

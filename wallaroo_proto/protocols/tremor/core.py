@@ -43,8 +43,8 @@ from .messages import (
     VersionInfo,
     VersionRequest,
     dumps,
-    parse,
     parse_json,
+    parse_value,
 )
 
 CLIENT, SERVER = "client", "server"
@@ -148,11 +148,11 @@ class Session:
     # ------------------------------------------------------------------------- client
 
     def client(self, text: str | Any) -> Verdict:
-        """A message the client sent (its text, or its parsed JSON value)."""
+        """A message the client sent: its text, or its parsed record (a ``str`` is always text)."""
         self.client_messages += 1
         try:
             value = parse_json(text) if isinstance(text, str) else text
-            message = parse(value)
+            message = parse_value(value)
         except MessageError as err:
             return self._client_violation("INVALID", None, None, None, err.code, err.detail)
         try:
@@ -320,12 +320,12 @@ class Session:
     # ------------------------------------------------------------------------- server
 
     def server(self, text: str | Any) -> Verdict:
-        """A message the server sent (its text, or its parsed JSON value)."""
+        """A message the server sent: its text, or its parsed record (a ``str`` is always text)."""
         self.server_messages += 1
         first = self.server_messages == 1
         try:
             value = parse_json(text) if isinstance(text, str) else text
-            message = parse(value)
+            message = parse_value(value)
         except MessageError as err:
             self.violations += 1
             return Verdict(

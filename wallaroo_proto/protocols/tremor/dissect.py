@@ -18,7 +18,6 @@ from wallaroo_proto.capture.tracker import KEEP_VIOLATIONS, ConnectionTracker
 from wallaroo_proto.records import to_json
 
 from .core import CLIENT, SERVER, Session
-from .messages import MessageError, parse_json
 from .wsframes import (
     BINARY,
     CLOSE,
@@ -226,10 +225,6 @@ class TremorTracker(ConnectionTracker):
     def _message(self, direction: _Direction, record: dict, text: str, problems: list[str]) -> None:
         self.messages += 1
         session = self.session
-        try:
-            value = parse_json(text)
-        except MessageError:
-            value = text  # the judge says what is wrong with it
         other = self.dirs[not direction.client].half
         if other is not None and other.pending and not session.uncertain:
             # The other direction has a hole its later bytes wait behind: what it said is unknown.
@@ -237,7 +232,7 @@ class TremorTracker(ConnectionTracker):
                 f"{self.dir_label(self.dirs[not direction.client])}: bytes missing; answers no longer judged"
             )
             session.lost()
-        verdict = session.client(value) if direction.client else session.server(value)
+        verdict = session.client(text) if direction.client else session.server(text)
         record["type"] = verdict.type
         self.types[verdict.type] += 1
         record["message_json"] = text if len(text) <= _MAX_JSON_FIELD else text[:_MAX_JSON_FIELD] + "..."

@@ -24,7 +24,10 @@ stream              ``{"<alias>":<value>}``
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 CONTROL = "tremor"
@@ -182,17 +185,66 @@ def _string(value: Any, what: str) -> str:
     return value
 
 
+#: Deepest nesting of arrays and records a message may have. simd-json, the real node's parser,
+#: had no limit in 2021 and has 1024 since 2026; ours is lower so that every value taken can be
+#: compared and written back within Python's recursion budget.
+MAX_DEPTH = 512
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise MessageError("0.101", f"number {text[:40]} is out of range (no JSON text can say it back)")
+    return number
+
+
+def _constant(name: str) -> Any:
+    raise MessageError("0.101", f"{name} is not JSON (a JavaScript literal)")
+
+
+_decode = json.JSONDecoder(parse_float=_finite, parse_constant=_constant).decode
+
+
+def _nesting(text: str) -> int:
+    """How deep arrays and records nest in ``text``, brackets inside strings not counted."""
+    brackets = _STRING.sub("", text).encode("utf-8", "surrogatepass").translate(None, _NOT_BRACKETS)
+    return max(accumulate(map(_STEP.__getitem__, brackets)), default=0)
+
+
 def parse_json(text: str) -> Any:
-    """The JSON value of a text message; 0.101 when it is not one."""
+    """The JSON value of a text message; 0.101 when it is not one the node could send back.
+
+    As simd-json (the real node's parser) does, NaN and Infinity are refused, and so are
+    lone surrogate escapes (a Rust string cannot hold one); so are numbers beyond a double's
+    range and nesting deeper than MAX_DEPTH, which Python would read but not write back.
+    """
+    if text.count("[") + text.count("{") > MAX_DEPTH and _nesting(text) > MAX_DEPTH:
+        raise MessageError("0.101", f"nested deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(text)
+        value = _decode(text)
+    except MessageError:
+        raise
     except ValueError as err:
         raise MessageError("0.101", f"not JSON: {err}") from None
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text):
+        try:
+            _dumps(value).encode()
+        except UnicodeEncodeError:
+            raise MessageError("0.101", "a lone surrogate escape (not a Unicode character)") from None
+    return value
 
 
-def parse(text: str | Any) -> Message:
-    """A text message (or its already parsed JSON value) as a message; ``MessageError`` if refused."""
-    value = parse_json(text) if isinstance(text, str) else text
+def parse(text: str) -> Message:
+    """A text message as a message; ``MessageError`` if refused."""
+    return parse_value(parse_json(text))
+
+
+def parse_value(value: Any) -> Message:
+    """An already decoded JSON value as a message (a string is the value, not text to decode)."""
     if not isinstance(value, dict):
         raise MessageError("0.203", f"a message must be a record, not {type(value).__name__}")
     alias, body = _one_key(value, "a message")

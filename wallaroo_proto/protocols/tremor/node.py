@@ -10,10 +10,14 @@ session subscribed to its URL, as ``{"<alias>":{"data":..,"meta":{"url":..}}}``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, NamedTuple
 
 from .core import CLIENT, Session, full_url
 from .messages import CONTROL, VERSION, dumps, status_text
+
+#: The prototype's close text for a failure of its own (``prelude.rs``).
+INTERNAL_ERROR = "unknown server error"
 
 
 class Output(NamedTuple):
@@ -25,6 +29,8 @@ class Output(NamedTuple):
     deliveries: list[tuple[NodeSession, str]]
     #: The client's violation, if it made one: its reason.
     violation: str | None = None
+    #: The node's own failure on this message, if any (the session is closed as the prototype does).
+    internal: str | None = None
 
 
 class Broker:
@@ -80,7 +86,21 @@ class NodeSession:
         return [dumps(greeting)]
 
     def receive(self, text: str) -> Output:
-        """One text message from the client: the replies, whether to close, pub/sub deliveries."""
+        """One text message from the client: the replies, whether to close, pub/sub deliveries.
+
+        Never raises: a failure of the node's own ends the session with the prototype's
+        internal-error close, so one client's message cannot take the node down.
+        """
+        try:
+            return self._receive(text)
+        except Exception as err:  # noqa: BLE001 - the node's own bug, reported and survived
+            reply = {CONTROL: {"close": INTERNAL_ERROR}}
+            with contextlib.suppress(Exception):
+                self.session.server(reply)
+            self.broker.forget(self)
+            return Output([dumps(reply)], True, [], internal=f"{type(err).__name__}: {err}"[:200])
+
+    def _receive(self, text: str) -> Output:
         session = self.session
         verdict = session.client(text)
         if not verdict.ok:
@@ -89,7 +109,7 @@ class NodeSession:
         for answer in verdict.answers:
             judged = session.server(answer)
             if not judged.ok:  # the node's own bug: say so rather than send it
-                raise AssertionError(f"node answer judged a violation: {judged.reason}")
+                raise RuntimeError(f"the node's answer would break the protocol: {judged.reason}")
             replies.append(dumps(answer))
         deliveries: list[tuple[NodeSession, str]] = []
         if verdict.protocol == "pubsub" or verdict.type in ("connect", "disconnect", "close"):

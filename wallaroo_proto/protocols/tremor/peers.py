@@ -34,6 +34,7 @@ from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
+from wallaroo_proto.write_watch import WriteWatch
 
 from .core import Session
 from .messages import CONTROL, dumps
@@ -63,6 +64,8 @@ class NodeStats:
     messages_in: int = 0
     messages_out: int = 0
     violations: int = 0
+    timeouts: int = 0
+    internal_errors: int = 0
     dropped: int = 0
     violation_list: list[str] = field(default_factory=list)
 
@@ -79,10 +82,17 @@ class MockNode:
         port: int = DEFAULT_PORT,
         faults: Faults | None = None,
         log: Callable[[str], None] | None = None,
+        *,
+        write_timeout: float = 30.0,
+        handshake_timeout: float = 10.0,
     ) -> None:
         self.host = host
         self.port = port
         self.faults = faults or Faults()
+        #: Seconds a client may leave our bytes unacknowledged, with no progress (0: never).
+        self.write_timeout = write_timeout
+        #: Seconds from accepting a connection to its whole upgrade request (0: never).
+        self.handshake_timeout = handshake_timeout
         self.log = log or (lambda line: None)
         self.broker = Broker()
         self.stats = NodeStats()
@@ -120,7 +130,13 @@ class MockNode:
             await conn.run()
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass  # a peer gone, or the node stopping: either way this connection is over
+        except Exception as err:  # noqa: BLE001 - the node's own bug: one line, this peer closed
+            self.stats.internal_errors += 1
+            self.log(f"session {conn.node.ident}: internal error: {type(err).__name__}: {err}"[:300])
+            with contextlib.suppress(Exception):
+                conn.close(CloseReason.INTERNAL_ERROR, "internal error")
         finally:
+            conn.ended()
             conn.node.gone()
             self._live.discard(conn)
             self._tasks.discard(task)
@@ -143,6 +159,49 @@ class _NodeConnection:
         self.received = 0
         self.replies = 0
         self.closing = False
+        self.timed_out = False
+        self.watch = (
+            WriteWatch(writer.transport, server.write_timeout, self._stalled)
+            if server.write_timeout
+            else None
+        )
+        self._handshake = (
+            asyncio.get_running_loop().call_later(server.handshake_timeout, self._no_upgrade)
+            if server.handshake_timeout
+            else None
+        )
+
+    def _out(self, data: bytes) -> None:
+        self.writer.write(data)
+        if self.watch is not None:
+            self.watch.wrote(len(data))
+
+    def _stalled(self, pending: int) -> None:
+        self.timed_out = True
+        self.server.stats.timeouts += 1
+        self.server.log(
+            f"session {self.node.ident}: read nothing of ours for {self.server.write_timeout:g} s "
+            f"({pending} bytes waiting); connection aborted"
+        )
+
+    def _no_upgrade(self) -> None:
+        """A peer that has not finished its upgrade request in time (a slowloris, or one cut short)."""
+        self._handshake = None
+        self.timed_out = True
+        self.server.stats.timeouts += 1
+        self.server.log(
+            f"session {self.node.ident}: no WebSocket upgrade within {self.server.handshake_timeout:g} s; "
+            "answered 408 and closed"
+        )
+        with contextlib.suppress(LocalProtocolError):
+            self._out(self.ws.send(RejectConnection(status_code=408)))
+        self.writer.close()
+
+    def ended(self) -> None:
+        """The connection is over: no upgrade deadline; the write watch stays until our bytes are taken."""
+        if self._handshake is not None:
+            self._handshake.cancel()
+            self._handshake = None
 
     def _send_texts(self, texts: Iterable[str]) -> None:
         ws = self.ws
@@ -155,7 +214,7 @@ class _NodeConnection:
             if faults.malformed_after and self.replies == faults.malformed_after:
                 text = text[: max(1, len(text) // 2)]  # cut short: not JSON
             out += ws.send(TextMessage(data=text))
-        self.writer.write(out)
+        self._out(out)
 
     def violation(self, reason: str) -> None:
         stats = self.server.stats
@@ -163,7 +222,7 @@ class _NodeConnection:
         line = f"session {self.node.ident}: {reason}"
         if len(stats.violation_list) < 100:
             stats.violation_list.append(line)
-        self.server.log(line)
+        self.server.log(f"violation: {line}")
 
     def deliver(self, text: str) -> None:
         if self.writer.transport.get_write_buffer_size() > MAX_BACKLOG:
@@ -176,7 +235,7 @@ class _NodeConnection:
         """Send a Close frame (once the WebSocket is open); the read loop ends the connection."""
         if self.ws.state is ConnectionState.OPEN:
             data = self.ws.send(CloseConnection(code=code, reason=reason))
-            self.writer.write(data)
+            self._out(data)
         self.closing = True
 
     async def run(self) -> None:
@@ -185,24 +244,29 @@ class _NodeConnection:
         ws = self.ws
         while True:
             data = await self.reader.read(_READ)
+            if self.timed_out:
+                return
             try:
                 ws.receive_data(data or None)
                 events = list(ws.events())
             except RemoteProtocolError as err:
                 self.violation(f"WebSocket: {err}")
                 with contextlib.suppress(LocalProtocolError):
-                    self.writer.write(ws.send(err.event_hint) if err.event_hint else b"")
+                    self._out(ws.send(err.event_hint) if err.event_hint else b"")
                 await self.writer.drain()
                 return
             for event in events:
                 if isinstance(event, Request):
+                    if self._handshake is not None:
+                        self._handshake.cancel()
+                        self._handshake = None
                     if faults.refuse:
                         stats.refused += 1
-                        self.writer.write(ws.send(RejectConnection(status_code=503)))
+                        self._out(ws.send(RejectConnection(status_code=503)))
                         await self.writer.drain()
                         return
                     stats.sessions += 1
-                    self.writer.write(ws.send(AcceptConnection()))
+                    self._out(ws.send(AcceptConnection()))
                     greeting = self.node.opened()
                     self._send_texts(greeting)
                     stats.messages_out += len(greeting)
@@ -226,6 +290,9 @@ class _NodeConnection:
                     out = self.node.receive(text)
                     if out.violation is not None:
                         self.violation(out.violation)
+                    if out.internal is not None:
+                        stats.internal_errors += 1
+                        self.server.log(f"session {self.node.ident}: internal error: {out.internal}")
                     if faults.delay:
                         await self.writer.drain()
                         await asyncio.sleep(faults.delay)
@@ -242,18 +309,18 @@ class _NodeConnection:
                     break
                 elif isinstance(event, CloseConnection):
                     if ws.state is ConnectionState.REMOTE_CLOSING:
-                        self.writer.write(ws.send(event.response()))
+                        self._out(ws.send(event.response()))
                     elif ws.state is ConnectionState.OPEN:
                         # wsproto's word for a frame it cannot parse: fail the connection (RFC 6455 7.1.7),
                         # a Close frame with its code, then hang up without waiting for an answer.
                         self.violation(f"WebSocket: {event.reason} (closed with {event.code})")
-                        self.writer.write(ws.send(CloseConnection(code=event.code, reason=event.reason)))
+                        self._out(ws.send(CloseConnection(code=event.code, reason=event.reason)))
                         await self.writer.drain()
                         return
                     self.closing = True
                     break
                 elif isinstance(event, Ping):
-                    self.writer.write(ws.send(event.response()))
+                    self._out(ws.send(event.response()))
             await self.writer.drain()
             if self.closing or not data:
                 if self.closing and ws.state is not ConnectionState.CLOSED:

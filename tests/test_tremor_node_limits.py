@@ -1,0 +1,141 @@
+"""Tremor mock-node in-process over loopback: its own failures and the peers that would hold it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, Request, TextMessage
+
+from wallaroo_proto.protocols.tremor import peers
+from wallaroo_proto.protocols.tremor.peers import MockClient, MockNode
+
+
+def _serve(node: MockNode, client_side) -> object:
+    """Run ``client_side(host, port)`` in a thread while the node serves; its result."""
+
+    async def main():
+        host, port = await node.start()
+        try:
+            return await asyncio.to_thread(client_side, host, port)
+        finally:
+            await node.stop()
+
+    return asyncio.run(main())
+
+
+def test_a_failure_of_the_nodes_own_closes_that_connection_with_1011_and_one_line(monkeypatch):
+    def broken(self, texts):
+        raise UnicodeEncodeError("utf-8", "\ud800", 0, 1, "surrogates not allowed")
+
+    lines: list[str] = []
+    node = MockNode(port=0, log=lines.append)
+    monkeypatch.setattr(peers._NodeConnection, "_send_texts", broken)
+
+    def client(host, port):
+        c = MockClient(host, port, timeout=60)
+        c.connect()  # the upgrade is accepted; sending the greeting after it fails
+        c.receive(lambda: False, time.monotonic() + 60)
+        c.close()
+        return c.closed_by_server
+
+    assert _serve(node, client) == 1011
+    assert node.stats.internal_errors == 1
+    assert lines == [
+        "session 1: internal error: UnicodeEncodeError: 'utf-8' codec can't encode "
+        "character '\\ud800' in position 0: surrogates not allowed"
+    ]
+
+
+_UPGRADE = (
+    b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+
+
+def _read_to_eof(sock: socket.socket, deadline: float) -> bytes:
+    got = b""
+    while time.monotonic() < deadline:
+        sock.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            data = sock.recv(4096)
+        except (ConnectionResetError, TimeoutError):
+            break
+        if not data:
+            break
+        got += data
+    return got
+
+
+def test_a_slowloris_and_a_cut_short_upgrade_get_408_at_the_handshake_deadline():
+    lines: list[str] = []
+    node = MockNode(port=0, log=lines.append, handshake_timeout=1.0)
+
+    def peers_(host, port):
+        slow = socket.create_connection((host, port), timeout=60)
+        cut = socket.create_connection((host, port), timeout=60)
+        cut.sendall(_UPGRADE[:40])  # then silence
+        deadline = time.monotonic() + 60
+        answer = b""
+        for byte in _UPGRADE[:-1]:  # one byte at a time, never the last
+            try:
+                slow.sendall(bytes([byte]))
+            except OSError:
+                break
+            slow.settimeout(0.05)
+            with contextlib.suppress(TimeoutError):
+                answer += slow.recv(4096)
+            if answer or time.monotonic() > deadline:
+                break
+        answer += _read_to_eof(slow, deadline)
+        return answer, _read_to_eof(cut, deadline)
+
+    slow, cut = _serve(node, peers_)
+    assert slow.startswith(b"HTTP/1.1 408 ") and cut.startswith(b"HTTP/1.1 408 ")
+    assert node.stats.timeouts == 2 and node.stats.sessions == 0
+    assert all("no WebSocket upgrade within 1 s; answered 408 and closed" in line for line in lines)
+    assert len(lines) == 2
+
+
+def test_a_peer_that_never_reads_is_aborted_at_the_write_timeout_and_the_others_carry_on():
+    lines: list[str] = []
+    node = MockNode(port=0, log=lines.append, write_timeout=1.0)
+
+    def peers_(host, port):
+        good = MockClient(host, port, timeout=60)
+        good.connect()
+        good.send({"tremor": {"connect": {"protocol": "echo", "alias": "e"}}})
+        good.settle()
+        stuck = socket.socket()
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills at once
+        stuck.connect((host, port))
+        ws = WSConnection(ConnectionType.CLIENT)
+        stuck.sendall(ws.send(Request(host="x", target="/")))
+        stuck.settimeout(60)
+        while not any(isinstance(e, AcceptConnection) for e in ws.events()):
+            ws.receive_data(stuck.recv(4096))  # the upgrade's answer, and nothing more is ever read
+        stuck.sendall(ws.send(TextMessage(data='{"tremor":{"connect":{"protocol":"echo","alias":"e"}}}')))
+        echo = ws.send(TextMessage(data='{"e":"' + "x" * 65536 + '"}'))
+        deadline = time.monotonic() + 120
+        reset = False
+        while time.monotonic() < deadline and not reset:  # echoes it never reads the answers of
+            stuck.settimeout(0.5)
+            try:
+                stuck.sendall(echo)
+            except TimeoutError:
+                continue  # the node stopped reading too; its watch goes on
+            except OSError:
+                reset = True
+        good.send({"e": "still served"})
+        good.settle()
+        ok = good.session.violations == 0 and good.problems == []
+        good.close()
+        return reset, ok
+
+    reset, ok = _serve(node, peers_)
+    assert reset and ok
+    assert node.stats.timeouts == 1
+    assert len(lines) == 1 and "read nothing of ours for 1 s" in lines[0] and "connection aborted" in lines[0]
