@@ -247,7 +247,7 @@ def mock_lb(**opts) -> None:
     Connects to the IC's receive port, then its send port; follows first
     start or recovery, answers checkpoint requests with its state, applies
     RPCs and sends its self calls; ends when the IC closes. Exit 0, 1 if the
-    IC broke a rule or could not be reached, 130 if interrupted.
+    IC broke a rule, could not be reached or reset a socket, 130 if interrupted.
     """
     config = LbConfig(
         host=opts["host"],
@@ -278,7 +278,9 @@ def mock_lb(**opts) -> None:
         )
         for v in summary["violations"]:
             out.print(f"[bold red]VIOLATION[/] {v}")
+        if summary["lost"]:
+            out.print(f"[bold red]LOST[/] {summary['lost']}")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
-    if summary["violations"]:
+    if summary["violations"] or summary["lost"]:
         sys.exit(1)
