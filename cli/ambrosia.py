@@ -112,6 +112,8 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
         out.print(
             f"last checkpoint: before record {last['seq']}, {last['bytes']} bytes, state {last['state']}"
         )
+    if s["stalls"]:
+        out.print(f"{s['stalls']} LB connections reset for reading nothing (--write-timeout)")
     for v in s["violations"]:
         out.print(f"[bold red]VIOLATION[/] {v}")
 
@@ -163,6 +165,13 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
     help="current: an upgrade's checkpoint is followed by TakeCheckpoint; seed: it is not.",
 )
 @click.option("--keep-open", is_flag=True, help="Stay up after every RPC is in (until SIGTERM).")
+@click.option(
+    "--write-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Reset an LB that reads nothing of the records for this many seconds (0: never).",
+)
 @click.option("--record", default=None, help="Write both sockets' traffic to this pcap.")
 @summary_format
 def mock_ic(**opts) -> None:
@@ -171,8 +180,9 @@ def mock_ic(**opts) -> None:
     Listens on the receive port, then (once an LB connected there) on the send
     port; runs a first start, or a recovery from --log-dir; delivers the RPCs
     in log records, asks for checkpoints and stores them; ends once every RPC
-    and the last checkpoint are in. Exit 0, 1 if the LB broke a rule, 130 if
-    interrupted.
+    and the last checkpoint are in. An LB that breaks a rule ends it (both
+    sockets closed, as the real IC's OnError does). Exit 0, 1 if the LB broke a
+    rule, 130 if interrupted.
     """
     if opts["input_path"] is not None:
         source = RpcSource(lines=_read_lines(opts["input_path"]), method_id=opts["method_id"])
@@ -194,6 +204,7 @@ def mock_ic(**opts) -> None:
         upgrade=opts["upgrade"],
         dialect=opts["dialect"],
         keep_open=opts["keep_open"],
+        write_timeout=opts["write_timeout"],
         record=opts["record"],
         log=_log("ambrosia mock-ic"),
     )
@@ -247,7 +258,7 @@ def mock_lb(**opts) -> None:
     Connects to the IC's receive port, then its send port; follows first
     start or recovery, answers checkpoint requests with its state, applies
     RPCs and sends its self calls; ends when the IC closes. Exit 0, 1 if the
-    IC broke a rule or could not be reached, 130 if interrupted.
+    IC broke a rule, could not be reached or reset a socket, 130 if interrupted.
     """
     config = LbConfig(
         host=opts["host"],
@@ -278,7 +289,9 @@ def mock_lb(**opts) -> None:
         )
         for v in summary["violations"]:
             out.print(f"[bold red]VIOLATION[/] {v}")
+        if summary["lost"]:
+            out.print(f"[bold red]LOST[/] {summary['lost']}")
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
-    if summary["violations"]:
+    if summary["violations"] or summary["lost"]:
         sys.exit(1)

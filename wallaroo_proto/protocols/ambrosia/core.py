@@ -416,8 +416,15 @@ class Session:
 
     # --- both -------------------------------------------------------------------------------------
 
-    def close(self, side: str, blob_left: int) -> Verdict | None:
-        """``side``'s stream ended with ``blob_left`` checkpoint bytes still owed: a violation if any."""
+    def close(self, side: str, blob_left: int, partial: int = 0) -> Verdict | None:
+        """``side``'s stream ended with ``blob_left`` checkpoint bytes still owed, or ``partial`` bytes
+        of a record (IC) or message (LB) it never finished: a violation if any."""
+        if partial and not blob_left:
+            self.violations += 1
+            what = "record" if side == IC else "message"
+            return Verdict(
+                Kind.VIOLATION, (_violation("framing", f"{side} stream ended {partial} bytes into a {what}"),)
+            )
         if blob_left:
             self.violations += 1
             return Verdict(

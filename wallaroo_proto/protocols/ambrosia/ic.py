@@ -14,8 +14,10 @@ dropped, so each takes effect once. A checkpoint is asked for every
 ``checkpoint_every`` records, when the LB asks, and once all RPCs are in
 (the IC then closes both sockets unless ``keep_open``).
 
-An LB that goes away ends the run; the next LB to connect gets a recovery from
-the store, as a restarted IC would give. Faults: wrong check bytes on the wire
+An LB that breaks a rule ends the IC: both sockets closed, as the real IC's
+``OnError`` kills its local worker. An LB that goes away, or that reads none of
+the records for ``write_timeout`` seconds (reset then), ends the run; the next LB
+to connect gets a recovery from the store, as a restarted IC would give. Faults: wrong check bytes on the wire
 for one record, a skipped sequence id, a kill -9 of the IC right after a
 record is logged.
 """
@@ -59,6 +61,7 @@ from .codec import (
 )
 from .core import Session
 from .immortal import RpcSource
+from .stall import WriteWatch, reset
 from .store import DirStore, IcCheckpoint, LoggedRecord, MemoryStore
 
 DIALECTS = ("current", "seed")
@@ -83,6 +86,7 @@ class IcConfig:
     upgrade: bool = False
     dialect: str = "current"
     keep_open: bool = False
+    write_timeout: float = 30.0
     record: str | None = None
     log: Callable[[str], None] = lambda line: None
 
@@ -101,6 +105,8 @@ class IcStats:
     checkpoints: int = 0
     last_checkpoint: dict | None = None
     violations: list[str] = field(default_factory=list)
+    fatal: str = ""  # the LB's rule break that ended the IC
+    stalls: int = 0
     delivery_seconds: float = 0.0
     done: bool = False
 
@@ -124,7 +130,17 @@ class _Run:
         self.wake = asyncio.Event()
         self.writer: asyncio.StreamWriter | None = None
         self.lb_writer: asyncio.StreamWriter | None = None
+        self.watch: WriteWatch | None = None
+        self.fatal: str | None = None  # the first rule the LB broke: the IC ends
+        self.stalled: str | None = None
         self.pcap_in = self.pcap_out = None
+
+    def end(self) -> None:
+        """Whatever the IC waits for from this LB will not come."""
+        self.gone.set()
+        self.wake.set()
+        if self.checkpoint is not None and not self.checkpoint.done():
+            self.checkpoint.set_exception(LbGone())
 
 
 class MockIC:
@@ -192,6 +208,8 @@ class MockIC:
             finally:
                 conn_r.close()
                 conn_s.close()
+            if self.stats.fatal:
+                break
             if finished and not self.config.keep_open:
                 self.stats.done = True
                 break
@@ -212,6 +230,8 @@ class MockIC:
             last = records[-1] if records else None
             run = _Run(ck.outputs, last.outputs if last else ck.outputs, [] if records else list(ck.pending))
         run.writer, run.lb_writer = writer, lb_writer
+        if cfg.write_timeout:
+            run.watch = WriteWatch(writer, cfg.write_timeout, lambda why: self._stalled(run, why), "the LB")
         if self.pcap is not None:
             lb_addr, ic_addr = conn_r.getpeername()[:2], conn_r.getsockname()[:2]
             run.pcap_in = self.pcap.tcp_session(_v4(lb_addr), _v4(ic_addr))
@@ -229,9 +249,19 @@ class MockIC:
                 finished = await self._recover(run, ck, records)
             return finished
         except (LbGone, ConnectionError) as err:
-            cfg.log(f"the LB went away ({err or 'closed'}); the next LB gets a recovery")
+            if run.fatal:
+                self.stats.fatal = run.fatal
+                cfg.log(
+                    f"the LB broke a rule; both sockets closed, the IC ends as the real one does: {run.fatal}"
+                )
+            elif run.stalled:
+                cfg.log(f"{run.stalled}; the next LB gets a recovery")
+            else:
+                cfg.log(f"the LB went away ({err or 'closed'}); the next LB gets a recovery")
             return False
         finally:
+            if run.watch is not None:
+                run.watch.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -240,8 +270,10 @@ class MockIC:
             for session in (run.pcap_in, run.pcap_out):
                 if session is None:
                     continue
-                if finished:
-                    session.close(False)  # the IC closes both sockets when all is in
+                if finished or run.fatal:
+                    session.close(False)  # the IC closes both sockets
+                elif run.stalled:
+                    session.reset(False)
                 else:
                     session.reset(True)  # the LB went away
             self._run = None
@@ -369,8 +401,13 @@ class MockIC:
             if run.pcap_out is not None:
                 run.pcap_out.send(False, wire)
             normal += header.seq >= 0
-        run.writer.write(wires[0] if len(wires) == 1 else b"".join(wires))
+        data = wires[0] if len(wires) == 1 else b"".join(wires)
+        if run.watch is not None:
+            run.watch.wrote(len(data))
+        run.writer.write(data)
         await run.writer.drain()
+        if run.gone.is_set():
+            raise LbGone()
         self.stats.records_sent += normal
 
     async def _ask_checkpoint(self, run: _Run, committer: int, kind: int) -> bytes:
@@ -393,10 +430,21 @@ class MockIC:
         self.stats.checkpoints += 1
         self.stats.last_checkpoint = {"seq": ck.seq, "bytes": len(ck.blob), "blob": ck.blob}
 
-    def _violation(self, side: str, reasons: tuple[str, ...]) -> None:
+    def _violation(self, side: str, reasons: tuple[str, ...], fatal: bool = True) -> None:
         for reason in reasons:
             self.stats.violations.append(f"{side}: {reason}")
             self.config.log(f"violation ({side}): {reason}")
+        run = self._run
+        if fatal and run is not None and run.fatal is None and reasons:
+            run.fatal = f"{side}: {reasons[0]}"
+
+    def _stalled(self, run: _Run, why: str) -> None:
+        """The LB took none of the records for ``write_timeout``: both sockets reset, the run over."""
+        run.stalled = why
+        self.stats.stalls += 1
+        for w in (run.writer, run.lb_writer):
+            reset(w)
+        run.end()
 
     # --- the LB's messages ------------------------------------------------------------------------
 
@@ -412,7 +460,9 @@ class MockIC:
                     run.pcap_in.send(True, data)
                 for frame in splitter.feed(data):
                     if type(frame) is MessageFrame:
-                        if self._lb_message(run, frame) and not checkpoint_length(frame.message):
+                        if self._lb_message(run, frame, splitter.max_size) and not checkpoint_length(
+                            frame.message
+                        ):
                             self._checkpoint_in(run, b"")
                     elif type(frame) is Blob:
                         blob.append(frame.data)
@@ -421,24 +471,23 @@ class MockIC:
                             blob.clear()
                     elif type(frame) is Garbage:
                         self._violation("lb", (f"framing: {frame.reason} (stream offset {frame.offset})",))
+                    if run.fatal:
                         return
             verdict = run.session.close("lb", splitter.blob_left)
-            if verdict is not None:
-                self._violation("lb", verdict.violations)
+            if verdict is not None:  # the LB went away mid-checkpoint: noted, the run is over anyway
+                self._violation("lb", verdict.violations, fatal=False)
         except ConnectionError:
             pass
         finally:
-            run.gone.set()
-            run.wake.set()
-            if run.checkpoint is not None and not run.checkpoint.done():
-                run.checkpoint.set_exception(LbGone())
+            run.end()
 
-    def _lb_message(self, run: _Run, frame: MessageFrame) -> bool:
+    def _lb_message(self, run: _Run, frame: MessageFrame, max_blob: int) -> bool:
         """Judge and act on one LB message; True for a well-formed Checkpoint."""
         msg = frame.message
         verdict, self_calls = run.session.from_lb_self_calls(msg)
         if not verdict.ok:
             self._violation("lb", verdict.violations)
+            return False
         kind = msg.type
         if self_calls is not None:  # a batch of plain self calls, read in one pass
             self._self_calls(run, self_calls)
@@ -458,8 +507,14 @@ class MockIC:
             run.wake.set()
         elif kind == CHECKPOINT:
             try:
-                checkpoint_length(msg)
+                size = checkpoint_length(msg)
             except MalformedError:
+                return False
+            if size > max_blob:  # stored whole: refused, not buffered
+                self._violation(
+                    "lb",
+                    (f"checkpoint-message: a checkpoint of {size} bytes is above the {max_blob}-byte limit",),
+                )
                 return False
             return True
         return False
@@ -505,7 +560,7 @@ class MockIC:
                 import json
 
                 state = json.loads(last["blob"]) if last["blob"] else None
-            except ValueError:
+            except (ValueError, RecursionError):
                 state = None
         return {
             "runs": s.runs,
@@ -523,6 +578,8 @@ class MockIC:
             if last is None
             else {"seq": last["seq"], "bytes": last["bytes"], "state": state},
             "violations": s.violations,
+            "fatal": s.fatal,
+            "stalls": s.stalls,
             "delivery_seconds": round(s.delivery_seconds, 6),
             "rpcs_per_second": round(s.rpcs_logged / s.delivery_seconds) if s.delivery_seconds else 0,
             "done": s.done,
@@ -541,10 +598,7 @@ async def _watch_eof(run: _Run, reader: asyncio.StreamReader) -> None:
             pass
     except ConnectionError:
         pass
-    run.gone.set()
-    run.wake.set()
-    if run.checkpoint is not None and not run.checkpoint.done():
-        run.checkpoint.set_exception(LbGone())
+    run.end()
 
 
 def _bound(host: str, port: int) -> socket.socket:

@@ -116,10 +116,15 @@ class Counter:
         """A counter from a checkpoint blob (empty: a fresh one); ValueError if it is not one."""
         counter = cls()
         if blob:
-            state = json.loads(blob)
-            counter.rpcs, counter.total = int(state["rpcs"]), int(state["total"])
-            counter.bonuses, counter.digest = int(state["bonuses"]), int(state["digest"], 16)
-            counter.initialized = bool(state.get("initialized"))
+            try:
+                state = json.loads(blob)
+                counter.rpcs, counter.total = int(state["rpcs"]), int(state["total"])
+                counter.bonuses, counter.digest = int(state["bonuses"]), int(state["digest"], 16)
+                counter.initialized = bool(state.get("initialized"))
+            except KeyError as err:
+                raise ValueError(f"no {err} in it") from None
+            except (TypeError, AttributeError, OverflowError, RecursionError) as err:
+                raise ValueError(f"not a counter's JSON object ({err})") from None
         return counter
 
 

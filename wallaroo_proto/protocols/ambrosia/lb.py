@@ -76,6 +76,7 @@ class LbStats:
     violations: list[str] = field(default_factory=list)
     start: str = ""
     upgraded: bool = False
+    lost: str = ""  # how the IC's sockets failed under us, if they did
     seconds: float = 0.0
 
 
@@ -118,7 +119,9 @@ class MockLB:
                     break
                 for frame in splitter.feed(data):
                     if type(frame) is RecordFrame:
-                        self._record(frame)
+                        if self._record(frame, splitter.max_size):
+                            self._flush_self_calls()
+                            return self.stats
                     elif type(frame) is Blob:
                         self._blob.append(frame.data)
                         if not frame.remaining:
@@ -129,9 +132,12 @@ class MockLB:
                         return self.stats
                 self._flush_self_calls()
                 await self.writer.drain()
-            verdict = self.session.close("ic", splitter.blob_left)
+            verdict = self.session.close("ic", splitter.blob_left, splitter.pending)
             if verdict is not None:
                 self._violations(verdict.violations)
+        except ConnectionError as err:
+            self.stats.lost = f"the IC's socket failed: {err.strerror or err}"
+            self.config.log(self.stats.lost)
         finally:
             self.stats.seconds = time.perf_counter() - start
             self.writer.close()
@@ -143,7 +149,8 @@ class MockLB:
             self.stats.violations.append(reason)
             self.config.log(f"violation: {reason}")
 
-    def _record(self, frame: RecordFrame) -> None:
+    def _record(self, frame: RecordFrame, max_blob: int) -> bool:
+        """Judge and apply one record; True when the stream cannot be followed further."""
         header = frame.header
         verdict, rpcs = self.session.from_ic_rpcs(header, frame.body)
         if verdict.violations:
@@ -160,19 +167,25 @@ class MockLB:
             self._methods.append(methods)
             self._args += args
             self._asked_every()
-            return
+            return False
         self._apply_pending()
         seq = header.seq
         if seq == CONTROL_SEQ:
             if len(verdict.messages) == 1:
                 self._control(verdict.messages[0].type)
-            return
+            return False
         if seq == CHECKPOINT_SEQ:
             self.stats.start = self.stats.start or "recovery"
             self._blob.clear()
-            if len(verdict.messages) == 1 and _blob_len(verdict.messages[0].data) == 0:
+            size = _blob_len(verdict.messages[0].data) if len(verdict.messages) == 1 else -1
+            if size > max_blob:  # held in memory to be loaded: refused, not buffered
+                self._violations(
+                    (f"checkpoint-message: a checkpoint of {size} bytes is above the {max_blob}-byte limit",)
+                )
+                return True
+            if size == 0:
                 self._load(b"")
-            return
+            return False
         stats.records += 1
         if verdict.kind is Kind.REPLAYED:
             stats.replayed += 1
@@ -181,6 +194,7 @@ class MockLB:
             stats.self_calls += len(out)
             self._self_calls += out
         self._asked_every()
+        return False
 
     def _asked_every(self) -> None:
         """``--ask-checkpoint-every``: the LB's own TakeCheckpoint after so many records."""
@@ -273,7 +287,7 @@ class MockLB:
         self._apply_pending()
         try:
             self.counter = Counter.load(blob)
-        except (ValueError, KeyError) as err:
+        except ValueError as err:
             self._violations((f"checkpoint bytes are not a counter's state: {err}",))
             self.counter = Counter()
         self.stats.checkpoints_loaded += 1
@@ -292,6 +306,7 @@ class MockLB:
             "requests": s.requests,
             "upgraded": s.upgraded,
             "violations": s.violations,
+            "lost": s.lost,
             "state": self.counter.state(),
             "seconds": round(s.seconds, 6),
         }
