@@ -29,8 +29,9 @@ from operator import add, attrgetter
 from typing import Any
 
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.stall_watch import StallWatch
 
-from . import codec
+from . import codec, controls
 from .codec import (
     FOREVER,
     SUCCESS,
@@ -44,26 +45,16 @@ from .codec import (
 from .core import Connection, Kind, needs_rollback
 from .store import DELETION, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket
 
-#: Control keys this producer accepts (others: EINVAL, as the server answers keys it does not know).
-CONTROL_KEYS = frozenset(
-    (
-        "connection_buffer_size",
-        "enable_noop",
-        "set_noop_interval",
-        "set_priority",
-        "supports_cursor_dropping",
-        "supports_cursor_dropping_vulcan",
-        "supports_hifi_MFU",
-        "send_stream_end_on_client_close_stream",
-        "enable_expiry_opcode",
-        "enable_stream_id",
-        "v7_dcp_status_codes",
-        "backfill_order",
-    )
-)
 #: HELLO features granted: TcpNoDelay, XERROR, SelectBucket.
 FEATURES = (0x03, 0x07, 0x08)
 DEFAULT_NOOP_INTERVAL = 20.0
+#: A connection's replies waiting to be sent beyond which its next command waits for the socket
+#: (memcached's ``max_send_queue_size``): a peer that pipelines requests and never reads cannot
+#: make the producer buffer replies without bound.
+MAX_SEND_QUEUE = 1024 * 1024
+#: DCP opcodes a connection may send before DCP_OPEN (the server refuses the others with EINVAL).
+_BEFORE_OPEN = frozenset((codec.OPEN, codec.GET_FAILOVER_LOG))
+_DCP_OPCODES = frozenset(op for op in codec.OPCODES if 0x50 <= op <= 0x64)
 _BATCH = 512
 #: Items encoded at a time: what a stream holds encoded beyond the socket's buffer is bounded by this.
 _CHUNK_ITEMS = 1024
@@ -85,6 +76,11 @@ class ProducerConfig:
     snapshot_size: int = 64
     record: str | None = None
     faults: Faults = field(default_factory=Faults)
+    #: Reset a connection that acknowledged none of our bytes for this long (0: never).
+    write_timeout: float = 30.0
+    #: Close a DCP connection with noops on that sent nothing for this long (0: never), as the
+    #: server's ``dcp_idle_timeout``.
+    idle_timeout: float = 360.0
 
 
 @dataclass
@@ -99,6 +95,7 @@ class Stats:
     dropped: int = 0
     noops: int = 0
     stalls: int = 0
+    timeouts: int = 0
     violations: list[str] = field(default_factory=list)
     per_vbucket: dict[int, int] = field(default_factory=dict)
 
@@ -184,6 +181,7 @@ class MockProducer:
             "dropped_connections": s.dropped,
             "noops": s.noops,
             "flow_control_stalls": s.stalls,
+            "timeouts": s.timeouts,
             "violations": s.violations,
             "vbuckets": [
                 {
@@ -219,6 +217,7 @@ class _Session:
         self.noop_opaque = 10_000_000
         self.items = 0
         self.end_on_close = False
+        self.last_received = time.monotonic()
         producer.stats.connections += 1
         self.index = producer.stats.connections
         peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
@@ -228,6 +227,17 @@ class _Session:
             me = writer.get_extra_info("sockname")
             with contextlib.suppress(ValueError):
                 self.tcp = producer.pcap.tcp_session(peer[:2], me[:2], timestamp=time.time())
+        timeout = producer.config.write_timeout
+        self.watch = StallWatch(writer.transport, timeout, self.stalled) if timeout else None
+
+    def stalled(self, reason: str) -> None:
+        self.producer.stats.timeouts += 1
+        self.producer.log(f"connection {self.index} ({self.name}): {reason}")
+        if self.tcp is not None:
+            self.tcp.reset(False, time.time())
+            self.tcp = None
+        self.closed = True
+        self.wake.set()
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -236,6 +246,8 @@ class _Session:
             return
         if self.tcp is not None:
             self.tcp.send(False, data, time.time())
+        if self.watch is not None:
+            self.watch.wrote(len(data))
         self.writer.write(data)
 
     def respond(self, p: Packet, status: int = SUCCESS, value: bytes = b"", extras: bytes = b"") -> None:
@@ -250,6 +262,8 @@ class _Session:
             return
         self.closed = True
         self.wake.set()
+        if self.watch is not None and abort:
+            self.watch.stop()  # else it watches the flush of what is left to send
         if self.tcp is not None:
             (self.tcp.reset if abort else self.tcp.close)(False, time.time())
         if abort:
@@ -259,6 +273,7 @@ class _Session:
 
     async def run(self) -> None:
         pump = asyncio.ensure_future(self.pump())
+        idle = asyncio.ensure_future(self.idle_watch()) if self.producer.config.idle_timeout else None
         try:
             while not self.closed:
                 data = await self.reader.read(256 * 1024)
@@ -273,8 +288,7 @@ class _Session:
                     self.producer.stats.violations.append(f"connection {self.index}: {err}")
                     break
                 for offset, wire in packets:
-                    self.handle(decode_packet(wire), offset)
-                    if self.closed:
+                    if not await self.take(offset, wire):
                         break
                 self.wake.set()
         except (ConnectionError, OSError):
@@ -284,9 +298,52 @@ class _Session:
                 self.tcp.close(True, time.time())
                 self.tcp = None
             self.close()
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                await pump
+            for task in (pump, idle):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+                        await task
+
+    async def take(self, offset: int, wire: bytes) -> bool:
+        """Handle one packet, then wait while the replies waiting to be sent fill the send queue.
+
+        False when the connection is closed.
+        """
+        try:
+            p = decode_packet(wire, 0, offset)
+        except ProtocolError as err:
+            self.refuse(wire, err)
+            return False
+        self.last_received = time.monotonic()
+        self.handle(p, offset)
+        if self.closed:
+            return False
+        if self.writer.transport.get_write_buffer_size() >= MAX_SEND_QUEUE:
+            await self.writer.drain()  # bounded in time by the write timeout
+        return not self.closed
+
+    def refuse(self, wire: bytes, err: ProtocolError) -> None:
+        """A packet whose lengths do not add up: EINVAL to its opcode and opaque, and close."""
+        self.producer.log(f"connection {self.index} ({self.name}): {err}; closing")
+        self.producer.stats.violations.append(f"connection {self.index}: {err}")
+        if wire[0] in codec.REQUEST_MAGICS:
+            self.send(codec.response(wire[1], codec.EINVAL, opaque=int.from_bytes(wire[12:16], "big")))
+        self.close()
+
+    async def idle_watch(self) -> None:
+        """Close a connection with noops on that sent nothing for the idle timeout (``dcp_idle_timeout``)."""
+        timeout = self.producer.config.idle_timeout
+        while not self.closed:
+            left = self.last_received + timeout - time.monotonic()
+            if left <= 0 and self.conn.noop_enabled:
+                self.producer.stats.timeouts += 1
+                self.producer.log(
+                    f"connection {self.index} ({self.name}): nothing received for {timeout:g} s "
+                    "with noops on; closing"
+                )
+                self.close()
+                return
+            await asyncio.sleep(max(left, min(timeout, 1.0)))
 
     # ----------------------------------------------------------------------------- commands
 
@@ -297,8 +354,8 @@ class _Session:
             stats.violations.append(f"connection {self.index} offset {offset}: {verdict.reason}")
             self.producer.log(f"connection {self.index} ({self.name}): {verdict.reason}")
             if verdict.kind is Kind.MALFORMED:
-                if p.is_request:
-                    self.respond(p, codec.EINVAL)
+                if p.is_request:  # an answer to a request the core did not take: not judged
+                    self.send(codec.response(p.opcode, codec.EINVAL, opaque=p.opaque))
                 self.close()
                 return
             if not p.is_request and p.opcode == codec.NOOP and p.status == SUCCESS:
@@ -312,6 +369,9 @@ class _Session:
             return
         op = p.opcode
         msg = verdict.message
+        if op in _DCP_OPCODES and op not in _BEFORE_OPEN and self.conn.opened is None:
+            self.respond(p, codec.EINVAL)  # "only on a DCP connection": refused, the connection kept
+            return
         if op == codec.STREAM_REQ:
             self.stream_req(p, msg)
         elif op == codec.BUFFER_ACK:
@@ -345,21 +405,12 @@ class _Session:
             self.respond(p, codec.UNKNOWN_COMMAND if op not in codec.OPCODES else codec.NOT_SUPPORTED)
 
     def control(self, c: Control) -> int:
-        if c.key == "stream_buffer_size":
-            return codec.NOT_SUPPORTED
-        if c.key not in CONTROL_KEYS:
-            return codec.EINVAL
-        if c.key == "connection_buffer_size" and not c.value.isdigit():
-            return codec.EINVAL
+        status = controls.control_status(c.key, c.value)
+        if status != SUCCESS:
+            return status
         if c.key == "set_noop_interval":
-            try:
-                interval = float(c.value)
-            except ValueError:
-                return codec.EINVAL
-            if interval < 0.1:
-                return codec.EINVAL
-            self.noop_interval = interval
-        if c.key == "send_stream_end_on_client_close_stream" and c.value == "true":
+            self.noop_interval = controls.noop_interval(c.value)
+        elif c.key == "send_stream_end_on_client_close_stream" and c.value == "true":
             self.end_on_close = True
         return SUCCESS
 
