@@ -257,6 +257,18 @@ async def _serve(producer: MockProducer) -> bool:
     help="Close a connection with noops on that sends nothing for this many seconds, as the "
     "server's dcp_idle_timeout (0: never).",
 )
+@click.option(
+    "--username", default="Administrator", show_default=True, help="The account SASL (SCRAM, PLAIN) checks."
+)
+@click.option("--password", default="password", show_default=True, help="Its password.")
+@click.option("--bucket", default="default", show_default=True, help="The bucket's name (SELECT_BUCKET).")
+@click.option(
+    "--require-auth/--no-require-auth",
+    default=False,
+    show_default=True,
+    help="Refuse all but HELLO and SASL before authentication (EACCESS) and DCP before SELECT_BUCKET "
+    "(NO_BUCKET), as a data node does; without it a connection starts authenticated on the bucket.",
+)
 @summary_format
 def mock_producer(**opts) -> None:
     """Play a Couchbase data node's DCP producer for DCP consumers.
@@ -301,6 +313,10 @@ def mock_producer(**opts) -> None:
         faults,
         write_timeout=opts["write_timeout"],
         idle_timeout=opts["idle_timeout"],
+        username=opts["username"],
+        password=opts["password"],
+        bucket=opts["bucket"],
+        require_auth=opts["require_auth"],
     )
     try:
         producer = MockProducer(config, bucket, _log("dcp mock-producer"))

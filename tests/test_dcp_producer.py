@@ -309,3 +309,112 @@ def test_a_silent_peer_with_noops_on_is_closed_after_the_idle_timeout_and_one_wi
             assert len(producer.sessions) == 1
 
     run(main())
+
+
+# ------------------------------------------------------------------------------ refusals kept, as a data node
+
+
+def test_a_validator_failure_and_an_unknown_opcode_keep_the_connection():
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(
+                OPEN + req(0x5E, 2, b"\0\0\0\0", b"enable_noop", b"true") + req(0xEE, 3) + req(0x0B, 4)
+            )
+            assert (await peer.answer(2))[:2] == (0x5E, EINVAL)
+            assert (await peer.answer(3))[:2] == (0xEE, 0x81)  # UNKNOWN_COMMAND
+            assert (await peer.answer(4))[:2] == (0x0B, SUCCESS)  # VERSION: still served
+            assert len(producer.stats.violations) == 1  # the bad control; an unknown opcode is legal
+
+    run(main())
+
+
+def scram_client_final(
+    mechanism: str, user: str, password: str, nonce: str, server_first: bytes
+) -> tuple[bytes, bytes]:
+    """The client's side of RFC 5802, written here from the RFC: (client-final, expected server signature)."""
+    import base64
+    import hashlib
+    import hmac
+
+    name = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1": "sha1"}[mechanism]
+    attrs = dict(part.split("=", 1) for part in server_first.decode().split(","))
+    assert attrs["r"].startswith(nonce)
+    salted = hashlib.pbkdf2_hmac(name, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", name).digest()
+    without_proof = f"c=biws,r={attrs['r']}"
+    auth = f"n={user},r={nonce},{server_first.decode()},{without_proof}".encode()
+    signature = hmac.new(hashlib.new(name, client_key).digest(), auth, name).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    server_sig = hmac.new(hmac.new(salted, b"Server Key", name).digest(), auth, name).digest()
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode(), b"v=" + base64.b64encode(
+        server_sig
+    )
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1"])
+def test_with_require_auth_a_connection_authenticates_with_scram_selects_the_bucket_and_opens(mechanism):
+    async def main():
+        async with serving(require_auth=True, username="dcp", password="s3cret", bucket="beer") as producer:
+            peer = await connect(producer)
+            await peer.send(OPEN + req(0x20, 2))  # DCP_OPEN before SASL, then SASL_LIST_MECHS
+            assert (await peer.answer(1))[1] == 0x24  # EACCESS
+            assert (await peer.answer(2))[2] == b"SCRAM-SHA512 SCRAM-SHA256 SCRAM-SHA1 PLAIN"
+            nonce = "abcdefghijklmnop"
+            await peer.send(req(0x21, 3, key=mechanism.encode(), value=f"n,,n=dcp,r={nonce}".encode()))
+            _, status, server_first = await peer.answer(3)
+            assert status == 0x21  # AUTH_CONTINUE
+            final, signature = scram_client_final(mechanism, "dcp", "s3cret", nonce, server_first)
+            await peer.send(req(0x22, 4, key=mechanism.encode(), value=final))
+            assert (await peer.answer(4))[1:] == (SUCCESS, signature)
+            await peer.send(OPEN)
+            assert (await peer.answer(1))[1] == 0x08  # NO_BUCKET
+            await peer.send(req(0x89, 5, key=b"default") + req(0x89, 6, key=b"beer") + OPEN)
+            assert (await peer.answer(5))[1] == 0x01  # KEY_ENOENT: no such bucket
+            assert (await peer.answer(6))[1] == SUCCESS
+            assert (await peer.answer(1))[1] == SUCCESS
+            await peer.send(OPEN + req(0x50, 7, b"\0\0\0\0\0\0\0\x03", b"c2"))  # again; flag 0x02
+            assert (await peer.answer(1))[1] == EINVAL
+            assert (await peer.answer(7))[1] == EINVAL
+
+    run(main())
+
+
+def test_a_wrong_password_gets_auth_error_and_the_connection_may_try_again():
+    async def main():
+        async with serving(require_auth=True) as producer:
+            peer = await connect(producer)
+            await peer.send(req(0x21, 2, key=b"PLAIN", value=b"\0Administrator\0wrong"))
+            assert (await peer.answer(2))[1] == 0x20  # AUTH_ERROR
+            await peer.send(req(0x21, 3, key=b"PLAIN", value=b"\0Administrator\0password"))
+            assert (await peer.answer(3))[1] == SUCCESS
+            assert "authentication failed" in producer.lines[0]
+
+    run(main())
+
+
+# ------------------------------------------------------------------------------ the bucket config
+
+
+def test_get_cluster_config_and_not_my_vbucket_carry_the_bucket_config():
+    import json
+
+    from wallaroo_proto.protocols.dcp.producer import Faults
+
+    async def main():
+        async with serving(vbuckets=8, faults=Faults(not_my_vbucket=frozenset({3}))) as producer:
+            peer = await connect(producer)
+            await peer.send(req(0xB5, 2) + OPEN + stream_req(3, 4))
+            for opaque, opcode, status in ((2, 0xB5, SUCCESS), (4, 0x53, 0x07)):
+                got_opcode, got_status, body = await peer.answer(opaque)
+                assert (got_opcode, got_status) == (opcode, status)
+                config = json.loads(body)
+                port = producer.address[1]
+                assert config["nodeLocator"] == "vbucket" and config["name"] == "default"
+                assert config["rev"] >= 1 and "revEpoch" in config
+                assert config["vBucketServerMap"]["serverList"] == [f"127.0.0.1:{port}"]
+                assert config["vBucketServerMap"]["vBucketMap"] == [[0]] * 8
+                (node,) = config["nodesExt"]
+                assert node["services"]["kv"] == port and "hostname" not in node
+
+    run(main())
