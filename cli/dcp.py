@@ -110,7 +110,8 @@ def _print_producer_summary(s: dict, fmt: str) -> None:
         f"dcp mock-producer summary: {s['connections']} connections, {s['streams']} streams, "
         f"{s['items_sent']:,} items in {s['snapshots']} snapshots, {s['rollbacks']} rollbacks, "
         f"{s['not_my_vbucket']} NOT_MY_VBUCKET, stream ends: {ends}, {s['noops']} noops answered, "
-        f"{s['flow_control_stalls']} flow-control stalls, {s['dropped_connections']} connections dropped"
+        f"{s['flow_control_stalls']} flow-control stalls, {s['dropped_connections']} connections dropped, "
+        f"{s['timeouts']} timeouts"
     )
     table = Table(title="vbuckets")
     for col in ("vbucket", "uuid", "high seqno", "failover entries", "items sent"):
@@ -241,6 +242,33 @@ async def _serve(producer: MockProducer) -> bool:
     default=None,
     help="Record every connection into this pcap.",
 )
+@click.option(
+    "--write-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Reset a connection that reads nothing of ours for this many seconds (0: never).",
+)
+@click.option(
+    "--idle-timeout",
+    type=click.FloatRange(0),
+    default=360.0,
+    show_default=True,
+    help="Close a connection with noops on that sends nothing for this many seconds, as the "
+    "server's dcp_idle_timeout (0: never).",
+)
+@click.option(
+    "--username", default="Administrator", show_default=True, help="The account SASL (SCRAM, PLAIN) checks."
+)
+@click.option("--password", default="password", show_default=True, help="Its password.")
+@click.option("--bucket", default="default", show_default=True, help="The bucket's name (SELECT_BUCKET).")
+@click.option(
+    "--require-auth/--no-require-auth",
+    default=False,
+    show_default=True,
+    help="Refuse all but HELLO and SASL before authentication (EACCESS) and DCP before SELECT_BUCKET "
+    "(NO_BUCKET), as a data node does; without it a connection starts authenticated on the bucket.",
+)
 @summary_format
 def mock_producer(**opts) -> None:
     """Play a Couchbase data node's DCP producer for DCP consumers.
@@ -277,7 +305,19 @@ def mock_producer(**opts) -> None:
             write_atomic(opts["state_path"], bucket.to_json())
         except OSError as err:
             raise usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
-    config = ProducerConfig(opts["host"], opts["port"], opts["snapshot_size"], opts["record"], faults)
+    config = ProducerConfig(
+        opts["host"],
+        opts["port"],
+        opts["snapshot_size"],
+        opts["record"],
+        faults,
+        write_timeout=opts["write_timeout"],
+        idle_timeout=opts["idle_timeout"],
+        username=opts["username"],
+        password=opts["password"],
+        bucket=opts["bucket"],
+        require_auth=opts["require_auth"],
+    )
     try:
         producer = MockProducer(config, bucket, _log("dcp mock-producer"))
     except OSError as err:

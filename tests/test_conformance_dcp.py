@@ -42,7 +42,8 @@ def test_mock_producer_after_a_failover_passes_every_producer_case(tmp_path) -> 
     state = str(tmp_path / "producer.json")
     with Server("dcp", "mock-producer", "--port", "0", "--vbuckets", "4", "--items", "60", "--state", state):
         pass  # the history is written before the ready line
-    args = ["--vbuckets", "4", "--items", "20", "--failover", "25", "--state", state]
+    args = ["--vbuckets", "4", "--items", "20", "--failover", "25", "--state", state, "--require-auth"]
+    args += ["--username", "conformance", "--password", "secret"]
     with Server("dcp", "mock-producer", "--port", "0", *args) as producer:
         auth = ["--user", "conformance", "--password", "secret", "--bucket", "default"]
         code, report = conformance(producer.address, *auth)
@@ -55,6 +56,7 @@ def test_mock_producer_after_a_failover_passes_every_producer_case(tmp_path) -> 
     assert seen["stream.not-my-vbucket"].startswith("NOT_MY_VBUCKET for vbucket 1023")
     # the malformed cases are the only consumer violations the producer saw
     assert exit_code == 1 and "extras of 40 bytes" in err and "bad magic 0x42" in err
+    assert "DCP_CONTROL: extras of 4 bytes, must be 0" in err
     assert "NOOP reply opaque" in err
 
 
@@ -76,6 +78,11 @@ SLOPPY_FAILURES = {
     "malformed.stream-req": "a STREAM_REQ with 40 bytes of extras answered SUCCESS",
     "malformed.control": "a DCP_CONTROL with no value answered SUCCESS",
     "malformed.magic": "no conclusion within 4 s (waiting for the producer to close the connection)",
+    "malformed.control-extras": "a DCP_CONTROL with 4 bytes of extras answered SUCCESS, not EINVAL",
+    "refuse.open-twice": "a second DCP_OPEN answered SUCCESS, not EINVAL",
+    "refuse.open-flags": "DCP_OPEN with flag 0x02 answered SUCCESS, not EINVAL",
+    "refuse.before-open": "a STREAM_REQ before DCP_OPEN answered SUCCESS, not EINVAL",
+    "refuse.unknown-opcode": "opcode 0xee answered SUCCESS, not UNKNOWN_COMMAND",
 }
 
 
@@ -94,6 +101,12 @@ def test_a_sloppy_producer_fails_exactly_the_rules_it_breaks() -> None:
     assert code == 1
     status = {c["id"]: c["status"] for c in report["cases"]}
     assert status["rollback.diverged"] == "skip"  # one failover entry: nothing diverged
+    assert {c for c, s in status.items() if s == "skip" and c.startswith("refuse.")} == {
+        "refuse.unauthenticated",  # no --user: the cases of a producer that requires authentication
+        "refuse.wrong-password",
+        "refuse.no-bucket",
+        "refuse.unknown-bucket",
+    }
     reasons = {c["id"]: c["reason"] for c in report["cases"] if c["status"] == "fail"}
     # It ignores a wrong NOOP answer and sends NOOPs without waiting: whichever shows first fails the case.
     assert reasons.pop("noop.wrong-opaque") in (

@@ -186,6 +186,21 @@ def test_a_bad_peer_gets_an_error_and_the_others_are_served(tmp_path):
     assert rc == 1 and "extras of 3 bytes, must be 31" in stderr
 
 
+def test_a_packet_whose_parts_exceed_its_body_is_counted_at_sigterm(tmp_path):
+    """DCP_CONTROL with key 50 + extras 4 in a 10-byte body: EINVAL, closed, one line, exit 1."""
+    bad = bytes.fromhex("805e0032040000000000000a00000009") + bytes(8) + b"x" * 10
+    with producer("--vbuckets", "1", "--items", "0") as server:
+        with socket.create_connection((server.host, server.port), timeout=30) as peer:
+            peer.sendall(bad)
+            answer = b""
+            while chunk := peer.recv(100):
+                answer += chunk
+        assert answer == bytes.fromhex("815e0000000000040000000000000009") + bytes(8)
+        rc, _, stderr = server.stop()
+    assert rc == 1 and "Traceback" not in stderr
+    assert stderr.count("exceed the body length 10 (at byte offset 0); closing") == 1
+
+
 def test_usage_errors_exit_2(tmp_path):
     bad = tmp_path / "state.json"
     bad.write_text("{not json")

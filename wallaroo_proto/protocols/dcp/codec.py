@@ -34,6 +34,7 @@ SET_VBUCKET_STATE, NOOP, BUFFER_ACK, CONTROL, SYSTEM_EVENT = 0x5B, 0x5C, 0x5D, 0
 SEQNO_ADVANCED = 0x64
 VERSION, HELLO, SASL_LIST_MECHS, SASL_AUTH, SASL_STEP = 0x0B, 0x1F, 0x20, 0x21, 0x22
 GET_ALL_VB_SEQNOS, SELECT_BUCKET, GET_CLUSTER_CONFIG = 0x48, 0x89, 0xB5
+GET_ERROR_MAP = 0xFE
 
 OPCODES: dict[int, str] = {
     OPEN: "DCP_OPEN",
@@ -60,6 +61,7 @@ OPCODES: dict[int, str] = {
     GET_ALL_VB_SEQNOS: "GET_ALL_VB_SEQNOS",
     SELECT_BUCKET: "SELECT_BUCKET",
     GET_CLUSTER_CONFIG: "GET_CLUSTER_CONFIG",
+    GET_ERROR_MAP: "GET_ERROR_MAP",
 }
 #: Messages the producer sends on a stream (they count against the flow-control buffer).
 STREAM_MESSAGES = frozenset(
@@ -68,6 +70,9 @@ STREAM_MESSAGES = frozenset(
 
 SUCCESS, KEY_ENOENT, KEY_EEXISTS, EINVAL, NOT_MY_VBUCKET = 0x00, 0x01, 0x02, 0x04, 0x07
 ERANGE, ROLLBACK, UNKNOWN_COMMAND, NOT_SUPPORTED, STREAMID_INVALID = 0x22, 0x23, 0x81, 0x83, 0x8D
+NO_BUCKET, AUTH_ERROR, AUTH_CONTINUE, EACCESS = 0x08, 0x20, 0x21, 0x24
+#: Datatype bit of a JSON value.
+DATATYPE_JSON = 0x01
 STATUSES: dict[int, str] = {
     SUCCESS: "SUCCESS",
     KEY_ENOENT: "KEY_ENOENT",
@@ -78,6 +83,7 @@ STATUSES: dict[int, str] = {
     0x0A: "DCP_STREAM_NOT_FOUND",
     0x0B: "OPAQUE_NO_MATCH",
     0x20: "AUTH_ERROR",
+    0x21: "AUTH_CONTINUE",
     ERANGE: "ERANGE",
     ROLLBACK: "ROLLBACK",
     0x24: "EACCESS",
@@ -594,7 +600,16 @@ def parse(p: Packet, offset: int = 0, request_opcode: int | None = None) -> Any:
     if op in (NOOP, CLOSE_STREAM, GET_FAILOVER_LOG):
         _need(p, offset, (0,), False, False)
         return Empty()
-    if op in (VERSION, HELLO, SASL_LIST_MECHS, SASL_AUTH, SASL_STEP, SELECT_BUCKET, GET_CLUSTER_CONFIG):
+    if op in (
+        VERSION,
+        HELLO,
+        SASL_LIST_MECHS,
+        SASL_AUTH,
+        SASL_STEP,
+        SELECT_BUCKET,
+        GET_CLUSTER_CONFIG,
+        GET_ERROR_MAP,
+    ):
         return Empty()
     if op == GET_ALL_VB_SEQNOS:
         _need(p, offset, (0, 4), False, False)
@@ -669,8 +684,10 @@ def response(
     value: bytes = b"",
     extras: bytes = b"",
     key: bytes = b"",
+    datatype: int = 0,
+    cas: int = 0,
 ) -> bytes:
-    return encode(Packet(RES, opcode, status, opaque, 0, 0, extras, key, value))
+    return encode(Packet(RES, opcode, status, opaque, cas, datatype, extras, key, value))
 
 
 def open_request(name: str, flags: int = OPEN_PRODUCER, opaque: int = 0) -> bytes:

@@ -50,6 +50,7 @@ from .codec import (
     StreamEnd,
     StreamReq,
 )
+from .controls import parse_u32
 
 PRODUCER, CONSUMER = "producer", "consumer"
 #: The server keeps at most this many failover entries (``max_failover_entries``).
@@ -68,9 +69,8 @@ _REQ_MARKER, _REQ_MUTATION, _REQ_DELETION, _REQ_EXPIRATION = (
 #: A flow-control limit no count reaches: the run path's limit when there is no buffer.
 _UNLIMITED = 1 << 80
 _MARKER_V1 = struct.Struct(">QQI")
-_NEEDS_OPEN = frozenset(
-    (codec.CONTROL, codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG, codec.BUFFER_ACK)
-)
+#: Requests the server takes only on a DCP connection (GET_FAILOVER_LOG is taken on any).
+_NEEDS_OPEN = frozenset((codec.CONTROL, codec.STREAM_REQ, codec.CLOSE_STREAM, codec.BUFFER_ACK))
 
 
 class Kind(StrEnum):
@@ -504,8 +504,9 @@ class Connection:
 
     def _apply_control(self, c: Control) -> None:
         self.controls[c.key] = c.value
-        if c.key == "connection_buffer_size" and c.value.isdigit():
-            self.buffer_size = int(c.value)
+        size = parse_u32(c.value) if c.key == "connection_buffer_size" else None
+        if size is not None:
+            self.buffer_size = size
             if not self.buffer_size:
                 self.outstanding = 0
         elif c.key == "enable_noop":

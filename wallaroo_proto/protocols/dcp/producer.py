@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -29,12 +30,14 @@ from operator import add, attrgetter
 from typing import Any
 
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.stall_watch import StallWatch
 
-from . import codec
+from . import cluster, codec, controls, sasl
 from .codec import (
     FOREVER,
     SUCCESS,
     Control,
+    Open,
     Packet,
     PacketSplitter,
     ProtocolError,
@@ -44,26 +47,37 @@ from .codec import (
 from .core import Connection, Kind, needs_rollback
 from .store import DELETION, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket
 
-#: Control keys this producer accepts (others: EINVAL, as the server answers keys it does not know).
-CONTROL_KEYS = frozenset(
-    (
-        "connection_buffer_size",
-        "enable_noop",
-        "set_noop_interval",
-        "set_priority",
-        "supports_cursor_dropping",
-        "supports_cursor_dropping_vulcan",
-        "supports_hifi_MFU",
-        "send_stream_end_on_client_close_stream",
-        "enable_expiry_opcode",
-        "enable_stream_id",
-        "v7_dcp_status_codes",
-        "backfill_order",
-    )
-)
 #: HELLO features granted: TcpNoDelay, XERROR, SelectBucket.
 FEATURES = (0x03, 0x07, 0x08)
 DEFAULT_NOOP_INTERVAL = 20.0
+#: A connection's replies waiting to be sent beyond which its next command waits for the socket
+#: (memcached's ``max_send_queue_size``): a peer that pipelines requests and never reads cannot
+#: make the producer buffer replies without bound.
+MAX_SEND_QUEUE = 1024 * 1024
+#: DCP opcodes a connection may send before DCP_OPEN (the server refuses the others with EINVAL).
+_BEFORE_OPEN = frozenset((codec.OPEN, codec.GET_FAILOVER_LOG))
+_DCP_OPCODES = frozenset(op for op in codec.OPCODES if 0x50 <= op <= 0x64)
+#: Commands a connection may send before it authenticated (the server answers the others EACCESS).
+_BEFORE_AUTH = frozenset(
+    (codec.HELLO, codec.SASL_LIST_MECHS, codec.SASL_AUTH, codec.SASL_STEP, codec.GET_ERROR_MAP)
+)
+#: Commands the "no bucket" bucket answers NO_BUCKET.
+_NEED_BUCKET = frozenset(
+    (codec.OPEN, codec.GET_ALL_VB_SEQNOS, codec.GET_FAILOVER_LOG, codec.GET_CLUSTER_CONFIG)
+)
+#: DCP_OPEN flags the validator takes: Producer, IncludeXattrs, NoValue, IncludeDeleteTimes,
+#: NoValueWithUnderlyingDatatype, IncludeDeletedUserXattrs, SkipDeletesInInitialBackfill.
+_INCLUDE_XATTRS, _NO_VALUE, _NO_VALUE_WITH_DATATYPE = 0x04, 0x08, 0x40
+_INCLUDE_DELETE_TIMES, _INCLUDE_DELETED_USER_XATTRS, _SKIP_DELETES = 0x20, 0x100, 0x200
+_OPEN_FLAGS = (
+    codec.OPEN_PRODUCER
+    | _INCLUDE_XATTRS
+    | _NO_VALUE
+    | _INCLUDE_DELETE_TIMES
+    | _NO_VALUE_WITH_DATATYPE
+    | _INCLUDE_DELETED_USER_XATTRS
+    | _SKIP_DELETES
+)
 _BATCH = 512
 #: Items encoded at a time: what a stream holds encoded beyond the socket's buffer is bounded by this.
 _CHUNK_ITEMS = 1024
@@ -85,6 +99,18 @@ class ProducerConfig:
     snapshot_size: int = 64
     record: str | None = None
     faults: Faults = field(default_factory=Faults)
+    #: Reset a connection that acknowledged none of our bytes for this long (0: never).
+    write_timeout: float = 30.0
+    #: Close a DCP connection with noops on that sent nothing for this long (0: never), as the
+    #: server's ``dcp_idle_timeout``.
+    idle_timeout: float = 360.0
+    #: The account SASL checks (PLAIN, SCRAM-SHA512/256/1) and the one bucket's name.
+    username: str = "Administrator"
+    password: str = "password"
+    bucket: str = "default"
+    #: Refuse all but HELLO and SASL before authentication, and DCP before SELECT_BUCKET, as a node
+    #: does; off, a connection starts authenticated on the bucket.
+    require_auth: bool = False
 
 
 @dataclass
@@ -99,6 +125,7 @@ class Stats:
     dropped: int = 0
     noops: int = 0
     stalls: int = 0
+    timeouts: int = 0
     violations: list[str] = field(default_factory=list)
     per_vbucket: dict[int, int] = field(default_factory=dict)
 
@@ -145,6 +172,8 @@ class MockProducer:
         self.ended_once: set[int] = set()
         self.pcap = PcapWriter(config.record) if config.record else None
         self.started = time.monotonic()
+        self.account = sasl.Account(config.username, config.password)
+        self.bucket_uuid = f"{min((vb.uuid for vb in bucket.vbuckets.values()), default=0):032x}"
 
     async def start(self) -> tuple[str, int]:
         self.server = await asyncio.start_server(self._accept, self.config.host, self.config.port)
@@ -184,6 +213,7 @@ class MockProducer:
             "dropped_connections": s.dropped,
             "noops": s.noops,
             "flow_control_stalls": s.stalls,
+            "timeouts": s.timeouts,
             "violations": s.violations,
             "vbuckets": [
                 {
@@ -219,6 +249,12 @@ class _Session:
         self.noop_opaque = 10_000_000
         self.items = 0
         self.end_on_close = False
+        self.last_received = time.monotonic()
+        open_access = not producer.config.require_auth
+        self.authenticated = open_access
+        self.bucket_name: str | None = producer.config.bucket if open_access else None
+        self.scram: sasl.ScramServer | None = None
+        self.open_flags = 0
         producer.stats.connections += 1
         self.index = producer.stats.connections
         peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
@@ -228,6 +264,17 @@ class _Session:
             me = writer.get_extra_info("sockname")
             with contextlib.suppress(ValueError):
                 self.tcp = producer.pcap.tcp_session(peer[:2], me[:2], timestamp=time.time())
+        timeout = producer.config.write_timeout
+        self.watch = StallWatch(writer.transport, timeout, self.stalled) if timeout else None
+
+    def stalled(self, reason: str) -> None:
+        self.producer.stats.timeouts += 1
+        self.producer.log(f"connection {self.index} ({self.name}): {reason}")
+        if self.tcp is not None:
+            self.tcp.reset(False, time.time())
+            self.tcp = None
+        self.closed = True
+        self.wake.set()
 
     # ----------------------------------------------------------------------------- plumbing
 
@@ -236,10 +283,16 @@ class _Session:
             return
         if self.tcp is not None:
             self.tcp.send(False, data, time.time())
+        if self.watch is not None:
+            self.watch.wrote(len(data))
         self.writer.write(data)
 
-    def respond(self, p: Packet, status: int = SUCCESS, value: bytes = b"", extras: bytes = b"") -> None:
-        wire = codec.response(p.opcode, status, opaque=p.opaque, value=value, extras=extras)
+    def respond(
+        self, p: Packet, status: int = SUCCESS, value: bytes = b"", extras: bytes = b"", datatype: int = 0
+    ) -> None:
+        wire = codec.response(
+            p.opcode, status, opaque=p.opaque, value=value, extras=extras, datatype=datatype
+        )
         verdict = self.conn.from_producer(decode_packet(wire))
         if verdict.kind is not Kind.ACCEPTED:
             self.producer.stats.violations.append(f"connection {self.index}: own response: {verdict.reason}")
@@ -250,6 +303,8 @@ class _Session:
             return
         self.closed = True
         self.wake.set()
+        if self.watch is not None and abort:
+            self.watch.stop()  # else it watches the flush of what is left to send
         if self.tcp is not None:
             (self.tcp.reset if abort else self.tcp.close)(False, time.time())
         if abort:
@@ -259,6 +314,7 @@ class _Session:
 
     async def run(self) -> None:
         pump = asyncio.ensure_future(self.pump())
+        idle = asyncio.ensure_future(self.idle_watch()) if self.producer.config.idle_timeout else None
         try:
             while not self.closed:
                 data = await self.reader.read(256 * 1024)
@@ -273,8 +329,7 @@ class _Session:
                     self.producer.stats.violations.append(f"connection {self.index}: {err}")
                     break
                 for offset, wire in packets:
-                    self.handle(decode_packet(wire), offset)
-                    if self.closed:
+                    if not await self.take(offset, wire):
                         break
                 self.wake.set()
         except (ConnectionError, OSError):
@@ -284,40 +339,97 @@ class _Session:
                 self.tcp.close(True, time.time())
                 self.tcp = None
             self.close()
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
-                await pump
+            for task in (pump, idle):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError):
+                        await task
+
+    async def take(self, offset: int, wire: bytes) -> bool:
+        """Handle one packet, then wait while the replies waiting to be sent fill the send queue.
+
+        False when the connection is closed.
+        """
+        try:
+            p = decode_packet(wire, 0, offset)
+        except ProtocolError as err:
+            self.refuse(wire, err)
+            return False
+        self.last_received = time.monotonic()
+        self.handle(p, offset)
+        if self.closed:
+            return False
+        if self.writer.transport.get_write_buffer_size() >= MAX_SEND_QUEUE:
+            await self.writer.drain()  # bounded in time by the write timeout
+        return not self.closed
+
+    def refuse(self, wire: bytes, err: ProtocolError) -> None:
+        """A packet whose lengths do not add up: EINVAL to its opcode and opaque, and close."""
+        self.producer.log(f"connection {self.index} ({self.name}): {err}; closing")
+        self.producer.stats.violations.append(f"connection {self.index}: {err}")
+        if wire[0] in codec.REQUEST_MAGICS:
+            self.send(codec.response(wire[1], codec.EINVAL, opaque=int.from_bytes(wire[12:16], "big")))
+        self.close()
+
+    async def idle_watch(self) -> None:
+        """Close a connection with noops on that sent nothing for the idle timeout (``dcp_idle_timeout``)."""
+        timeout = self.producer.config.idle_timeout
+        while not self.closed:
+            left = self.last_received + timeout - time.monotonic()
+            if left <= 0 and self.conn.noop_enabled:
+                self.producer.stats.timeouts += 1
+                self.producer.log(
+                    f"connection {self.index} ({self.name}): nothing received for {timeout:g} s "
+                    "with noops on; closing"
+                )
+                self.close()
+                return
+            await asyncio.sleep(max(left, min(timeout, 1.0)))
 
     # ----------------------------------------------------------------------------- commands
 
     def handle(self, p: Packet, offset: int) -> None:
+        op = p.opcode
+        if p.is_request and op not in codec.OPCODES:  # legal to send, not judged (mcbp Cookie::validate)
+            status = codec.UNKNOWN_COMMAND if self.authenticated else codec.EACCESS
+            self.send(codec.response(op, status, opaque=p.opaque))
+            return
         verdict = self.conn.from_consumer(p, offset)
         stats = self.producer.stats
         if verdict.kind is not Kind.ACCEPTED:
             stats.violations.append(f"connection {self.index} offset {offset}: {verdict.reason}")
             self.producer.log(f"connection {self.index} ({self.name}): {verdict.reason}")
             if verdict.kind is Kind.MALFORMED:
-                if p.is_request:
-                    self.respond(p, codec.EINVAL)
-                self.close()
+                if not p.is_request:
+                    self.close()
+                else:  # the validator's EINVAL; the connection stays, as on a data node
+                    self.send(codec.response(op, codec.EINVAL, opaque=p.opaque))
                 return
-            if not p.is_request and p.opcode == codec.NOOP and p.status == SUCCESS:
+            if not p.is_request and op == codec.NOOP and p.status == SUCCESS:
                 # A successful reply matching no NOOP goes to the producer's error handler, which
                 # disconnects (producer.cc handleResponse).
                 self.close()
                 return
         if not p.is_request:
-            if p.opcode == codec.NOOP:
+            if op == codec.NOOP:
                 stats.noops += 1
             return
-        op = p.opcode
         msg = verdict.message
+        if not self.authenticated and op not in _BEFORE_AUTH:
+            self.respond(p, codec.EACCESS)
+            return
+        if op in _DCP_OPCODES and op not in _BEFORE_OPEN and self.conn.opened is None:
+            self.respond(p, codec.EINVAL)  # "only on a DCP connection": refused, the connection kept
+            return
+        if op in _NEED_BUCKET and self.bucket_name is None:
+            self.respond(p, codec.NO_BUCKET)
+            return
         if op == codec.STREAM_REQ:
             self.stream_req(p, msg)
         elif op == codec.BUFFER_ACK:
             self.wake.set()
         elif op == codec.OPEN:
-            self.respond(p, SUCCESS if msg.producer else codec.NOT_SUPPORTED)
+            self.respond(p, self.open_status(p, msg))
         elif op == codec.CONTROL:
             self.respond(p, self.control(msg))
         elif op == codec.GET_ALL_VB_SEQNOS:
@@ -326,40 +438,122 @@ class _Session:
         elif op == codec.GET_FAILOVER_LOG:
             vb = self.vbucket(p.vbucket)
             if vb is None:
-                self.respond(p, codec.NOT_MY_VBUCKET)
+                self.not_my_vbucket(p)
             else:
                 self.respond(p, value=codec.failover_log_value(vb.failover))
         elif op == codec.CLOSE_STREAM:
             self.close_stream(p)
-        elif op == codec.HELLO:
+        elif op == codec.GET_CLUSTER_CONFIG:
+            self.respond(p, value=self.cluster_config(), datatype=codec.DATATYPE_JSON)
+        elif op in (codec.HELLO, codec.VERSION, codec.SASL_LIST_MECHS, codec.SASL_AUTH, codec.SASL_STEP):
+            self.setup(p)
+        elif op == codec.SELECT_BUCKET:
+            self.respond(p, self.select_bucket(p.key))
+        else:
+            self.respond(p, codec.NOT_SUPPORTED)
+
+    def setup(self, p: Packet) -> None:
+        """HELLO, VERSION and SASL, as a data node answers them."""
+        op = p.opcode
+        if op == codec.HELLO:
             wanted = {int.from_bytes(p.value[i : i + 2], "big") for i in range(0, len(p.value) - 1, 2)}
             granted = b"".join(f.to_bytes(2, "big") for f in FEATURES if f in wanted)
             self.respond(p, value=granted)
         elif op == codec.VERSION:
             self.respond(p, value=b"7.6.0-wallaroo-proto-mock")
         elif op == codec.SASL_LIST_MECHS:
-            self.respond(p, value=b"PLAIN")
-        elif op in (codec.SASL_AUTH, codec.SASL_STEP, codec.SELECT_BUCKET):
-            self.respond(p)
+            self.respond(p, value=" ".join(sasl.MECHANISMS).encode())
         else:
-            self.respond(p, codec.UNKNOWN_COMMAND if op not in codec.OPCODES else codec.NOT_SUPPORTED)
+            self.sasl(p)
 
-    def control(self, c: Control) -> int:
-        if c.key == "stream_buffer_size":
-            return codec.NOT_SUPPORTED
-        if c.key not in CONTROL_KEYS:
+    def sasl(self, p: Packet) -> None:
+        """SASL_AUTH (PLAIN, or SCRAM's first message) and SASL_STEP (SCRAM's final message)."""
+        account = self.producer.account
+        mechanism = p.key.decode("ascii", "replace")
+        try:
+            if p.opcode == codec.SASL_AUTH:
+                self.scram = None
+                if mechanism == "PLAIN":
+                    account.plain(p.value)
+                    self.authenticated = True
+                    self.respond(p)
+                    return
+                if mechanism not in sasl.MECHANISMS:
+                    self.respond(p, codec.AUTH_ERROR)
+                    return
+                self.scram = sasl.ScramServer(account, mechanism)
+                self.respond(p, codec.AUTH_CONTINUE, value=self.scram.first(p.value))
+                return
+            if self.scram is None or self.scram.mechanism != mechanism:
+                raise sasl.AuthFailed(f"SASL_STEP {mechanism} with no exchange of it under way")
+            final = self.scram.final(p.value)
+            self.scram = None
+            self.authenticated = True
+            self.respond(p, value=final)
+        except sasl.AuthFailed as err:
+            self.scram = None
+            self.producer.log(f"connection {self.index} ({self.name}): authentication failed: {err}")
+            self.respond(p, codec.AUTH_ERROR)
+
+    def select_bucket(self, name: bytes) -> int:
+        """SELECT_BUCKET as a data node answers an administrator: the one bucket, or KEY_ENOENT."""
+        if self.conn.opened is not None:
+            return codec.NOT_SUPPORTED  # "DCP connections cannot change bucket"
+        if name == b"@no bucket@":
+            self.bucket_name = None
+            return SUCCESS
+        if name.decode("utf-8", "replace") != self.producer.config.bucket:
+            return codec.KEY_ENOENT
+        self.bucket_name = self.producer.config.bucket
+        return SUCCESS
+
+    def open_status(self, p: Packet, msg: Open) -> int:
+        """DCP_OPEN's answer: the validator's checks (flags, value), one open a connection, producers only."""
+        flags = msg.flags
+        if self.conn.opened is not None or flags & ~_OPEN_FLAGS:
             return codec.EINVAL
-        if c.key == "connection_buffer_size" and not c.value.isdigit():
+        if flags & _SKIP_DELETES and not flags & codec.OPEN_PRODUCER:
             return codec.EINVAL
-        if c.key == "set_noop_interval":
+        if flags & _NO_VALUE and flags & _NO_VALUE_WITH_DATATYPE:
+            return codec.EINVAL
+        if flags & _INCLUDE_DELETED_USER_XATTRS and not flags & _INCLUDE_XATTRS:
+            return codec.EINVAL
+        if p.value:
+            if p.datatype != codec.DATATYPE_JSON:
+                return codec.EINVAL
             try:
-                interval = float(c.value)
+                obj = json.loads(p.value)
             except ValueError:
                 return codec.EINVAL
-            if interval < 0.1:
+            if not isinstance(obj, dict) or any(
+                k != "consumer_name" or flags & codec.OPEN_PRODUCER or not isinstance(v, str)
+                for k, v in obj.items()
+            ):
                 return codec.EINVAL
-            self.noop_interval = interval
-        if c.key == "send_stream_end_on_client_close_stream" and c.value == "true":
+        elif p.datatype:
+            return codec.EINVAL
+        if not msg.producer:
+            return codec.NOT_SUPPORTED  # this mock plays the producer side only
+        self.open_flags = flags
+        return SUCCESS
+
+    def cluster_config(self) -> bytes:
+        host, port = self.writer.get_extra_info("sockname")[:2]
+        vbuckets = max(self.producer.bucket.vbuckets, default=-1) + 1
+        producer = self.producer
+        return cluster.bucket_config(producer.config.bucket, producer.bucket_uuid, vbuckets, host, port)
+
+    def not_my_vbucket(self, p: Packet) -> None:
+        """NOT_MY_VBUCKET carries the bucket config, from which a client learns where the vbucket went."""
+        self.respond(p, codec.NOT_MY_VBUCKET, value=self.cluster_config(), datatype=codec.DATATYPE_JSON)
+
+    def control(self, c: Control) -> int:
+        status = controls.control_status(c.key, c.value)
+        if status != SUCCESS:
+            return status
+        if c.key == "set_noop_interval":
+            self.noop_interval = controls.noop_interval(c.value)
+        elif c.key == "send_stream_end_on_client_close_stream" and c.value == "true":
             self.end_on_close = True
         return SUCCESS
 
@@ -373,15 +567,13 @@ class _Session:
         vb = self.vbucket(p.vbucket)
         if vb is None:
             stats.not_my_vbucket += 1
-            self.respond(p, codec.NOT_MY_VBUCKET)
+            self.not_my_vbucket(p)
             return
         if req.start > req.end or not req.snap_start <= req.start <= req.snap_end:
             self.respond(p, codec.ERANGE)
             return
         sid = None
         if req.json:
-            import json
-
             try:
                 sid = json.loads(req.json).get("sid")
             except (ValueError, AttributeError):

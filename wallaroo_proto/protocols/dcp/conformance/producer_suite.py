@@ -66,7 +66,7 @@ class ProducerUnderTest(ProbeKeeper):
     bucket: str | None = None
     probes: list[ProducerProbe] = field(default_factory=list)
 
-    async def connect(self, trace: Trace, label: str = "c1") -> ProducerProbe:
+    async def connect(self, trace: Trace, label: str = "c1", select: bool = True) -> ProducerProbe:
         """A connection, authenticated (SASL PLAIN) and on the bucket when ``--user``/``--bucket`` say so."""
         probe = await ProducerProbe.connect(self.host, self.port, trace, label)
         self.probes.append(probe)
@@ -75,7 +75,7 @@ class ProducerUnderTest(ProbeKeeper):
             await probe.expect_success(
                 probe.request(codec.SASL_AUTH, key=b"PLAIN", value=plain), "SASL PLAIN"
             )
-        if self.bucket is not None:
+        if self.bucket is not None and select:
             opaque = probe.request(codec.SELECT_BUCKET, key=self.bucket.encode())
             await probe.expect_success(opaque, f"SELECT_BUCKET {self.bucket}")
         return probe
@@ -480,6 +480,109 @@ async def malformed_magic(ctx: ProducerUnderTest, trace: Trace) -> str:
     return await _malformed(ctx, trace, misbehave)
 
 
+# --- refusals, as kv_engine's validators and executors answer them -----------------------------------
+
+
+#: An opcode kv_engine does not define (between GetFileFragment 0xe3 and 0xf0).
+UNKNOWN_OPCODE = 0xEE
+
+
+def _needs_auth(ctx: ProducerUnderTest) -> None:
+    if ctx.user is None:
+        raise CaseSkipped("needs --user and --password: a producer that requires authentication")
+
+
+async def _refused(probe: ProducerProbe, opaque: int, status: int, what: str) -> str:
+    p, msg = await probe.response(opaque)
+    if p.status != status:
+        due = codec.STATUSES[status]
+        raise CaseFailed(f"{what} answered {msg.status_name}, not {due}", probe.trace.tail())
+    return codec.STATUSES[status]
+
+
+async def _kept(probe: ProducerProbe) -> str:
+    """The connection still answers: a VERSION comes back."""
+    await probe.expect_success(probe.request(codec.VERSION), "VERSION after the refusal")
+    return "the connection is kept"
+
+
+async def auth_required(ctx: ProducerUnderTest, trace: Trace) -> str:
+    _needs_auth(ctx)
+    probe = await ProducerProbe.connect(ctx.host, ctx.port, trace, "c1")
+    ctx.probes.append(probe)
+    opaque = probe.next_opaque()
+    probe.send(codec.open_request(f"wallaroo-proto-conformance-{tag()}", codec.OPEN_PRODUCER, opaque))
+    seen = await _refused(probe, opaque, codec.EACCESS, "DCP_OPEN before authentication")
+    plain = b"\0" + ctx.user.encode() + b"\0" + ctx.password.encode()
+    opaque = probe.request(codec.SASL_AUTH, key=b"PLAIN", value=plain)
+    await probe.expect_success(opaque, "SASL PLAIN after it")
+    return f"{seen}; the same connection then authenticates"
+
+
+async def auth_wrong_password(ctx: ProducerUnderTest, trace: Trace) -> str:
+    _needs_auth(ctx)
+    probe = await ProducerProbe.connect(ctx.host, ctx.port, trace, "c1")
+    ctx.probes.append(probe)
+    plain = b"\0" + ctx.user.encode() + b"\0" + ctx.password.encode() + b"-wrong"
+    opaque = probe.request(codec.SASL_AUTH, key=b"PLAIN", value=plain)
+    return await _refused(probe, opaque, codec.AUTH_ERROR, "SASL PLAIN with a wrong password")
+
+
+async def bucket_none(ctx: ProducerUnderTest, trace: Trace) -> str:
+    _needs_auth(ctx)
+    probe = await ctx.connect(trace, select=False)
+    opaque = probe.next_opaque()
+    probe.send(codec.open_request(f"wallaroo-proto-conformance-{tag()}", codec.OPEN_PRODUCER, opaque))
+    return await _refused(probe, opaque, codec.NO_BUCKET, "DCP_OPEN with no bucket selected")
+
+
+async def bucket_unknown(ctx: ProducerUnderTest, trace: Trace) -> str:
+    _needs_auth(ctx)
+    probe = await ctx.connect(trace, select=False)
+    opaque = probe.request(codec.SELECT_BUCKET, key=f"no-such-bucket-{tag()}".encode())
+    seen = await _refused(probe, opaque, codec.KEY_ENOENT, "SELECT_BUCKET of a bucket that does not exist")
+    return f"{seen}; " + await _kept(probe)
+
+
+async def open_twice(ctx: ProducerUnderTest, trace: Trace) -> str:
+    probe = await ctx.opened(trace)
+    opaque = probe.next_opaque()
+    probe.send(codec.open_request(f"wallaroo-proto-conformance-{tag()}", codec.OPEN_PRODUCER, opaque))
+    seen = await _refused(probe, opaque, codec.EINVAL, "a second DCP_OPEN")
+    return f"{seen}; " + await _kept(probe)
+
+
+async def open_bad_flags(ctx: ProducerUnderTest, trace: Trace) -> str:
+    probe = await ctx.connect(trace)
+    opaque = probe.next_opaque()
+    flags = codec.OPEN_PRODUCER | 0x02  # 0x02: the old Notifier flag, outside the validator's mask
+    probe.send(codec.open_request(f"wallaroo-proto-conformance-{tag()}", flags, opaque))
+    seen = await _refused(probe, opaque, codec.EINVAL, "DCP_OPEN with flag 0x02")
+    return f"{seen}; " + await _kept(probe)
+
+
+async def stream_before_open(ctx: ProducerUnderTest, trace: Trace) -> str:
+    probe = await ctx.connect(trace)
+    opaque = probe.next_opaque()
+    probe.send(codec.stream_req_request(0, opaque, StreamReq(0, 0, FOREVER, 0, 0, 0)))
+    seen = await _refused(probe, opaque, codec.EINVAL, "a STREAM_REQ before DCP_OPEN")
+    return f"{seen}; " + await _kept(probe)
+
+
+async def opcode_unknown(ctx: ProducerUnderTest, trace: Trace) -> str:
+    probe = await ctx.opened(trace)
+    opaque = probe.request(UNKNOWN_OPCODE)
+    seen = await _refused(probe, opaque, codec.UNKNOWN_COMMAND, f"opcode 0x{UNKNOWN_OPCODE:02x}")
+    return f"{seen}; " + await _kept(probe)
+
+
+async def malformed_control_extras(ctx: ProducerUnderTest, trace: Trace) -> str:
+    probe = await ctx.opened(trace)
+    opaque = probe.request(codec.CONTROL, extras=b"\0\0\0\0", key=b"enable_noop", value=b"true")
+    seen = await _refused(probe, opaque, codec.EINVAL, "a DCP_CONTROL with 4 bytes of extras")
+    return f"{seen}; " + await _kept(probe)
+
+
 def _cases() -> tuple[Case, ...]:
     def case(id_: str, ref: str, expect: str, run, extra: float = 0.0) -> Case:
         return Case(id_, ref, expect, run, extra)
@@ -623,6 +726,61 @@ def _cases() -> tuple[Case, ...]:
             f"{CODE}: mcbp_validators",
             "a DCP_CONTROL with no value is answered EINVAL; the others are still served",
             malformed_control,
+        ),
+        case(
+            "malformed.control-extras",
+            f"{CODE}: mcbp_validators, dcp_control_validator",
+            "a DCP_CONTROL with extras is answered EINVAL and the connection is kept",
+            malformed_control_extras,
+        ),
+        case(
+            "refuse.unauthenticated",
+            f"{CODE}: Cookie::validateClientRequest",
+            "DCP_OPEN before SASL is answered EACCESS; the connection may then authenticate (needs --user)",
+            auth_required,
+        ),
+        case(
+            "refuse.wrong-password",
+            f"{CODE}: SASL (sasl_auth_command_context)",
+            "SASL with a wrong password is answered AUTH_ERROR (needs --user)",
+            auth_wrong_password,
+        ),
+        case(
+            "refuse.no-bucket",
+            f"{CODE}: NoBucket engine",
+            "DCP_OPEN with no bucket selected is answered NO_BUCKET (needs --user)",
+            bucket_none,
+        ),
+        case(
+            "refuse.unknown-bucket",
+            f"{CODE}: select_bucket_executor",
+            "SELECT_BUCKET of a bucket that does not exist is answered KEY_ENOENT, connection kept "
+            "(needs --user)",
+            bucket_unknown,
+        ),
+        case(
+            "refuse.open-twice",
+            f"{CODE}: mcbp_validators, verify_common_dcp_restrictions",
+            "a second DCP_OPEN on a connection is answered EINVAL, connection kept",
+            open_twice,
+        ),
+        case(
+            "refuse.open-flags",
+            f"{CODE}: mcbp_validators, dcp_open_validator",
+            "DCP_OPEN with a flag outside the validator's mask is answered EINVAL, connection kept",
+            open_bad_flags,
+        ),
+        case(
+            "refuse.before-open",
+            f"{CODE}: mcbp_validators, verify_common_dcp_restrictions",
+            "a STREAM_REQ before DCP_OPEN is answered EINVAL, connection kept",
+            stream_before_open,
+        ),
+        case(
+            "refuse.unknown-opcode",
+            f"{CODE}: Cookie::validateClientRequest",
+            "an opcode the server does not know is answered UNKNOWN_COMMAND, connection kept",
+            opcode_unknown,
         ),
         case(
             "malformed.magic",

@@ -1,0 +1,420 @@
+"""The mock producer against hostile and odd peers, in process over loopback: refusals, bounds, timeouts.
+
+Requests are written by hand (24-byte header: magic, opcode, key length, extras length,
+datatype, vbucket, body length, opaque, cas; then extras, key, value), and answers are
+read by hand from their headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import struct
+import time
+
+import pytest
+
+from wallaroo_proto.protocols.dcp.producer import MAX_SEND_QUEUE, MockProducer, ProducerConfig
+from wallaroo_proto.protocols.dcp.store import Bucket
+
+HEADER = struct.Struct(">BBHBBHIIQ")
+EINVAL, SUCCESS = 0x04, 0x00
+
+
+def req(
+    opcode: int, opaque: int, extras: bytes = b"", key: bytes = b"", value: bytes = b"", vb: int = 0
+) -> bytes:
+    body = extras + key + value
+    return HEADER.pack(0x80, opcode, len(key), len(extras), 0, vb, len(body), opaque, 0) + body
+
+
+#: DCP_OPEN "c" as a producer: extras seqno 0, flags 1.
+OPEN = req(0x50, 1, bytes(4) + b"\x00\x00\x00\x01", b"c")
+
+
+def control(key: str, value: str, opaque: int) -> bytes:
+    return req(0x5E, opaque, key=key.encode(), value=value.encode())
+
+
+def stream_req(vb: int, opaque: int, start: int = 0, end: int = 2**64 - 1) -> bytes:
+    """Flags 0, reserved 0, start, end, vbucket uuid 0, snapshot start and end = start."""
+    return req(0x53, opaque, struct.pack(">IIQQQQQ", 0, 0, start, end, 0, start, start), vb=vb)
+
+
+class Peer:
+    """A raw client: write bytes, read whole answers (header fields and body)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+
+    async def send(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def packet(self, timeout: float = 30) -> tuple[int, int, int, int, bytes]:
+        """(magic, opcode, status, opaque, body) of the next packet."""
+        head = await asyncio.wait_for(self.reader.readexactly(24), timeout)
+        magic, opcode, _k, _e, _d, status, body, opaque, _c = HEADER.unpack(head)
+        return magic, opcode, status, opaque, await asyncio.wait_for(self.reader.readexactly(body), timeout)
+
+    async def answer(self, opaque: int, timeout: float = 30) -> tuple[int, int, bytes]:
+        """(opcode, status, body) of the response with this opaque, skipping what comes before it."""
+        while True:
+            magic, opcode, status, got, body = await self.packet(timeout)
+            if magic == 0x81 and got == opaque:
+                return opcode, status, body
+
+    async def closed(self, timeout: float = 30) -> bool:
+        """True once the producer closed or reset the connection (reading what comes before)."""
+        try:
+            while await asyncio.wait_for(self.reader.read(65536), timeout):
+                pass
+        except (ConnectionError, OSError):
+            pass
+        return True
+
+
+@contextlib.asynccontextmanager
+async def serving(vbuckets: int = 2, items: int = 0, **config):
+    bucket = Bucket.new(vbuckets, random.Random(7))
+    bucket.generate(items, random.Random(7), 20, 64)
+    lines: list[str] = []
+    producer = MockProducer(ProducerConfig(port=0, **config), bucket, lines.append)
+    host, port = await producer.start()
+    producer.lines = lines
+    producer.address = (host, port)
+    try:
+        yield producer
+    finally:
+        await producer.stop()
+
+
+async def connect(producer: MockProducer, rcvbuf: int | None = None) -> Peer:
+    if rcvbuf is None:
+        return Peer(*await asyncio.open_connection(*producer.address))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, producer.address)
+    return Peer(*await asyncio.open_connection(sock=sock))
+
+
+async def until(condition, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def run(coro) -> None:
+    asyncio.run(coro)
+
+
+# ------------------------------------------------------------------------------ lengths that do not add up
+
+
+@pytest.mark.parametrize(
+    "packet, opcode",
+    [
+        # DCP_CONTROL: key 50 + extras 4 in a 10-byte body.
+        (bytes.fromhex("805e0032040000000000000a00000009") + bytes(8) + b"x" * 10, 0x5E),
+        # Alt-magic DCP_STREAM_REQ: framing extras 200 + extras 48 in a 48-byte body.
+        (bytes.fromhex("0853c800300000000000003000000009") + bytes(8) + bytes(48), 0x53),
+    ],
+    ids=["key-and-extras", "framing-extras"],
+)
+def test_a_packet_whose_parts_exceed_its_body_gets_einval_one_line_and_a_close(packet, opcode):
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(OPEN)
+            assert (await peer.answer(1))[1] == SUCCESS
+            await peer.send(packet)
+            assert await peer.answer(9) == (opcode, EINVAL, b"")
+            assert await peer.closed()
+            await until(lambda: not producer.sessions)
+            assert (
+                len(producer.stats.violations) == 1
+                and "exceed the body length" in producer.stats.violations[0]
+            )
+            assert len(producer.lines) == 1 and "at byte offset 33" in producer.lines[0]  # after OPEN
+
+    run(main())
+
+
+# ------------------------------------------------------------------------------ replies wait for the socket
+
+
+def test_pipelined_requests_from_a_peer_that_never_reads_wait_for_the_socket():
+    """2,000 GET_ALL_VB_SEQNOS (10 KiB answers each with 1,024 vbuckets) from a peer that reads nothing."""
+
+    async def main():
+        async with serving(vbuckets=1024, write_timeout=0) as producer:
+            peer = await connect(producer, rcvbuf=4096)
+            await peer.send(req(0x48, 5) * 2000)
+            await until(lambda: producer.sessions)
+            (session,) = producer.sessions
+            buffered = session.writer.transport.get_write_buffer_size
+            await until(lambda: buffered() >= MAX_SEND_QUEUE)
+            for _ in range(20):  # let it go on as far as it would
+                await asyncio.sleep(0.01)
+            assert buffered() < MAX_SEND_QUEUE + 24 + 1024 * 10
+            peer.writer.transport.abort()
+
+    run(main())
+
+
+# ------------------------------------------------------------------------- controls as the server judges them
+
+
+@pytest.mark.parametrize(
+    "key, value, status",
+    [
+        ("set_noop_interval", "nan", EINVAL),
+        ("set_noop_interval", "inf", EINVAL),
+        ("set_noop_interval", "-inf", EINVAL),
+        ("set_noop_interval", "1e39", EINVAL),  # beyond a C float
+        ("set_noop_interval", "0.05", EINVAL),  # under the connection manager's 0.1 s
+        ("set_noop_interval", "5x", EINVAL),
+        ("set_noop_interval", "1_0", EINVAL),  # Python's float() takes it, C's strtof does not
+        ("set_noop_interval", " 2.5 and more", SUCCESS),  # strtof: leading spaces, stops at a space
+        ("set_noop_interval", "0x10", SUCCESS),  # strtof reads hex floats
+        ("set_noop_interval", "0.1", SUCCESS),
+        ("connection_buffer_size", "4294967296", EINVAL),  # above u32
+        ("connection_buffer_size", "-1", EINVAL),
+        ("connection_buffer_size", "12ab", EINVAL),
+        ("connection_buffer_size", "4294967295", SUCCESS),
+        ("connection_buffer_size", "+100 ", SUCCESS),
+        ("set_priority", "urgent", EINVAL),
+        ("set_priority", "high", SUCCESS),
+        ("enable_stream_id", "false", EINVAL),
+        ("backfill_order", "random", EINVAL),
+        ("stream_buffer_size", "100", 0x83),
+        ("enable_sync_writes", "true", EINVAL),  # not done by this producer
+        ("no_such_key", "true", EINVAL),
+    ],
+)
+def test_controls_are_answered_as_the_server_judges_them(key, value, status):
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(OPEN + control(key, value, 2))
+            assert (await peer.answer(2))[1] == status
+
+    run(main())
+
+
+def test_a_refused_noop_interval_leaves_the_noops_at_their_default():
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(OPEN + control("set_noop_interval", "nan", 2) + control("enable_noop", "true", 3))
+            assert (await peer.answer(3))[1] == SUCCESS
+            with pytest.raises(asyncio.TimeoutError):  # the default interval is 20 s
+                await peer.packet(timeout=1)
+            (session,) = producer.sessions
+            assert session.noop_interval == 20.0
+
+    run(main())
+
+
+def test_a_buffer_size_with_spaces_sets_flow_control_as_the_server_reads_it():
+    async def main():
+        async with serving(items=50) as producer:
+            peer = await connect(producer)
+            await peer.send(OPEN + control("connection_buffer_size", " 200 ", 2) + stream_req(0, 3))
+            assert (await peer.answer(3))[1] == SUCCESS
+            (session,) = producer.sessions
+            await until(lambda: session.conn.outstanding >= 200)
+            assert session.conn.buffer_size == 200 and session.conn.outstanding < 200 + 24 + 31 + 64 + 64
+
+    run(main())
+
+
+# ------------------------------------------------------------------------------ DCP commands before DCP_OPEN
+
+
+def test_a_stream_request_before_dcp_open_is_refused_and_the_connection_kept():
+    async def main():
+        async with serving(items=10) as producer:
+            peer = await connect(producer)
+            await peer.send(stream_req(0, 7) + control("enable_noop", "true", 8))
+            assert await peer.answer(7) == (0x53, EINVAL, b"")
+            assert await peer.answer(8) == (0x5E, EINVAL, b"")
+            await peer.send(req(0x54, 9))  # GET_FAILOVER_LOG: taken on any connection
+            opcode, status, body = await peer.answer(9)
+            assert (opcode, status, len(body)) == (0x54, SUCCESS, 16)
+            await peer.send(OPEN + stream_req(0, 10))
+            assert (await peer.answer(10))[1] == SUCCESS
+            assert producer.stats.streams == 1
+            assert len(producer.stats.violations) == 2
+            assert all("before DCP_OPEN" in v for v in producer.stats.violations)
+
+    run(main())
+
+
+# ------------------------------------------------------------------------------ write and idle timeouts
+
+
+def test_a_peer_that_reads_nothing_of_its_stream_is_reset_after_the_write_timeout():
+    async def main():
+        async with serving(vbuckets=1, items=20000, write_timeout=0.5) as producer:
+            peer = await connect(producer, rcvbuf=4096)
+            await peer.send(OPEN + stream_req(0, 3))
+            await until(lambda: producer.stats.timeouts == 1)
+            await until(lambda: not producer.sessions)
+            assert "read nothing of ours for 0.5 s" in producer.lines[-1]
+            with pytest.raises((ConnectionError, OSError)):
+                while await peer.reader.read(1 << 20):
+                    pass
+
+    run(main())
+
+
+def test_a_peer_that_reads_slowly_is_not_reset():
+    """Each read takes a little: progress, so no timeout however long the stream."""
+
+    async def main():
+        async with serving(vbuckets=1, items=3000, write_timeout=0.5) as producer:
+            peer = await connect(producer, rcvbuf=4096)
+            await peer.send(OPEN + stream_req(0, 3, end=3000))
+            got = 0
+            while True:
+                magic, opcode, *_ = await peer.packet()
+                got += opcode == 0x57
+                if opcode == 0x55:
+                    break
+                await asyncio.sleep(0.0005)
+            assert got > 0 and producer.stats.timeouts == 0
+
+    run(main())
+
+
+def test_a_silent_peer_with_noops_on_is_closed_after_the_idle_timeout_and_one_without_is_kept():
+    async def main():
+        async with serving(idle_timeout=0.5) as producer:
+            quiet = await connect(producer)
+            await quiet.send(OPEN)
+            silent = await connect(producer)
+            await silent.send(
+                OPEN + control("enable_noop", "true", 2) + control("set_noop_interval", "60", 3)
+            )
+            assert await silent.closed()
+            assert producer.stats.timeouts == 1 and "nothing received for 0.5 s" in producer.lines[-1]
+            assert (await quiet.answer(1))[1] == SUCCESS
+            with pytest.raises(asyncio.TimeoutError):  # memcached has no idle timeout of its own
+                await quiet.packet(timeout=1.5)
+            assert len(producer.sessions) == 1
+
+    run(main())
+
+
+# ------------------------------------------------------------------------------ refusals kept, as a data node
+
+
+def test_a_validator_failure_and_an_unknown_opcode_keep_the_connection():
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(
+                OPEN + req(0x5E, 2, b"\0\0\0\0", b"enable_noop", b"true") + req(0xEE, 3) + req(0x0B, 4)
+            )
+            assert (await peer.answer(2))[:2] == (0x5E, EINVAL)
+            assert (await peer.answer(3))[:2] == (0xEE, 0x81)  # UNKNOWN_COMMAND
+            assert (await peer.answer(4))[:2] == (0x0B, SUCCESS)  # VERSION: still served
+            assert len(producer.stats.violations) == 1  # the bad control; an unknown opcode is legal
+
+    run(main())
+
+
+def scram_client_final(
+    mechanism: str, user: str, password: str, nonce: str, server_first: bytes
+) -> tuple[bytes, bytes]:
+    """The client's side of RFC 5802, written here from the RFC: (client-final, expected server signature)."""
+    import base64
+    import hashlib
+    import hmac
+
+    name = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1": "sha1"}[mechanism]
+    attrs = dict(part.split("=", 1) for part in server_first.decode().split(","))
+    assert attrs["r"].startswith(nonce)
+    salted = hashlib.pbkdf2_hmac(name, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", name).digest()
+    without_proof = f"c=biws,r={attrs['r']}"
+    auth = f"n={user},r={nonce},{server_first.decode()},{without_proof}".encode()
+    signature = hmac.new(hashlib.new(name, client_key).digest(), auth, name).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    server_sig = hmac.new(hmac.new(salted, b"Server Key", name).digest(), auth, name).digest()
+    return f"{without_proof},p={base64.b64encode(proof).decode()}".encode(), b"v=" + base64.b64encode(
+        server_sig
+    )
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1"])
+def test_with_require_auth_a_connection_authenticates_with_scram_selects_the_bucket_and_opens(mechanism):
+    async def main():
+        async with serving(require_auth=True, username="dcp", password="s3cret", bucket="beer") as producer:
+            peer = await connect(producer)
+            await peer.send(OPEN + req(0x20, 2))  # DCP_OPEN before SASL, then SASL_LIST_MECHS
+            assert (await peer.answer(1))[1] == 0x24  # EACCESS
+            assert (await peer.answer(2))[2] == b"SCRAM-SHA512 SCRAM-SHA256 SCRAM-SHA1 PLAIN"
+            nonce = "abcdefghijklmnop"
+            await peer.send(req(0x21, 3, key=mechanism.encode(), value=f"n,,n=dcp,r={nonce}".encode()))
+            _, status, server_first = await peer.answer(3)
+            assert status == 0x21  # AUTH_CONTINUE
+            final, signature = scram_client_final(mechanism, "dcp", "s3cret", nonce, server_first)
+            await peer.send(req(0x22, 4, key=mechanism.encode(), value=final))
+            assert (await peer.answer(4))[1:] == (SUCCESS, signature)
+            await peer.send(OPEN)
+            assert (await peer.answer(1))[1] == 0x08  # NO_BUCKET
+            await peer.send(req(0x89, 5, key=b"default") + req(0x89, 6, key=b"beer") + OPEN)
+            assert (await peer.answer(5))[1] == 0x01  # KEY_ENOENT: no such bucket
+            assert (await peer.answer(6))[1] == SUCCESS
+            assert (await peer.answer(1))[1] == SUCCESS
+            await peer.send(OPEN + req(0x50, 7, b"\0\0\0\0\0\0\0\x03", b"c2"))  # again; flag 0x02
+            assert (await peer.answer(1))[1] == EINVAL
+            assert (await peer.answer(7))[1] == EINVAL
+
+    run(main())
+
+
+def test_a_wrong_password_gets_auth_error_and_the_connection_may_try_again():
+    async def main():
+        async with serving(require_auth=True) as producer:
+            peer = await connect(producer)
+            await peer.send(req(0x21, 2, key=b"PLAIN", value=b"\0Administrator\0wrong"))
+            assert (await peer.answer(2))[1] == 0x20  # AUTH_ERROR
+            await peer.send(req(0x21, 3, key=b"PLAIN", value=b"\0Administrator\0password"))
+            assert (await peer.answer(3))[1] == SUCCESS
+            assert "authentication failed" in producer.lines[0]
+
+    run(main())
+
+
+# ------------------------------------------------------------------------------ the bucket config
+
+
+def test_get_cluster_config_and_not_my_vbucket_carry_the_bucket_config():
+    import json
+
+    from wallaroo_proto.protocols.dcp.producer import Faults
+
+    async def main():
+        async with serving(vbuckets=8, faults=Faults(not_my_vbucket=frozenset({3}))) as producer:
+            peer = await connect(producer)
+            await peer.send(req(0xB5, 2) + OPEN + stream_req(3, 4))
+            for opaque, opcode, status in ((2, 0xB5, SUCCESS), (4, 0x53, 0x07)):
+                got_opcode, got_status, body = await peer.answer(opaque)
+                assert (got_opcode, got_status) == (opcode, status)
+                config = json.loads(body)
+                port = producer.address[1]
+                assert config["nodeLocator"] == "vbucket" and config["name"] == "default"
+                assert config["rev"] >= 1 and "revEpoch" in config
+                assert config["vBucketServerMap"]["serverList"] == [f"127.0.0.1:{port}"]
+                assert config["vBucketServerMap"]["vBucketMap"] == [[0]] * 8
+                (node,) = config["nodesExt"]
+                assert node["services"]["kv"] == port and "hostname" not in node
+
+    run(main())
