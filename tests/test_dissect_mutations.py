@@ -20,6 +20,7 @@ from rich.console import Console
 from wallaroo_proto_cli.dissect import _fields, _Filter, _RichFrames, command
 
 from wallaroo_proto.capture.dissector import dissect
+from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.records import to_json
 
 pytestmark = pytest.mark.slow
@@ -70,6 +71,51 @@ def packet_spans(data: bytes) -> list[tuple[int, int]]:
     return spans
 
 
+def kinesis_late_start() -> bytes:
+    """A Kinesis MLD conversation (hand-written lines: the daemon compact, kclpy's between blank
+    lines) whose capture starts late, in the daemon's first batch, and lost the processor's
+    checkpoint: the first whole line is the daemon's checkpoint reply, and which side is the
+    daemon must be told from the lines alone. Read with ``--protocol kinesis --port 7300``."""
+    batch = (
+        b'{"action":"processRecords","records":[{"data":"YQ==","partitionKey":"k","sequenceNumber":"%d",'
+        b'"approximateArrivalTimestamp":1,"subSequenceNumber":0,"action":"record"}],"millisBehindLatest":0}\n'
+    )
+    turns = [
+        (
+            True,
+            b'{"action":"initialize","shardId":"shardId-0","sequenceNumber":"TRIM_HORIZON","subSequenceNumber":0}\n',
+        ),
+        (False, b'\n{"action": "status", "responseFor": "initialize"}\n'),
+        (True, batch % 11),
+        (False, b'\n{"action": "checkpoint", "sequenceNumber": "11", "subSequenceNumber": 0}\n'),
+        (True, b'{"action":"checkpoint","sequenceNumber":"11","subSequenceNumber":0,"error":null}\n'),
+        (False, b'\n{"action": "status", "responseFor": "processRecords"}\n'),
+        (True, batch % 12),
+        (False, b'\n{"action": "status", "responseFor": "processRecords"}\n'),
+        (True, b'{"action":"leaseLost"}\n'),
+        (False, b'\n{"action": "status", "responseFor": "leaseLost"}\n'),
+    ]
+    out = io.BytesIO()
+    session = PcapWriter(out).tcp_session(("127.0.0.1", 40001), ("127.0.0.1", 7300), timestamp=1.0)
+    for i, (from_daemon, line) in enumerate(turns):
+        session.send(from_daemon, line, 2.0 + i / 1000)
+    session.close(True, 3.0)
+    data = out.getvalue()
+    spans = packet_spans(data)  # the handshake, then one packet per line
+    late, lost = spans[3 + 2], spans[3 + 3]  # from the first batch's packet; the checkpoint's is lost
+    return data[:24] + data[late[0] : lost[0]] + data[lost[1] :]
+
+
+SAMPLES["kinesis-late-start.pcap"] = kinesis_late_start()
+#: The checkpoint reply's "error", its sign of the daemon: broken, the sides could be taken swapped.
+KINESIS_ERROR_KEY = SAMPLES["kinesis-late-start.pcap"].index(b'"error"') + 1
+#: Extra views for Kinesis samples: a connection on the processor port read as Kinesis.
+KINESIS_VIEWS = [
+    ["--protocol", "kinesis", "--port", "7300"],
+    ["--protocol", "kinesis", "--port", "7300", "-x"],
+]
+
+
 def duplicate_packet(data: bytes, which: int) -> bytes:
     spans = packet_spans(data)
     if not spans:  # an earlier mutation left no packet whole enough to find
@@ -111,6 +157,7 @@ def workdir(tmp_path_factory) -> Path:
 @given(sample=st.sampled_from(sorted(SAMPLES)), mutations=st.lists(mutation, min_size=1, max_size=4))
 @example(sample="sink-2pc-ns.pcapng", mutations=[("flip", 409, 0x01)])  # a HELLO cut short: framing breaks
 @example(sample="sink-2pc-ns.pcapng", mutations=[("flip", 48, 0x09)])  # if_tsresol 0: years past 9999
+@example(sample="kinesis-late-start.pcap", mutations=[("flip", KINESIS_ERROR_KEY, 0x20)])  # sides swapped
 def test_any_mutation_through_any_view_exits_cleanly(workdir, sample, mutations):
     data = SAMPLES[sample]
     for m in mutations:
@@ -122,7 +169,7 @@ def test_any_mutation_through_any_view_exits_cleanly(workdir, sample, mutations)
     path = workdir / sample
     path.write_bytes(data)
     runner = CliRunner()
-    for view in VIEWS:
+    for view in VIEWS + (KINESIS_VIEWS if sample.startswith("kinesis") else []):
         result = runner.invoke(command, [*view, str(path)])
         where = f"dissect {' '.join(view)} on {sample} mutated by {mutations}"
         assert result.exception is None or isinstance(result.exception, SystemExit), (
