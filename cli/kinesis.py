@@ -333,7 +333,8 @@ def _print_processor_summary(result: dict, fmt: str, *, err: bool) -> None:
     for c in result["conversations"]:
         errors = ", ".join(f"{k} {v}" for k, v in c["checkpoint_errors"].items())
         out.print(
-            f"  {c['shard_id']}: {c['records']:,} records, {c['checkpoints']} checkpoints"
+            f"  {c['shard_id'] or 'before initialize'}: {c['records']:,} records, "
+            f"{c['checkpoints']} checkpoints"
             + (f" (errors: {errors})" if errors else "")
             + f", end: {c['end']}"
         )
@@ -368,7 +369,9 @@ async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
         if isinstance(exc, OSError):
             raise usage_error(f"cannot connect to {opts['connect']}: {exc.strerror or exc}")
     await procs.close()
-    return summary(procs.results, procs.crashed), procs.crashed is not None
+    # --connect's conversations cut short by a signal; --listen serves until one, its normal end.
+    interrupted = listen is None and work not in done
+    return summary(procs.results, procs.crashed), interrupted
 
 
 @command.command(name="mock-processor")
@@ -454,9 +457,11 @@ def mock_processor(**opts) -> None:
             sys.exit(EXIT_INTERRUPTED)
         result = summary([stats])
     else:
-        result, crashed = asyncio.run(_run_tcp(config, opts))
+        result, interrupted = asyncio.run(_run_tcp(config, opts))
         with contextlib.suppress(Exception):
             sys.stdout.flush()
     _print_processor_summary(result, opts["fmt"], err=stdio)
+    if not stdio and interrupted:
+        sys.exit(EXIT_INTERRUPTED)
     if not result["ok"]:
         sys.exit(1)

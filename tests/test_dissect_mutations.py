@@ -22,6 +22,7 @@ from wallaroo_proto_cli.dissect import _fields, _Filter, _RichFrames, command
 from wallaroo_proto_cli.report import command as report_command
 
 from wallaroo_proto.capture.dissector import dissect
+from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.records import to_json
 
 pytestmark = pytest.mark.slow
@@ -46,6 +47,51 @@ VIEWS = [
     ["--format", "jsonl", "--stream", "1"],
     ["--strict"],
     ["--type", "message", "--type", "phase1", "--since", "0.001"],
+]
+
+
+def kinesis_late_start() -> bytes:
+    """A Kinesis MLD conversation (hand-written lines: the daemon compact, kclpy's between blank
+    lines) whose capture starts late, in the daemon's first batch, and lost the processor's
+    checkpoint: the first whole line is the daemon's checkpoint reply, and which side is the
+    daemon must be told from the lines alone. Read with ``--protocol kinesis --port 7300``."""
+    batch = (
+        b'{"action":"processRecords","records":[{"data":"YQ==","partitionKey":"k","sequenceNumber":"%d",'
+        b'"approximateArrivalTimestamp":1,"subSequenceNumber":0,"action":"record"}],"millisBehindLatest":0}\n'
+    )
+    turns = [
+        (
+            True,
+            b'{"action":"initialize","shardId":"shardId-0","sequenceNumber":"TRIM_HORIZON","subSequenceNumber":0}\n',
+        ),
+        (False, b'\n{"action": "status", "responseFor": "initialize"}\n'),
+        (True, batch % 11),
+        (False, b'\n{"action": "checkpoint", "sequenceNumber": "11", "subSequenceNumber": 0}\n'),
+        (True, b'{"action":"checkpoint","sequenceNumber":"11","subSequenceNumber":0,"error":null}\n'),
+        (False, b'\n{"action": "status", "responseFor": "processRecords"}\n'),
+        (True, batch % 12),
+        (False, b'\n{"action": "status", "responseFor": "processRecords"}\n'),
+        (True, b'{"action":"leaseLost"}\n'),
+        (False, b'\n{"action": "status", "responseFor": "leaseLost"}\n'),
+    ]
+    out = io.BytesIO()
+    session = PcapWriter(out).tcp_session(("127.0.0.1", 40001), ("127.0.0.1", 7300), timestamp=1.0)
+    for i, (from_daemon, line) in enumerate(turns):
+        session.send(from_daemon, line, 2.0 + i / 1000)
+    session.close(True, 3.0)
+    data = out.getvalue()
+    spans = packet_spans(data)  # the handshake, then one packet per line
+    late, lost = spans[3 + 2], spans[3 + 3]  # from the first batch's packet; the checkpoint's is lost
+    return data[:24] + data[late[0] : lost[0]] + data[lost[1] :]
+
+
+SAMPLES["kinesis-late-start.pcap"] = kinesis_late_start()
+#: The checkpoint reply's "error", its sign of the daemon: broken, the sides could be taken swapped.
+KINESIS_ERROR_KEY = SAMPLES["kinesis-late-start.pcap"].index(b'"error"') + 1
+#: Extra views for Kinesis samples: a connection on the processor port read as Kinesis.
+KINESIS_VIEWS = [
+    ["--protocol", "kinesis", "--port", "7300"],
+    ["--protocol", "kinesis", "--port", "7300", "-x"],
 ]
 
 
@@ -92,9 +138,8 @@ def protocol_of(sample: str) -> str:
     return prefix if prefix in ("kinesis", "dcp", "ambrosia", "tremor") else "wallaroo"
 
 
-BY_PROTOCOL = {
-    p: sorted(s for s in SAMPLES if protocol_of(s) == p) for p in ("wallaroo", "dcp", "ambrosia", "tremor")
-}
+PROTOCOLS = ("wallaroo", "kinesis", "dcp", "ambrosia", "tremor")
+BY_PROTOCOL = {p: sorted(s for s in SAMPLES if protocol_of(s) == p) for p in PROTOCOLS}
 
 
 def check_every_view(workdir: Path, sample: str, mutations: list) -> None:
@@ -109,7 +154,7 @@ def check_every_view(workdir: Path, sample: str, mutations: list) -> None:
     path = workdir / sample
     path.write_bytes(data)
     runner = CliRunner()
-    for view in VIEWS:
+    for view in VIEWS + (KINESIS_VIEWS if sample.startswith("kinesis") else []):
         result = runner.invoke(command, [*view, str(path)])
         where = f"dissect {' '.join(view)} on {sample} mutated by {mutations}"
         assert result.exception is None or isinstance(result.exception, SystemExit), (
@@ -133,6 +178,7 @@ def test_any_mutation_through_any_view_exits_cleanly(workdir, protocol, data, mu
     [
         ("sink-2pc-ns.pcapng", [("flip", 409, 0x01)]),  # a HELLO cut short: framing breaks
         ("sink-2pc-ns.pcapng", [("flip", 48, 0x09)]),  # if_tsresol 0: years past 9999
+        ("kinesis-late-start.pcap", [("flip", KINESIS_ERROR_KEY, 0x20)]),  # sides taken swapped
     ],
 )
 def test_mutations_found_before(workdir, sample, mutations):

@@ -169,8 +169,8 @@ def test_v1_checkpoint_form_is_read_in_the_v1_dialect():
     ("line", "why"),
     [
         (b"", "blank line"),
-        (b"not json", "not a JSON line"),
-        (b'{"action":"initialize","shardId":"s"} x', "not a JSON line"),
+        (b"not json", "not JSON"),
+        (b'{"action":"initialize","shardId":"s"} x', "not JSON"),
         (b'{"shardId":"s"}', "no 'action'"),
         (b'{"action":"bogus"}', "unknown action"),
         (b'{"action":"initialize","shardId":"s","sequenceNumber":"1"}', "subSequenceNumber"),
@@ -328,3 +328,82 @@ def test_a_generated_batch_line_is_what_the_plain_json_encoder_writes(index, fir
     )
     assert line == (plain + "\n").encode()
     assert decode_from_daemon(line) == msg
+
+
+# ------------------------------------------------------------ any line: a message or the codec's error
+
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+_FIELDS = ("shardId", "sequenceNumber", "subSequenceNumber", "records", "millisBehindLatest", "responseFor")
+_shaped = st.builds(
+    lambda action, fields: {"action": action, **fields},
+    st.sampled_from(["initialize", "processRecords", "status", "checkpoint", "shutdown", "record", "x"]),
+    st.dictionaries(st.sampled_from(_FIELDS), _json_values, max_size=4),
+).map(lambda obj: json.dumps(obj).encode())
+#: Python's reader has limits of its own: nesting past its recursion limit, over 4,300 digits.
+_deep = st.builds(
+    lambda n, opener, head: head + opener * n,
+    st.integers(900, 100_000),
+    st.sampled_from([b"[", b'{"a":', b'{"action":"processRecords","records":[']),
+    st.sampled_from([b"", b'{"action":"status","responseFor":']),
+)
+_huge = st.builds(
+    lambda digits, template: template.replace(b"N", b"1" * digits),
+    st.integers(4_000, 6_000),
+    st.sampled_from(
+        [
+            b'{"action":"checkpoint","sequenceNumber":N,"subSequenceNumber":0}',
+            b'{"action":"checkpoint","sequenceNumber":"N","subSequenceNumber":"N"}',
+            b'{"action":"initialize","shardId":"s","sequenceNumber":"N","subSequenceNumber":N}',
+            b'{"action":"processRecords","records":[],"millisBehindLatest":N}',
+        ]
+    ),
+)
+_any_line = st.one_of(st.binary(max_size=64), _shaped, _deep, _huge)
+
+
+@settings(deadline=None, max_examples=300)  # a loaded machine is no failure
+@given(_any_line)
+def test_any_line_is_a_message_or_the_codecs_error_with_a_reason(line):
+    for dialect in (CURRENT, V1):
+        try:
+            decoded = decode_from_processor(line, dialect)
+        except Skipped as err:
+            assert str(err)
+        else:
+            assert decoded is None or isinstance(decoded[0], tuple)
+        try:
+            decode_from_daemon(line, dialect)
+        except Fatal as err:
+            assert str(err)
+
+
+@settings(deadline=None, max_examples=200)  # a loaded machine is no failure
+@given(st.lists(st.tuples(st.booleans(), _any_line), max_size=6))
+def test_a_conversation_judges_any_lines_with_a_verdict(lines):
+    from wallaroo_proto.protocols.kinesis.core import Conversation
+
+    conv = Conversation()
+    head = [(True, MLD_LINES[0][1][:-1]), (True, MLD_LINES[1][1][:-1])]
+    for from_daemon, line in head + lines:
+        verdict = conv.from_daemon(line) if from_daemon else conv.from_processor(line)
+        assert verdict.kind is not None
+
+
+def test_lines_pythons_reader_cannot_take_are_the_codecs_error():
+    deep = b"[" * 100_000
+    with pytest.raises(Fatal, match="nested too deeply"):
+        decode_from_daemon(deep)
+    with pytest.raises(Skipped, match="nested too deeply"):
+        decode_from_processor(deep)
+    long_number = b'{"action":"checkpoint","sequenceNumber":' + b"1" * 5000 + b',"subSequenceNumber":0}'
+    with pytest.raises(Skipped, match="a number too long"):
+        decode_from_processor(long_number)
+    with pytest.raises(Fatal, match="a number too long"):
+        decode_from_daemon(long_number)
+    as_text = b'{"action":"checkpoint","sequenceNumber":"1","subSequenceNumber":"' + b"1" * 5000 + b'"}'
+    with pytest.raises(Skipped, match="a Java long"):
+        decode_from_processor(as_text)

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from wallaroo_proto.protocols.kinesis.codec import V1, Checkpoint
-from wallaroo_proto.protocols.kinesis.core import DAEMON, PROCESSOR, Conversation, Kind, checkpoint_error
+from wallaroo_proto.protocols.kinesis.core import (
+    DAEMON,
+    PROCESSOR,
+    Conversation,
+    Kind,
+    checkpoint_error,
+    seq_key,
+)
 
 INIT = (
     b'{"action":"initialize","shardId":"shardId-000000000000","sequenceNumber":"TRIM_HORIZON",'
@@ -237,7 +244,9 @@ def test_v1_is_detected_and_its_checkpoint_form_read():
 
 
 def test_the_checkpointer_validates_like_the_kcl():
-    def err(seq, sub=None, action="processRecords", last=(100, 0), largest=(200, 0), reason=None):
+    def err(seq, sub=None, action="processRecords", last="100", largest="200", reason=None):
+        last = None if last is None else seq_key(last, 0)
+        largest = None if largest is None else seq_key(largest, 0)
         return checkpoint_error(
             Checkpoint(seq, sub), action=action, last=last, largest=largest, reason=reason
         )
@@ -254,6 +263,10 @@ def test_the_checkpointer_validates_like_the_kcl():
     assert err(None, action="shutdown", reason="ZOMBIE") == "InvalidStateException"
     assert err(None, action="shutdown", reason="TERMINATE") is None
     assert err("150", largest=None) == "IllegalArgumentException"
+    assert err("0150") is None  # leading zeros: the same integer
+    assert err("9" * 5000) == "IllegalArgumentException"  # beyond the range, however long
+    assert err("1" * 5000, last=None, largest="2" * 5000) is None
+    assert err("١٥٠") == "IllegalArgumentException"  # digits of another script are not a sequence number
 
 
 def test_an_explicit_shard_end_checkpoint_ends_the_shard_like_a_bare_one():

@@ -171,6 +171,29 @@ def test_protocol_forces_how_a_connection_is_read(tmp_path):
     assert unknown.returncode == 2 and "nope" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
+def test_a_processor_sending_a_daemons_request_is_recorded_as_ignored(tmp_path):
+    """The MLD decodes a processRecords from the processor and ignores it; its records are
+    still objects of any shape (a damaged or odd capture), and the dissector records them."""
+    path = tmp_path / "odd.pcap"
+    odd = b'{"action":"processRecords","records":[{"sequenceNumber":"5","partitionKey":7}]}\n'
+    with PcapWriter(path) as w:
+        s = w.tcp_session(("10.1.0.1", 51000), ("10.1.0.2", 9999), timestamp=1_763_700_000.0)
+        for i, (from_client, data) in enumerate(
+            [(True, DAEMON_LINES[0]), (False, PROCESSOR_LINES[0]), (False, odd), (True, DAEMON_LINES[1])]
+        ):
+            s.send(from_client, data, 1_763_700_000.0 + (i + 1) / 1000)
+    records = jsonl(str(path))
+    assert [(r["sender"], r["type"], r["verdict"]) for r in records] == [
+        ("daemon", "initialize", "accepted"),
+        ("processor", "status", "accepted"),
+        ("processor", "processRecords", "ignored"),
+        ("daemon", "processRecords", "accepted"),
+    ]
+    assert (records[2]["record_count"], records[2]["sequence_number"]) == (1, "5")
+    shown = run_cli("dissect", str(path))
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr
+
+
 @pytest.mark.slow
 def test_spark_replay_builds_the_kinesis_tables(replayed_everything):
     recorded, bad = replayed_everything.paths["kinesis"], replayed_everything.paths["kinesis-bad"]

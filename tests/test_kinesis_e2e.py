@@ -519,3 +519,115 @@ def test_a_processor_gone_before_its_pipe_is_sized_still_gets_a_channel():
         await channel._stderr
 
     asyncio.run(spawn())
+
+
+# ------------------------------------------------------------------------- hostile daemons and processors
+
+
+class RawDaemon:
+    """A listening socket that sends ``data`` to the first connection and holds it open."""
+
+    def __init__(self, data: bytes) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.accepted = threading.Event()
+        self.conn = None
+
+        def serve() -> None:
+            self.conn, _ = self.sock.accept()
+            self.accepted.set()
+            self.conn.sendall(data)
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def __enter__(self) -> RawDaemon:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.conn is not None:
+            self.conn.close()
+        self.sock.close()
+
+
+DEEP_INITIALIZE = b'{"action":"initialize","shardId":' + b"[" * 100_000 + b"\n"
+
+
+def test_mock_processor_reports_a_line_nested_too_deeply_over_stdin(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_bytes(DEEP_INITIALIZE)
+    with open(path, "rb") as stdin:
+        result = subprocess.run([*PROCESSOR], stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert (
+        "line 1 from the daemon: the processor cannot read this line: not readable JSON: nested too deeply"
+        in (result.stderr)
+    )
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (DEEP_INITIALIZE, "line 1 from the daemon: the processor cannot read this line: not readable JSON"),
+        # garbage with no line end: no JSON object can start this way, so no need to wait for the end
+        (
+            bytes(range(14, 256)) * 20,
+            "no line end yet): the processor cannot read this line: not JSON",
+        ),
+    ],
+)
+def test_mock_processor_over_tcp_fails_promptly_on_a_line_it_cannot_read(data, expected):
+    with RawDaemon(data) as mld:
+        result = run_cli(
+            "kinesis", "mock-processor", "--connect", mld.address, "--format", "json", timeout=60
+        )
+    assert result.returncode == 1, result.stderr
+    summary = json.loads(result.stdout)
+    assert len(summary["conversations"]) == 1 and expected in summary["failures"][0], summary
+    assert "Traceback" not in result.stderr
+
+
+def test_mock_processor_interrupted_while_connected_exits_130():
+    with RawDaemon(b"") as mld:
+        proc = subprocess.Popen(
+            [*PROCESSOR, "--connect", mld.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert mld.accepted.wait(60)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, (out, err)
+    assert "summary" in out and "Traceback" not in err
+
+
+# A processor that writes what the MLD skips (nesting past Jackson's limit), then asks for a
+# checkpoint far beyond any record (5,000 digits: the KCL compares BigIntegers and refuses it).
+HOSTILE_PROCESSOR = r"""
+import json, sys
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    action = json.loads(line)["action"]
+    if action == "initialize":
+        sys.stdout.write("[" * 100000 + "\n")
+        sys.stdout.write('{"action":"checkpoint","sequenceNumber":' + "7" * 5000 + "}\n")
+    if action == "processRecords":
+        send({"action": "checkpoint", "sequenceNumber": "9" * 5000, "subSequenceNumber": 0})
+        reply = json.loads(sys.stdin.readline())
+        sys.stderr.write("reply " + str(reply["error"]) + "\n")
+    send({"action": "status", "responseFor": action})
+    if action in ("leaseLost", "shardEnded"):
+        break
+"""
+
+
+def test_mock_daemon_skips_unreadable_lines_and_refuses_a_huge_checkpoint():
+    result, summary = daemon("--records", "3", "--", PY, "-c", HOSTILE_PROCESSOR)
+    assert result.returncode == 0, result.stderr
+    assert "processor line 1 skipped: not readable JSON: nested too deeply" in result.stderr
+    assert "processor line 2 skipped: not readable JSON: a number too long" in result.stderr
+    assert "reply IllegalArgumentException" in result.stderr
+    assert summary["shards"][0]["checkpoint_errors"] == {"IllegalArgumentException": 1}
+    assert "internal error" not in result.stderr and "Traceback" not in result.stderr

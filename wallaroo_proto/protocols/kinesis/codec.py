@@ -369,6 +369,10 @@ class LineSplitter:
         """Bytes held for an unfinished line."""
         return len(self._buf)
 
+    def unfinished(self, size: int = 32) -> bytes:
+        """The first bytes of the unfinished line (empty after a gap, until the next line end)."""
+        return b"" if self._resync is not None else bytes(self._buf[:size])
+
     def _keep(self, data: bytes, offset: int) -> None:
         if not self._buf and not self._dropped:
             self._start = offset
@@ -413,7 +417,44 @@ _KNOWN_ACTIONS = {
     **_PROCESSOR_FIELDS,
 }
 _raw_decode = json.JSONDecoder().raw_decode
-_loads = json.loads
+#: The range of a Java ``long``, the type of the MLD's subsequence numbers.
+_LONG = (-(2**63), 2**63 - 1)
+
+
+def _json(text: str, error: type[ValueError], *, trailing: bool = False) -> tuple[Any, int]:
+    """``(value, end)`` of the JSON starting ``text``; ``error`` with the reason when it cannot be read.
+
+    Python's reader stops on more than the JSON syntax: nesting deeper than
+    its recursion limit, and integers longer than its digit limit. Jackson
+    (the MLD) has limits of its own there, kclpy has Python's; either way the
+    line is not a message, so every way of failing becomes the one error.
+    ``trailing`` allows text after the value (the MLD's reader does).
+    """
+    try:
+        value, end = _raw_decode(text)
+    except json.JSONDecodeError as err:
+        raise error(f"not JSON ({err.msg} at column {err.colno})") from None
+    except RecursionError:
+        raise error("not readable JSON: nested too deeply") from None
+    except ValueError as err:  # the integer digit limit
+        raise error(f"not readable JSON: a number too long ({str(err).partition(':')[0]})") from None
+    if not trailing and text[end:].strip():
+        raise error(f"not JSON (Extra data at column {end + 1})")
+    return value, end
+
+
+def peek_object(data: bytes | str) -> dict | None:
+    """The JSON object a line holds, or None for any other line; never raises (for guessing, not judging)."""
+    try:
+        obj, _ = _json(_text(data).strip(), ValueError)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def is_sequence_number(value: Any) -> bool:
+    """A decimal sequence number (ASCII digits: ``str.isdigit`` also takes other scripts' digits)."""
+    return isinstance(value, str) and value.isascii() and value.isdigit()
 
 
 def _text(data: bytes | str) -> str:
@@ -427,15 +468,24 @@ def _seq(value: Any, where: str) -> str | None:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return str(value)  # Jackson coerces a number to a string field
-    raise Skipped(f"{where}: sequenceNumber must be a string, got {json.dumps(value)}")
+    raise Skipped(f"{where}: sequenceNumber must be a string, got {_brief(value)}")
 
 
 def _subseq(value: Any, where: str) -> int | None:
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+    if isinstance(value, str) and is_sequence_number(value.strip().removeprefix("-")):
+        digits = value.strip()
+        if len(digits) <= 20:
+            value = int(digits)  # Jackson coerces a digit string to a long
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and _LONG[0] <= value <= _LONG[1]:
         return value
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)  # Jackson coerces a digit string to a long
-    raise Skipped(f"{where}: subSequenceNumber must be an integer, got {json.dumps(value)}")
+    raise Skipped(f"{where}: subSequenceNumber must be an integer (a Java long), got {_brief(value)}")
+
+
+def _brief(value: Any, limit: int = 60) -> str:
+    text = value if isinstance(value, str) and len(value) > limit else json.dumps(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def decode_from_processor(data: bytes | str, dialect: str = CURRENT) -> tuple[Message, str | None] | None:
@@ -450,10 +500,7 @@ def decode_from_processor(data: bytes | str, dialect: str = CURRENT) -> tuple[Me
     stripped = text.strip()
     if not stripped:
         raise Skipped("whitespace-only line")
-    try:
-        obj, end = _raw_decode(stripped)
-    except ValueError as err:
-        raise Skipped(f"not JSON ({err.msg} at column {err.colno})") from None
+    obj, end = _json(stripped, Skipped, trailing=True)
     note = "text after the JSON object ignored" if end < len(stripped) else None
     if obj is None:
         raise Skipped("a bare null (the Java MLD may stop on it)")
@@ -544,9 +591,19 @@ def _initialize(obj: dict) -> Initialize:
     return Initialize(obj.get("shardId"), obj.get("sequenceNumber"), obj.get("subSequenceNumber"))
 
 
+def _loose_records(obj: dict) -> ProcessRecords:
+    """A processRecords from the processor (the MLD decodes it, then ignores it): records as ``Record``."""
+    records = obj.get("records") or []
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise Skipped("processRecords: 'records' is not a list of objects")
+    fields = ("data", "partitionKey", "sequenceNumber", "approximateArrivalTimestamp", "subSequenceNumber")
+    rows = [Record(*map(r.get, fields)) for r in records]
+    return ProcessRecords(rows, obj.get("millisBehindLatest"))
+
+
 _ANY_MESSAGE = {
     "initialize": _initialize,
-    "processRecords": lambda o: ProcessRecords(list(o.get("records") or []), o.get("millisBehindLatest")),
+    "processRecords": _loose_records,
     "leaseLost": lambda o: LeaseLost(),
     "shardEnded": lambda o: ShardEnded(),
     "shutdownRequested": lambda o: ShutdownRequested(),
@@ -568,6 +625,18 @@ def detect_dialect(obj: dict) -> str | None:
     return None
 
 
+def doomed_daemon_line(head: bytes) -> str | None:
+    """Why a daemon line, of which only ``head`` came so far, cannot be read by kclpy whatever follows.
+
+    A line that does not open a JSON object is fatal once it ends; a reader need
+    not wait for an end that a peer sending garbage may never write.
+    """
+    start = head.lstrip(b" \t")
+    if start and start[:1] != b"{":
+        return f"not JSON (a line starting {_text(start[:16])!r} is no JSON object)"
+    return None
+
+
 def decode_from_daemon(data: bytes | str, dialect: str | None = None) -> Message:
     """A daemon's line as kclpy reads it; raises ``Fatal`` for what would crash kclpy.
 
@@ -577,10 +646,7 @@ def decode_from_daemon(data: bytes | str, dialect: str | None = None) -> Message
     text = _text(data)
     if not text.strip():
         raise Fatal("a blank line (kclpy does not skip blank lines: json.loads fails)")
-    try:
-        obj = _loads(text)
-    except ValueError as err:
-        raise Fatal(f"not a JSON line ({err.msg} at column {err.colno})") from None
+    obj, _ = _json(text.strip(" \t\r\n"), Fatal)  # json.loads's whitespace
     if not isinstance(obj, dict):
         raise Fatal(f"a JSON {type(obj).__name__.replace('list', 'array')}, not an object")
     if "action" not in obj:

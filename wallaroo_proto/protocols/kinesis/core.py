@@ -23,7 +23,6 @@ for a daemon that must answer a checkpoint.
 
 from __future__ import annotations
 
-import json
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -42,6 +41,8 @@ from .codec import (
     decode_from_daemon,
     decode_from_processor,
     detect_dialect,
+    is_sequence_number,
+    peek_object,
 )
 
 DAEMON, PROCESSOR = "daemon", "processor"
@@ -78,9 +79,14 @@ class Verdict(NamedTuple):
         return f"{where}: {self.kind.value}: {what}"
 
 
-def seq_key(sequence_number: str, sub: int | None) -> tuple[int, int]:
-    """Kinesis sequence numbers order as integers; subsequence numbers break ties."""
-    return int(sequence_number), sub or 0
+def seq_key(sequence_number: str, sub: int | None) -> tuple[int, str, int]:
+    """Sequence numbers order as integers (the KCL compares BigIntegers), subsequence numbers break ties.
+
+    Compared as (length, digits) without leading zeros, so a number of any
+    length orders without conversion (Python refuses ``int`` of over 4,300 digits).
+    """
+    digits = sequence_number.lstrip("0") or "0"
+    return len(digits), digits, sub or 0
 
 
 def checkpoint_error(
@@ -106,7 +112,7 @@ def checkpoint_error(
         return None if seq is None or action in ("shardEnded", "shutdown") else "IllegalArgumentException"
     if sub is not None and sub < 0:
         return "IllegalArgumentException"
-    if not seq.isdigit():
+    if not is_sequence_number(seq):
         return "IllegalArgumentException"
     key = seq_key(seq, sub)
     if (last is not None and key < last) or largest is None or key > largest:
@@ -189,12 +195,12 @@ class Conversation:
         if isinstance(msg, Initialize):
             self.shard_id = msg.shard_id
             self.initial = (msg.sequence_number, msg.sub_sequence_number)
-            if msg.sequence_number is not None and msg.sequence_number.isdigit():
+            if is_sequence_number(msg.sequence_number):
                 self.last_checkpoint = (msg.sequence_number, msg.sub_sequence_number)
         elif isinstance(msg, ProcessRecords) and msg.records:
             self.records += len(msg.records)
             last = msg.records[-1]
-            if isinstance(last.sequence_number, str) and last.sequence_number.isdigit():
+            if is_sequence_number(last.sequence_number) and isinstance(last.sub_sequence_number, int | None):
                 key = seq_key(last.sequence_number, last.sub_sequence_number)
                 if self.largest is None or key > self.largest:
                     self.largest = key
@@ -328,14 +334,10 @@ class Conversation:
         return self._line[sender], line, None
 
     def _detect(self, data: bytes | str) -> None:
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            return
-        if isinstance(obj, dict):
-            found = detect_dialect(obj)
-            if found is not None:
-                self.dialect = V1 if found == V1 else CURRENT
+        obj = peek_object(data)
+        found = detect_dialect(obj) if obj is not None else None
+        if found is not None:
+            self.dialect = V1 if found == V1 else CURRENT
 
     def _violation(self, sender: str, line: int | None, msg: Message | None, reason: str) -> Verdict:
         verdict = Verdict(Kind.VIOLATION, sender, line, msg, reason)

@@ -44,6 +44,7 @@ from .codec import (
     ShutdownRequested,
     Status,
     encode,
+    is_sequence_number,
 )
 from .core import PROCESSOR, SHARD_END, Conversation, Kind, checkpoint_error, seq_key
 from .leases import LeaseTable
@@ -436,7 +437,7 @@ class Session:
         stats, conv = self.stats, self.conv
         stats.checkpoint_requests += 1
         lease = self.daemon.leases.get(stats.shard_id)
-        last = seq_key(*lease) if lease is not None and lease[0].isdigit() else None
+        last = seq_key(*lease) if lease is not None and is_sequence_number(lease[0]) else None
         error = checkpoint_error(
             request, action=conv.pending, last=last, largest=conv.largest, reason=conv.pending_reason
         )

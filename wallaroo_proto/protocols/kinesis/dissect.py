@@ -8,14 +8,14 @@ line becomes a record (the common fields plus this protocol's, see
 does) are judged but not recorded. The summary is per shard: one connection
 carries one shard's conversation.
 
-Which side is the daemon: the one whose first line is a request; a first
-``status``, ``checkpoint`` or blank line marks the processor; otherwise the
+Which side is the daemon: the one whose first line is a request or a
+checkpoint reply (only the MLD's has ``error``); a first ``status``,
+``checkpoint`` or blank line marks the processor; otherwise the
 side on a Kinesis port is the processor, else the initiator is the daemon.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from typing import TYPE_CHECKING, Any
@@ -23,7 +23,17 @@ from typing import TYPE_CHECKING, Any
 from wallaroo_proto.capture.tracker import ConnectionTracker
 from wallaroo_proto.records import to_json
 
-from .codec import REQUESTS, Checkpoint, Initialize, Line, LineSplitter, ProcessRecords, Shutdown, Status
+from .codec import (
+    REQUESTS,
+    Checkpoint,
+    Initialize,
+    Line,
+    LineSplitter,
+    ProcessRecords,
+    Shutdown,
+    Status,
+    peek_object,
+)
 from .core import DAEMON, PROCESSOR, Conversation, Kind
 
 if TYPE_CHECKING:
@@ -110,15 +120,10 @@ class KinesisTracker(ConnectionTracker):
     def _sender(self, direction: _Direction, data: bytes) -> str:
         if self.daemon_client is None:
             stripped = data.strip()
-            action = None
-            if stripped:
-                try:
-                    obj = json.loads(stripped)
-                    action = obj.get("action") if isinstance(obj, dict) else None
-                except ValueError:
-                    pass
-            if action in REQUESTS:
-                self.daemon_client = direction.client
+            obj = peek_object(stripped) if stripped else None
+            action = obj.get("action") if obj is not None else None
+            if action in REQUESTS or (action == "checkpoint" and "error" in obj):
+                self.daemon_client = direction.client  # only the MLD's checkpoint reply has "error"
             elif not stripped or action in ("status", "checkpoint"):
                 self.daemon_client = not direction.client
             else:

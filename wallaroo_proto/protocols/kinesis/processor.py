@@ -33,6 +33,7 @@ from .codec import (
     Record,
     Shutdown,
     Status,
+    doomed_daemon_line,
     encode_kclpy,
 )
 from .core import Conversation, Kind
@@ -201,6 +202,12 @@ class ShardProcessor:
                 chunk = b""
             if chunk:
                 self.lines.extend(self.splitter.feed(chunk))
+                doomed = None if self.lines else doomed_daemon_line(self.splitter.unfinished())
+                if doomed is not None:
+                    raise DaemonFailure(
+                        f"line {self.splitter.lines + 1} from the daemon ({self.splitter.pending()} bytes, "
+                        f"no line end yet): the processor cannot read this line: {doomed}"
+                    )
             else:
                 self.eof = True
                 self.lines.extend(self.splitter.end())
@@ -359,6 +366,11 @@ class TcpProcessors:
             writer.transport.abort()
             self.crash_event.set()
             return
+        except Exception as err:  # a fault of ours: this conversation fails visibly, the others go on
+            proc.stats.end = "failed"
+            proc.stats.failure = f"internal error: {type(err).__name__}: {err}"
+            self.results.append(proc.stats)
+            self.log(f"{proc.stats.shard_id or 'a connection'}: {proc.stats.failure}")
         writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await writer.wait_closed()
@@ -395,7 +407,7 @@ class TcpProcessors:
 
 def summary(results: list[ProcessorStats], crashed: str | None = None) -> dict:
     rows = [r.as_dict() for r in results]
-    failures = [f"{r['shard_id']}: {r['failure']}" for r in rows if r["failure"]]
+    failures = [f"{r['shard_id'] or 'before initialize'}: {r['failure']}" for r in rows if r["failure"]]
     if crashed:
         failures.append(crashed)
     return {

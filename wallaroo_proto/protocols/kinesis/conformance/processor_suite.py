@@ -44,6 +44,7 @@ from ..codec import (
     ShutdownRequested,
     Status,
     encode,
+    is_sequence_number,
 )
 from ..core import SHARD_END, Conversation, Kind, checkpoint_error, seq_key
 from ..records import sequence_number
@@ -142,7 +143,7 @@ class ProcessorUnderTest:
         error = checkpoint_error(
             request,
             action=conv.pending,
-            last=seq_key(*last) if last is not None and last[0].isdigit() else None,
+            last=seq_key(*last) if last is not None and is_sequence_number(last[0]) else None,
             largest=conv.largest,
             reason=conv.pending_reason,
         )
