@@ -312,14 +312,14 @@ def test_a_note_goes_only_to_the_frame_after_it_when_frames_are_held():
 # --- bad input ----------------------------------------------------------------------
 
 
-def test_truncated_capture_shows_what_came_before_and_exits_2(tmp_path):
+def test_truncated_capture_shows_what_came_before_and_exits_1(tmp_path):
     blob = SOURCE.read_bytes()
     path = tmp_path / "cut.pcap"
     path.write_bytes(blob[:1000])
     code, records, err = jsonl(str(path))
-    assert code == 2
+    assert code == 1  # a problem found, not unusable input: a capture cut short (test_capture_cut.py)
     assert records and records[0]["type"] == "HELLO"
-    assert "packet" in err and "byte offset" in err and "truncated" in err
+    assert "packet" in err and "byte offset" in err and "truncated" in err and "cut short" in err
     assert "Traceback" not in err
 
 

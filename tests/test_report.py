@@ -197,6 +197,6 @@ def test_cli_on_a_damaged_capture_still_writes_what_it_read(tmp_path) -> None:
     damaged.write_bytes((CAPTURES / "source-session.pcap").read_bytes()[:-30])
     out = tmp_path / "r.html"
     result = run_cli("report", str(damaged), "-o", str(out))
-    assert result.returncode == 2
+    assert result.returncode == 1  # cut short: a problem found, what came before is drawn
     assert "cut.pcap" in result.stderr and "Traceback" not in result.stderr
     assert "Read up to damage" in out.read_text()
