@@ -87,7 +87,7 @@ def run_mock(rpcs: int, batch: int, checkpoint_every: int) -> dict:
                 "--checkpoint-every",
                 str(checkpoint_every),
             ]
-            + ["--log-dir", log_dir, "--no-fsync", "--format", "json"],
+            + ["--log-dir", log_dir, "--no-fsync", "--exit-when-done", "--format", "json"],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -26,6 +26,7 @@ from .codec import (
     CHECKPOINT_SEQ,
     CONTROL_SEQ,
     COUNT_REPLAYABLE_RPC_BATCH,
+    DEFAULT_MAX_RECORD,
     INITIAL_MESSAGE,
     RPC,
     RPC_BATCH,
@@ -149,7 +150,7 @@ class MockLB:
             self.stats.violations.append(reason)
             self.config.log(f"violation: {reason}")
 
-    def _record(self, frame: RecordFrame, max_blob: int) -> bool:
+    def _record(self, frame: RecordFrame, max_blob: int = DEFAULT_MAX_RECORD) -> bool:
         """Judge and apply one record; True when the stream cannot be followed further."""
         header = frame.header
         verdict, rpcs = self.session.from_ic_rpcs(header, frame.body)
