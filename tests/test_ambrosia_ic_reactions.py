@@ -135,3 +135,21 @@ def test_input_from_stdin_is_delivered_as_lines_come(tmp_path):
     err = ic.stderr.read().decode()
     assert ic.returncode == 0 and lb.returncode == 0, err
     assert json.loads(lb_out.splitlines()[-1])["state"] == RpcSource(lines=lines).expected()
+
+
+@pytest.mark.parametrize(
+    "blob, state",
+    [
+        (b'{__ACSv1__}{"rpcs":3,"total":9}', {"rpcs": 3, "total": 9}),  # the Node binding's form
+        (b'{"rpcs":3}', {"rpcs": 3}),
+        (b"\x00\x01", None),
+        (b"[" * 100_000, None),
+    ],
+)
+def test_the_summary_reads_a_checkpoints_state_where_it_is_json(blob, state):
+    from wallaroo_proto.protocols.ambrosia.ic import IcConfig, MockIC
+
+    ic = MockIC(IcConfig(source=RpcSource(0)))
+    ic.stats.last_checkpoint = {"seq": 1, "bytes": len(blob), "blob": blob}
+    assert ic.summary()["last_checkpoint"]["state"] == state
+    ic.close()

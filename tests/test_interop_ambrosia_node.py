@@ -211,6 +211,7 @@ def test_first_start_rpcs_batches_self_calls_and_checkpoints(build, storage, tmp
     assert "FirstStart" in status["events"] and status["checkpointsSaved"] >= 3
     assert status["impulses"] > 0  # CountReplayableRPCBatch's Impulses were read
     assert summary["first_starts"] == 1 and summary["self_calls_logged"] == status["bonuses"]
+    assert _totals(summary["last_checkpoint"]["state"]) == _totals(status)  # the app's own checkpoint
     checked = run_cli("dissect", "--strict", "--summary", str(pcap))
     assert checked.returncode == 0, checked.stdout + checked.stderr
 

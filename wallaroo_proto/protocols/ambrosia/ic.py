@@ -25,6 +25,7 @@ record is logged.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -607,14 +608,7 @@ class MockIC:
     def summary(self) -> dict:
         s = self.stats
         last = s.last_checkpoint
-        state = None
-        if last is not None:
-            try:
-                import json
-
-                state = json.loads(last["blob"]) if last["blob"] else None
-            except (ValueError, RecursionError):
-                state = None
+        state = _state_of(last["blob"]) if last is not None else None
         return {
             "runs": s.runs,
             "first_starts": s.first_starts,
@@ -638,6 +632,20 @@ class MockIC:
             "rpcs_per_second": round(s.rpcs_logged / s.delivery_seconds) if s.delivery_seconds else 0,
             "done": s.done,
         }
+
+
+#: The Node binding's simple checkpoint producer writes its JSON after this tag.
+_NODE_STATE_TAG = b"{__ACSv1__}"
+
+
+def _state_of(blob: bytes) -> object:
+    """A checkpoint's state for the summary, where it is JSON (the Node binding's after its tag)."""
+    if blob.startswith(_NODE_STATE_TAG):
+        blob = blob[len(_NODE_STATE_TAG) :]
+    try:
+        return json.loads(blob) if blob else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def _bad_check(wire: bytes) -> bytes:
