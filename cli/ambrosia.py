@@ -100,8 +100,8 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
         return
     out = _console()
     out.print(
-        f"ambrosia mock-ic summary: {s['rpcs_logged']:,} RPCs logged and delivered by this run "
-        f"({s['rpcs_before']:,} were in the log before it; {s['rpcs_total']:,} in all), "
+        f"ambrosia mock-ic summary: {s['rpcs_logged']:,} RPCs logged and delivered since it started "
+        f"({s['rpcs_before']:,} were in the log then; {s['rpcs_total']:,} in all), "
         f"{s['self_calls_logged']:,} self calls logged ({s['self_calls_dropped']:,} replayed ones dropped), "
         f"{s['records_sent']:,} records sent ({s['records_replayed']:,} replayed), "
         f"{s['checkpoints']} checkpoints; "

@@ -102,7 +102,7 @@ def test_rpcs_is_the_logs_total_and_a_restart_says_so(tmp_path):
     code, out, err = ic.stop(sig=None, timeout=DEADLINE)
     assert code == 0
     assert "the log already holds 12 input RPCs of the 8 in all: none to add" in err
-    assert "0 RPCs logged and delivered by this run (12 were in the log before it; 8 in all)" in out
+    assert "0 RPCs logged and delivered since it started (12 were in the log then; 8 in all)" in out
 
 
 def test_input_from_stdin_is_delivered_as_lines_come(tmp_path):
