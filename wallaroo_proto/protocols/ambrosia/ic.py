@@ -16,10 +16,10 @@ Then the sockets stay open, as a real IC's do, unless ``exit_when_done``.
 
 An LB that breaks a rule ends the IC: both sockets closed, as the real IC's
 ``OnError`` kills its local worker. An LB that goes away, or that reads none of
-the records for ``write_timeout`` seconds (reset then), ends the run; the next LB
-to connect gets a recovery from the store, as a restarted IC would give. Faults: wrong check bytes on the wire
-for one record, a skipped sequence id, a kill -9 of the IC right after a
-record is logged.
+the records for ``write_timeout`` seconds (reset then), ends the run; the next
+LB to connect gets a recovery from the store, as a restarted IC would give.
+Faults: wrong check bytes on the wire for one record, a skipped sequence id, a
+kill -9 of the IC right after a record is logged.
 """
 
 from __future__ import annotations
