@@ -286,6 +286,13 @@ async def _run_lb(lb: MockLB) -> tuple[dict, bool]:
 @click.option(
     "--ask-checkpoint-every", type=click.IntRange(0), default=0, help="Send TakeCheckpoint every N records."
 )
+@click.option(
+    "--write-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Reset both sockets of an IC that reads nothing of our messages for this many seconds (0: never).",
+)
 @summary_format
 def mock_lb(**opts) -> None:
     """Play an AMBROSIA language binding (a counter immortal) for an IC.
@@ -302,6 +309,7 @@ def mock_lb(**opts) -> None:
         connect_timeout=opts["connect_timeout"],
         initial_message=opts["initial_message"].encode(),
         ask_checkpoint_every=opts["ask_checkpoint_every"],
+        write_timeout=opts["write_timeout"],
         log=_log("ambrosia mock-lb"),
     )
     lb = MockLB(config)
