@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from collections.abc import Iterator, Sequence
 from itertools import compress, repeat
 
@@ -49,6 +50,21 @@ def value_of(args: bytes) -> int:
     except (ValueError, RecursionError, AttributeError):
         return len(args)
     return value if type(value) is int else len(args)
+
+
+#: Arguments all in the common JSON form, one a line: what ``value_of`` reads without a parser.
+_JSON_RUN = re.compile(rb'\{"value":(?:0|[1-9][0-9]{0,18})\}(?:\n\{"value":(?:0|[1-9][0-9]{0,18})\})*')
+_DIGITS = slice(9, -1)
+
+
+def _json_values(args: list[bytes]) -> list[int] | None:
+    """``value_of`` over arguments all in the common JSON form, in C; None if any is not."""
+    if not _JSON_RUN.fullmatch(b"\n".join(args)):
+        return None
+    try:  # an argument holding a newline matched as two: its digits are no number
+        return list(map(int, map(operator.getitem, args, repeat(_DIGITS))))
+    except ValueError:
+        return None
 
 
 #: A self call bonus(args) up to its args, by the args' length while its size takes one byte:
@@ -99,7 +115,7 @@ class Counter:
         try:
             values = list(map(int, args))
         except ValueError:
-            values = list(map(value_of, args))
+            values = _json_values(args) or list(map(value_of, args))
         self.rpcs += len(args)
         self.total += sum(values)
         self.digest = (self.digest + sum(map(xxhash.xxh64_intdigest, args)) + sum(methods)) & _MASK
