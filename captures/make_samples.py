@@ -291,6 +291,10 @@ def ambrosia_run(pcap: Path | None, log_dir: str, *ic_args: str) -> int:
             *_CLI,
             "mock-ic",
             "--exit-when-done",
+            "--args",  # the samples' bytes: bare numbers, no batches
+            "raw",
+            "--batches",
+            "none",
             "--committer",
             "305419896",
             "--log-dir",
