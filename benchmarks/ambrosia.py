@@ -87,7 +87,8 @@ def run_mock(rpcs: int, batch: int, checkpoint_every: int) -> dict:
                 "--checkpoint-every",
                 str(checkpoint_every),
             ]
-            + ["--log-dir", log_dir, "--no-fsync", "--format", "json"],
+            + ["--log-dir", log_dir, "--no-fsync", "--exit-when-done", "--format", "json"]
+            + ["--args", "raw", "--batches", "none"],  # the figures' bytes: bare numbers, no batches
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -112,7 +113,7 @@ def run_mock(rpcs: int, batch: int, checkpoint_every: int) -> dict:
         raise SystemExit(f"mock run failed: IC {ic.returncode}, LB {lb.returncode}: {lb.stderr[-2000:]}")
     summary = json.loads(out.splitlines()[-1])
     state = json.loads(lb.stdout.splitlines()[-1])["state"]
-    if state != RpcSource(rpcs).expected():
+    if state != RpcSource(rpcs, arg_form="raw").expected():
         raise SystemExit(f"the immortal's state is wrong: {state}")
     return {"rpcs": summary["rpcs_logged"], "seconds": summary["delivery_seconds"]}
 
@@ -149,7 +150,7 @@ def main() -> None:
     parser.add_argument("--check", action="store_true", help="exit 1 below the target ratio")
     args = parser.parse_args()
 
-    source = RpcSource(args.rpcs)
+    source = RpcSource(args.rpcs, arg_form="raw")
     stream = b"".join(
         encode_record(7, seq, b"".join(source.encoded(first, min(first + args.batch, args.rpcs))))
         for seq, first in enumerate(range(0, args.rpcs, args.batch))

@@ -287,7 +287,21 @@ def ambrosia_run(pcap: Path | None, log_dir: str, *ic_args: str) -> int:
     """One mock-ic run (recorded to ``pcap``) with a mock-lb over loopback; the IC's exit code."""
     record = ["--record", str(pcap)] if pcap else []
     ic = subprocess.Popen(
-        [*_CLI, "mock-ic", "--committer", "305419896", "--log-dir", log_dir, *record, *ic_args],
+        [
+            *_CLI,
+            "mock-ic",
+            "--exit-when-done",
+            "--args",  # the samples' bytes: bare numbers, no batches
+            "raw",
+            "--batches",
+            "none",
+            "--committer",
+            "305419896",
+            "--log-dir",
+            log_dir,
+            *record,
+            *ic_args,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

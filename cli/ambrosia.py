@@ -19,7 +19,7 @@ from rich.console import Console
 from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
 
 from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, MockIC
-from wallaroo_proto.protocols.ambrosia.immortal import ADD, RpcSource
+from wallaroo_proto.protocols.ambrosia.immortal import ADD, ARG_FORMS, BATCHING, RpcSource
 from wallaroo_proto.protocols.ambrosia.lb import LbConfig, MockLB
 from wallaroo_proto.protocols.ambrosia.store import StoreError
 
@@ -53,8 +53,6 @@ def command() -> None:
 
 def _read_lines(path: str) -> list[bytes]:
     try:
-        if path == "-":
-            return sys.stdin.buffer.read().splitlines()
         with open(path, "rb") as f:
             return f.read().splitlines()
     except OSError as err:
@@ -67,6 +65,8 @@ async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
     except OSError as err:
         raise usage_error(f"cannot listen on {ic.config.host}: {err.strerror or err}") from err
     loop = asyncio.get_running_loop()
+    if ic.config.source.streaming:
+        ic.stream_input(sys.stdin.buffer)
     serve = asyncio.ensure_future(ic.serve())
     signals = 0
 
@@ -100,7 +100,8 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
         return
     out = _console()
     out.print(
-        f"ambrosia mock-ic summary: {s['rpcs_logged']:,} of {s['rpcs_total']:,} RPCs logged and delivered, "
+        f"ambrosia mock-ic summary: {s['rpcs_logged']:,} RPCs logged and delivered since it started "
+        f"({s['rpcs_before']:,} were in the log then; {s['rpcs_total']:,} in all), "
         f"{s['self_calls_logged']:,} self calls logged ({s['self_calls_dropped']:,} replayed ones dropped), "
         f"{s['records_sent']:,} records sent ({s['records_replayed']:,} replayed), "
         f"{s['checkpoints']} checkpoints; "
@@ -133,9 +134,34 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
     help="Where the LB reads the log records (0: free).",
 )
 @click.option(
-    "--rpcs", type=click.IntRange(0), default=1000, show_default=True, help="Generated RPCs to deliver."
+    "--rpcs",
+    type=click.IntRange(0),
+    default=1000,
+    show_default=True,
+    help="Generated RPCs the log holds in all: a restart on the same --log-dir delivers only the rest.",
 )
-@click.option("--input", "input_path", default=None, help="RPC arguments, one RPC per line (- is stdin).")
+@click.option(
+    "--input",
+    "input_path",
+    default=None,
+    help="RPC arguments, one RPC per line, sent as they are (-: stdin, delivered as lines come).",
+)
+@click.option(
+    "--args",
+    "arg_form",
+    type=click.Choice(ARG_FORMS),
+    default="json",
+    show_default=True,
+    help='Generated arguments: json {"value":N}, read alike by every binding, or raw N.',
+)
+@click.option(
+    "--batches",
+    type=click.Choice(BATCHING),
+    default="mixed",
+    show_default=True,
+    help="Input RPCs in records: mixed as a busy IC logs them (plain, RPCBatch, CountReplayableRPCBatch), "
+    "none, or all (one RPCBatch a record).",
+)
 @click.option(
     "--method-id", type=int, default=ADD, show_default=True, help="Method id of the delivered RPCs."
 )
@@ -164,7 +190,12 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
     show_default=True,
     help="current: an upgrade's checkpoint is followed by TakeCheckpoint; seed: it is not.",
 )
-@click.option("--keep-open", is_flag=True, help="Stay up after every RPC is in (until SIGTERM).")
+@click.option(
+    "--exit-when-done",
+    is_flag=True,
+    help="Close both sockets and exit once every RPC and the last checkpoint are in "
+    "(a real IC stays up; so does mock-ic without it).",
+)
 @click.option(
     "--write-timeout",
     type=click.FloatRange(0),
@@ -179,15 +210,19 @@ def mock_ic(**opts) -> None:
 
     Listens on the receive port, then (once an LB connected there) on the send
     port; runs a first start, or a recovery from --log-dir; delivers the RPCs
-    in log records, asks for checkpoints and stores them; ends once every RPC
-    and the last checkpoint are in. An LB that breaks a rule ends it (both
+    in log records, asks for checkpoints and stores them; stays up until
+    stopped (--exit-when-done: ends once every RPC and the last checkpoint
+    are in). An LB that breaks a rule ends it (both
     sockets closed, as the real IC's OnError does). Exit 0, 1 if the LB broke a
     rule, 130 if interrupted.
     """
-    if opts["input_path"] is not None:
-        source = RpcSource(lines=_read_lines(opts["input_path"]), method_id=opts["method_id"])
+    method, batching = opts["method_id"], opts["batches"]
+    if opts["input_path"] == "-":
+        source = RpcSource.streamed(method_id=method, batching=batching)
+    elif opts["input_path"] is not None:
+        source = RpcSource(lines=_read_lines(opts["input_path"]), method_id=method, batching=batching)
     else:
-        source = RpcSource(opts["rpcs"], method_id=opts["method_id"])
+        source = RpcSource(opts["rpcs"], method_id=method, arg_form=opts["arg_form"], batching=batching)
     config = IcConfig(
         source=source,
         host=opts["host"],
@@ -203,7 +238,7 @@ def mock_ic(**opts) -> None:
         crash_at=opts["crash_at"],
         upgrade=opts["upgrade"],
         dialect=opts["dialect"],
-        keep_open=opts["keep_open"],
+        exit_when_done=opts["exit_when_done"],
         write_timeout=opts["write_timeout"],
         record=opts["record"],
         log=_log("ambrosia mock-ic"),
@@ -251,6 +286,13 @@ async def _run_lb(lb: MockLB) -> tuple[dict, bool]:
 @click.option(
     "--ask-checkpoint-every", type=click.IntRange(0), default=0, help="Send TakeCheckpoint every N records."
 )
+@click.option(
+    "--write-timeout",
+    type=click.FloatRange(0),
+    default=30.0,
+    show_default=True,
+    help="Reset both sockets of an IC that reads nothing of our messages for this many seconds (0: never).",
+)
 @summary_format
 def mock_lb(**opts) -> None:
     """Play an AMBROSIA language binding (a counter immortal) for an IC.
@@ -267,6 +309,7 @@ def mock_lb(**opts) -> None:
         connect_timeout=opts["connect_timeout"],
         initial_message=opts["initial_message"].encode(),
         ask_checkpoint_every=opts["ask_checkpoint_every"],
+        write_timeout=opts["write_timeout"],
         log=_log("ambrosia mock-lb"),
     )
     lb = MockLB(config)

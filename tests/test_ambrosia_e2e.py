@@ -17,7 +17,7 @@ PORTS = re.compile(r"receive port (\d+), send port (\d+)")
 
 
 def start_ic(*args: str) -> tuple[Server, int, int]:
-    ic = Server("ambrosia", "mock-ic", "--format", "json", *args)
+    ic = Server("ambrosia", "mock-ic", "--format", "json", "--exit-when-done", *args)
     rport, sport = map(int, PORTS.search(ic.lines[-1]).groups())
     assert ic.port == rport
     return ic, rport, sport

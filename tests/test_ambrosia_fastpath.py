@@ -8,6 +8,7 @@ held against decoding each RPC and encoding it again.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -47,6 +48,11 @@ _args = st.one_of(
     st.integers(-50, 10_000).map(lambda n: b"%d" % n),
     st.binary(max_size=70),
     st.sampled_from([b"", b" 15 ", b"1_0", b"+5", b"-0", b"\xff"]),
+    st.integers(-50, 10**20).map(lambda n: b'{"value":%d}' % n),  # mock-ic's form, and too long
+    st.sampled_from(  # near it: each read by the JSON parser, or by its length
+        [b'{"value":007}', b'{"value": 5}', b'{"value":1_0}', b'{"value":5', b'{"value":"5"}']
+        + [b'{"value":5.0}', b'{"value":1e3}', b'{"value":5}\n{"value":6}', b'{"value":0}', b"{}"]
+    ),
 )
 _method = st.one_of(st.sampled_from([ADD, BONUS]), st.integers(0, 63), st.integers(-3, 200))
 #: One message of a record body: mostly plain RPCs, sometimes anything else a body can hold.
@@ -195,3 +201,17 @@ def test_generated_bodies_cross_the_period() -> None:
     source = RpcSource(5000)
     for first, last in ((0, 0), (0, 100), (990, 1010), (1, 3999), (2500, 5000)):
         assert source.body(first, last) == b"".join(source.encoded(first, last))
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [b'{"value":007}', b'{"value":0}', b'{"value":5}\n{"value":6}', b'{"value":12345678901234567890}', b"5"],
+)
+def test_json_arguments_read_alike_in_one_pass_and_one_by_one(odd) -> None:
+    """``apply_many``'s reading of mock-ic's JSON form, beside ones near it, agrees with ``apply``."""
+    args = [b'{"value":%d}' % n for n in (5, 12, 0, 999)] + [odd]
+    methods = bytes([ADD]) * len(args)
+    together, one_by_one = Counter(), Counter()
+    calls = together.apply_many(methods, args)
+    assert calls == [c for a in args if (c := one_by_one.apply(ADD, a))]
+    assert together.state() == one_by_one.state()

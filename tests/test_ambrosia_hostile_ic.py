@@ -16,6 +16,7 @@ import threading
 
 import pytest
 from support import COMMAND
+from xxhash import xxh64_intdigest
 
 from wallaroo_proto.protocols.ambrosia.immortal import Counter
 
@@ -32,16 +33,22 @@ def _huge_checkpoint_record() -> bytes:
 class FakeIC:
     """Two listening sockets; ``start`` runs mock-lb against them and accepts its two connections."""
 
-    def __init__(self) -> None:
-        self.listen = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
-        for sock in self.listen:
+    def __init__(self, rcvbuf: int | None = None) -> None:
+        self.listen = []
+        for _ in range(2):
+            sock = socket.socket()
+            if rcvbuf:  # accepted sockets take it: a small window for a receive port never read
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+            sock.bind(("127.0.0.1", 0))
+            sock.listen(1)
             sock.settimeout(60)
+            self.listen.append(sock)
 
-    def start(self) -> tuple[subprocess.Popen, socket.socket, socket.socket]:
+    def start(self, *args: str) -> tuple[subprocess.Popen, socket.socket, socket.socket]:
         rport, sport = (s.getsockname()[1] for s in self.listen)
         lb = subprocess.Popen(
             [*COMMAND, "ambrosia", "mock-lb", "--receive-port", str(rport), "--send-port", str(sport)]
-            + ["--format", "json"],
+            + ["--format", "json", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -117,6 +124,46 @@ def test_a_reset_socket_is_said_as_such(fake_ic):
     receive.close()
     assert code == 1 and "cannot reach" not in err
     assert summary["lost"] == "the IC's socket failed: Connection reset by peer"
+
+
+def _record(seq: int, body: bytes) -> bytes:
+    """A normal record (committer 0x12345678); its check bytes are xxHash64 of the body."""
+    return bytes.fromhex("78563412") + struct.pack("<iQq", 24 + len(body), xxh64_intdigest(body), seq) + body
+
+
+def test_an_ic_that_reads_none_of_the_lbs_messages_is_reset_after_the_write_timeout():
+    ic = FakeIC(rcvbuf=4096)
+    try:
+        lb, receive, send = ic.start("--write-timeout", "1")
+        send.sendall(TBPC)
+        # 100 RPCs a record, each add("555...5"): a multiple of 5, so each makes a 56-byte self call
+        rpc = bytes.fromhex("6c 00 00 02 01") + b"5" * 50  # size 54 (zz 0x6c), RPC, reserved, method 1, Fork
+        stop = threading.Event()
+
+        def feed() -> None:
+            seq = 0
+            send.settimeout(1)
+            try:
+                while not stop.is_set():
+                    send.sendall(_record(seq, rpc * 100))
+                    seq += 1
+            except OSError:
+                pass
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        try:
+            code, summary, err = _end(lb)
+        finally:
+            stop.set()
+            feeder.join(timeout=60)
+            receive.close()
+            send.close()
+    finally:
+        ic.close()
+    assert code == 1
+    assert summary["lost"].startswith("the IC read nothing for 1 s")
+    assert summary["self_calls"] > 0
 
 
 @pytest.mark.parametrize(

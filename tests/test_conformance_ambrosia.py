@@ -93,7 +93,7 @@ def ic_address(ic: Server) -> str:
 
 @pytest.mark.slow
 def test_mock_ic_passes_every_ic_case_first_started_and_then_recovered() -> None:
-    with Server("ambrosia", "mock-ic", "--rpcs", "0", "--keep-open") as ic:
+    with Server("ambrosia", "mock-ic", "--rpcs", "0") as ic:
         for start in ("a first start", "a recovery"):
             code, report = conformance_of("ic", ic_address(ic))
             bad = [f"{c['id']}: {c['reason']}\n{c['seen']}" for c in report["cases"] if c["status"] != "pass"]
@@ -110,7 +110,7 @@ def test_mock_ic_passes_every_ic_case_first_started_and_then_recovered() -> None
     [("--gap-at", "sequence-gap: record 3 after 1"), ("--bad-check-at", "check-bytes: check bytes 0x")],
 )
 def test_an_ic_that_breaks_the_record_rules_fails_with_the_cores_reason(fault, reason) -> None:
-    with Server("ambrosia", "mock-ic", "--rpcs", "0", "--keep-open", fault, "2") as ic:
+    with Server("ambrosia", "mock-ic", "--rpcs", "0", fault, "2") as ic:
         code, report = conformance_of("ic", ic_address(ic), "--timeout", "3")
     assert code == 1
     reasons = {c["id"]: c["reason"] for c in report["cases"] if c["status"] == "fail"}

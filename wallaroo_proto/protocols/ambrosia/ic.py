@@ -11,24 +11,26 @@ UpgradeTakeCheckpoint with ``upgrade``). Then it delivers the input RPCs in
 records, logging each before sending it, and the LB's self calls come back
 through the log like any other RPC; replayed self calls it already logged are
 dropped, so each takes effect once. A checkpoint is asked for every
-``checkpoint_every`` records, when the LB asks, and once all RPCs are in
-(the IC then closes both sockets unless ``keep_open``).
+``checkpoint_every`` records, when the LB asks, and once all RPCs are in.
+Then the sockets stay open, as a real IC's do, unless ``exit_when_done``.
 
 An LB that breaks a rule ends the IC: both sockets closed, as the real IC's
 ``OnError`` kills its local worker. An LB that goes away, or that reads none of
-the records for ``write_timeout`` seconds (reset then), ends the run; the next LB
-to connect gets a recovery from the store, as a restarted IC would give. Faults: wrong check bytes on the wire
-for one record, a skipped sequence id, a kill -9 of the IC right after a
-record is logged.
+the records for ``write_timeout`` seconds (reset then), ends the run; the next
+LB to connect gets a recovery from the store, as a restarted IC would give.
+Faults: wrong check bytes on the wire for one record, a skipped sequence id, a
+kill -9 of the IC right after a record is logged.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +69,8 @@ from .store import DirStore, IcCheckpoint, LoggedRecord, MemoryStore
 DIALECTS = ("current", "seed")
 #: The most records built, logged and sent at once.
 MAX_BURST = 64
+#: Input lines read ahead of the log when they are streamed in.
+MAX_HELD_LINES = 10_000
 
 
 @dataclass
@@ -85,7 +89,7 @@ class IcConfig:
     crash_at: int | None = None
     upgrade: bool = False
     dialect: str = "current"
-    keep_open: bool = False
+    exit_when_done: bool = False
     write_timeout: float = 30.0
     record: str | None = None
     log: Callable[[str], None] = lambda line: None
@@ -99,6 +103,7 @@ class IcStats:
     records_sent: int = 0
     records_replayed: int = 0
     rpcs_logged: int = 0
+    rpcs_before: int | None = None  # input RPCs the log held when this process started
     self_calls_logged: int = 0
     self_calls_dropped: int = 0
     remote_calls: int = 0
@@ -155,6 +160,7 @@ class MockIC:
         self.pcap = PcapWriter(config.record) if config.record else None
         self._stopping = False
         self._run: _Run | None = None
+        self._held = threading.Semaphore(MAX_HELD_LINES)
 
     # --- sockets ----------------------------------------------------------------------------------
 
@@ -177,6 +183,40 @@ class MockIC:
             self.ssock.close()  # refuse until the next LB's receive-port connection
             self.ssock = _bound(self.config.host, self.send_port)
         return conn_r, conn_s
+
+    def stream_input(self, stream) -> None:
+        """Feed the source from ``stream`` (a binary file, stdin) line by line as lines come, at most
+        ``MAX_HELD_LINES`` ahead of the log; a thread reads, the loop takes each line."""
+        loop = asyncio.get_running_loop()
+
+        def read() -> None:
+            try:
+                while not self._stopping:
+                    self._held.acquire()
+                    line = stream.readline()
+                    if not line:
+                        break
+                    loop.call_soon_threadsafe(self._line_in, line.rstrip(b"\r\n"))
+            except (OSError, ValueError):
+                pass
+            loop.call_soon_threadsafe(self._input_ended)
+
+        threading.Thread(target=read, daemon=True, name="mock-ic input").start()
+
+    def _line_in(self, line: bytes) -> None:
+        if not self.config.source.feed(line):
+            self._held.release()
+        if self._run is not None:
+            self._run.wake.set()
+
+    def _input_ended(self) -> None:
+        self.config.source.end()
+        if self._run is not None:
+            self._run.wake.set()
+
+    def _release_input(self, generated: int) -> None:
+        for _ in range(self.config.source.release(generated)):
+            self._held.release()
 
     def stop(self) -> None:
         """Finish the current run at the next record boundary and return."""
@@ -210,7 +250,7 @@ class MockIC:
                 conn_s.close()
             if self.stats.fatal:
                 break
-            if finished and not self.config.keep_open:
+            if finished and self.config.exit_when_done:
                 self.stats.done = True
                 break
         return self.stats
@@ -224,6 +264,14 @@ class MockIC:
             cfg.log(f"log: {loaded.cut}")
         ck = loaded.checkpoint
         records = loaded.records
+        held = records[-1].generated if records else ck.generated if ck else 0
+        self._release_input(held)
+        if self.stats.rpcs_before is None:
+            self.stats.rpcs_before = held
+            if held and held >= cfg.source.count and not cfg.source.open:
+                cfg.log(
+                    f"the log already holds {held} input RPCs of the {cfg.source.count} in all: none to add"
+                )
         if ck is None:
             run = _Run(0, 0, [])
         else:
@@ -320,6 +368,7 @@ class MockIC:
         dirty = bool(prefix)
         start = time.perf_counter()
         gap_done = False
+        said_done = False
         burst_size = 1
         while not self._stopping:
             if prefix or run.pending or generated < source.count:
@@ -348,6 +397,7 @@ class MockIC:
                     if crash:
                         break
                 self.store.append_many(burst)
+                self._release_input(generated)
                 if crash:
                     cfg.log(f"fault: kill -9 after logging record {burst[-1].seq}")
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -367,7 +417,7 @@ class MockIC:
                         IcCheckpoint(committer, seq, generated, run.outputs, list(run.pending), blob)
                     )
                 continue
-            if dirty or run.lb_asks:  # all in: a checkpoint, after which nothing more can come
+            if (dirty and not source.open) or run.lb_asks:  # all in: a checkpoint, nothing more to come
                 run.lb_asks = False
                 dirty = False
                 since = 0
@@ -376,8 +426,12 @@ class MockIC:
                     IcCheckpoint(committer, seq, generated, run.outputs, list(run.pending), blob)
                 )
                 continue
-            if not self.config.keep_open:
-                return True
+            if not source.open:
+                if self.config.exit_when_done:
+                    return True
+                if not said_done:
+                    said_done = self.stats.done = True
+                    cfg.log(f"all {generated} input RPCs are in and checkpointed; up until stopped")
             run.wake.clear()
             if run.gone.is_set():
                 raise LbGone()
@@ -554,14 +608,7 @@ class MockIC:
     def summary(self) -> dict:
         s = self.stats
         last = s.last_checkpoint
-        state = None
-        if last is not None:
-            try:
-                import json
-
-                state = json.loads(last["blob"]) if last["blob"] else None
-            except (ValueError, RecursionError):
-                state = None
+        state = _state_of(last["blob"]) if last is not None else None
         return {
             "runs": s.runs,
             "first_starts": s.first_starts,
@@ -570,6 +617,7 @@ class MockIC:
             "records_replayed": s.records_replayed,
             "rpcs_logged": s.rpcs_logged,
             "rpcs_total": self.config.source.count,
+            "rpcs_before": s.rpcs_before or 0,
             "self_calls_logged": s.self_calls_logged,
             "self_calls_dropped": s.self_calls_dropped,
             "remote_calls": s.remote_calls,
@@ -584,6 +632,20 @@ class MockIC:
             "rpcs_per_second": round(s.rpcs_logged / s.delivery_seconds) if s.delivery_seconds else 0,
             "done": s.done,
         }
+
+
+#: The Node binding's simple checkpoint producer writes its JSON after this tag.
+_NODE_STATE_TAG = b"{__ACSv1__}"
+
+
+def _state_of(blob: bytes) -> object:
+    """A checkpoint's state for the summary, where it is JSON (the Node binding's after its tag)."""
+    if blob.startswith(_NODE_STATE_TAG):
+        blob = blob[len(_NODE_STATE_TAG) :]
+    try:
+        return json.loads(blob) if blob else None
+    except (ValueError, RecursionError):
+        return None
 
 
 def _bad_check(wire: bytes) -> bytes:

@@ -2,7 +2,8 @@
 
 State changes only through RPCs, as AMBROSIA requires, so a checkpoint plus
 the log's replay rebuilds it exactly. ``add`` (method 1) adds its argument
-(a decimal number; other bytes count their length); a multiple of
+(a decimal number, or a JSON object's integer ``value``; other bytes count
+their length); a multiple of
 ``BONUS_EVERY`` also makes a self call ``bonus`` (method 2) that adds it once
 more when it comes back through the IC's log. The state keeps a sum of each
 applied RPC's xxHash64, so a lost or doubled RPC shows even where the totals
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import json
 import operator
+import re
 from collections.abc import Iterator, Sequence
 from itertools import compress, repeat
 
 import xxhash
 
-from .codec import FORK, RPC, encode_incoming_rpc, encode_outgoing_rpc
+from .codec import FORK, IMPULSE, RPC, encode_batch, encode_incoming_rpc, encode_outgoing_rpc
 
 ADD, BONUS = 1, 2
 BONUS_EVERY = 5
@@ -28,11 +30,41 @@ _IS_ADD = bytes(int(b == ADD) for b in range(256))
 _PERIOD = 1000  # generated args: (index * 7919) % _PERIOD + 1
 
 
+_JSON_HEAD = b'{"value":'
+
+
 def value_of(args: bytes) -> int:
+    """An argument's value: a decimal number, a JSON object's integer ``value``, else its length."""
     try:
         return int(args)
     except ValueError:
+        pass
+    if args[:1] != b"{":
         return len(args)
+    digits = args[9:-1]  # the common form, {"value":N}, read without a JSON parser
+    plain = digits.isdigit() and len(digits) < 20 and (digits[:1] != b"0" or len(digits) == 1)
+    if plain and args.startswith(_JSON_HEAD) and args[-1:] == b"}":
+        return int(digits)
+    try:
+        value = json.loads(args).get("value")
+    except (ValueError, RecursionError, AttributeError):
+        return len(args)
+    return value if type(value) is int else len(args)
+
+
+#: Arguments all in the common JSON form, one a line: what ``value_of`` reads without a parser.
+_JSON_RUN = re.compile(rb'\{"value":(?:0|[1-9][0-9]{0,18})\}(?:\n\{"value":(?:0|[1-9][0-9]{0,18})\})*')
+_DIGITS = slice(9, -1)
+
+
+def _json_values(args: list[bytes]) -> list[int] | None:
+    """``value_of`` over arguments all in the common JSON form, in C; None if any is not."""
+    if not _JSON_RUN.fullmatch(b"\n".join(args)):
+        return None
+    try:  # an argument holding a newline matched as two: its digits are no number
+        return list(map(int, map(operator.getitem, args, repeat(_DIGITS))))
+    except ValueError:
+        return None
 
 
 #: A self call bonus(args) up to its args, by the args' length while its size takes one byte:
@@ -83,7 +115,7 @@ class Counter:
         try:
             values = list(map(int, args))
         except ValueError:
-            values = list(map(value_of, args))
+            values = _json_values(args) or list(map(value_of, args))
         self.rpcs += len(args)
         self.total += sum(values)
         self.digest = (self.digest + sum(map(xxhash.xxh64_intdigest, args)) + sum(methods)) & _MASK
@@ -128,22 +160,98 @@ class Counter:
         return counter
 
 
-class RpcSource:
-    """The mock IC's input RPCs: generated ``add`` calls, or one per line of input (its bytes the args)."""
+#: How the mock IC groups a record's input RPCs: ``mixed`` as a busy IC's log holds them (plain
+#: RPCs, RPCBatch and, where an Impulse is among them, CountReplayableRPCBatch), ``none`` or ``all``.
+BATCHING = ("mixed", "none", "all")
+#: Generated arguments: ``json`` (``{"value":N}``, read alike by every binding) or ``raw`` (``N``).
+ARG_FORMS = ("json", "raw")
 
-    def __init__(self, count: int = 0, lines: Sequence[bytes] | None = None, method_id: int = ADD) -> None:
-        self.lines = lines
-        self.count = len(lines) if lines is not None else count
+
+class RpcSource:
+    """The mock IC's input RPCs: generated ``add`` calls, or one per line of input (its bytes the args).
+
+    Lines can also be fed as they come (``streamed``): ``open`` until ``end``; the lines
+    delivered are ``release``d, so only those not yet in the log are held.
+    """
+
+    def __init__(
+        self,
+        count: int = 0,
+        lines: Sequence[bytes] | None = None,
+        method_id: int = ADD,
+        arg_form: str = "json",
+        batching: str = "none",
+    ) -> None:
+        self.lines = list(lines) if lines is not None else None
+        self.count = len(self.lines) if self.lines is not None else count
         self.method_id = method_id
+        self.json = arg_form == "json"
+        self.batching = batching
+        self.open = False  # more lines may come
+        self.streaming = False
+        self.base = 0  # the index of lines[0]
+        self.floor = 0  # lines below it are in the log already: dropped as they come
         self._period: list[bytes] | None = None
+
+    @classmethod
+    def streamed(cls, method_id: int = ADD, batching: str = "none") -> RpcSource:
+        source = cls(lines=[], method_id=method_id, batching=batching)
+        source.open = source.streaming = True
+        return source
+
+    def feed(self, line: bytes) -> bool:
+        """One more line; False if it was dropped at once (the log holds its RPC)."""
+        self.count += 1
+        if self.count <= self.floor:
+            self.base = self.count
+            return False
+        self.lines.append(line)
+        return True
+
+    def end(self) -> None:
+        self.open = False
+
+    def release(self, upto: int) -> int:
+        """A streamed source forgets the lines before ``upto`` (logged now); how many it dropped."""
+        if not self.streaming:
+            return 0
+        self.floor = max(self.floor, upto)
+        drop = min(upto, self.count) - self.base
+        if drop <= 0:
+            return 0
+        del self.lines[:drop]
+        self.base += drop
+        return drop
 
     def args(self, index: int) -> bytes:
         if self.lines is not None:
-            return self.lines[index]
-        return b"%d" % ((index * 7919) % _PERIOD + 1)
+            return self.lines[index - self.base]
+        n = (index * 7919) % _PERIOD + 1
+        return b'{"value":%d}' % n if self.json else b"%d" % n
 
     def body(self, first: int, last: int) -> bytes:
-        """RPCs ``first`` to ``last`` encoded back to back, as a record body holds them."""
+        """RPCs ``first`` to ``last`` as a record body holds them, grouped by ``batching``."""
+        if self.batching == "none" or last - first < 2:
+            return self._plain(first, last)
+        if self.batching == "all":
+            return encode_batch(list(self.encoded(first, last)))
+        parts: list[bytes] = []
+        at = first
+        while at < last:
+            take = min(1 + at * 31 % 7, last - at)  # runs of 1 to 7, fixed by the index
+            kind = at * 13 % 3
+            if take == 1 or kind == 0:
+                parts.append(self._plain(at, at + take))
+            elif kind == 1:
+                parts.append(encode_batch(list(self.encoded(at, at + take))))
+            else:  # its last RPC an Impulse: the IC counts the replayable ones apart
+                rpcs = [*self.encoded(at, at + take - 1)]
+                rpcs.append(encode_incoming_rpc(self.method_id, IMPULSE, self.args(at + take - 1)))
+                parts.append(encode_batch(rpcs, replayable=take - 1))
+            at += take
+        return b"".join(parts)
+
+    def _plain(self, first: int, last: int) -> bytes:
         if self.lines is not None:
             return b"".join(self.encoded(first, last))
         if self._period is None:  # generated args repeat every 1000 RPCs: encode one period once

@@ -26,6 +26,7 @@ from .codec import (
     CHECKPOINT_SEQ,
     CONTROL_SEQ,
     COUNT_REPLAYABLE_RPC_BATCH,
+    DEFAULT_MAX_RECORD,
     INITIAL_MESSAGE,
     RPC,
     RPC_BATCH,
@@ -49,6 +50,7 @@ from .codec import (
 )
 from .core import Kind, Session
 from .immortal import Counter
+from .stall import WriteWatch, reset
 
 _ASKS = (TAKE_CHECKPOINT, TAKE_BECOMING_PRIMARY_CHECKPOINT, UPGRADE_TAKE_CHECKPOINT)
 
@@ -61,6 +63,7 @@ class LbConfig:
     connect_timeout: float = 30.0
     initial_message: bytes = b"wallaroo-proto mock-lb"
     ask_checkpoint_every: int = 0
+    write_timeout: float = 30.0
     log: Callable[[str], None] = lambda line: None
 
 
@@ -87,6 +90,7 @@ class MockLB:
         self.session = Session()
         self.stats = LbStats()
         self.writer: asyncio.StreamWriter | None = None
+        self._watch: WriteWatch | None = None
         self._blob: list[bytes] = []
         self._since_ask = 0
         self._self_calls: list[bytes] = []  # made, not yet sent
@@ -110,12 +114,20 @@ class MockLB:
         """Connect (receive port first), follow the IC's records until it closes the send port."""
         _, self.writer = await self._connect(self.config.receive_port)
         reader, send_writer = await self._connect(self.config.send_port)
+        if self.config.write_timeout:
+
+            def stalled(why: str) -> None:  # the IC reads none of our messages: both sockets reset
+                self.stats.lost = why
+                for writer in (self.writer, send_writer):
+                    reset(writer)
+
+            self._watch = WriteWatch(self.writer, self.config.write_timeout, stalled, "the IC")
         splitter = RecordSplitter()
         start = time.perf_counter()
         try:
             while True:
                 data = await reader.read(1 << 18)
-                if not data:
+                if not data or self.stats.lost:
                     break
                 for frame in splitter.feed(data):
                     if type(frame) is RecordFrame:
@@ -132,13 +144,20 @@ class MockLB:
                         return self.stats
                 self._flush_self_calls()
                 await self.writer.drain()
-            verdict = self.session.close("ic", splitter.blob_left, splitter.pending)
+                if self.stats.lost:
+                    break
+            verdict = (
+                None if self.stats.lost else self.session.close("ic", splitter.blob_left, splitter.pending)
+            )
             if verdict is not None:
                 self._violations(verdict.violations)
         except ConnectionError as err:
-            self.stats.lost = f"the IC's socket failed: {err.strerror or err}"
-            self.config.log(self.stats.lost)
+            self.stats.lost = self.stats.lost or f"the IC's socket failed: {err.strerror or err}"
         finally:
+            if self.stats.lost:
+                self.config.log(self.stats.lost)
+            if self._watch is not None:
+                self._watch.cancel()
             self.stats.seconds = time.perf_counter() - start
             self.writer.close()
             send_writer.close()
@@ -149,7 +168,7 @@ class MockLB:
             self.stats.violations.append(reason)
             self.config.log(f"violation: {reason}")
 
-    def _record(self, frame: RecordFrame, max_blob: int) -> bool:
+    def _record(self, frame: RecordFrame, max_blob: int = DEFAULT_MAX_RECORD) -> bool:
         """Judge and apply one record; True when the stream cannot be followed further."""
         header = frame.header
         verdict, rpcs = self.session.from_ic_rpcs(header, frame.body)
@@ -271,6 +290,8 @@ class MockLB:
             then = (calls[0] if len(calls) == 1 else encode_batch(calls)) + then
             calls.clear()
         if then:
+            if self._watch is not None:
+                self._watch.wrote(len(then))
             self.writer.write(then)
 
     def _send(self, message: Message, blob: bytes = b"") -> None:
