@@ -27,6 +27,8 @@ from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, Producer
 from wallaroo_proto.protocols.dcp.store import Bucket, StateError, new_uuid
 
 _REASONS = {name: value for value, name in codec.END_REASONS.items()}
+#: vbuckets shown in the consumer's table (a bucket's default count; a producer may claim up to 65,535).
+_TABLE_ROWS = 1024
 
 
 def _log(prefix: str):
@@ -308,7 +310,7 @@ def _print_consumer_summary(s: dict, fmt: str, err: bool) -> None:
     table = Table(title="vbuckets")
     for col in ("vbucket", "status", "uuid", "seqno", "snapshot", "received", "live", "rollbacks"):
         table.add_column(col)
-    for v in s["vbuckets"]:
+    for v in s["vbuckets"][:_TABLE_ROWS]:
         table.add_row(
             str(v["vbucket"]),
             v["status"],

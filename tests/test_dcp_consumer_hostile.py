@@ -279,3 +279,20 @@ def test_a_producer_that_floods_noops_and_reads_none_of_the_answers_is_given_up(
         rc, summary, _ = consume(producer, "--timeout", "1")
     assert rc == 1
     assert summary["failures"] == ["connection lost: the producer read nothing of ours for 1 s"]
+
+
+# ------------------------------------------------------------------------- many vbuckets
+
+
+def test_the_text_summary_lists_at_most_1024_vbuckets():
+    def many(sock: socket.socket) -> None:
+        answer_setup(sock, high=codec.vb_seqnos_value([(vb, 0) for vb in range(1500)]))
+        while (p := read_packet(sock)) is not None:
+            if p.opcode == codec.STREAM_REQ:  # nothing to send: the stream ends at once
+                sock.sendall(accept(p) + codec.stream_end(p.vbucket, p.opaque, codec.END_OK))
+
+    with HostileProducer(many) as producer:
+        result = run_cli("dcp", "mock-consumer", "--connect", producer.address, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "... and 476 more vbuckets (--format json lists every one)" in result.stdout
+    assert "│ 1023 " in result.stdout and "│ 1024 " not in result.stdout
