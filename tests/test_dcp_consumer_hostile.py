@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import signal
 import socket
+import subprocess
 import threading
 from collections.abc import Callable
 
 import pytest
-from support import run_cli
+from support import COMMAND, Server, run_cli
 
 from wallaroo_proto.protocols.dcp import codec
 
@@ -296,3 +298,32 @@ def test_the_text_summary_lists_at_most_1024_vbuckets():
     assert result.returncode == 0, result.stderr
     assert "... and 476 more vbuckets (--format json lists every one)" in result.stdout
     assert "│ 1023 " in result.stdout and "│ 1024 " not in result.stdout
+
+
+# ------------------------------------------------------------------------- quiet but alive
+
+
+def test_a_following_consumer_stays_with_an_idle_producer_that_sends_noops(tmp_path):
+    """The silence limit counts the producer's noops: an idle, live producer is not given up."""
+    with Server("dcp", "mock-producer", "--port", "0", "--vbuckets", "1", "--items", "3") as server:
+        proc = subprocess.Popen(
+            [*COMMAND, "dcp", "mock-consumer", "--connect", server.address, "--follow"]
+            + ["--noop-interval", "1", "--format", "json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            # Idle for twice the silence limit (2 s): what is tested is that nothing ends it.
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=4)
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    assert proc.returncode == 130, stderr
+    summary = json.loads(stdout.splitlines()[-1])
+    assert summary["connections"] == 1 and summary["failures"] == [] and summary["items_received"] == 3
+    assert summary["noops_answered"] >= 2
