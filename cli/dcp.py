@@ -403,7 +403,7 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     default=10,
     show_default=True,
     help="Ask again for a vbucket's stream (after ROLLBACK or a STREAM_END other than ok) at most "
-    "this many times in a row without an item, pausing 10 ms, doubling up to 5 s; then give it up.",
+    "this many times in a row without a new seqno, pausing 10 ms, doubling up to 5 s; then give it up.",
 )
 @click.option(
     "--keep-going", is_flag=True, help="Go on after the producer breaks a rule (default: stop at the first)."

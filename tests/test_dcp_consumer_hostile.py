@@ -234,9 +234,9 @@ def test_a_stream_that_always_ends_too_slow_is_given_up_after_the_retries():
     with HostileProducer(script) as producer:
         rc, summary, stderr = consume(producer, "--stream-retries", "3")
     assert rc == 1 and script.requests == 4  # the first request and three more
-    failure = "vbucket 0: stream end too_slow; given up after 4 stream requests in a row brought no item"
+    failure = "vbucket 0: stream end too_slow; given up after asking again 3 times in a row with no new seqno"
     assert summary["failures"] == [failure] and summary["vbuckets"][0]["status"] == "error"
-    assert stderr.count(failure) == 1 and stderr.count("asking again") == 3
+    assert stderr.count(failure) == 1 and stderr.count("; asking again from") == 3
 
 
 def test_a_rollback_to_0_every_time_is_given_up_after_the_retries():
@@ -246,7 +246,7 @@ def test_a_rollback_to_0_every_time_is_given_up_after_the_retries():
         rc, summary, _ = consume(producer, "--stream-retries", "2", "--keep-going")
     assert rc == 1 and script.requests == 3
     assert summary["failures"] == [
-        "vbucket 0: rollback to 0; given up after 3 stream requests in a row brought no item"
+        "vbucket 0: rollback to 0; given up after asking again 2 times in a row with no new seqno"
     ]
 
 
@@ -327,3 +327,23 @@ def test_a_following_consumer_stays_with_an_idle_producer_that_sends_noops(tmp_p
     summary = json.loads(stdout.splitlines()[-1])
     assert summary["connections"] == 1 and summary["failures"] == [] and summary["items_received"] == 3
     assert summary["noops_answered"] >= 2
+
+
+def test_a_stream_that_rolls_back_to_the_same_item_again_and_again_is_given_up():
+    # Item 1 then too_slow; asked from 1, ROLLBACK to 0; asked from 0, item 1 again: no rule is broken,
+    # but the copy never gets past seqno 1.
+    def answer(p: codec.Packet) -> bytes:
+        if codec.parse(p).start == 1:
+            return codec.rollback_response(p.opaque, 0)
+        out = accept(p) + codec.snapshot_marker(0, p.opaque, 1, 1, codec.SNAP_MEMORY)
+        out += codec.mutation(0, p.opaque, 1, 1, b"k", b"v")
+        return out + codec.stream_end(0, p.opaque, codec.END_TOO_SLOW)
+
+    script = Restreamer(answer)
+    with HostileProducer(script) as producer:
+        rc, summary, _ = consume(producer, "--stream-retries", "4")
+    assert rc == 1 and summary["violations"] == 0
+    assert summary["failures"] == [
+        "vbucket 0: stream end too_slow; given up after asking again 4 times in a row with no new seqno"
+    ]
+    assert script.requests == 5  # the first brought seqno 1, the four asked again brought nothing newer

@@ -20,8 +20,8 @@ A producer that sends no whole packet, or reads nothing of ours, for
 dead connection) counts as a dropped connection. The first violation ends the
 run unless ``keep_going``; then an answer the consumer cannot use drops the
 connection. A vbucket whose stream is asked for again ``stream_retries`` times
-in a row without an item in between (ROLLBACK after ROLLBACK, STREAM_END after
-STREAM_END) is given up, with a growing pause between the attempts as a real
+in a row without a seqno newer than any it reached (ROLLBACK after ROLLBACK,
+STREAM_END after STREAM_END) is given up, with a growing pause between the attempts as a real
 client has.
 """
 
@@ -83,7 +83,7 @@ class ConsumerConfig:
     persist_interval: float = 0.5
     timeout: float | None = None  # None: twice noop_interval (none when noops are off); 0: none
     keep_going: bool = False  # go on after a violation instead of stopping
-    stream_retries: int = 10  # requests in a row for one vbucket's stream without an item in between
+    stream_retries: int = 10  # requests in a row for one vbucket's stream that bring no new seqno
 
     @property
     def silence(self) -> float:
@@ -201,7 +201,8 @@ class MockConsumer:
         self.opaque = 0
         self.unacked = 0
         self.streams: dict[int, int] = {}  # opaque -> vb
-        self.asked: dict[int, int] = {}  # vb -> stream requests in a row without an item in between
+        self.asked: dict[int, int] = {}  # vb -> stream requests in a row that brought no new seqno
+        self.reached: dict[int, int] = {}  # vb -> the highest seqno its copy reached on this connection
         self.due: list[tuple[float, int]] = []  # (when, vb): stream requests waiting out their pause
         self.heard = time.monotonic()  # the last whole packet from the producer, or request to it
         self.run_state.connections += 1
@@ -424,10 +425,11 @@ class MockConsumer:
             vb = self.streams.get(stream_run.opaque)
             if vb is None:
                 continue
-            items, done, acks = run.vbuckets[vb].apply_run(stream_run)
+            state = run.vbuckets[vb]
+            items, done, acks = state.apply_run(stream_run)
             run.items += items
             if items:
-                self.asked[vb] = 0
+                self.progress(vb, state.seqno)
             completed = completed or done
             for _ in range(acks):
                 self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=stream_run.opaque))
@@ -466,9 +468,9 @@ class MockConsumer:
         state = run.vbuckets[vb]
         if op in _ITEM_OPCODES:
             run.items += 1
-            self.asked[vb] = 0
             if state.apply(msg.seqno, msg.key, op, msg.value):
                 self.persist()
+            self.progress(vb, state.seqno)
         elif op == codec.SNAPSHOT_MARKER:
             state.marker(msg.start, msg.end)
             if msg.flags & codec.SNAP_ACK:
@@ -510,6 +512,16 @@ class MockConsumer:
             run.failures.append(f"vbucket {vb}: stream request {msg.status_name}")
         return 1
 
+    def progress(self, vb: int, seqno: int) -> None:
+        """A new highest seqno for ``vb`` restarts its count of requests in a row.
+
+        Items seen before (a stream that rolls back to 0 and sends item 1 again and
+        again) are no progress.
+        """
+        if seqno > self.reached.get(vb, 0):
+            self.reached[vb] = seqno
+            self.asked[vb] = 0
+
     def ask_again(self, vb: int, why: str) -> int:
         """Request ``vb``'s stream again after a pause that grows; returns 1 when it is given up instead."""
         asked = self.asked.get(vb, 0) + 1
@@ -517,7 +529,10 @@ class MockConsumer:
         state = self.run_state.vbuckets[vb]
         if asked > self.config.stream_retries:
             self.run_state.status[vb] = "error"
-            failure = f"vbucket {vb}: {why}; given up after {asked} stream requests in a row brought no item"
+            again = asked - 1
+            failure = (
+                f"vbucket {vb}: {why}; given up after asking again {again} times in a row with no new seqno"
+            )
             self.run_state.failures.append(failure)
             self.log(failure)
             return 1
