@@ -394,8 +394,9 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     "--timeout",
     type=click.FloatRange(0),
     default=None,
-    help="Drop the connection when the producer sends no whole packet, or reads nothing of ours, "
-    "for this many seconds (0: never).  [default: twice --noop-interval, never when noops are off]",
+    help="Drop the connection when the producer sends no whole packet, reads nothing of ours or "
+    "leaves a request unanswered for this many seconds (0: never).  "
+    "[default: twice --noop-interval, never when noops are off]",
 )
 @click.option(
     "--stream-retries",

@@ -171,6 +171,27 @@ def test_a_silent_producer_is_given_up_after_the_timeout(script):
     assert "giving up" in stderr
 
 
+def test_a_producer_that_sends_noops_but_never_answers_the_stream_request_is_given_up():
+    def script(sock: socket.socket) -> None:
+        answer_setup(sock)
+        read_packet(sock)  # the stream request, never answered
+        sock.settimeout(0.05)
+        opaque = 10_000_000
+        while True:  # alive: a noop every 50 ms, answers read, until the consumer goes
+            opaque += 1
+            sock.sendall(codec.noop(opaque))
+            try:
+                if not sock.recv(65536):  # the noop answers, not looked at
+                    return
+            except TimeoutError:
+                pass
+
+    with HostileProducer(script) as producer:
+        rc, summary, _ = consume(producer, "--noop-interval", "0.25")
+    assert rc == 1 and summary["noops_answered"] > 0
+    assert summary["failures"] == ["connection lost: no answer to DCP_STREAM_REQ for vbucket 0 in 0.5 s"]
+
+
 def test_without_a_timeout_the_silence_limit_is_twice_the_noop_interval():
     with HostileProducer(silent_after_a_stream) as producer:
         rc, summary, _ = consume(producer, "--noop-interval", "0.25")
@@ -207,7 +228,7 @@ def test_keep_going_goes_on_after_the_violation_until_the_silence_limit():
     with HostileProducer(wrong_opaque) as producer:
         rc, summary, stderr = consume(producer, "--keep-going", "--timeout", "0.5")
     assert rc == 1 and summary["violations"] == 1
-    assert summary["failures"] == ["connection lost: the producer sent no whole packet for 0.5 s"]
+    assert summary["failures"] == ["connection lost: no answer to HELLO in 0.5 s"]
 
 
 # ------------------------------------------------------------------------- endless retries
@@ -272,6 +293,7 @@ def test_a_stream_that_ends_after_an_item_each_time_is_asked_for_again_until_don
 def test_a_producer_that_floods_noops_and_reads_none_of_the_answers_is_given_up():
     def script(sock: socket.socket) -> None:
         answer_setup(sock)
+        sock.sendall(accept(read_packet(sock)))  # the stream is open; nothing of ours is read after this
         opaque = 0
         while True:  # until the consumer cuts the connection (OSError)
             sock.sendall(b"".join(codec.noop(opaque + n) for n in range(1, 10_001)))

@@ -15,9 +15,9 @@ completed snapshots, at most every ``persist_interval`` seconds, after each
 rollback and at the end, so a consumer killed with SIGKILL resumes from a
 consistent point. Connections that drop are reopened up to ``retries`` times.
 
-A producer that sends no whole packet, or reads nothing of ours, for
-``timeout`` seconds (by default twice the noop interval: the DCP rule for a
-dead connection) counts as a dropped connection. The first violation ends the
+A producer that sends no whole packet, or reads nothing of ours, or leaves a
+request unanswered for ``timeout`` seconds (by default twice the noop interval:
+the DCP rule for a dead connection) counts as a dropped connection. The first violation ends the
 run unless ``keep_going``; then an answer the consumer cannot use drops the
 connection. A vbucket whose stream is asked for again ``stream_retries`` times
 in a row without a seqno newer than any it reached (ROLLBACK after ROLLBACK,
@@ -205,6 +205,7 @@ class MockConsumer:
         self.reached: dict[int, int] = {}  # vb -> the highest seqno its copy reached on this connection
         self.due: list[tuple[float, int]] = []  # (when, vb): stream requests waiting out their pause
         self.heard = time.monotonic()  # the last whole packet from the producer, or request to it
+        self.awaiting: dict[int, tuple[float, str]] = {}  # opaque -> (sent at, what) of unanswered requests
         self.run_state.connections += 1
         started = time.monotonic()
         try:
@@ -223,11 +224,15 @@ class MockConsumer:
                 link.abort()
 
     def send(self, wire: bytes) -> None:
-        verdict = self.conn.from_consumer(decode_packet(wire))
+        p = decode_packet(wire)
+        verdict = self.conn.from_consumer(p)
         if verdict.kind is not Kind.ACCEPTED:
             self.violation(f"own request: {verdict.reason}")
         self.link.write(wire)
         self.heard = time.monotonic()  # an answer is due from now
+        if p.is_request and p.opcode != codec.BUFFER_ACK:  # a buffer ack has no answer
+            what = f"{p.name} for vbucket {p.vbucket}" if p.opcode == codec.STREAM_REQ else p.name
+            self.awaiting[p.opaque] = (self.heard, what)
 
     async def receive(self, until: float | None = None) -> bytes | None:
         """The next bytes from the producer, or None at ``until`` (a monotonic time) if none came first.
@@ -236,7 +241,13 @@ class MockConsumer:
         counted while a request of ours waits for its time: the silence is then ours).
         """
         silence = self.config.silence
-        deadline = until if until is not None else self.heard + silence if silence else None
+        oldest = next(iter(self.awaiting.values()), None)  # the request unanswered longest
+        if until is not None:
+            deadline = until
+        elif silence:
+            deadline = min(self.heard, oldest[0]) + silence if oldest else self.heard + silence
+        else:
+            deadline = None
         try:
             if deadline is None:
                 return await self.link.read()
@@ -245,9 +256,11 @@ class MockConsumer:
                 raise TimeoutError
             return await self.link.read(left)
         except TimeoutError:
-            if until is None:
-                raise ConnectionLost(f"the producer sent no whole packet for {silence:g} s") from None
-            return None
+            if until is not None:
+                return None
+            if oldest and oldest[0] < self.heard:
+                raise ConnectionLost(f"no answer to {oldest[1]} in {silence:g} s") from None
+            raise ConnectionLost(f"the producer sent no whole packet for {silence:g} s") from None
 
     async def drain(self) -> None:
         """Wait for the producer to read what we wrote, at most the silence limit."""
@@ -296,6 +309,8 @@ class MockConsumer:
         return verdict.message
 
     def judge(self, p: Packet, offset: int) -> Any:
+        if not p.is_request:
+            self.awaiting.pop(p.opaque, None)
         verdict = self.conn.from_producer(p, offset)
         if verdict.kind is not Kind.ACCEPTED:
             self.violation(f"offset {offset}: {p.name}: {verdict.reason}")
