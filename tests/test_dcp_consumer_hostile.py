@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
@@ -369,3 +370,44 @@ def test_a_stream_that_rolls_back_to_the_same_item_again_and_again_is_given_up()
         "vbucket 0: stream end too_slow; given up after asking again 4 times in a row with no new seqno"
     ]
     assert script.requests == 5  # the first brought seqno 1, the four asked again brought nothing newer
+
+
+def test_sigint_ends_a_consumer_whose_producer_reads_nothing_at_once():
+    """With no timeout the consumer waits on the producer; SIGINT must not wait for our bytes to go out."""
+    piled = threading.Event()
+
+    def script(sock: socket.socket) -> None:
+        answer_setup(sock)
+        sock.sendall(accept(read_packet(sock)))
+        sock.setblocking(False)
+        noops = b"".join(codec.noop(n) for n in range(1, 1001))
+        left = memoryview(noops)
+        blocked_since = None
+        while True:  # noops, never reading the answers, until the consumer goes (OSError)
+            try:
+                left = left[sock.send(left) :] or memoryview(noops)
+                blocked_since = None
+            except BlockingIOError:
+                # The consumer reads nothing only while it waits for its own bytes to go out.
+                blocked_since = blocked_since or time.monotonic()
+                if time.monotonic() - blocked_since > 1.0:
+                    piled.set()
+                time.sleep(0.01)
+
+    with HostileProducer(script) as producer:
+        proc = subprocess.Popen(
+            [*COMMAND, "dcp", "mock-consumer", "--connect", producer.address, "--timeout", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert piled.wait(timeout=120), "the consumer never fell behind"
+            proc.send_signal(signal.SIGINT)
+            _, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
