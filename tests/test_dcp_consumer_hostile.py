@@ -163,7 +163,17 @@ def silent_after_a_stream(sock: socket.socket) -> None:
     wait_for_end(sock)
 
 
-@pytest.mark.parametrize("script", [silent_from_the_start, silent_mid_body, silent_after_a_stream])
+def trickling_a_huge_body(sock: socket.socket) -> None:
+    p = read_packet(sock)  # HELLO: an answer that promises 10 MB, then a kilobyte every 50 ms
+    sock.sendall(codec.HEADER.pack(codec.RES, p.opcode, 0, 0, 0, 0, 10_000_000, p.opaque, 0))
+    while True:  # until the consumer goes (OSError)
+        sock.sendall(b"x" * 1000)
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    "script", [silent_from_the_start, silent_mid_body, silent_after_a_stream, trickling_a_huge_body]
+)
 def test_a_silent_producer_is_given_up_after_the_timeout(script):
     with HostileProducer(script) as producer:
         rc, summary, stderr = consume(producer, "--timeout", "0.5")
