@@ -27,6 +27,8 @@ from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, Producer
 from wallaroo_proto.protocols.dcp.store import Bucket, StateError, new_uuid
 
 _REASONS = {name: value for value, name in codec.END_REASONS.items()}
+#: vbuckets shown in the consumer's table (a bucket's default count; a producer may claim up to 65,535).
+_TABLE_ROWS = 1024
 
 
 def _log(prefix: str):
@@ -348,7 +350,7 @@ def _print_consumer_summary(s: dict, fmt: str, err: bool) -> None:
     table = Table(title="vbuckets")
     for col in ("vbucket", "status", "uuid", "seqno", "snapshot", "received", "live", "rollbacks"):
         table.add_column(col)
-    for v in s["vbuckets"]:
+    for v in s["vbuckets"][:_TABLE_ROWS]:
         table.add_row(
             str(v["vbucket"]),
             v["status"],
@@ -360,6 +362,10 @@ def _print_consumer_summary(s: dict, fmt: str, err: bool) -> None:
             str(v["rollbacks"]),
         )
     out.print(table)
+    if len(s["vbuckets"]) > _TABLE_ROWS:
+        out.print(
+            f"... and {len(s['vbuckets']) - _TABLE_ROWS:,} more vbuckets (--format json lists every one)"
+        )
     for violation in s["violation_list"][:50]:
         out.print(f"[bold red]VIOLATION[/] {violation}")
     for failure in s["failures"]:
@@ -424,13 +430,33 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     help="Reconnect this many times when the connection drops.",
 )
 @click.option("--retry-delay", type=click.FloatRange(0), default=0.2, show_default=True, help="Seconds.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(0),
+    default=None,
+    help="Drop the connection when the producer sends no whole packet, reads nothing of ours or "
+    "leaves a request unanswered for this many seconds (0: never).  "
+    "[default: twice --noop-interval, never when noops are off]",
+)
+@click.option(
+    "--stream-retries",
+    type=click.IntRange(0),
+    default=10,
+    show_default=True,
+    help="Ask again for a vbucket's stream (after ROLLBACK or a STREAM_END other than ok) at most "
+    "this many times in a row without a new seqno, pausing 10 ms, doubling up to 5 s; then give it up.",
+)
+@click.option(
+    "--keep-going", is_flag=True, help="Go on after the producer breaks a rule (default: stop at the first)."
+)
 @summary_format
 def mock_consumer(**opts) -> None:
     """Stream vbuckets from a DCP producer into a durable copy, as a replica or connector does.
 
     Exit 0 when every stream ended ok, 1 when the producer broke the protocol
-    or a stream could not be had (the summary says which), 2 on bad usage,
-    130 when interrupted.
+    (the first violation ends the run unless --keep-going), went silent or a
+    stream could not be had (the summary says which), 2 on bad usage, 130 when
+    interrupted.
     """
     host, sep, port = opts["connect"].rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
@@ -452,6 +478,9 @@ def mock_consumer(**opts) -> None:
         out=opts["out"],
         retries=opts["retries"],
         retry_delay=opts["retry_delay"],
+        timeout=opts["timeout"],
+        keep_going=opts["keep_going"],
+        stream_retries=opts["stream_retries"],
     )
     try:
         consumer = MockConsumer(config, _log("dcp mock-consumer"))

@@ -61,3 +61,26 @@ def test_a_link_writes_and_reports_a_lost_connection_on_drain():
         server.close()
 
     asyncio.run(main())
+
+
+def test_a_read_from_a_silent_peer_ends_at_its_timeout_and_data_still_comes_after():
+    async def main() -> None:
+        go = asyncio.Event()
+
+        async def silent_then_one_word(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await go.wait()
+            writer.write(b"late")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(silent_then_one_word, "127.0.0.1", 0)
+        link = await Link.open("127.0.0.1", server.sockets[0].getsockname()[1])
+        with pytest.raises(TimeoutError):
+            await link.read(0.05)
+        go.set()
+        assert await link.read(60) == b"late"
+        link.close()
+        await link.wait_closed()
+        server.close()
+
+    asyncio.run(main())

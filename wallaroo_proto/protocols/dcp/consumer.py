@@ -14,12 +14,21 @@ The copy (``--state``) is written atomically (``durable.write_atomic``) at
 completed snapshots, at most every ``persist_interval`` seconds, after each
 rollback and at the end, so a consumer killed with SIGKILL resumes from a
 consistent point. Connections that drop are reopened up to ``retries`` times.
+
+A producer that sends no whole packet, or reads nothing of ours, or leaves a
+request unanswered for ``timeout`` seconds (by default twice the noop interval:
+the DCP rule for a dead connection) counts as a dropped connection. The first violation ends the
+run unless ``keep_going``; then an answer the consumer cannot use drops the
+connection. A vbucket whose stream is asked for again ``stream_retries`` times
+in a row without a seqno newer than any it reached (ROLLBACK after ROLLBACK,
+STREAM_END after STREAM_END) is given up, with a growing pause between the attempts as a real
+client has.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import heapq
 import json
 import os
 import time
@@ -30,13 +39,27 @@ from typing import Any
 from wallaroo_proto.durable import write_atomic
 
 from . import codec
-from .codec import FOREVER, HEADER_SIZE, SUCCESS, Packet, PacketSplitter, ProtocolError, decode_packet
+from .codec import (
+    FOREVER,
+    HEADER_SIZE,
+    SUCCESS,
+    Packet,
+    PacketSplitter,
+    ProtocolError,
+    Response,
+    decode_packet,
+)
 from .core import Connection, Kind
 from .link import Link
 from .store import ConsumerVBucket, StateError
 
 _ITEM_OPCODES = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION))
 _KEEP_VIOLATIONS = 100
+#: The pause before the second request in a row for a stream, doubled after each (the first is at once),
+#: and the longest pause: java-dcp-client's backoff when it restarts a stream after a rollback.
+RETRY_PAUSE, RETRY_PAUSE_MAX = 0.01, 5.0
+#: Seconds a closing connection waits for what we wrote to be sent before it is cut.
+CLOSE_GRACE = 5.0
 
 
 #: What the run path (``Connection.process_run``) can take, as the first byte after magic 0x80.
@@ -58,10 +81,24 @@ class ConsumerConfig:
     retries: int = 0
     retry_delay: float = 0.2
     persist_interval: float = 0.5
+    timeout: float | None = None  # None: twice noop_interval (none when noops are off); 0: none
+    keep_going: bool = False  # go on after a violation instead of stopping
+    stream_retries: int = 10  # requests in a row for one vbucket's stream that bring no new seqno
+
+    @property
+    def silence(self) -> float:
+        """Seconds without a whole packet from the producer (or a byte read by it) that end a connection."""
+        if self.timeout is not None:
+            return self.timeout
+        return 2 * self.noop_interval
 
 
 class ConnectionLost(Exception):
     pass
+
+
+class RuleBroken(Exception):
+    """The producer broke the protocol and the consumer stops (it goes on only with ``keep_going``)."""
 
 
 @dataclass
@@ -132,11 +169,15 @@ class MockConsumer:
             try:
                 await self.session()
                 break
+            except RuleBroken:
+                self.run_state.failures.append("stopped at the first violation (--keep-going goes on)")
+                break
             except (ConnectionLost, ConnectionError, OSError) as err:
                 if self.stop_requested:
                     break
                 if attempts >= self.config.retries:
                     self.run_state.failures.append(f"connection lost: {err or type(err).__name__}")
+                    self.log(f"connection lost ({err or type(err).__name__}); giving up")
                     break
                 attempts += 1
                 self.log(f"connection lost ({err or type(err).__name__}); reconnecting ({attempts})")
@@ -147,7 +188,7 @@ class MockConsumer:
     def stop(self) -> None:
         self.stop_requested = True
         if getattr(self, "link", None) is not None:
-            self.link.close()
+            self.link.abort()
 
     async def session(self) -> None:
         cfg = self.config
@@ -160,6 +201,11 @@ class MockConsumer:
         self.opaque = 0
         self.unacked = 0
         self.streams: dict[int, int] = {}  # opaque -> vb
+        self.asked: dict[int, int] = {}  # vb -> stream requests in a row that brought no new seqno
+        self.reached: dict[int, int] = {}  # vb -> the highest seqno its copy reached on this connection
+        self.due: list[tuple[float, int]] = []  # (when, vb): stream requests waiting out their pause
+        self.heard = time.monotonic()  # the last whole packet from the producer, or request to it
+        self.awaiting: dict[int, tuple[float, str]] = {}  # opaque -> (sent at, what) of unanswered requests
         self.run_state.connections += 1
         started = time.monotonic()
         try:
@@ -170,14 +216,59 @@ class MockConsumer:
         finally:
             self.stream_seconds += time.monotonic() - started
             link.close()
-            with contextlib.suppress(Exception):
-                await link.wait_closed()
+            try:  # what we wrote goes out first, unless the producer reads nothing
+                await asyncio.wait_for(
+                    link.wait_closed(), min(self.config.silence or CLOSE_GRACE, CLOSE_GRACE)
+                )
+            except TimeoutError:
+                link.abort()
 
     def send(self, wire: bytes) -> None:
-        verdict = self.conn.from_consumer(decode_packet(wire))
+        p = decode_packet(wire)
+        verdict = self.conn.from_consumer(p)
         if verdict.kind is not Kind.ACCEPTED:
             self.violation(f"own request: {verdict.reason}")
         self.link.write(wire)
+        self.heard = time.monotonic()  # an answer is due from now
+        if p.is_request and p.opcode != codec.BUFFER_ACK:  # a buffer ack has no answer
+            what = f"{p.name} for vbucket {p.vbucket}" if p.opcode == codec.STREAM_REQ else p.name
+            self.awaiting[p.opaque] = (self.heard, what)
+
+    async def receive(self, until: float | None = None) -> bytes | None:
+        """The next bytes from the producer, or None at ``until`` (a monotonic time) if none came first.
+
+        ConnectionLost once the producer sent no whole packet for the silence limit (not
+        counted while a request of ours waits for its time: the silence is then ours).
+        """
+        silence = self.config.silence
+        oldest = next(iter(self.awaiting.values()), None)  # the request unanswered longest
+        if until is not None:
+            deadline = until
+        elif silence:
+            deadline = min(self.heard, oldest[0]) + silence if oldest else self.heard + silence
+        else:
+            deadline = None
+        try:
+            if deadline is None:
+                return await self.link.read()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            return await self.link.read(left)
+        except TimeoutError:
+            if until is not None:
+                return None
+            if oldest and oldest[0] < self.heard:
+                raise ConnectionLost(f"no answer to {oldest[1]} in {silence:g} s") from None
+            raise ConnectionLost(f"the producer sent no whole packet for {silence:g} s") from None
+
+    async def drain(self) -> None:
+        """Wait for the producer to read what we wrote, at most the silence limit."""
+        silence = self.config.silence
+        try:
+            await self.link.drain(silence or None)
+        except TimeoutError:
+            raise ConnectionLost(f"the producer read nothing of ours for {silence:g} s") from None
 
     def next_opaque(self) -> int:
         self.opaque += 1
@@ -185,7 +276,7 @@ class MockConsumer:
 
     async def next_packet(self) -> tuple[int, Packet]:
         while not self.packets:
-            data = await self.link.read()
+            data = await self.receive()
             if not data:
                 raise ConnectionLost("the producer closed the connection")
             try:
@@ -194,33 +285,46 @@ class MockConsumer:
                 self.violation(str(err))
                 raise ConnectionLost(str(err)) from None
             self.packets.reverse()
+            if self.packets:
+                self.heard = time.monotonic()
         return self.packets.pop()
 
-    async def call(self, wire: bytes) -> Any:
+    async def call(self, wire: bytes) -> Response:
         """Send one command and wait for its answer (stream traffic cannot come before streams exist)."""
         opaque = decode_packet(wire).opaque
         self.send(wire)
-        await self.link.drain()
+        await self.drain()
         while True:
             offset, p = await self.next_packet()
             verdict = self.judge(p, offset)
             if not p.is_request and p.opaque == opaque:
-                return verdict.message
+                return self.usable(p, verdict)
             if p.is_request and p.opcode == codec.NOOP:
                 self.answer_noop(p)
 
+    def usable(self, p: Packet, verdict: Any) -> Response:
+        """The answer to a request of ours, or ConnectionLost when it says nothing we can act on."""
+        if not isinstance(verdict.message, Response):
+            raise ConnectionLost(f"{p.name} answer unusable: {verdict.reason}")
+        return verdict.message
+
     def judge(self, p: Packet, offset: int) -> Any:
+        if not p.is_request:
+            self.awaiting.pop(p.opaque, None)
         verdict = self.conn.from_producer(p, offset)
         if verdict.kind is not Kind.ACCEPTED:
             self.violation(f"offset {offset}: {p.name}: {verdict.reason}")
         return verdict
 
     def violation(self, text: str) -> None:
+        """Count and log a broken rule; RuleBroken unless the consumer keeps going."""
         run = self.run_state
         run.violation_count += 1
         if len(run.violations) < _KEEP_VIOLATIONS:
             run.violations.append(text)
             self.log(f"violation: {text}")
+        if not self.config.keep_going:
+            raise RuleBroken(text)
 
     def answer_noop(self, p: Packet) -> None:
         self.run_state.noops += 1
@@ -247,6 +351,8 @@ class MockConsumer:
             if answer.status != SUCCESS:
                 self.run_state.failures.append(f"control {key}={value}: {answer.status_name}")
         answer = await self.call(codec.request(codec.GET_ALL_VB_SEQNOS, opaque=self.next_opaque()))
+        if answer.status != SUCCESS:
+            raise ConnectionLost(f"GET_ALL_VB_SEQNOS refused: {answer.status_name}")
         self.high = dict(answer.vb_seqnos or [])
 
     def stream_request(self, vb: int) -> None:
@@ -266,25 +372,30 @@ class MockConsumer:
         todo = [vb for vb in wanted if run.status.get(vb) not in ("done", "not_my_vbucket")]
         for vb in todo:
             self.stream_request(vb)
-        await self.link.drain()
+        await self.drain()
         self.open_count = len(todo)
         while self.open_count and not self.stop_requested:
+            if self.due and self.due[0][0] <= time.monotonic():
+                self.stream_request(heapq.heappop(self.due)[1])
             if not self.packets and not self.splitter.resync:
                 self.take_run()
             item = self.buffered_packet()
             if item is None:
                 await self.read_more()
                 continue
+            self.heard = time.monotonic()
             self.handle(*item)
             if self.link.transport.get_write_buffer_size() > 64 * 1024:
-                await self.link.drain()
-        await self.link.drain()
+                await self.drain()
+        await self.drain()
 
     async def read_more(self) -> None:
         """One read; the bytes wait in ``fresh`` for the run path, which joins them to the splitter's."""
         if self.link.transport.get_write_buffer_size() > 64 * 1024:
-            await self.link.drain()
-        data = await self.link.read()
+            await self.drain()
+        data = await self.receive(self.due[0][0] if self.due else None)
+        if data is None:
+            return  # a stream request is due
         if not data:
             raise ConnectionLost("the producer closed the connection")
         self.splitter.buf += self.fresh
@@ -322,14 +433,18 @@ class MockConsumer:
             return
         self.fresh = b""
         splitter.rebuffer(data, end)
+        self.heard = time.monotonic()
         run = self.run_state
         completed = False
         for stream_run in taken:
             vb = self.streams.get(stream_run.opaque)
             if vb is None:
                 continue
-            items, done, acks = run.vbuckets[vb].apply_run(stream_run)
+            state = run.vbuckets[vb]
+            items, done, acks = state.apply_run(stream_run)
             run.items += items
+            if items:
+                self.progress(vb, state.seqno)
             completed = completed or done
             for _ in range(acks):
                 self.send(codec.response(codec.SNAPSHOT_MARKER, opaque=stream_run.opaque))
@@ -353,8 +468,9 @@ class MockConsumer:
         verdict = self.judge(p, offset)
         msg = verdict.message
         if not p.is_request:
-            if p.opcode == codec.STREAM_REQ and p.opaque in self.streams:
-                self.open_count -= self.stream_answer(p, msg)
+            vb = self.streams.get(p.opaque)
+            if vb is not None and run.status.get(vb) == "requested":  # its stream request's answer
+                self.open_count -= self.stream_answer(p, self.usable(p, verdict))
             return
         op = p.opcode
         if op == codec.NOOP:
@@ -369,6 +485,7 @@ class MockConsumer:
             run.items += 1
             if state.apply(msg.seqno, msg.key, op, msg.value):
                 self.persist()
+            self.progress(vb, state.seqno)
         elif op == codec.SNAPSHOT_MARKER:
             state.marker(msg.start, msg.end)
             if msg.flags & codec.SNAP_ACK:
@@ -386,8 +503,7 @@ class MockConsumer:
                 self.open_count -= 1
                 self.persist(force=True)
             else:
-                self.log(f"vbucket {vb}: stream end {reason}; asking again from seqno {state.seqno}")
-                self.stream_request(vb)
+                self.open_count -= self.ask_again(vb, f"stream end {reason}")
 
     def stream_answer(self, p: Packet, msg: Any) -> int:
         """A STREAM_REQ's answer; returns 1 when the vbucket's stream will not come (closed here)."""
@@ -403,14 +519,49 @@ class MockConsumer:
             point = state.rollback(msg.rollback_seqno or 0)
             self.log(f"vbucket {vb}: rollback to {msg.rollback_seqno}: truncated to seqno {point}")
             self.persist(force=True)
-            self.stream_request(vb)
-            return 0
+            return self.ask_again(vb, f"rollback to {msg.rollback_seqno}")
         if msg.status == codec.NOT_MY_VBUCKET:
             run.status[vb] = "not_my_vbucket"
         else:
             run.status[vb] = "error"
             run.failures.append(f"vbucket {vb}: stream request {msg.status_name}")
         return 1
+
+    def progress(self, vb: int, seqno: int) -> None:
+        """A new highest seqno for ``vb`` restarts its count of requests in a row.
+
+        Items seen before (a stream that rolls back to 0 and sends item 1 again and
+        again) are no progress.
+        """
+        if seqno > self.reached.get(vb, 0):
+            self.reached[vb] = seqno
+            self.asked[vb] = 0
+
+    def ask_again(self, vb: int, why: str) -> int:
+        """Request ``vb``'s stream again after a pause that grows; returns 1 when it is given up instead."""
+        asked = self.asked.get(vb, 0) + 1
+        self.asked[vb] = asked
+        state = self.run_state.vbuckets[vb]
+        if asked > self.config.stream_retries:
+            self.run_state.status[vb] = "error"
+            again = asked - 1
+            failure = (
+                f"vbucket {vb}: {why}; given up after asking again {again} times in a row with no new seqno"
+            )
+            self.run_state.failures.append(failure)
+            self.log(failure)
+            return 1
+        pause = 0.0 if asked == 1 else min(RETRY_PAUSE * 2 ** (asked - 2), RETRY_PAUSE_MAX)
+        self.log(
+            f"vbucket {vb}: {why}; asking again from seqno {state.seqno}"
+            + (f" in {pause:g} s" if pause else "")
+        )
+        if pause:
+            self.run_state.status[vb] = "waiting"
+            heapq.heappush(self.due, (time.monotonic() + pause, vb))
+        else:
+            self.stream_request(vb)
+        return 0
 
     def summary(self) -> dict[str, Any]:
         run = self.run_state

@@ -5,7 +5,9 @@ buffer, out as a slice, into bytes); at hundreds of megabytes a second of
 stream messages those copies cost as much as judging them. A ``Link`` keeps
 the chunks the socket gave and joins them only when more than one waits.
 Reading pauses while ``limit`` bytes wait unread, so a producer that ignores
-flow control cannot make the consumer buffer without bound.
+flow control cannot make the consumer buffer without bound. ``read`` and
+``drain`` take a timeout, so a peer that goes quiet or stops reading cannot
+hold the caller forever.
 """
 
 from __future__ import annotations
@@ -78,14 +80,19 @@ class Link(asyncio.Protocol):
 
     # ------------------------------------------------------------------------- the caller's side
 
-    async def read(self) -> bytes:
-        """Everything received since the last read (waiting for something); b"" at the end of the stream."""
-        while not self.chunks and not self.eof:
-            self.waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.waiter
-            finally:
-                self.waiter = None
+    async def read(self, timeout: float | None = None) -> bytes:
+        """Everything received since the last read (waiting for something); b"" at the end of the stream.
+
+        TimeoutError when nothing came within ``timeout`` seconds.
+        """
+        if not self.chunks and not self.eof:
+            async with asyncio.timeout(timeout):
+                while not self.chunks and not self.eof:
+                    self.waiter = asyncio.get_running_loop().create_future()
+                    try:
+                        await self.waiter
+                    finally:
+                        self.waiter = None
         chunks = self.chunks
         data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         chunks.clear()
@@ -98,22 +105,33 @@ class Link(asyncio.Protocol):
     def write(self, data: bytes) -> None:
         self.transport.write(data)
 
-    async def drain(self) -> None:
-        """Wait while the transport holds more than its high-water mark; ConnectionResetError once lost."""
+    async def drain(self, timeout: float | None = None) -> None:
+        """Wait while the transport holds more than its high-water mark; ConnectionResetError once lost.
+
+        TimeoutError when the peer read too little for the buffer to fall within ``timeout`` seconds.
+        """
         if self.transport.is_closing() and self.closed.done():
             raise ConnectionResetError("connection lost")
-        while self.writing_paused:
-            self.drain_waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self.drain_waiter
-            finally:
-                self.drain_waiter = None
+        if self.writing_paused:
+            async with asyncio.timeout(timeout):
+                while self.writing_paused:
+                    self.drain_waiter = asyncio.get_running_loop().create_future()
+                    try:
+                        await self.drain_waiter
+                    finally:
+                        self.drain_waiter = None
         if self.closed.done():
             raise ConnectionResetError("connection lost")
 
     def close(self) -> None:
+        """Close once what was written is sent (which a peer that reads nothing never lets happen)."""
         if self.transport is not None:
             self.transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping what was not sent."""
+        if self.transport is not None:
+            self.transport.abort()
 
     async def wait_closed(self) -> None:
         await self.closed
