@@ -144,7 +144,12 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
         nonlocal signals
         signals += 1
         if signals == 1:
-            click.echo("kinesis mock-daemon: stopping: shutdownRequested, leaseLost to every shard", err=True)
+            how = (
+                f"shutdownRequested, leaseLost to every shard (grace {daemon.config.shutdown_grace:g} s)"
+                if daemon.config.shutdown_grace
+                else "every processor's input closed (no --shutdown-grace)"
+            )
+            click.echo(f"kinesis mock-daemon: stopping: {how}", err=True)
             daemon.stop()
         else:
             run.cancel()
@@ -243,6 +248,14 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     help="Seconds a processor has to exit once its input is closed.",
 )
 @click.option(
+    "--shutdown-grace",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Seconds a stop gives the processors (the KCL's shutdownGraceMillis): shutdownRequested, "
+    "leaseLost, then their input closed; 0 closes it at once, as the KCL's default.",
+)
+@click.option(
     "--record",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
@@ -301,6 +314,7 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         dialect=opts["dialect"],
         timeout=opts["timeout"],
         exit_grace=opts["exit_grace"],
+        shutdown_grace=opts["shutdown_grace"],
         record=opts["record"],
         faults=faults,
     )

@@ -205,6 +205,18 @@ def test_the_processor_closing_early_is_reported_with_what_was_owed():
     assert "before leaseLost or shardEnded" in conv.close(PROCESSOR).reason
 
 
+def test_a_checkpoint_cut_short_by_the_daemon_closing_is_no_fault_of_the_processor():
+    """A stop without a shutdown grace closes the processor's input at any moment, a pending
+    checkpoint's reply included; the processor then ends, and owed nothing it could give."""
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint("200")))
+    assert conv.close(DAEMON).kind is Kind.IGNORED
+    assert conv.close(PROCESSOR).kind is Kind.IGNORED
+    conv = Conversation()  # the processor closing first, its checkpoint unanswered: its fault
+    play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint("200")))
+    assert conv.close(PROCESSOR).kind is Kind.VIOLATION
+
+
 def test_lines_after_the_final_status_are_drained():
     conv = Conversation()
     play(conv, (D, INIT), (P, status("initialize")), (D, b'{"action":"leaseLost"}'), (P, status("leaseLost")))

@@ -369,9 +369,11 @@ def test_a_processor_that_breaks_the_protocol_fails_the_daemon(processor, expect
     assert not summary["ok"] and any(expected in failure for failure in summary["failures"]), summary[
         "failures"
     ]
-    assert {s["end"] for s in summary["shards"]} <= {"failed", "stopped: shardId-000000000000 failed"} | {
-        "stopped: shardId-000000000001 failed"
-    }
+    failed = summary["failures"][0].partition(":")[0]
+    for shard in summary["shards"]:
+        assert shard["end"] == "failed" or shard["end"].startswith(f"stopped: {failed} failed; "), shard
+        # As the MLD: every processor's input closed and its exit awaited, none killed.
+        assert shard["kills"] == 0 and len(shard["exit_codes"]) == 1 and shard["exit_codes"][0] >= 0, shard
     assert "Traceback" not in result.stderr
 
 
@@ -631,3 +633,93 @@ def test_mock_daemon_skips_unreadable_lines_and_refuses_a_huge_checkpoint():
     assert "reply IllegalArgumentException" in result.stderr
     assert summary["shards"][0]["checkpoint_errors"] == {"IllegalArgumentException": 1}
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------- stopping as the KCL stops
+
+
+def test_input_closed_between_requests_is_the_end_of_a_processor_not_a_failure(tmp_path):
+    """The KCL's default stop closes the processor's stdin with no leaseLost; kclpy exits 0."""
+    mld = tmp_path / "from-mld.txt"
+    mld.write_bytes(
+        b'{"action":"initialize","shardId":"shardId-000000000003","sequenceNumber":"TRIM_HORIZON",'
+        b'"subSequenceNumber":0}\n'
+    )
+    with open(mld, "rb") as stdin:
+        result = subprocess.run([*PROCESSOR], stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "end: input closed (daemon stopped)" in result.stderr and "FAILED" not in result.stderr
+
+
+def stop_mid_delivery(tmp_path: Path, *daemon_args: str) -> tuple[int, dict, str]:
+    """mock-daemon over two slow mock-processors, signalled once records flow: (exit, summary, stderr).
+
+    They checkpoint only when asked to end: an input closed while a checkpoint awaits its reply
+    ends a processor with exit 1, as kclpy."""
+    out = tmp_path / "records.jsonl"
+    mld = subprocess.Popen(
+        [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--shards", "2", "--records", "100000"]
+        + ["--batch-size", "10", *daemon_args, "--", *PROCESSOR, "--slow", "20", "--checkpoint-every", "0"]
+        + ["--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline and mld.poll() is None:
+        time.sleep(0.05)
+    mld.send_signal(signal.SIGTERM)
+    stdout, stderr = mld.communicate(timeout=120)
+    return mld.returncode, json.loads(stdout.splitlines()[-1]), stderr
+
+
+def test_a_stop_without_grace_closes_every_processors_input_at_once(tmp_path):
+    code, summary, stderr = stop_mid_delivery(tmp_path)
+    assert code == 0, stderr
+    for shard in summary["shards"]:
+        assert shard["end"] == "input closed at the stop" and shard["exit_codes"] == [0], shard
+    assert stderr.count("end: input closed (daemon stopped)") == 2, stderr
+    assert "shutdownRequested" not in stderr.replace("no --shutdown-grace", "")
+
+
+def test_a_stop_with_grace_asks_each_processor_to_shut_down(tmp_path):
+    code, summary, stderr = stop_mid_delivery(tmp_path, "--shutdown-grace", "60")
+    assert code == 0, stderr
+    for shard in summary["shards"]:
+        assert shard["end"] == "shutdownRequested, leaseLost" and shard["exit_codes"] == [0], shard
+    assert stderr.count("end: leaseLost") == 2, stderr
+
+
+# A processor that never answers shutdownRequested: it reads on until its input closes, then exits 0.
+DEAF_TO_SHUTDOWN = r"""
+import json, sys
+for line in sys.stdin:
+    action = json.loads(line)["action"]
+    if action != "shutdownRequested":
+        sys.stdout.write(json.dumps({"action": "status", "responseFor": action}) + "\n")
+        sys.stdout.flush()
+    if action == "processRecords":
+        open(sys.argv[1], "a").write("batch\n")
+"""
+
+
+def test_a_stop_whose_grace_runs_out_closes_the_inputs(tmp_path):
+    marker = tmp_path / "batches"
+    mld = subprocess.Popen(
+        [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--shards", "2", "--records", "1000000"]
+        + ["--shutdown-grace", "0.5", "--", PY, "-c", DEAF_TO_SHUTDOWN, str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while (
+        not (marker.exists() and marker.stat().st_size) and time.monotonic() < deadline and mld.poll() is None
+    ):
+        time.sleep(0.05)
+    mld.send_signal(signal.SIGTERM)
+    stdout, stderr = mld.communicate(timeout=120)
+    assert mld.returncode == 0, stderr
+    for shard in json.loads(stdout.splitlines()[-1])["shards"]:
+        assert shard["end"] == "input closed at the stop (shutdown grace over)", shard
+        assert shard["kills"] == 0 and shard["exit_codes"] == [0], shard
