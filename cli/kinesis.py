@@ -256,6 +256,20 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     "leaseLost, then their input closed; 0 closes it at once, as the KCL's default.",
 )
 @click.option(
+    "--wait-at-end",
+    is_flag=True,
+    help="After a shard's last record send nothing until stopped, as the KCL on an open shard "
+    "(default: end its lease with shutdownRequested, leaseLost).",
+)
+@click.option(
+    "--empty-batches",
+    type=click.FloatRange(0),
+    default=0.0,
+    metavar="S",
+    help="With --wait-at-end: an empty processRecords every S seconds "
+    "(the KCL's callProcessRecordsEvenForEmptyRecordList).",
+)
+@click.option(
     "--record",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
@@ -274,6 +288,8 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     transports = sum(bool(x) for x in (processor_command, opts["listen"], opts["connect"]))
     if transports != 1:
         raise click.UsageError("give exactly one of: -- COMMAND..., --listen HOST:PORT, --connect HOST:PORT")
+    if opts["empty_batches"] and not opts["wait_at_end"]:
+        raise click.UsageError("--empty-batches needs --wait-at-end (they are sent while waiting)")
     command_ = list(processor_command)
     if command_ and shutil.which(command_[0]) is None:
         raise usage_error(f"COMMAND {command_[0]!r} is not an executable file or on PATH")
@@ -315,6 +331,8 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         timeout=opts["timeout"],
         exit_grace=opts["exit_grace"],
         shutdown_grace=opts["shutdown_grace"],
+        wait_at_end=opts["wait_at_end"],
+        empty_batches=opts["empty_batches"],
         record=opts["record"],
         faults=faults,
     )

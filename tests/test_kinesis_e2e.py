@@ -723,3 +723,44 @@ def test_a_stop_whose_grace_runs_out_closes_the_inputs(tmp_path):
     for shard in json.loads(stdout.splitlines()[-1])["shards"]:
         assert shard["end"] == "input closed at the stop (shutdown grace over)", shard
         assert shard["kills"] == 0 and shard["exit_codes"] == [0], shard
+
+
+# A processor that logs each batch's record count and answers every request.
+BATCH_LOGGER = r"""
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["action"] == "processRecords":
+        open(sys.argv[1], "a").write(f"{len(msg['records'])}\n")
+    sys.stdout.write(json.dumps({"action": "status", "responseFor": msg["action"]}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+def test_waiting_at_the_end_sends_nothing_or_empty_batches_until_stopped(tmp_path):
+    batches = tmp_path / "batches"
+    mld = subprocess.Popen(
+        [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--records", "5", "--wait-at-end"]
+        + ["--empty-batches", "0.1", "--", PY, "-c", BATCH_LOGGER, str(batches)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and mld.poll() is None:
+        if batches.exists() and batches.read_text().split().count("0") >= 3:
+            break
+        time.sleep(0.05)
+    assert mld.poll() is None, "the daemon ended its lease instead of waiting"
+    mld.send_signal(signal.SIGTERM)
+    stdout, stderr = mld.communicate(timeout=120)
+    assert mld.returncode == 0, stderr
+    counts = batches.read_text().split()
+    assert counts[0] == "5" and set(counts[1:]) == {"0"} and len(counts) >= 4, counts
+    (shard,) = json.loads(stdout.splitlines()[-1])["shards"]
+    assert shard["end"] == "input closed at the stop" and shard["delivered"] == 5, shard
+
+
+def test_empty_batches_need_waiting_at_the_end():
+    result = run_cli("kinesis", "mock-daemon", "--empty-batches", "1", "--", PY)
+    assert result.returncode == 2 and "--empty-batches needs --wait-at-end" in result.stderr

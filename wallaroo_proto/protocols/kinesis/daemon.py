@@ -109,6 +109,11 @@ class DaemonConfig:
     #: The KCL's ``shutdownGraceMillis``, in seconds: 0 (its default) closes every processor's
     #: input at a stop; more sends shutdownRequested and leaseLost, cut when the grace runs out.
     shutdown_grace: float = 0.0
+    #: After the last record, send nothing until stopped (the KCL on an open shard), not end the lease.
+    wait_at_end: bool = False
+    #: While waiting so: an empty processRecords every this many seconds (the KCL's
+    #: ``callProcessRecordsEvenForEmptyRecordList``, one per idle interval); 0: none.
+    empty_batches: float = 0.0
     record: str | None = None
     faults: Faults = field(default_factory=Faults)
 
@@ -727,6 +732,9 @@ class MockDaemon:
                 self.log(
                     f"{shard.shard_id}: killed the processor after {stats.delivered} records (--kill-after)"
                 )
+            if end == "idle":
+                await self._idle(session)
+                continue
             if end is not None:
                 return end
             if prepared is None or prepared[0] != index:
@@ -759,8 +767,19 @@ class MockDaemon:
         if self.stopping:
             return "shutdownRequested"
         if index >= total:
-            return "shardEnded" if faults.shard_end else "shutdownRequested"
+            if faults.shard_end:
+                return "shardEnded"
+            return "idle" if self.config.wait_at_end else "shutdownRequested"
         return None
+
+    async def _idle(self, session: Session) -> None:
+        """No record left on an open shard: wait for a stop, sending empty batches if asked to."""
+        try:
+            async with asyncio.timeout(self.config.empty_batches or None):
+                await self._stop.wait()
+        except TimeoutError:
+            session.stats.batches += 1
+            await session.request(ProcessRecords([], 0))
 
     def _prepare(
         self, shard: ShardRecords, sent: int, kills: int, index: int
