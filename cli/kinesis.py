@@ -33,7 +33,7 @@ from wallaroo_proto.protocols.kinesis.processor import (
     serve_stdio,
     summary,
 )
-from wallaroo_proto.protocols.kinesis.records import from_lines, generated
+from wallaroo_proto.protocols.kinesis.records import RESHARDS, from_lines, generated, reshard
 
 
 def _address(value: str | None, option: str) -> tuple[str, int] | None:
@@ -256,6 +256,14 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     "leaseLost, then their input closed; 0 closes it at once, as the KCL's default.",
 )
 @click.option(
+    "--reshard",
+    type=click.Choice(RESHARDS),
+    default=None,
+    help="The shards' records end with the shard (shardEnded), and child shards with --records "
+    "generated records each start at TRIM_HORIZON once their parents ended: split gives each two, "
+    "merge gives each pair one.",
+)
+@click.option(
     "--wait-at-end",
     is_flag=True,
     help="After a shard's last record send nothing until stopped, as the KCL on an open shard "
@@ -322,6 +330,8 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         )
     else:
         shards = generated(opts["shards"], opts["records"])
+    if opts["reshard"]:
+        shards = reshard(shards, opts["reshard"], opts["records"])
     config = DaemonConfig(
         command=command_ or None,
         listen=_address(opts["listen"], "--listen"),

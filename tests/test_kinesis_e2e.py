@@ -764,3 +764,54 @@ def test_waiting_at_the_end_sends_nothing_or_empty_batches_until_stopped(tmp_pat
 def test_empty_batches_need_waiting_at_the_end():
     result = run_cli("kinesis", "mock-daemon", "--empty-batches", "1", "--", PY)
     assert result.returncode == 2 and "--empty-batches needs --wait-at-end" in result.stderr
+
+
+# A processor that logs, in one file shared by all, when a shard starts and when it ended.
+LIFECYCLE_LOGGER = r"""
+import json, sys
+shard = None
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    msg = json.loads(line)
+    action = msg["action"]
+    if action == "initialize":
+        shard = msg["shardId"]
+        with open(sys.argv[1], "a") as log:
+            log.write(f"start {shard} {msg['sequenceNumber']}\n")
+    if action == "shardEnded":
+        send({"action": "checkpoint", "sequenceNumber": None, "subSequenceNumber": None})
+        assert json.loads(sys.stdin.readline())["error"] is None
+        with open(sys.argv[1], "a") as log:
+            log.write(f"ended {shard}\n")
+    send({"action": "status", "responseFor": action})
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "children"),
+    [
+        (
+            "split",
+            {"shardId-000000000002": ["0"], "shardId-000000000003": ["0"], "shardId-000000000004": ["1"]},
+        ),
+        ("merge", {"shardId-000000000002": ["0", "1"]}),
+    ],
+)
+def test_a_reshard_starts_each_child_at_trim_horizon_once_its_parents_ended(tmp_path, how, children):
+    log = tmp_path / "lifecycle"
+    result, summary = daemon(
+        "--shards", "2", "--records", "10", "--reshard", how, "--", PY, "-c", LIFECYCLE_LOGGER, str(log)
+    )
+    assert result.returncode == 0, result.stderr
+    events = log.read_text().splitlines()
+    for child, parents in children.items():
+        start = events.index(f"start {child} TRIM_HORIZON")
+        for parent in parents:
+            assert events.index(f"ended shardId-00000000000{parent}") < start, events
+    shards = {s["shard_id"]: s for s in summary["shards"]}
+    assert len(shards) == 2 + (4 if how == "split" else 1)
+    assert {shards[f"shardId-00000000000{i}"]["checkpoint"] for i in (0, 1)} == {"SHARD_END"}
+    assert all(s["delivered"] == 10 for s in shards.values()) and summary["records_delivered"] == 10 * len(
+        shards
+    )

@@ -547,6 +547,8 @@ class MockDaemon:
         self.cut = False
         self.failed: str | None = None
         self._tasks: dict[asyncio.Task, str] = {}  # shard tasks, to their shard ids
+        #: Set once a shard's lease is at SHARD_END: its children may start.
+        self._ended = {s.shard_id: asyncio.Event() for s in shards}
         self._releasing: set[str] = set()  # shards already letting their processor go
         self.pcap: PcapWriter | None = None
         self.sessions = 0
@@ -652,7 +654,13 @@ class MockDaemon:
     async def _shard(self, shard: ShardRecords) -> None:
         stats = self.stats[shard.shard_id]
         try:
+            if shard.parents and not await self._parents_ended(shard):
+                stats.end = "stopped before start (parents not ended)"
+                return
             await self._serve_shard(shard, stats)
+            lease = self.leases.get(shard.shard_id)
+            if lease is not None and lease[0] == SHARD_END:
+                self._ended[shard.shard_id].set()
         except ShardFailure as err:
             self._fail(stats, str(err))
         except Exception as err:  # a fault of ours: the shard still fails visibly, and the others stop
@@ -664,6 +672,18 @@ class MockDaemon:
         finally:
             if stats.stopped_by is not None and stats.failure is None:
                 stats.end = f"stopped: {stats.stopped_by} failed; {stats.end}"
+
+    async def _parents_ended(self, shard: ShardRecords) -> bool:
+        """Wait, as the KCL does for a child shard, until every parent's lease is at SHARD_END."""
+        ends = [asyncio.ensure_future(self._ended[p].wait()) for p in shard.parents if p in self._ended]
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            while not all(e.done() for e in ends) and not stop.done():
+                await asyncio.wait([stop, *ends], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in (*ends, stop):
+                f.cancel()
+        return all(self._ended[p].is_set() for p in shard.parents if p in self._ended)
 
     def _fail(self, stats: ShardStats, reason: str) -> None:
         stats.failure = reason
@@ -725,7 +745,7 @@ class MockDaemon:
         total = len(shard)
         prepared: tuple[int, int, ProcessRecords, bytes] | None = None
         while True:
-            end = self._end_of_delivery(stats, index, total)
+            end = self._end_of_delivery(stats, index, total, shard.closed)
             if end == "killed":
                 stats.kills += 1
                 await session.abort()
@@ -749,13 +769,13 @@ class MockDaemon:
                 self._first_batch = time.monotonic()
             await session.send_request(msg, data)
             prepared = None
-            if self._end_of_delivery(stats, last, total) is None:
+            if self._end_of_delivery(stats, last, total, shard.closed) is None:
                 prepared = self._prepare(shard, stats.delivered, stats.kills, last)
             await session.until_status()
             self._last_batch = time.monotonic()
             index = last
 
-    def _end_of_delivery(self, stats: ShardStats, index: int, total: int) -> str | None:
+    def _end_of_delivery(self, stats: ShardStats, index: int, total: int, closed: bool = False) -> str | None:
         """Why no batch follows now (a fault, a stop, the end of the records), or None."""
         faults, sent = self.config.faults, stats.delivered
         if faults.kill_after and not stats.kills and sent >= faults.kill_after:
@@ -767,7 +787,7 @@ class MockDaemon:
         if self.stopping:
             return "shutdownRequested"
         if index >= total:
-            if faults.shard_end:
+            if faults.shard_end or closed:
                 return "shardEnded"
             return "idle" if self.config.wait_at_end else "shutdownRequested"
         return None

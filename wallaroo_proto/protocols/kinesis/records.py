@@ -69,6 +69,10 @@ class ShardRecords:
         self._records = records
         self._generated = generated
         self._t0 = 0
+        #: Shards this one was split or merged from: it starts once each ended (at SHARD_END).
+        self.parents: tuple[str, ...] = ()
+        #: A closed shard (a parent of a reshard): its records end with shardEnded.
+        self.closed = False
 
     def __len__(self) -> int:
         return self._generated if self._records is None else len(self._records)
@@ -144,6 +148,29 @@ class ShardRecords:
 
 def generated(shards: int, per_shard: int) -> list[ShardRecords]:
     return [ShardRecords(i, generated=per_shard) for i in range(shards)]
+
+
+RESHARDS = ("split", "merge")
+
+
+def reshard(parents: list[ShardRecords], how: str, per_shard: int) -> list[ShardRecords]:
+    """The parents closed, and their children (``per_shard`` generated records each) after them.
+
+    ``split``: each parent gets two children; ``merge``: each pair of parents one
+    child (an odd last parent stays open). Children are numbered after the parents,
+    as Kinesis numbers new shards.
+    """
+    groups = [(p,) for p in parents for _ in (0, 1)] if how == "split" else []
+    if how == "merge":
+        groups = [tuple(parents[i : i + 2]) for i in range(0, len(parents) - 1, 2)]
+    children = []
+    for offset, group in enumerate(groups):
+        child = ShardRecords(len(parents) + offset, generated=per_shard)
+        child.parents = tuple(p.shard_id for p in group)
+        for p in group:
+            p.closed = True
+        children.append(child)
+    return parents + children
 
 
 def from_lines(
