@@ -288,7 +288,8 @@ class Conversation:
                 line,
                 msg,
                 f"status for {self.pending} without a successful checkpoint at the end of the shard "
-                "(checkpoint with no sequence number first)",
+                "(checkpoint with no sequence number first; the KCL logs an error and retries the "
+                "shard's shutdown again and again, and its child shards never start)",
             )
         if self.pending in FINAL:
             self.done = True
