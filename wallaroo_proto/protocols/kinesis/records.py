@@ -176,8 +176,15 @@ def reshard(parents: list[ShardRecords], how: str, per_shard: int) -> list[Shard
 def from_lines(
     lines: Iterable[bytes], shards: int, *, key_template: str = "{n}", now_ms: int = 0
 ) -> list[ShardRecords]:
-    """One record per input line (its bytes are the data), routed by partition key."""
+    """One record per input line (its bytes are the data), routed by partition key.
+
+    The lines arrived one millisecond apart, the last at ``now_ms``: each record
+    has its own arrival time, and a batch's ``millisBehindLatest`` falls as the
+    processor catches up, as Kinesis reports them.
+    """
     per: list[list[Record]] = [[] for _ in range(shards)]
+    lines = list(lines)
+    first_ms = now_ms - len(lines) + 1
     for n, raw in enumerate(lines):
         key = key_template.format(n=n, line=raw.decode("utf-8", errors="replace"))
         index = shard_for_key(key, shards)
@@ -187,7 +194,7 @@ def from_lines(
                 base64.b64encode(raw).decode("ascii"),
                 key,
                 sequence_number(index, len(bucket)),
-                now_ms,
+                first_ms + n,
                 0,
             )
         )
