@@ -256,6 +256,15 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     "leaseLost, then their input closed; 0 closes it at once, as the KCL's default.",
 )
 @click.option(
+    "--aggregate",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="KPL aggregation: every K records of a shard share a sequence number, subsequence numbers "
+    "0..K-1, as the KCL delivers aggregated records.",
+)
+@click.option(
     "--reshard",
     type=click.Choice(RESHARDS),
     default=None,
@@ -326,12 +335,16 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
             raise click.BadParameter(message, param_hint="--key") from None
         now_ms = int(time.time() * 1000)  # the records "arrived" when read
         shards = from_lines(
-            _read_inputs(opts["inputs"]), opts["shards"], key_template=opts["key"], now_ms=now_ms
+            _read_inputs(opts["inputs"]),
+            opts["shards"],
+            key_template=opts["key"],
+            now_ms=now_ms,
+            aggregate=opts["aggregate"],
         )
     else:
-        shards = generated(opts["shards"], opts["records"])
+        shards = generated(opts["shards"], opts["records"], opts["aggregate"])
     if opts["reshard"]:
-        shards = reshard(shards, opts["reshard"], opts["records"])
+        shards = reshard(shards, opts["reshard"], opts["records"], opts["aggregate"])
     config = DaemonConfig(
         command=command_ or None,
         listen=_address(opts["listen"], "--listen"),

@@ -815,3 +815,33 @@ def test_a_reshard_starts_each_child_at_trim_horizon_once_its_parents_ended(tmp_
     assert all(s["delivered"] == 10 for s in shards.values()) and summary["records_delivered"] == 10 * len(
         shards
     )
+
+
+@pytest.mark.parametrize("source", ["generated", "input"])
+def test_aggregated_records_share_a_sequence_number_and_resume_inside_an_aggregate(tmp_path, source):
+    """KPL aggregates of 4 arrive deaggregated; a processor killed after 5 records checkpointed at
+    (first aggregate, sub 2), so its successor gets sub 3 of that aggregate first."""
+    out, state = tmp_path / "out.jsonl", tmp_path / "leases.json"
+    records = ["--records", "10"]
+    if source == "input":
+        lines = tmp_path / "lines.txt"
+        lines.write_text("".join(f"line {n}\n" for n in range(10)))
+        records = ["--input", str(lines)]
+    result, summary = daemon(
+        *records,
+        *("--aggregate", "4", "--batch-size", "3", "--kill-after", "5", "--shard-end", "--state", str(state)),
+        "--",
+        *PROCESSOR,
+        *("--checkpoint-every", "3", "--out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    (shard,) = summary["shards"]
+    assert (
+        shard["checkpoint_errors"] == {} and shard["checkpoint"] == "SHARD_END" and shard["redelivered"] == 2
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    subs = [r["subSequenceNumber"] for r in rows]
+    assert subs == [0, 1, 2, 3, 0] + [3, 0, 1, 2, 3, 0, 1], subs  # the second processor from (agg 0, sub 3)
+    seqs = [r["sequenceNumber"] for r in rows]
+    assert len(set(seqs)) == 3 and seqs[0] == seqs[3] == seqs[5] and seqs[4] == seqs[6] == seqs[9]
+    assert rows[4]["approximateArrivalTimestamp"] == rows[9]["approximateArrivalTimestamp"]
