@@ -1,0 +1,225 @@
+"""The real KCL MultiLangDaemon (the JARs that kclpy-ext ships) drives our record processor and a
+kclpy one, against moto's Kinesis and DynamoDB served over cleartext HTTP/2 by hypercorn.
+
+Skipped, with the reason, only where Java or the JARs are absent. Each run takes the KCL's
+start-up (tens of seconds: a lease-table wait) and is marked slow.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_kinesis_e2e import KCLPY_PROCESSOR
+
+pytestmark = pytest.mark.slow
+
+PEERS = Path(__file__).resolve().parent / "peers"
+RECORDS = 40
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_REGION": "us-east-1"}
+
+
+def _jars() -> Path | None:
+    spec = importlib.util.find_spec("amazon_kclpy")
+    if spec is None or spec.origin is None:
+        return None
+    jars = Path(spec.origin).parent / "jars"
+    return jars if any(jars.glob("amazon-kinesis-client-multilang-*.jar")) else None
+
+
+def _wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def jars() -> Path:
+    if shutil.which("java") is None:
+        pytest.skip("no java on PATH: the real MultiLangDaemon cannot run here")
+    found = _jars()
+    if found is None:
+        pytest.skip("the MultiLangDaemon JARs (kclpy-ext's amazon_kclpy/jars) are not installed")
+    return found
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory) -> str:
+    """moto under hypercorn on a free port (hypercorn with --workers 0 ends on SIGTERM)."""
+    log = tmp_path_factory.mktemp("emulator") / "hypercorn.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "hypercorn", "--workers", "0", "--bind", "127.0.0.1:0", "moto_app:app"],
+            cwd=PEERS,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **CREDENTIALS},
+        )
+    try:
+        port = _wait(lambda: re.search(r"127\.0\.0\.1:(\d+)", log.read_text()), 60, "hypercorn's ready line")
+        yield f"http://127.0.0.1:{port.group(1)}"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def _client(service: str, endpoint: str):
+    import boto3
+
+    return boto3.client(service, endpoint_url=endpoint, region_name="us-east-1", **_keys())
+
+
+def _keys() -> dict:
+    return {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
+
+
+def _stream(endpoint: str, name: str) -> None:
+    """Two shards and RECORDS records, keys ``pk-<n>``, data ``event <n>``."""
+    kinesis = _client("kinesis", endpoint)
+    kinesis.create_stream(StreamName=name, ShardCount=2)
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 1})
+    for n in range(RECORDS):
+        kinesis.put_record(StreamName=name, Data=f"event {n}".encode(), PartitionKey=f"pk-{n}")
+
+
+def _leases(endpoint: str, application: str) -> dict[str, str]:
+    items = _client("dynamodb", endpoint).scan(TableName=application)["Items"]
+    return {item["leaseKey"]["S"]: item.get("checkpoint", {}).get("S") for item in items}
+
+
+def _daemon(
+    jars: Path, endpoint: str, tmp_path: Path, name: str, executable: str, env: dict | None = None, **props
+) -> subprocess.Popen:
+    """The real MLD for stream ``name`` (the application too), its log in ``tmp_path/mld.log``."""
+    settings = {
+        "executableName": executable,
+        "streamName": name,
+        "applicationName": name,
+        "AwsCredentialsProvider": "DefaultCredentialsProvider",
+        "initialPositionInStream": "TRIM_HORIZON",
+        "regionName": "us-east-1",
+        "kinesisEndpoint": endpoint,
+        "dynamoDBEndpoint": endpoint,
+        "retrievalMode": "POLLING",
+        "metricsLevel": "NONE",
+        # the defaults make it wait a minute and more for shard sync and lease assignment
+        "shardSyncIntervalMillis": 1000,
+        "failoverTimeMillis": 2000,
+        "leaseAssignmentIntervalMillis": 1000,
+        "parentShardPollIntervalMillis": 1000,
+        "idleTimeBetweenReadsInMillis": 500,
+        "inMemoryWorkerMetricsCaptureFrequencyMillis": 500,
+        "workerMetricsReporterFreqInMillis": 1000,
+        **props,
+    }
+    properties = tmp_path / "app.properties"
+    properties.write_text("".join(f"{k} = {v}\n" for k, v in settings.items()))
+    with open(tmp_path / "mld.log", "w") as log:
+        return subprocess.Popen(
+            ["java", "-Daws.cborEnabled=false", "-cp", f"{jars}/*"]
+            + ["software.amazon.kinesis.multilang.MultiLangDaemon", "--properties-file", str(properties)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **CREDENTIALS, **(env or {})},
+        )
+
+
+def _stop(mld: subprocess.Popen) -> None:
+    mld.send_signal(signal.SIGTERM)
+    try:
+        mld.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        mld.kill()
+        raise
+
+
+def test_mock_processor_under_the_real_daemon_gets_every_record_once(jars, endpoint, tmp_path):
+    name = "mockproc"
+    _stream(endpoint, name)
+    out = tmp_path / "out-{shard}.jsonl"
+    executable = (
+        f"{sys.executable} -m wallaroo_proto_cli kinesis mock-processor --checkpoint-every 5 --out {out}"
+    )
+    mld = _daemon(jars, endpoint, tmp_path, name, executable)
+    try:
+
+        def rows() -> list[dict]:
+            return [
+                json.loads(line) for p in tmp_path.glob("out-*.jsonl") for line in p.read_text().splitlines()
+            ]
+
+        _wait(lambda: len(rows()) >= RECORDS, 300, f"{RECORDS} records")
+        got = rows()
+        largest = {}
+        for r in got:
+            largest[r["shard"]] = max(largest.get(r["shard"], 0), int(r["sequenceNumber"]))
+        # the daemon accepted each shard's checkpoint at its last record
+        _wait(
+            lambda: {k: int(v) for k, v in _leases(endpoint, name).items() if v and v.isdigit()} == largest,
+            120,
+            f"the lease table's checkpoints at {largest}",
+        )
+    finally:
+        _stop(mld)
+    assert sorted(r["data"] for r in got) == sorted(f"event {n}" for n in range(RECORDS))
+    assert len(got) == RECORDS and len({r["shard"] for r in got}) == 2
+
+
+def _kclpy_events(jars, endpoint, tmp_path, name, **props) -> list[dict]:
+    pytest.importorskip("amazon_kclpy")
+    app = tmp_path / "app.py"
+    app.write_text(KCLPY_PROCESSOR)
+    log = tmp_path / "events.jsonl"
+    _stream(endpoint, name)
+    env = {"KCL_TEST_LOG": str(log)}  # the daemon's children inherit its environment
+    mld = _daemon(jars, endpoint, tmp_path, name, f"{sys.executable} {app}", env, **props)
+    try:
+
+        def events() -> list[dict]:
+            return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+        _wait(lambda: sum(e["event"] == "record" for e in events()) >= RECORDS, 300, f"{RECORDS} records")
+        _wait(
+            lambda: len(_leases(endpoint, name)) == 2 and all(_leases(endpoint, name).values()),
+            120,
+            "checkpoints",
+        )
+    finally:
+        _stop(mld)
+    return events()
+
+
+def test_a_kclpy_processor_under_the_real_daemon_stopped_without_grace_gets_no_lease_lost(
+    jars, endpoint, tmp_path
+):
+    events = _kclpy_events(jars, endpoint, tmp_path, "kclpynograce")
+    records = [e for e in events if e["event"] == "record"]
+    assert sorted(e["data"] for e in records) == sorted(f"event {n}" for n in range(RECORDS))
+    assert not [e for e in events if e["event"] == "checkpoint_error"]
+    # the KCL's default shutdownGraceMillis (0): stdin closes, no shutdownRequested, no leaseLost
+    assert not [e for e in events if e["event"] in ("shutdownRequested", "leaseLost")], events
+
+
+def test_a_kclpy_processor_under_the_real_daemon_stopped_with_grace_gets_shutdown_requested(
+    jars, endpoint, tmp_path
+):
+    events = _kclpy_events(jars, endpoint, tmp_path, "kclpygrace", shutdownGraceMillis=20000)
+    ends = Counter(e["event"] for e in events if e["event"] in ("shutdownRequested", "leaseLost"))
+    assert ends == {"shutdownRequested": 2, "leaseLost": 2}, events
+    for shard in {e["shard"] for e in events}:
+        mine = [e["event"] for e in events if e["shard"] == shard]
+        assert mine.index("shutdownRequested") < mine.index("leaseLost")
