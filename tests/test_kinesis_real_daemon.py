@@ -7,6 +7,7 @@ start-up (tens of seconds: a lease-table wait) and is marked slow.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -223,3 +224,55 @@ def test_a_kclpy_processor_under_the_real_daemon_stopped_with_grace_gets_shutdow
     for shard in {e["shard"] for e in events}:
         mine = [e["event"] for e in events if e["shard"] == shard]
         assert mine.index("shutdownRequested") < mine.index("leaseLost")
+
+
+def _kpl_aggregate(partition_key: str, payloads: list[bytes]) -> bytes:
+    """A KPL aggregated record, written here from its format: magic F3 89 9A C2, the protobuf
+    AggregatedRecord (1: partition key table; 3: records, each 1: key index, 3: data), its MD5."""
+
+    def field(number: int, body: bytes) -> bytes:
+        assert len(body) < 128  # one-byte lengths keep this writer short
+        return bytes([number << 3 | 2, len(body)]) + body
+
+    records = b"".join(field(3, b"\x08\x00" + field(3, data)) for data in payloads)
+    message = field(1, partition_key.encode()) + records
+    return b"\xf3\x89\x9a\xc2" + message + hashlib.md5(message).digest()
+
+
+def test_the_real_daemon_deaggregates_kpl_records_and_takes_a_checkpoint_inside_one(jars, endpoint, tmp_path):
+    name = "aggregated"
+    kinesis = _client("kinesis", endpoint)
+    kinesis.create_stream(StreamName=name, ShardCount=1)
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 1})
+    payloads = [f"user record {n}".encode() for n in range(4)]
+    kinesis.put_record(StreamName=name, Data=b"plain", PartitionKey="pk-b")
+    kinesis.put_record(StreamName=name, Data=_kpl_aggregate("pk-a", payloads), PartitionKey="pk-a")
+    out = tmp_path / "out.jsonl"
+    executable = (
+        f"{sys.executable} -m wallaroo_proto_cli kinesis mock-processor --checkpoint-every 3 --out {out}"
+    )
+    mld = _daemon(jars, endpoint, tmp_path, name, executable)
+    try:
+        rows = _wait(
+            lambda: len(lines := out.read_text().splitlines() if out.exists() else []) >= 5 and lines,
+            300,
+            "5 records",
+        )
+        got = [json.loads(line) for line in rows]
+        # mock-processor checkpoints at its last record, (aggregate, 3): the daemon keeps both numbers
+        table = _client("dynamodb", endpoint)
+
+        def lease() -> tuple | None:
+            (item,) = table.scan(TableName=name)["Items"]
+            at = (item.get("checkpoint", {}).get("S"), item.get("checkpointSubSequenceNumber", {}).get("N"))
+            return at if at[0] == got[-1]["sequenceNumber"] else None
+
+        assert _wait(lease, 120, "the checkpoint inside the aggregate") == (got[-1]["sequenceNumber"], "3")
+    finally:
+        _stop(mld)
+    assert [r["data"] for r in got] == ["plain"] + [p.decode() for p in payloads]
+    assert [r["subSequenceNumber"] for r in got] == [0, 0, 1, 2, 3]
+    assert (
+        len({r["sequenceNumber"] for r in got[1:]}) == 1
+        and got[0]["sequenceNumber"] != got[1]["sequenceNumber"]
+    )
