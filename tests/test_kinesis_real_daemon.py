@@ -276,3 +276,24 @@ def test_the_real_daemon_deaggregates_kpl_records_and_takes_a_checkpoint_inside_
         len({r["sequenceNumber"] for r in got[1:]}) == 1
         and got[0]["sequenceNumber"] != got[1]["sequenceNumber"]
     )
+
+
+def test_the_real_daemon_closes_a_broken_processors_input_and_exits_1(jars, endpoint, tmp_path):
+    """A wrong responseFor: the MLD closes that processor's input, waits for it, stops and exits 1
+    (mock-daemon does the same, and kills nothing)."""
+    name = "broken"
+    _stream(endpoint, name)
+    executable = f"{sys.executable} -m wallaroo_proto_cli kinesis mock-processor --bad-response-after 1"
+    mld = _daemon(jars, endpoint, tmp_path, name, executable)
+    try:
+        code = mld.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        mld.kill()
+        raise
+    log = (tmp_path / "mld.log").read_text()
+    assert code == 1, log[-3000:]
+    assert "processRecordz" in log
+    # its input closed and its exit awaited; mock-processor takes that as its end (exit 0). The JVM's
+    # exit races the other shard's log lines, so at least one of each is certain.
+    assert "Child process exited with value: 0" in log and not re.search(r"exited with value: [1-9]", log)
+    assert "end: input closed (daemon stopped)" in log
