@@ -297,3 +297,94 @@ def test_the_real_daemon_closes_a_broken_processors_input_and_exits_1(jars, endp
     # exit races the other shard's log lines, so at least one of each is certain.
     assert "Child process exited with value: 0" in log and not re.search(r"exited with value: [1-9]", log)
     assert "end: input closed (daemon stopped)" in log
+
+
+# A processor that keeps every line the daemon sends it (one file per shard) and answers as kclpy
+# does, checkpointing at the last record of each batch.
+LINE_KEEPER = r"""
+import json, sys
+out, shard = sys.argv[1], None
+def send(obj):
+    sys.stdout.write("\n" + json.dumps(obj) + "\n"); sys.stdout.flush()
+def keep(line):
+    with open(out.replace("{shard}", shard), "a") as f:
+        f.write(line)
+for line in sys.stdin:
+    msg = json.loads(line)
+    shard = shard or msg["shardId"]
+    keep(line)
+    if msg["action"] == "processRecords" and msg["records"]:
+        last = msg["records"][-1]
+        send({"action": "checkpoint", "sequenceNumber": last["sequenceNumber"],
+              "subSequenceNumber": last["subSequenceNumber"]})
+        keep(sys.stdin.readline())
+    send({"action": "status", "responseFor": msg["action"]})
+"""
+
+
+def _masked(path: Path) -> list[dict]:
+    """The daemon's lines, sequence numbers, arrival times and lag aside."""
+    lines = []
+    for line in path.read_text().splitlines():
+        msg = json.loads(line)
+        for key in ("sequenceNumber", "millisBehindLatest"):
+            if key in msg and msg[key] not in (None, "TRIM_HORIZON"):
+                msg[key] = "?"
+        for record in msg.get("records", []):
+            record["sequenceNumber"] = record["approximateArrivalTimestamp"] = "?"
+        lines.append(msg)
+    return lines
+
+
+def test_the_real_daemon_and_mock_daemon_send_the_same_lines(jars, endpoint, tmp_path):
+    """The same records and keys, the same processor: line for line the same per shard."""
+    name = "differential"
+    _stream(endpoint, name)
+    real, mock = tmp_path / "real", tmp_path / "mock"
+    real.mkdir()
+    mock.mkdir()
+    keeper = tmp_path / "keeper.py"
+    keeper.write_text(LINE_KEEPER)
+    mld = _daemon(jars, endpoint, real, name, f"{sys.executable} {keeper} {real}/{{shard}}.jsonl")
+    try:
+
+        def records() -> int:
+            return sum(
+                len(json.loads(line).get("records", []))
+                for p in real.glob("*.jsonl")
+                for line in p.read_text().splitlines()
+            )
+
+        _wait(
+            lambda: records() >= RECORDS and len(list(real.glob("*.jsonl"))) == 2, 300, f"{RECORDS} records"
+        )
+        _wait(
+            lambda: all(_leases(endpoint, name).values()) and len(_leases(endpoint, name)) == 2,
+            120,
+            "checkpoints",
+        )
+    finally:
+        _stop(mld)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"event {n}\n" for n in range(RECORDS)))
+    daemon = subprocess.Popen(
+        [sys.executable, "-m", "wallaroo_proto_cli", "kinesis", "mock-daemon", "--shards", "2"]
+        + ["--input", str(lines), "--key", "pk-{n}", "--wait-at-end", "--"]
+        + [sys.executable, str(keeper), f"{mock}/{{shard}}.jsonl"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _wait(
+        lambda: (
+            sum(len(_masked(p)) for p in mock.glob("*.jsonl"))
+            >= sum(len(_masked(p)) for p in real.glob("*.jsonl"))
+        ),
+        120,
+        "mock-daemon's lines",
+    )
+    daemon.send_signal(signal.SIGTERM)
+    _, err = daemon.communicate(timeout=120)
+    assert daemon.returncode == 0, err
+    for shard in ("shardId-000000000000", "shardId-000000000001"):
+        assert _masked(mock / f"{shard}.jsonl") == _masked(real / f"{shard}.jsonl"), shard
