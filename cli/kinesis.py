@@ -33,7 +33,7 @@ from wallaroo_proto.protocols.kinesis.processor import (
     serve_stdio,
     summary,
 )
-from wallaroo_proto.protocols.kinesis.records import from_lines, generated
+from wallaroo_proto.protocols.kinesis.records import RESHARDS, from_lines, generated, reshard
 
 
 def _address(value: str | None, option: str) -> tuple[str, int] | None:
@@ -144,7 +144,12 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
         nonlocal signals
         signals += 1
         if signals == 1:
-            click.echo("kinesis mock-daemon: stopping: shutdownRequested, leaseLost to every shard", err=True)
+            how = (
+                f"shutdownRequested, leaseLost to every shard (grace {daemon.config.shutdown_grace:g} s)"
+                if daemon.config.shutdown_grace
+                else "every processor's input closed (no --shutdown-grace)"
+            )
+            click.echo(f"kinesis mock-daemon: stopping: {how}", err=True)
             daemon.stop()
         else:
             run.cancel()
@@ -243,6 +248,45 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     help="Seconds a processor has to exit once its input is closed.",
 )
 @click.option(
+    "--shutdown-grace",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Seconds a stop gives the processors (the KCL's shutdownGraceMillis): shutdownRequested, "
+    "leaseLost, then their input closed; 0 closes it at once, as the KCL's default.",
+)
+@click.option(
+    "--aggregate",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    metavar="K",
+    help="KPL aggregation: every K records of a shard share a sequence number, subsequence numbers "
+    "0..K-1, as the KCL delivers aggregated records.",
+)
+@click.option(
+    "--reshard",
+    type=click.Choice(RESHARDS),
+    default=None,
+    help="The shards' records end with the shard (shardEnded), and child shards with --records "
+    "generated records each start at TRIM_HORIZON once their parents ended: split gives each two, "
+    "merge gives each pair one.",
+)
+@click.option(
+    "--wait-at-end",
+    is_flag=True,
+    help="After a shard's last record send nothing until stopped, as the KCL on an open shard "
+    "(default: end its lease with shutdownRequested, leaseLost).",
+)
+@click.option(
+    "--empty-batches",
+    type=click.FloatRange(0),
+    default=0.0,
+    metavar="S",
+    help="With --wait-at-end: an empty processRecords every S seconds "
+    "(the KCL's callProcessRecordsEvenForEmptyRecordList).",
+)
+@click.option(
     "--record",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
@@ -261,6 +305,8 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     transports = sum(bool(x) for x in (processor_command, opts["listen"], opts["connect"]))
     if transports != 1:
         raise click.UsageError("give exactly one of: -- COMMAND..., --listen HOST:PORT, --connect HOST:PORT")
+    if opts["empty_batches"] and not opts["wait_at_end"]:
+        raise click.UsageError("--empty-batches needs --wait-at-end (they are sent while waiting)")
     command_ = list(processor_command)
     if command_ and shutil.which(command_[0]) is None:
         raise usage_error(f"COMMAND {command_[0]!r} is not an executable file or on PATH")
@@ -289,10 +335,16 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
             raise click.BadParameter(message, param_hint="--key") from None
         now_ms = int(time.time() * 1000)  # the records "arrived" when read
         shards = from_lines(
-            _read_inputs(opts["inputs"]), opts["shards"], key_template=opts["key"], now_ms=now_ms
+            _read_inputs(opts["inputs"]),
+            opts["shards"],
+            key_template=opts["key"],
+            now_ms=now_ms,
+            aggregate=opts["aggregate"],
         )
     else:
-        shards = generated(opts["shards"], opts["records"])
+        shards = generated(opts["shards"], opts["records"], opts["aggregate"])
+    if opts["reshard"]:
+        shards = reshard(shards, opts["reshard"], opts["records"], opts["aggregate"])
     config = DaemonConfig(
         command=command_ or None,
         listen=_address(opts["listen"], "--listen"),
@@ -301,6 +353,9 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         dialect=opts["dialect"],
         timeout=opts["timeout"],
         exit_grace=opts["exit_grace"],
+        shutdown_grace=opts["shutdown_grace"],
+        wait_at_end=opts["wait_at_end"],
+        empty_batches=opts["empty_batches"],
         record=opts["record"],
         faults=faults,
     )

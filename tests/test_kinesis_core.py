@@ -145,7 +145,9 @@ def test_shard_ended_needs_a_successful_checkpoint_at_the_end(steps):
     conv = _at_shard_end()
     *_, bad = play(conv, *steps, (P, status("shardEnded")))
     assert (
-        bad.kind is Kind.VIOLATION and "without a successful checkpoint at the end of the shard" in bad.reason
+        bad.kind is Kind.VIOLATION
+        and "without a successful checkpoint at the end of the shard" in bad.reason
+        and "child shards never start" in bad.reason
     )
     assert not conv.done
 
@@ -203,6 +205,18 @@ def test_the_processor_closing_early_is_reported_with_what_was_owed():
     conv = Conversation()
     play(conv, (D, INIT), (P, status("initialize")))
     assert "before leaseLost or shardEnded" in conv.close(PROCESSOR).reason
+
+
+def test_a_checkpoint_cut_short_by_the_daemon_closing_is_no_fault_of_the_processor():
+    """A stop without a shutdown grace closes the processor's input at any moment, a pending
+    checkpoint's reply included; the processor then ends, and owed nothing it could give."""
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint("200")))
+    assert conv.close(DAEMON).kind is Kind.IGNORED
+    assert conv.close(PROCESSOR).kind is Kind.IGNORED
+    conv = Conversation()  # the processor closing first, its checkpoint unanswered: its fault
+    play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint("200")))
+    assert conv.close(PROCESSOR).kind is Kind.VIOLATION
 
 
 def test_lines_after_the_final_status_are_drained():

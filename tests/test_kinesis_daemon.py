@@ -49,3 +49,11 @@ def test_a_bad_line_before_the_first_write_is_the_failure():
 def test_a_processor_that_wrote_its_status_still_fails_on_the_lost_request():
     reason = initialize_against([b'{"action":"status","responseFor":"initialize"}\n'])
     assert reason.startswith("cannot write initialize to the processor: Broken pipe")
+
+
+def test_input_records_arrive_one_by_one_and_the_lag_falls_as_they_are_read():
+    from wallaroo_proto.protocols.kinesis.records import from_lines
+
+    (shard,) = from_lines([b"a", b"b", b"c", b"d"], 1, now_ms=1000)
+    assert [r.approximate_arrival_timestamp for r in shard.slice(0, 4)] == [997, 998, 999, 1000]
+    assert [shard.request(i, i + 1)[0].millis_behind_latest for i in range(4)] == [3, 2, 1, 0]

@@ -210,3 +210,23 @@ def test_spark_replay_builds_the_kinesis_tables(replayed_everything):
     assert "processRecordz" in violations[0]["reason"]
     wallaroo_rows = [r for r in rows if r["table"] in ("connections", "violations")]
     assert wallaroo_rows and not [r for r in wallaroo_rows if r["capture"] in (str(recorded), str(bad))]
+
+
+def test_a_recording_with_aggregates_and_a_reshard_reads_back_per_shard(tmp_path):
+    path = tmp_path / "reshard.pcap"
+    result = run_cli(
+        "kinesis",
+        "mock-daemon",
+        *("--shards", "1", "--records", "6", "--batch-size", "4", "--aggregate", "3"),
+        *("--reshard", "split", "--record", str(path), "--"),
+        *PROCESSOR,
+        *("--checkpoint-every", "1"),
+    )
+    assert result.returncode == 0, result.stderr
+    summaries = {s["summary"]["shard_id"]: s["summary"] for s in jsonl("--summary", str(path))}
+    assert sorted(summaries) == ["shardId-000000000000", "shardId-000000000001", "shardId-000000000002"]
+    assert all(s["violations"] == 0 and s["records"] == 6 for s in summaries.values()), summaries
+    assert summaries["shardId-000000000000"]["last_checkpoint"] == "SHARD_END"
+    batches = [r for r in jsonl(str(path)) if r["type"] == "processRecords"]
+    # a batch of 4 from aggregates of 3 ends inside the second aggregate
+    assert [(r["record_count"], r["sub_sequence_number"]) for r in batches[:2]] == [(4, 0), (2, 2)]

@@ -369,9 +369,11 @@ def test_a_processor_that_breaks_the_protocol_fails_the_daemon(processor, expect
     assert not summary["ok"] and any(expected in failure for failure in summary["failures"]), summary[
         "failures"
     ]
-    assert {s["end"] for s in summary["shards"]} <= {"failed", "stopped: shardId-000000000000 failed"} | {
-        "stopped: shardId-000000000001 failed"
-    }
+    failed = summary["failures"][0].partition(":")[0]
+    for shard in summary["shards"]:
+        assert shard["end"] == "failed" or shard["end"].startswith(f"stopped: {failed} failed; "), shard
+        # As the MLD: every processor's input closed and its exit awaited, none killed.
+        assert shard["kills"] == 0 and len(shard["exit_codes"]) == 1 and shard["exit_codes"][0] >= 0, shard
     assert "Traceback" not in result.stderr
 
 
@@ -631,3 +633,215 @@ def test_mock_daemon_skips_unreadable_lines_and_refuses_a_huge_checkpoint():
     assert "reply IllegalArgumentException" in result.stderr
     assert summary["shards"][0]["checkpoint_errors"] == {"IllegalArgumentException": 1}
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------------- stopping as the KCL stops
+
+
+def test_input_closed_between_requests_is_the_end_of_a_processor_not_a_failure(tmp_path):
+    """The KCL's default stop closes the processor's stdin with no leaseLost; kclpy exits 0."""
+    mld = tmp_path / "from-mld.txt"
+    mld.write_bytes(
+        b'{"action":"initialize","shardId":"shardId-000000000003","sequenceNumber":"TRIM_HORIZON",'
+        b'"subSequenceNumber":0}\n'
+    )
+    with open(mld, "rb") as stdin:
+        result = subprocess.run([*PROCESSOR], stdin=stdin, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "end: input closed (daemon stopped)" in result.stderr and "FAILED" not in result.stderr
+
+
+def stop_mid_delivery(tmp_path: Path, *daemon_args: str) -> tuple[int, dict, str]:
+    """mock-daemon over two slow mock-processors, signalled once records flow: (exit, summary, stderr).
+
+    They checkpoint only when asked to end: an input closed while a checkpoint awaits its reply
+    ends a processor with exit 1, as kclpy."""
+    out = tmp_path / "records.jsonl"
+    mld = subprocess.Popen(
+        [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--shards", "2", "--records", "100000"]
+        + ["--batch-size", "10", *daemon_args, "--", *PROCESSOR, "--slow", "20", "--checkpoint-every", "0"]
+        + ["--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline and mld.poll() is None:
+        time.sleep(0.05)
+    mld.send_signal(signal.SIGTERM)
+    stdout, stderr = mld.communicate(timeout=120)
+    return mld.returncode, json.loads(stdout.splitlines()[-1]), stderr
+
+
+def test_a_stop_without_grace_closes_every_processors_input_at_once(tmp_path):
+    code, summary, stderr = stop_mid_delivery(tmp_path)
+    assert code == 0, stderr
+    for shard in summary["shards"]:
+        assert shard["end"] == "input closed at the stop" and shard["exit_codes"] == [0], shard
+    assert stderr.count("end: input closed (daemon stopped)") == 2, stderr
+    assert "shutdownRequested" not in stderr.replace("no --shutdown-grace", "")
+
+
+def test_a_stop_with_grace_asks_each_processor_to_shut_down(tmp_path):
+    code, summary, stderr = stop_mid_delivery(tmp_path, "--shutdown-grace", "60")
+    assert code == 0, stderr
+    for shard in summary["shards"]:
+        assert shard["end"] == "shutdownRequested, leaseLost" and shard["exit_codes"] == [0], shard
+    assert stderr.count("end: leaseLost") == 2, stderr
+
+
+# A processor that never answers shutdownRequested: it reads on until its input closes, then exits 0.
+DEAF_TO_SHUTDOWN = r"""
+import json, sys
+for line in sys.stdin:
+    action = json.loads(line)["action"]
+    if action != "shutdownRequested":
+        sys.stdout.write(json.dumps({"action": "status", "responseFor": action}) + "\n")
+        sys.stdout.flush()
+    if action == "processRecords":
+        open(sys.argv[1], "a").write("batch\n")
+"""
+
+
+def test_a_stop_whose_grace_runs_out_closes_the_inputs(tmp_path):
+    marker = tmp_path / "batches"
+    mld = subprocess.Popen(
+        [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--shards", "2", "--records", "1000000"]
+        + ["--shutdown-grace", "0.5", "--", PY, "-c", DEAF_TO_SHUTDOWN, str(marker)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while (
+        not (marker.exists() and marker.stat().st_size) and time.monotonic() < deadline and mld.poll() is None
+    ):
+        time.sleep(0.05)
+    mld.send_signal(signal.SIGTERM)
+    stdout, stderr = mld.communicate(timeout=120)
+    assert mld.returncode == 0, stderr
+    for shard in json.loads(stdout.splitlines()[-1])["shards"]:
+        assert shard["end"] == "input closed at the stop (shutdown grace over)", shard
+        assert shard["kills"] == 0 and shard["exit_codes"] == [0], shard
+
+
+# A processor that logs each batch's record count and answers every request.
+BATCH_LOGGER = r"""
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg["action"] == "processRecords":
+        open(sys.argv[1], "a").write(f"{len(msg['records'])}\n")
+    sys.stdout.write(json.dumps({"action": "status", "responseFor": msg["action"]}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+def test_waiting_at_the_end_sends_nothing_or_empty_batches_until_stopped(tmp_path):
+    batches = tmp_path / "batches"
+    mld = subprocess.Popen(
+        [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--records", "5", "--wait-at-end"]
+        + ["--empty-batches", "0.1", "--", PY, "-c", BATCH_LOGGER, str(batches)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and mld.poll() is None:
+        if batches.exists() and batches.read_text().split().count("0") >= 3:
+            break
+        time.sleep(0.05)
+    assert mld.poll() is None, "the daemon ended its lease instead of waiting"
+    mld.send_signal(signal.SIGTERM)
+    stdout, stderr = mld.communicate(timeout=120)
+    assert mld.returncode == 0, stderr
+    counts = batches.read_text().split()
+    assert counts[0] == "5" and set(counts[1:]) == {"0"} and len(counts) >= 4, counts
+    (shard,) = json.loads(stdout.splitlines()[-1])["shards"]
+    assert shard["end"] == "input closed at the stop" and shard["delivered"] == 5, shard
+
+
+def test_empty_batches_need_waiting_at_the_end():
+    result = run_cli("kinesis", "mock-daemon", "--empty-batches", "1", "--", PY)
+    assert result.returncode == 2 and "--empty-batches needs --wait-at-end" in result.stderr
+
+
+# A processor that logs, in one file shared by all, when a shard starts and when it ended.
+LIFECYCLE_LOGGER = r"""
+import json, sys
+shard = None
+def send(obj):
+    sys.stdout.write(json.dumps(obj) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    msg = json.loads(line)
+    action = msg["action"]
+    if action == "initialize":
+        shard = msg["shardId"]
+        with open(sys.argv[1], "a") as log:
+            log.write(f"start {shard} {msg['sequenceNumber']}\n")
+    if action == "shardEnded":
+        send({"action": "checkpoint", "sequenceNumber": None, "subSequenceNumber": None})
+        assert json.loads(sys.stdin.readline())["error"] is None
+        with open(sys.argv[1], "a") as log:
+            log.write(f"ended {shard}\n")
+    send({"action": "status", "responseFor": action})
+"""
+
+
+@pytest.mark.parametrize(
+    ("how", "children"),
+    [
+        (
+            "split",
+            {"shardId-000000000002": ["0"], "shardId-000000000003": ["0"], "shardId-000000000004": ["1"]},
+        ),
+        ("merge", {"shardId-000000000002": ["0", "1"]}),
+    ],
+)
+def test_a_reshard_starts_each_child_at_trim_horizon_once_its_parents_ended(tmp_path, how, children):
+    log = tmp_path / "lifecycle"
+    result, summary = daemon(
+        "--shards", "2", "--records", "10", "--reshard", how, "--", PY, "-c", LIFECYCLE_LOGGER, str(log)
+    )
+    assert result.returncode == 0, result.stderr
+    events = log.read_text().splitlines()
+    for child, parents in children.items():
+        start = events.index(f"start {child} TRIM_HORIZON")
+        for parent in parents:
+            assert events.index(f"ended shardId-00000000000{parent}") < start, events
+    shards = {s["shard_id"]: s for s in summary["shards"]}
+    assert len(shards) == 2 + (4 if how == "split" else 1)
+    assert {shards[f"shardId-00000000000{i}"]["checkpoint"] for i in (0, 1)} == {"SHARD_END"}
+    assert all(s["delivered"] == 10 for s in shards.values()) and summary["records_delivered"] == 10 * len(
+        shards
+    )
+
+
+@pytest.mark.parametrize("source", ["generated", "input"])
+def test_aggregated_records_share_a_sequence_number_and_resume_inside_an_aggregate(tmp_path, source):
+    """KPL aggregates of 4 arrive deaggregated; a processor killed after 5 records checkpointed at
+    (first aggregate, sub 2), so its successor gets sub 3 of that aggregate first."""
+    out, state = tmp_path / "out.jsonl", tmp_path / "leases.json"
+    records = ["--records", "10"]
+    if source == "input":
+        lines = tmp_path / "lines.txt"
+        lines.write_text("".join(f"line {n}\n" for n in range(10)))
+        records = ["--input", str(lines)]
+    result, summary = daemon(
+        *records,
+        *("--aggregate", "4", "--batch-size", "3", "--kill-after", "5", "--shard-end", "--state", str(state)),
+        "--",
+        *PROCESSOR,
+        *("--checkpoint-every", "3", "--out", str(out)),
+    )
+    assert result.returncode == 0, result.stderr
+    (shard,) = summary["shards"]
+    assert (
+        shard["checkpoint_errors"] == {} and shard["checkpoint"] == "SHARD_END" and shard["redelivered"] == 2
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    subs = [r["subSequenceNumber"] for r in rows]
+    assert subs == [0, 1, 2, 3, 0] + [3, 0, 1, 2, 3, 0, 1], subs  # the second processor from (agg 0, sub 3)
+    seqs = [r["sequenceNumber"] for r in rows]
+    assert len(set(seqs)) == 3 and seqs[0] == seqs[3] == seqs[5] and seqs[4] == seqs[6] == seqs[9]
+    assert rows[4]["approximateArrivalTimestamp"] == rows[9]["approximateArrivalTimestamp"]

@@ -288,7 +288,8 @@ class Conversation:
                 line,
                 msg,
                 f"status for {self.pending} without a successful checkpoint at the end of the shard "
-                "(checkpoint with no sequence number first)",
+                "(checkpoint with no sequence number first; the KCL logs an error and retries the "
+                "shard's shutdown again and again, and its child shards never start)",
             )
         if self.pending in FINAL:
             self.done = True
@@ -303,6 +304,11 @@ class Conversation:
         self.closed[sender] = True
         if sender == PROCESSOR and not self.done:
             line = self._line[PROCESSOR]
+            if self.checkpoint is not None and self.closed[DAEMON]:
+                # The daemon closed the processor's input instead of replying: a stop without a
+                # shutdown grace does so at any moment; the processor's reader has nothing to wait for.
+                note = f"closed its output after the daemon closed its input during {self.pending}"
+                return Verdict(Kind.IGNORED, PROCESSOR, None, None, None, note)
             if self.checkpoint is not None:
                 what = f"closed its output while its checkpoint during {self.pending} awaited the reply"
                 return self._violation(PROCESSOR, line, None, f"{what} (after line {line})")

@@ -106,6 +106,14 @@ class DaemonConfig:
     timeout: float = 0.0
     #: Seconds a processor gets to exit once its input is closed.
     exit_grace: float = 10.0
+    #: The KCL's ``shutdownGraceMillis``, in seconds: 0 (its default) closes every processor's
+    #: input at a stop; more sends shutdownRequested and leaseLost, cut when the grace runs out.
+    shutdown_grace: float = 0.0
+    #: After the last record, send nothing until stopped (the KCL on an open shard), not end the lease.
+    wait_at_end: bool = False
+    #: While waiting so: an empty processRecords every this many seconds (the KCL's
+    #: ``callProcessRecordsEvenForEmptyRecordList``, one per idle interval); 0: none.
+    empty_batches: float = 0.0
     record: str | None = None
     faults: Faults = field(default_factory=Faults)
 
@@ -129,6 +137,8 @@ class ShardStats:
     kills: int = 0
     skipped_lines: int = 0
     exit_codes: list = field(default_factory=list)
+    #: The shard whose failure stopped this one.
+    stopped_by: str | None = None
     high_water: int = 0  # records up to this index were delivered at least once
 
     def as_dict(self) -> dict:
@@ -482,6 +492,25 @@ class Session:
         if self.pcap is not None:
             self.pcap.close(self.channel.daemon_is_client)
 
+    async def release(self) -> None:
+        """As the MLD lets go of a processor it stops or gave up on: input closed, output drained,
+        exit awaited. The MLD never kills one; the mock does after ``--exit-grace`` seconds."""
+        await self.channel.close_input()
+        grace = self.daemon.config.exit_grace
+        try:
+            async with asyncio.timeout(grace):
+                while await self._next_line() is not None:
+                    pass
+                code = await self.channel.wait(grace)
+        except (TimeoutError, ShardFailure):
+            self.daemon.log(f"{self.stats.shard_id}: the processor did not exit within {grace:g} s; killed")
+            await self.abort()
+            return
+        if code is not None:
+            self.stats.exit_codes.append(code)
+        if self.pcap is not None:
+            self.pcap.close(self.channel.daemon_is_client)
+
     async def abort(self) -> None:
         await self.channel.kill()
         if isinstance(self.channel, ChildChannel) and self.channel.proc.returncode is not None:
@@ -514,7 +543,13 @@ class MockDaemon:
         self.echo = lambda line: print(line, file=sys.stderr, flush=True)
         self.stats = {s.shard_id: ShardStats(s.shard_id, records=len(s)) for s in shards}
         self.stopping = False
+        #: Set when the processors' inputs are closed at once: a stop without (or past) the grace.
+        self.cut = False
         self.failed: str | None = None
+        self._tasks: dict[asyncio.Task, str] = {}  # shard tasks, to their shard ids
+        #: Set once a shard's lease is at SHARD_END: its children may start.
+        self._ended = {s.shard_id: asyncio.Event() for s in shards}
+        self._releasing: set[str] = set()  # shards already letting their processor go
         self.pcap: PcapWriter | None = None
         self.sessions = 0
         self._server: asyncio.AbstractServer | None = None
@@ -541,9 +576,26 @@ class MockDaemon:
         return None
 
     def stop(self) -> None:
-        """A graceful stop: every shard ends at its next request with shutdownRequested, leaseLost."""
+        """The worker stops (a signal, or a shard failed): as the KCL does with ``shutdown_grace``.
+
+        With a grace, every shard ends at its next request with shutdownRequested
+        then leaseLost, and what is left when the grace runs out is cut; without
+        one (the KCL's default) every processor's input is closed at once.
+        """
+        if self.stopping:
+            return
         self.stopping = True
         self._stop.set()
+        if self.config.shutdown_grace:
+            asyncio.get_running_loop().call_later(self.config.shutdown_grace, self._cut)
+        else:
+            self._cut()
+
+    def _cut(self) -> None:
+        self.cut = True
+        for task, shard_id in self._tasks.items():
+            if shard_id not in self._releasing:
+                task.cancel()
 
     async def run(self) -> dict:
         self._started = time.monotonic()
@@ -552,18 +604,16 @@ class MockDaemon:
         for shard in self.shards:
             shard.stamp(now_ms)
             tasks[asyncio.ensure_future(self._shard(shard))] = shard.shard_id
+        self._tasks = tasks
         pending = set(tasks)
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                if self.failed is not None and pending:
-                    for task in pending:  # as the Java MLD exits on a failure, every shard stops
-                        task.cancel()
-                    await asyncio.gather(*pending, return_exceptions=True)
+                if self.failed is not None and pending and not self.stopping:
+                    # As the Java MLD after a failure: the other shards get a graceful stop, then it exits 1.
                     for task in pending:
-                        stats = self.stats[tasks[task]]
-                        stats.end = f"stopped: {self.failed} failed"
-                    pending = set()
+                        self.stats[tasks[task]].stopped_by = self.failed
+                    self.stop()
         finally:
             for task in pending:
                 task.cancel()
@@ -604,14 +654,36 @@ class MockDaemon:
     async def _shard(self, shard: ShardRecords) -> None:
         stats = self.stats[shard.shard_id]
         try:
+            if shard.parents and not await self._parents_ended(shard):
+                stats.end = "stopped before start (parents not ended)"
+                return
             await self._serve_shard(shard, stats)
+            lease = self.leases.get(shard.shard_id)
+            if lease is not None and lease[0] == SHARD_END:
+                self._ended[shard.shard_id].set()
         except ShardFailure as err:
             self._fail(stats, str(err))
         except Exception as err:  # a fault of ours: the shard still fails visibly, and the others stop
             self._fail(stats, f"internal error: {type(err).__name__}: {err}")
         except asyncio.CancelledError:
-            stats.end = "stopped"
+            if stats.end in ("not started", "initialized"):
+                stats.end = "stopped before start" if stats.end == "not started" else "stopped"
             raise
+        finally:
+            if stats.stopped_by is not None and stats.failure is None:
+                stats.end = f"stopped: {stats.stopped_by} failed; {stats.end}"
+
+    async def _parents_ended(self, shard: ShardRecords) -> bool:
+        """Wait, as the KCL does for a child shard, until every parent's lease is at SHARD_END."""
+        ends = [asyncio.ensure_future(self._ended[p].wait()) for p in shard.parents if p in self._ended]
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            while not all(e.done() for e in ends) and not stop.done():
+                await asyncio.wait([stop, *ends], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for f in (*ends, stop):
+                f.cancel()
+        return all(self._ended[p].is_set() for p in shard.parents if p in self._ended)
 
     def _fail(self, stats: ShardStats, reason: str) -> None:
         stats.failure = reason
@@ -650,8 +722,18 @@ class MockDaemon:
                 await self._end(session, end)
                 await session.finish()
                 return
+            except asyncio.CancelledError:
+                if self.cut:
+                    stats.end = "input closed at the stop" + (
+                        " (shutdown grace over)" if self.config.shutdown_grace else ""
+                    )
+                    await session.release()
+                else:
+                    await session.abort()
+                raise
             except BaseException:
-                await session.abort()
+                self._releasing.add(shard.shard_id)  # a stop now must not cut this short
+                await session.release()  # the MLD closes a failed processor's input and waits
                 raise
 
     async def _deliver(self, session: Session, shard: ShardRecords, stats: ShardStats, index: int) -> str:
@@ -663,13 +745,16 @@ class MockDaemon:
         total = len(shard)
         prepared: tuple[int, int, ProcessRecords, bytes] | None = None
         while True:
-            end = self._end_of_delivery(stats, index, total)
+            end = self._end_of_delivery(stats, index, total, shard.closed)
             if end == "killed":
                 stats.kills += 1
                 await session.abort()
                 self.log(
                     f"{shard.shard_id}: killed the processor after {stats.delivered} records (--kill-after)"
                 )
+            if end == "idle":
+                await self._idle(session)
+                continue
             if end is not None:
                 return end
             if prepared is None or prepared[0] != index:
@@ -684,13 +769,13 @@ class MockDaemon:
                 self._first_batch = time.monotonic()
             await session.send_request(msg, data)
             prepared = None
-            if self._end_of_delivery(stats, last, total) is None:
+            if self._end_of_delivery(stats, last, total, shard.closed) is None:
                 prepared = self._prepare(shard, stats.delivered, stats.kills, last)
             await session.until_status()
             self._last_batch = time.monotonic()
             index = last
 
-    def _end_of_delivery(self, stats: ShardStats, index: int, total: int) -> str | None:
+    def _end_of_delivery(self, stats: ShardStats, index: int, total: int, closed: bool = False) -> str | None:
         """Why no batch follows now (a fault, a stop, the end of the records), or None."""
         faults, sent = self.config.faults, stats.delivered
         if faults.kill_after and not stats.kills and sent >= faults.kill_after:
@@ -702,8 +787,19 @@ class MockDaemon:
         if self.stopping:
             return "shutdownRequested"
         if index >= total:
-            return "shardEnded" if faults.shard_end else "shutdownRequested"
+            if faults.shard_end or closed:
+                return "shardEnded"
+            return "idle" if self.config.wait_at_end else "shutdownRequested"
         return None
+
+    async def _idle(self, session: Session) -> None:
+        """No record left on an open shard: wait for a stop, sending empty batches if asked to."""
+        try:
+            async with asyncio.timeout(self.config.empty_batches or None):
+                await self._stop.wait()
+        except TimeoutError:
+            session.stats.batches += 1
+            await session.request(ProcessRecords([], 0))
 
     def _prepare(
         self, shard: ShardRecords, sent: int, kills: int, index: int

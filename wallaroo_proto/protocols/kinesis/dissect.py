@@ -224,7 +224,8 @@ class KinesisTracker(ConnectionTracker):
             if closed:
                 for line in direction.splitter.end():
                     self.line(direction, line, self.last_packet, int(self.last_ts * 1e9))
-        for direction in self.dirs.values():
+        # The daemon's close first: a processor's unanswered checkpoint is no fault of its own then.
+        for direction in sorted(self.dirs.values(), key=lambda d: d.client != self.daemon_client):
             half = direction.half
             if half is None or not (half.fin_seen or half.rst_seen) or self.daemon_client is None:
                 continue

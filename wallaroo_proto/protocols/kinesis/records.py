@@ -63,12 +63,21 @@ def shard_for_key(partition_key: str, shards: int) -> int:
 class ShardRecords:
     """One shard's records in sequence order, listable after a checkpoint."""
 
-    def __init__(self, index: int, records: list[Record] | None = None, *, generated: int = 0) -> None:
+    def __init__(
+        self, index: int, records: list[Record] | None = None, *, generated: int = 0, aggregate: int = 1
+    ) -> None:
         self.index = index
         self.shard_id = shard_id(index)
         self._records = records
         self._generated = generated
+        #: Generated user records per KPL aggregate: they share its sequence number and arrival
+        #: time, with subsequence numbers 0..aggregate-1, as the KCL delivers them deaggregated.
+        self.aggregate = aggregate
         self._t0 = 0
+        #: Shards this one was split or merged from: it starts once each ended (at SHARD_END).
+        self.parents: tuple[str, ...] = ()
+        #: A closed shard (a parent of a reshard): its records end with shardEnded.
+        self.closed = False
 
     def __len__(self) -> int:
         return self._generated if self._records is None else len(self._records)
@@ -81,12 +90,15 @@ class ShardRecords:
         """Index of the first record after ``checkpoint`` (0 for none or a sentinel)."""
         if checkpoint is None or not checkpoint[0].isdigit():
             return len(self) if checkpoint is not None and checkpoint[0] == "SHARD_END" else 0
-        key = int(checkpoint[0])
+        key, sub = int(checkpoint[0]), checkpoint[1] or 0
         if self._records is None:
-            n = (key - _BASE - self.index * _SHARD_STRIDE) // _STEP  # records 0..n-1 are at or below it
-            return min(max(n, 0), len(self))
-        keys = [int(r.sequence_number) for r in self._records]
-        return bisect.bisect_right(keys, key)
+            k = self.aggregate
+            offset = key - _BASE - self.index * _SHARD_STRIDE
+            n = offset // _STEP  # aggregates 0..n-1 are at or below it
+            at = n * k if offset % _STEP else (n - 1) * k + min(sub, k - 1) + 1  # inside aggregate n-1
+            return min(max(at, 0), len(self))
+        keys = [(int(r.sequence_number), r.sub_sequence_number or 0) for r in self._records]
+        return bisect.bisect_right(keys, (key, sub))
 
     def slice(self, first: int, last: int) -> Sequence[Record]:
         if self._records is not None:
@@ -96,14 +108,15 @@ class ShardRecords:
     def record(self, n: int) -> Record:
         """Generated record ``n``: data ``<shard id> event <n, 9 digits>``, key ``pk-<n>``."""
         data = base64.b64encode(f"{self.shard_id} event {n:0{_DIGITS}d}".encode()).decode("ascii")
-        return Record(data, f"pk-{n}", sequence_number(self.index, n), self._t0 + n, 0)
+        k = self.aggregate
+        return Record(data, f"pk-{n}", sequence_number(self.index, n // k), self._t0 + n - n % k, n % k)
 
     def request(self, first: int, last: int, dialect: str = CURRENT) -> tuple[ProcessRecords, bytes]:
         """The processRecords message for records ``first`` to ``last`` and its line."""
         records = self.slice(first, last)
         millis = None if dialect == "v1" else self.millis_behind(last - 1)
         msg = ProcessRecords(records, millis)
-        if self._records is not None or dialect != CURRENT or last + 1 >= 10**_DIGITS:
+        if self._records is not None or dialect != CURRENT or last + 1 >= 10**_DIGITS or self.aggregate > 1:
             return msg, encode(msg, dialect)
         return msg, records_line(self._records_json(first, last), millis)
 
@@ -142,26 +155,60 @@ class ShardRecords:
         return max(newest - (self._records[last_index].approximate_arrival_timestamp or 0), 0)
 
 
-def generated(shards: int, per_shard: int) -> list[ShardRecords]:
-    return [ShardRecords(i, generated=per_shard) for i in range(shards)]
+def generated(shards: int, per_shard: int, aggregate: int = 1) -> list[ShardRecords]:
+    return [ShardRecords(i, generated=per_shard, aggregate=aggregate) for i in range(shards)]
+
+
+RESHARDS = ("split", "merge")
+
+
+def reshard(parents: list[ShardRecords], how: str, per_shard: int, aggregate: int = 1) -> list[ShardRecords]:
+    """The parents closed, and their children (``per_shard`` generated records each) after them.
+
+    ``split``: each parent gets two children; ``merge``: each pair of parents one
+    child (an odd last parent stays open). Children are numbered after the parents,
+    as Kinesis numbers new shards.
+    """
+    groups = [(p,) for p in parents for _ in (0, 1)] if how == "split" else []
+    if how == "merge":
+        groups = [tuple(parents[i : i + 2]) for i in range(0, len(parents) - 1, 2)]
+    children = []
+    for offset, group in enumerate(groups):
+        child = ShardRecords(len(parents) + offset, generated=per_shard, aggregate=aggregate)
+        child.parents = tuple(p.shard_id for p in group)
+        for p in group:
+            p.closed = True
+        children.append(child)
+    return parents + children
 
 
 def from_lines(
-    lines: Iterable[bytes], shards: int, *, key_template: str = "{n}", now_ms: int = 0
+    lines: Iterable[bytes], shards: int, *, key_template: str = "{n}", now_ms: int = 0, aggregate: int = 1
 ) -> list[ShardRecords]:
-    """One record per input line (its bytes are the data), routed by partition key."""
+    """One record per input line (its bytes are the data), routed by partition key.
+
+    The lines arrived one millisecond apart, the last at ``now_ms``: each record
+    has its own arrival time, and a batch's ``millisBehindLatest`` falls as the
+    processor catches up, as Kinesis reports them. With ``aggregate`` k, each
+    shard's records come in KPL aggregates of k: one sequence number, one arrival
+    time, subsequence numbers 0..k-1.
+    """
     per: list[list[Record]] = [[] for _ in range(shards)]
+    lines = list(lines)
+    first_ms = now_ms - len(lines) + 1
     for n, raw in enumerate(lines):
         key = key_template.format(n=n, line=raw.decode("utf-8", errors="replace"))
         index = shard_for_key(key, shards)
         bucket = per[index]
+        m = len(bucket)
+        head = bucket[m - m % aggregate] if m % aggregate else None  # the aggregate this one joins
         bucket.append(
             Record(
                 base64.b64encode(raw).decode("ascii"),
                 key,
-                sequence_number(index, len(bucket)),
-                now_ms,
-                0,
+                sequence_number(index, m // aggregate),
+                head.approximate_arrival_timestamp if head else first_ms + n,
+                m % aggregate,
             )
         )
     return [ShardRecords(i, records) for i, records in enumerate(per)]
