@@ -194,7 +194,7 @@ def _print_client(result: dict, fmt: str) -> None:
 )
 @click.option(
     "--script",
-    type=click.File("r"),
+    type=click.File("rb"),
     default=None,
     help="Send these messages instead (one JSON message a line, sent as written; - is stdin).",
 )
@@ -232,7 +232,10 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
     node failed the exchange, 2 on bad usage or an unreachable node.
     """
     host, port = _address(address)
-    lines = None if script is None else read_script(script)
+    try:
+        lines = None if script is None else read_script(script)
+    except ValueError as err:
+        raise usage_error(f"--script {script.name}: {err}") from err
     try:
         writer = PcapWriter(record) if record else None
     except OSError as err:
@@ -247,9 +250,9 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
         client.close()
         if writer is not None:
             writer.close()
-        if not client.accepted:
+        if not client.reached:
             click.echo(f"tremor mock-client: {err}", err=True)
-            sys.exit(2 if client.refused_status is None else 1)
+            sys.exit(2)
         click.echo(f"tremor mock-client: FAILED: {err}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
