@@ -144,3 +144,16 @@ def test_a_script_that_is_not_utf8_is_a_usage_error_naming_the_line(tmp_path):
     result = run_cli("tremor", "mock-client", "--connect", "127.0.0.1:1", "--script", str(script))
     assert result.returncode == 2 and "line 2: not UTF-8 (byte 10 of the line)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_node_that_never_reads_fails_the_send_after_the_timeout_saying_so():
+    done = threading.Event()
+    with FakeNode(lambda conn: done.wait(60)) as node:  # after the first message, reads nothing
+        c = MockClient("127.0.0.1", node.port, timeout=1)
+        c.connect()
+        big = '{"e":"' + "x" * 65536 + '"}'
+        with pytest.raises(ClientError, match="the node read none of our bytes for 1 s"):
+            for _ in range(100_000):  # far more than the socket buffers on both sides hold
+                c.send(big)
+        c.sock.close()
+        done.set()

@@ -395,8 +395,11 @@ class MockClient:
     def _write(self, data: bytes) -> None:
         if self.pcap is not None:
             self.pcap.send(True, data)
+        self.sock.settimeout(self.timeout)
         try:
             self.sock.sendall(data)
+        except TimeoutError:
+            raise ClientError(f"the node read none of our bytes for {self.timeout:g} s") from None
         except OSError as err:
             raise ClientError(f"connection lost while sending: {err.strerror or err}") from None
 
