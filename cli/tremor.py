@@ -188,6 +188,10 @@ def _print_client(result: dict, fmt: str) -> None:
         out.print(f"[bold red]FAILED[/] {failure}")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @command.command(name="mock-client")
 @click.option(
     "--connect", "address", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, metavar="HOST:PORT"
@@ -241,6 +245,7 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
     except OSError as err:
         raise usage_error(f"cannot write --record {record}: {err.strerror or err}") from err
     client = MockClient(host, port, timeout=timeout, record=writer)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends the run as SIGINT does
     try:
         if lines is not None:
             result = scripted_exchange(client, lines)
@@ -256,6 +261,11 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
         click.echo(f"tremor mock-client: FAILED: {err}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
+        if client.sock is not None:
+            client.sock.close()
+        if writer is not None:
+            writer.close()  # what was recorded up to here stays readable
+        click.echo("tremor mock-client: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     if writer is not None:
         writer.close()

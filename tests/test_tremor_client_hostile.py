@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import signal
 import socket
 import struct
+import subprocess
 import threading
 from collections.abc import Callable
 
 import pytest
-from support import run_cli
+from support import COMMAND, run_cli
 
 from wallaroo_proto.protocols.tremor.peers import (
     MAX_REPLY,
@@ -157,3 +159,30 @@ def test_a_node_that_never_reads_fails_the_send_after_the_timeout_saying_so():
                 c.send(big)
         c.sock.close()
         done.set()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_a_silent_node_is_awaited_is_exit_130(tmp_path, sig):
+    accepted = threading.Event()
+    done = threading.Event()
+
+    def act(conn):
+        accepted.set()
+        done.wait(60)
+
+    with FakeNode(act) as node:
+        pcap = tmp_path / "run.pcap"
+        proc = subprocess.Popen(
+            [*COMMAND, "tremor", "mock-client", "--connect", f"127.0.0.1:{node.port}", "--timeout", "60"]
+            + ["--record", str(pcap)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert accepted.wait(60)  # the client sent its first message and waits for the answer
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        done.set()
+    assert proc.returncode == 130 and "Traceback" not in err and "interrupted" in err
+    assert pcap.stat().st_size > 24  # the pcap header and what was said before the signal
