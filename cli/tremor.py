@@ -188,13 +188,17 @@ def _print_client(result: dict, fmt: str) -> None:
         out.print(f"[bold red]FAILED[/] {failure}")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 @command.command(name="mock-client")
 @click.option(
     "--connect", "address", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, metavar="HOST:PORT"
 )
 @click.option(
     "--script",
-    type=click.File("r"),
+    type=click.File("rb"),
     default=None,
     help="Send these messages instead (one JSON message a line, sent as written; - is stdin).",
 )
@@ -232,12 +236,16 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
     node failed the exchange, 2 on bad usage or an unreachable node.
     """
     host, port = _address(address)
-    lines = None if script is None else read_script(script)
+    try:
+        lines = None if script is None else read_script(script)
+    except ValueError as err:
+        raise usage_error(f"--script {script.name}: {err}") from err
     try:
         writer = PcapWriter(record) if record else None
     except OSError as err:
         raise usage_error(f"cannot write --record {record}: {err.strerror or err}") from err
     client = MockClient(host, port, timeout=timeout, record=writer)
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends the run as SIGINT does
     try:
         if lines is not None:
             result = scripted_exchange(client, lines)
@@ -247,12 +255,17 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
         client.close()
         if writer is not None:
             writer.close()
-        if not client.accepted:
+        if not client.reached:
             click.echo(f"tremor mock-client: {err}", err=True)
-            sys.exit(2 if client.refused_status is None else 1)
+            sys.exit(2)
         click.echo(f"tremor mock-client: FAILED: {err}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:
+        if client.sock is not None:
+            client.sock.close()
+        if writer is not None:
+            writer.close()  # what was recorded up to here stays readable
+        click.echo("tremor mock-client: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     if writer is not None:
         writer.close()

@@ -337,3 +337,10 @@ def test_any_non_record_json_value_is_0_203(text):
     with pytest.raises(m.MessageError) as err:
         m.parse(text)
     assert err.value.code == "0.203"
+
+
+def test_nan_is_refused_on_the_way_out_too():
+    with pytest.raises(ValueError):
+        m.dumps({"e": float("nan")})
+    with pytest.raises(ValueError):
+        m.encode(m.StreamMessage("e", float("-inf")))

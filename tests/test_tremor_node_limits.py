@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 import time
 
+import pytest
 from wsproto import ConnectionType, WSConnection
 from wsproto.events import AcceptConnection, Request, TextMessage
 
@@ -139,3 +141,43 @@ def test_a_peer_that_never_reads_is_aborted_at_the_write_timeout_and_the_others_
     assert reset and ok
     assert node.stats.timeouts == 1
     assert len(lines) == 1 and "read nothing of ours for 1 s" in lines[0] and "connection aborted" in lines[0]
+
+
+@pytest.mark.slow
+def test_a_slow_reader_that_keeps_taking_bytes_is_never_aborted():
+    """The rule is about progress, not time: replies taken a little at a time, for longer than
+    the write timeout and with the node's bytes waiting all along, are all delivered."""
+    node = MockNode(port=0, write_timeout=1.0)
+    count = 30
+
+    def client(host, port):
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # the node's bytes wait in its queue
+        sock.settimeout(60)
+        sock.connect((host, port))
+        ws = WSConnection(ConnectionType.CLIENT)
+        sock.sendall(ws.send(Request(host="x", target="/")))
+        while not any(isinstance(e, AcceptConnection) for e in ws.events()):
+            ws.receive_data(sock.recv(4096))
+        wire = ws.send(TextMessage(data='{"tremor":{"connect":{"protocol":"echo","alias":"e"}}}'))
+        wire += b"".join(ws.send(TextMessage(data='{"e":"' + "x" * 65536 + '"}')) for _ in range(count))
+        sender = threading.Thread(target=sock.sendall, args=(wire,))
+        sender.start()
+        messages = 0
+        started = time.monotonic()
+        while messages < count + 2 and time.monotonic() - started < 120:
+            time.sleep(0.1)  # then one read: about 64 KiB every tenth of a second
+            data = sock.recv(65536)
+            if not data:
+                break
+            ws.receive_data(data)
+            messages += sum(isinstance(e, TextMessage) and e.message_finished for e in ws.events())
+        took = time.monotonic() - started
+        sender.join(60)
+        sock.close()
+        return messages, took
+
+    messages, took = _serve(node, client)
+    assert messages == count + 2  # the greeting, the connect-ack and every echo
+    assert took > 1.0  # longer than the write timeout, so the rule was put to the test
+    assert node.stats.timeouts == 0

@@ -222,7 +222,7 @@ def parse_json(text: str) -> Any:
     lone surrogate escapes (a Rust string cannot hold one); so are numbers beyond a double's
     range and nesting deeper than MAX_DEPTH, which Python would read but not write back.
     """
-    if text.count("[") + text.count("{") > MAX_DEPTH and _nesting(text) > MAX_DEPTH:
+    if len(text) > MAX_DEPTH and text.count("[") + text.count("{") > MAX_DEPTH and _nesting(text) > MAX_DEPTH:
         raise MessageError("0.101", f"nested deeper than {MAX_DEPTH} levels")
     try:
         value = _decode(text)
@@ -296,7 +296,8 @@ def parse_value(value: Any) -> Message:
     raise MessageError("0.202", f"unknown control operation {op!r}")
 
 
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+#: NaN and Infinity are refused on the way out as on the way in: no JSON reader takes them.
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
 def encode(message: Message) -> str:

@@ -45,6 +45,8 @@ DEFAULT_PORT = 9899
 MAX_MESSAGE = 1 << 20
 #: A client whose unsent replies pass this is too slow: its connection is closed (1008).
 MAX_BACKLOG = 4 << 20
+#: A message from the node larger than this ends the mock client's session with 1009 (bounded memory).
+MAX_REPLY = 16 << 20
 _READ = 1 << 16
 
 
@@ -377,12 +379,15 @@ class MockClient:
         self._recorder = record
         self.inbox: list[str] = []
         self._parts: list[str] = []  # a text message arriving in pieces
+        self._size = 0
         self.problems: list[str] = []
         self.sent = 0
         self.received = 0
         self.closed_by_server: int | None = None
         self.ws_closed = False
         self.accepted = False
+        #: The TCP connection was made: what goes wrong after it is the node's doing.
+        self.reached = False
         self.refused_status: int | None = None
 
     # bytes ----------------------------------------------------------------------------
@@ -390,25 +395,31 @@ class MockClient:
     def _write(self, data: bytes) -> None:
         if self.pcap is not None:
             self.pcap.send(True, data)
+        self.sock.settimeout(self.timeout)
         try:
             self.sock.sendall(data)
+        except TimeoutError:
+            raise ClientError(f"the node read none of our bytes for {self.timeout:g} s") from None
         except OSError as err:
             raise ClientError(f"connection lost while sending: {err.strerror or err}") from None
 
     def _read(self, deadline: float) -> bool:
         """Read what is there; False at EOF."""
         left = deadline - time.monotonic()
+        waiting = self.session.expecting() if self.accepted else "its answer to the upgrade"
         if left <= 0:
-            raise ClientError(f"timed out waiting for the server ({self.session.expecting()})")
+            raise ClientError(f"timed out waiting for the server ({waiting})")
         self.sock.settimeout(left)
         try:
             data = self.sock.recv(_READ)
         except TimeoutError:
-            raise ClientError(f"timed out waiting for the server ({self.session.expecting()})") from None
+            raise ClientError(f"timed out waiting for the server ({waiting})") from None
         except OSError as err:
             raise ClientError(f"connection lost: {err.strerror or err}") from None
         if self.pcap is not None and data:
             self.pcap.send(False, data)
+        if not data and not self.accepted:
+            raise ClientError("the node closed the connection during the upgrade")
         try:
             self.ws.receive_data(data or None)
         except RemoteProtocolError as err:
@@ -424,12 +435,18 @@ class MockClient:
             elif isinstance(event, RejectConnection):
                 self.refused_status = event.status_code
             elif isinstance(event, TextMessage):
+                self._size += len(event.data)
+                if self._size > MAX_REPLY:
+                    self._fail(CloseReason.MESSAGE_TOO_BIG, f"the node sent a message over {MAX_REPLY} bytes")
                 parts.append(event.data)
                 if event.message_finished:
                     self.inbox.append("".join(parts))
                     parts.clear()
+                    self._size = 0
             elif isinstance(event, BytesMessage):
-                self.problems.append("server sent a binary frame (RFC 0019: text frames only)")
+                self._fail(
+                    CloseReason.UNSUPPORTED_DATA, "the node sent a binary frame (RFC 0019: text frames only)"
+                )
             elif isinstance(event, CloseConnection):
                 self.closed_by_server = event.code
                 self.ws_closed = True
@@ -437,6 +454,13 @@ class MockClient:
                     self._write(self.ws.send(event.response()))
             elif isinstance(event, Ping):
                 self._write(self.ws.send(event.response()))
+
+    def _fail(self, code: CloseReason, reason: str) -> None:
+        """The node broke a rule of the connection: close it with ``code`` and give up."""
+        self._parts.clear()
+        with contextlib.suppress(ClientError, LocalProtocolError):
+            self._write(self.ws.send(CloseConnection(code=code)))
+        raise ClientError(f"{reason}; closed with {int(code)}")
 
     # session --------------------------------------------------------------------------
 
@@ -446,6 +470,7 @@ class MockClient:
             self.sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         except OSError as err:
             raise ClientError(f"cannot connect to {self.host}:{self.port}: {err.strerror or err}") from None
+        self.reached = True
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._recorder is not None:
             local = self.sock.getsockname()
@@ -461,9 +486,11 @@ class MockClient:
     def send(self, value: Any) -> Step:
         """Send one message (a JSON value or raw text) and judge it as the client's."""
         text = value if isinstance(value, str) else dumps(value)
-        verdict = self.session.client(text)
+        if self.session.state == "closed" and self.session.error_close is not None:
+            raise ClientError(f"the node closed the session: {self.session.error_close}")
         if self.ws.state is not ConnectionState.OPEN:
             raise ClientError("the connection is closed")
+        verdict = self.session.client(text)
         self._write(self.ws.send(TextMessage(data=text)))
         self.sent += 1
         return Step(
@@ -672,10 +699,18 @@ def _finish(client: MockClient, result: ExchangeResult, t0: float) -> ExchangeRe
     return result
 
 
-def read_script(lines: Iterable[str]) -> list[tuple[int, str]]:
-    """A script: one message per line (JSON, sent as written); blank lines and ``#`` comments skipped."""
+def read_script(lines: Iterable[bytes | str]) -> list[tuple[int, str]]:
+    """A script: one message per line (JSON, sent as written); blank lines and ``#`` comments skipped.
+
+    ``ValueError`` names the line and byte of one that is not UTF-8 (a text frame must be).
+    """
     out = []
     for number, line in enumerate(lines, 1):
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(f"line {number}: not UTF-8 (byte {err.start + 1} of the line)") from None
         text = line.strip()
         if text and not text.startswith("#"):
             out.append((number, text))
