@@ -162,7 +162,7 @@ def test_an_ic_that_reads_none_of_the_lbs_messages_is_reset_after_the_write_time
     finally:
         ic.close()
     assert code == 1
-    assert summary["lost"].startswith("the IC read nothing for 1 s")
+    assert summary["lost"].startswith("the IC read nothing of ours for 1 s")
     assert summary["self_calls"] > 0
 
 

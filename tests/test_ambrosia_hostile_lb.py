@@ -138,7 +138,7 @@ def test_an_lb_that_reads_no_records_is_reset_after_the_write_timeout():
         first_start(receive, send)
         assert closed_by_peer(receive), "an LB that reads nothing was held open"
         deadline = time.monotonic() + DEADLINE
-        while "read nothing for 1 s" not in ic.stderr():
+        while "read nothing of ours for 1 s" not in ic.stderr():
             assert time.monotonic() < deadline
             time.sleep(0.05)
         send.close()

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.write_watch import WriteWatch, reset
 
 from .codec import (
     CHECKPOINT,
@@ -63,7 +64,6 @@ from .codec import (
 )
 from .core import Session
 from .immortal import RpcSource
-from .stall import WriteWatch, reset
 from .store import DirStore, IcCheckpoint, LoggedRecord, MemoryStore
 
 DIALECTS = ("current", "seed")
@@ -279,7 +279,9 @@ class MockIC:
             run = _Run(ck.outputs, last.outputs if last else ck.outputs, [] if records else list(ck.pending))
         run.writer, run.lb_writer = writer, lb_writer
         if cfg.write_timeout:
-            run.watch = WriteWatch(writer, cfg.write_timeout, lambda why: self._stalled(run, why), "the LB")
+            run.watch = WriteWatch(
+                writer.transport, cfg.write_timeout, lambda why: self._stalled(run, why), "the LB"
+            )
         if self.pcap is not None:
             lb_addr, ic_addr = conn_r.getpeername()[:2], conn_r.getsockname()[:2]
             run.pcap_in = self.pcap.tcp_session(_v4(lb_addr), _v4(ic_addr))
@@ -309,7 +311,7 @@ class MockIC:
             return False
         finally:
             if run.watch is not None:
-                run.watch.cancel()
+                run.watch.stop()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -497,7 +499,7 @@ class MockIC:
         run.stalled = why
         self.stats.stalls += 1
         for w in (run.writer, run.lb_writer):
-            reset(w)
+            reset(w.transport)
         run.end()
 
     # --- the LB's messages ------------------------------------------------------------------------

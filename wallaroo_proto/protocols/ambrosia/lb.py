@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from wallaroo_proto.write_watch import WriteWatch, reset
+
 from .codec import (
     CHECKPOINT,
     CHECKPOINT_SEQ,
@@ -50,7 +52,6 @@ from .codec import (
 )
 from .core import Kind, Session
 from .immortal import Counter
-from .stall import WriteWatch, reset
 
 _ASKS = (TAKE_CHECKPOINT, TAKE_BECOMING_PRIMARY_CHECKPOINT, UPGRADE_TAKE_CHECKPOINT)
 
@@ -119,9 +120,9 @@ class MockLB:
             def stalled(why: str) -> None:  # the IC reads none of our messages: both sockets reset
                 self.stats.lost = why
                 for writer in (self.writer, send_writer):
-                    reset(writer)
+                    reset(writer.transport)
 
-            self._watch = WriteWatch(self.writer, self.config.write_timeout, stalled, "the IC")
+            self._watch = WriteWatch(self.writer.transport, self.config.write_timeout, stalled, "the IC")
         splitter = RecordSplitter()
         start = time.perf_counter()
         try:
@@ -157,7 +158,7 @@ class MockLB:
             if self.stats.lost:
                 self.config.log(self.stats.lost)
             if self._watch is not None:
-                self._watch.cancel()
+                self._watch.stop()
             self.stats.seconds = time.perf_counter() - start
             self.writer.close()
             send_writer.close()

@@ -163,7 +163,7 @@ class _NodeConnection:
         self.closing = False
         self.timed_out = False
         self.watch = (
-            WriteWatch(writer.transport, server.write_timeout, self._stalled)
+            WriteWatch(writer.transport, server.write_timeout, self._stalled, "the client")
             if server.write_timeout
             else None
         )
@@ -178,13 +178,10 @@ class _NodeConnection:
         if self.watch is not None:
             self.watch.wrote(len(data))
 
-    def _stalled(self, pending: int) -> None:
+    def _stalled(self, reason: str) -> None:
         self.timed_out = True
         self.server.stats.timeouts += 1
-        self.server.log(
-            f"session {self.node.ident}: read nothing of ours for {self.server.write_timeout:g} s "
-            f"({pending} bytes waiting); connection aborted"
-        )
+        self.server.log(f"session {self.node.ident}: {reason}")
 
     def _no_upgrade(self) -> None:
         """A peer that has not finished its upgrade request in time (a slowloris, or one cut short)."""
