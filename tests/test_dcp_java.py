@@ -87,6 +87,19 @@ def test_the_client_streams_every_vbucket_once_with_a_small_flow_control_buffer(
     assert len(items) == len(set(items))  # every (vbucket, seqno) once
     assert live_keys(events) == {vb: keys for vb, keys in producer_keys(state).items() if keys}
     assert "Traceback" not in stderr and "VIOLATION" not in stderr
+    # Each item as the producer holds it: its CAS (from the hybrid logical clock, never 0), and
+    # deletions and expirations both as deletions, not due to expiration (the client asked for no
+    # expiry opcode), as a data node sends them.
+    versions = {
+        (vb.vb, v.seqno): v for vb in Bucket.from_json(state.read_bytes()).vbuckets.values() for v in vb.log
+    }
+    ops = {"MUTATION": {"mutation"}, "DELETION": {"deletion", "expiration"}}
+    for e in events:
+        if e[0] in ops:
+            v = versions[(int(e[1]), int(e[2]))]
+            assert v.op in ops[e[0]] and v.key == e[4] and int(e[3]) == v.cas > 0
+            assert e[0] == "MUTATION" or e[5] == "false"
+    assert {v.op for v in versions.values()} == {"mutation", "deletion", "expiration"}
 
 
 def test_the_client_resumes_from_saved_offsets_and_rolls_back_after_a_failover(classpath, tmp_path):
