@@ -460,3 +460,16 @@ def test_deletions_and_expirations_come_in_the_form_the_connection_asked_for(
             assert [g[2] for g in got] == [5 << 32, (5 << 32) + 1, 7 << 32]
 
     run(main())
+
+
+def test_the_packets_before_a_bad_header_are_answered_before_the_close():
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(OPEN + req(0x0B, 2) + b"\x42" + bytes(23))  # then a header of magic 0x42
+            assert (await peer.answer(1))[1] == SUCCESS
+            assert (await peer.answer(2))[:2] == (0x0B, SUCCESS)
+            assert await peer.closed()
+            assert len(producer.stats.violations) == 1 and "bad magic 0x42" in producer.lines[-1]
+
+    run(main())

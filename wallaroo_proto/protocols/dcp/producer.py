@@ -324,16 +324,19 @@ class _Session:
                     break
                 if self.tcp is not None:
                     self.tcp.send(True, data, time.time())
+                bad = None
                 try:
                     packets = self.splitter.feed(data)
                 except ProtocolError as err:
-                    self.producer.log(f"connection {self.index} ({self.name}): {err}; closing")
-                    self.producer.stats.violations.append(f"connection {self.index}: {err}")
-                    break
+                    bad, packets = err, err.packets  # the whole packets before the bad header go first
                 for offset, wire in packets:
                     if not await self.take(offset, wire):
                         break
                 self.wake.set()
+                if bad is not None and not self.closed:
+                    self.producer.log(f"connection {self.index} ({self.name}): {bad}; closing")
+                    self.producer.stats.violations.append(f"connection {self.index}: {bad}")
+                    break
         except (ConnectionError, OSError):
             pass
         finally:
