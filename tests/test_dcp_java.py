@@ -7,12 +7,13 @@ the client's folder or javac is absent.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from support import Server
+from support import Server, run_cli
 
 from wallaroo_proto.protocols.dcp.store import Bucket
 
@@ -76,7 +77,18 @@ def offsets(events: list[list[str]], path: Path, state: Path) -> None:
 
 def test_the_client_streams_every_vbucket_once_with_a_small_flow_control_buffer(classpath, tmp_path):
     state = tmp_path / "p.json"
-    args = ("--vbuckets", "8", "--items", "300", "--state", str(state), "--require-auth")
+    pcap = tmp_path / "java.pcap"
+    args = (
+        "--vbuckets",
+        "8",
+        "--items",
+        "300",
+        "--state",
+        str(state),
+        "--require-auth",
+        "--record",
+        str(pcap),
+    )
     with Server("dcp", "mock-producer", "--port", "0", *args) as server:
         rc, events = stream(classpath, server, "default", "Administrator", "password", "2000")
         _, _, stderr = server.stop()
@@ -100,6 +112,13 @@ def test_the_client_streams_every_vbucket_once_with_a_small_flow_control_buffer(
             assert v.op in ops[e[0]] and v.key == e[4] and int(e[3]) == v.cas > 0
             assert e[0] == "MUTATION" or e[5] == "false"
     assert {v.op for v in versions.values()} == {"mutation", "deletion", "expiration"}
+    # dissect reads the client's traffic, SCRAM steps and the bucket config included, as the rules allow.
+    done = run_cli("dissect", str(pcap), "--format", "jsonl")
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert {r["verdict"] for r in records} == {"accepted"}
+    types = {r["type"] for r in records}
+    assert {"SASL_STEP_RESPONSE", "GET_CLUSTER_CONFIG_RESPONSE", "DCP_BUFFER_ACKNOWLEDGEMENT"} <= types
 
 
 def test_the_client_resumes_from_saved_offsets_and_rolls_back_after_a_failover(classpath, tmp_path):
