@@ -119,6 +119,8 @@ def test_the_client_streams_every_vbucket_once_with_a_small_flow_control_buffer(
     assert {r["verdict"] for r in records} == {"accepted"}
     types = {r["type"] for r in records}
     assert {"SASL_STEP_RESPONSE", "GET_CLUSTER_CONFIG_RESPONSE", "DCP_BUFFER_ACKNOWLEDGEMENT"} <= types
+    done = run_cli("report", str(pcap), "-o", str(tmp_path / "java.html"))
+    assert done.returncode == 0 and "0 with violations" in done.stdout + done.stderr, done.stderr
 
 
 def test_the_client_resumes_from_saved_offsets_and_rolls_back_after_a_failover(classpath, tmp_path):
