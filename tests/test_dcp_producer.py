@@ -473,3 +473,27 @@ def test_the_packets_before_a_bad_header_are_answered_before_the_close():
             assert len(producer.stats.violations) == 1 and "bad magic 0x42" in producer.lines[-1]
 
     run(main())
+
+
+@pytest.mark.parametrize(
+    "asked, granted",
+    [
+        # java-dcp-client's list: Datatype (retired), Xattr, XERROR, SelectBucket, Snappy, Duplex,
+        # ClustermapChangeNotification
+        ([0x01, 0x06, 0x07, 0x08, 0x0A, 0x0C, 0x0D], [0x06, 0x07, 0x08, 0x0C, 0x0D]),
+        ([0x03, 0x0D], [0x03]),  # change notifications need Duplex
+        ([0x0B, 0x12], []),  # JSON and collections: not honoured, not granted
+    ],
+)
+def test_hello_grants_what_a_node_grants_and_this_producer_honours(asked, granted):
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(req(0x1F, 2, key=b"c", value=b"".join(f.to_bytes(2, "big") for f in asked)))
+            _, status, body = await peer.answer(2)
+            assert (
+                status == SUCCESS
+                and [int.from_bytes(body[i : i + 2], "big") for i in range(0, len(body), 2)] == granted
+            )
+
+    run(main())

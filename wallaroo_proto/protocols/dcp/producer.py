@@ -48,8 +48,11 @@ from .codec import (
 from .core import Connection, Kind, needs_rollback
 from .store import CAS_AT, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket, Version
 
-#: HELLO features granted: TcpNoDelay, XERROR, SelectBucket.
-FEATURES = (0x03, 0x07, 0x08)
+#: HELLO features granted, those a data node grants that this producer honours: TcpNoDelay, Xattr
+#: (it holds no xattrs), XERROR, SelectBucket, Duplex (it sends no server requests), and
+#: ClustermapChangeNotification with Duplex (its config never changes, so there is nothing to push).
+FEATURES = (0x03, 0x06, 0x07, 0x08, 0x0C, 0x0D)
+_DUPLEX, _CLUSTERMAP_NOTIFICATION = 0x0C, 0x0D
 DEFAULT_NOOP_INTERVAL = 20.0
 #: A connection's replies waiting to be sent beyond which its next command waits for the socket
 #: (memcached's ``max_send_queue_size``): a peer that pipelines requests and never reads cannot
@@ -462,6 +465,8 @@ class _Session:
         op = p.opcode
         if op == codec.HELLO:
             wanted = {int.from_bytes(p.value[i : i + 2], "big") for i in range(0, len(p.value) - 1, 2)}
+            if _DUPLEX not in wanted:
+                wanted.discard(_CLUSTERMAP_NOTIFICATION)
             granted = b"".join(f.to_bytes(2, "big") for f in FEATURES if f in wanted)
             self.respond(p, value=granted)
         elif op == codec.VERSION:
