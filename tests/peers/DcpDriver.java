@@ -114,8 +114,9 @@ public class DcpDriver {
             client.startStreaming().block();
         }
         boolean finished = done[0].await(Long.parseLong(System.getProperty("driver.timeout", "120")), TimeUnit.SECONDS);
+        // The offsets the client itself keeps (what an application saves), for each vbucket that got items.
         for (Map.Entry<Integer, StreamOffset> e : last.entrySet()) {
-            StreamOffset o = e.getValue();
+            StreamOffset o = client.sessionState().get(e.getKey()).getOffset();
             out("OFFSET " + e.getKey() + " " + o.getVbuuid() + " " + o.getSeqno() + " " + o.getSnapshot().getStartSeqno()
                     + " " + o.getSnapshot().getEndSeqno());
         }
