@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import sys
+import time
 
 import click
 from rich.console import Console
@@ -157,7 +158,7 @@ async def _serve(producer: MockProducer) -> bool:
 @click.option(
     "--vbuckets",
     type=click.IntRange(1, 1024),
-    default=16,
+    default=1024,
     show_default=True,
     help="vbuckets of a new bucket (a --state file keeps its own).",
 )
@@ -295,6 +296,7 @@ def mock_producer(**opts) -> None:
     if opts["failover"] is not None:
         for vb in bucket.vbuckets.values():
             vb.fail_over(new_uuid(uuids), opts["failover"])
+    bucket.clock = time.time_ns
     rng = random.Random(opts["seed"])
     bucket.generate(opts["items"], rng, opts["keys"], opts["value_size"])
     if opts["input_path"]:

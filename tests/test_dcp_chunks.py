@@ -16,19 +16,27 @@ from wallaroo_proto.protocols.dcp.store import DELETION, EXPIRATION, MUTATION, B
 OPS = st.sampled_from([MUTATION, MUTATION, DELETION, EXPIRATION])
 
 
+def _with_cas(wire: bytes, cas: int) -> bytes:
+    """The packet with its header's CAS (bytes 16 to 24) set."""
+    return wire[:16] + cas.to_bytes(8, "big") + wire[24:]
+
+
 def _built(vb, opaque: int, start: int, end: int, size: int, sid: int | None) -> list[bytes]:
-    """The stream's messages from codec's one-message builders."""
+    """The stream's messages from codec's one-message builders, each item with its version's CAS.
+
+    An expiration goes as a DELETION to a connection that did not ask for expiry opcodes.
+    """
     wires = []
     for snap in vb.snapshots(start, end, size):
         wires.append(codec.snapshot_marker(vb.vb, opaque, snap.start, snap.end, snap.flags, sid))
         for v in snap.versions:
             key = v.key.encode()
             if v.op == MUTATION:
-                wires.append(codec.mutation(vb.vb, opaque, v.seqno, v.rev, key, v.value.encode(), sid=sid))
-            elif v.op == DELETION:
-                wires.append(codec.deletion(vb.vb, opaque, v.seqno, v.rev, key, sid))
+                wire = codec.mutation(vb.vb, opaque, v.seqno, v.rev, key, v.value.encode(), sid=sid)
             else:
-                wires.append(codec.expiration(vb.vb, opaque, v.seqno, v.rev, key, 0, sid))
+                wire = codec.deletion(vb.vb, opaque, v.seqno, v.rev, key, sid)
+            assert v.cas > 0
+            wires.append(_with_cas(wire, v.cas))
     wires.append(codec.stream_end(vb.vb, opaque, codec.END_OK, sid))
     return wires
 
@@ -51,7 +59,8 @@ def test_chunks_hold_the_packets_codec_builds_and_their_ends(versions, opaque, s
     start = min(start, vb.high_seqno)
     vb.persisted = min(on_disk, vb.high_seqno)
     producer = MockProducer(ProducerConfig(snapshot_size=size), bucket, lambda line: None)
-    session = SimpleNamespace(producer=producer)
+    session = SimpleNamespace(producer=producer, delete_times=False, expiry_opcode=False)
+    session.item_packet = lambda *args: _Session.item_packet(session, *args)
     req = StreamReq(0, start, vb.high_seqno, vb.uuid, start, start)
     chunks = list(_Session.chunks(session, vb, opaque, req, sid))
     expected = _built(vb, opaque, start, vb.high_seqno, size, sid)

@@ -190,3 +190,30 @@ def test_malformed_packets_are_named():
     bad = codec.encode(codec.Packet(0x80, codec.MUTATION, 3, 7, 0, 0, b"\0" * 10, b"k", b""))
     v = conn.from_producer(P(bad), offset=500)
     assert v.kind is Kind.MALFORMED and "extras of 10 bytes, must be 31" in v.reason and "504" in v.reason
+
+
+def test_requests_may_share_an_opaque_and_are_answered_in_order():
+    """java-dcp-client sends its setup commands all with opaque 0, pipelined."""
+    conn = Connection()
+    for wire in (
+        codec.open_request("c", codec.OPEN_PRODUCER, 0),
+        codec.request(codec.GET_CLUSTER_CONFIG, opaque=0),
+        codec.control_request("connection_buffer_size", "100", 0),
+    ):
+        assert conn.from_consumer(decode_packet(wire)).ok
+    for opcode in (codec.OPEN, codec.GET_CLUSTER_CONFIG, codec.CONTROL):
+        verdict = conn.from_producer(decode_packet(codec.response(opcode, opaque=0)))
+        assert verdict.ok and verdict.request_opcode == opcode, verdict.reason
+    assert conn.buffer_size == 100 and not conn.pending
+
+
+def test_a_stream_request_may_not_reuse_an_opaque_in_use():
+    conn = Connection()
+    conn.from_consumer(decode_packet(codec.open_request("c", codec.OPEN_PRODUCER, 1)))
+    conn.from_producer(decode_packet(codec.response(codec.OPEN, opaque=1)))
+    req = StreamReq(0, 0, FOREVER, 0, 0, 0)
+    assert conn.from_consumer(decode_packet(codec.stream_req_request(0, 5, req))).ok
+    log = codec.failover_log_value([(7, 0)])
+    assert conn.from_producer(decode_packet(codec.response(codec.STREAM_REQ, opaque=5, value=log))).ok
+    verdict = conn.from_consumer(decode_packet(codec.stream_req_request(1, 5, req)))
+    assert verdict.kind is Kind.VIOLATION and "opaque 0x00000005, already in use" in verdict.reason

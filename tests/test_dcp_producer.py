@@ -77,9 +77,11 @@ class Peer:
 
 
 @contextlib.asynccontextmanager
-async def serving(vbuckets: int = 2, items: int = 0, **config):
-    bucket = Bucket.new(vbuckets, random.Random(7))
-    bucket.generate(items, random.Random(7), 20, 64)
+async def serving(vbuckets: int = 2, items: int = 0, data: Bucket | None = None, **config):
+    bucket = data
+    if bucket is None:
+        bucket = Bucket.new(vbuckets, random.Random(7))
+        bucket.generate(items, random.Random(7), 20, 64)
     lines: list[str] = []
     producer = MockProducer(ProducerConfig(port=0, **config), bucket, lines.append)
     host, port = await producer.start()
@@ -416,5 +418,82 @@ def test_get_cluster_config_and_not_my_vbucket_carry_the_bucket_config():
                 assert config["vBucketServerMap"]["vBucketMap"] == [[0]] * 8
                 (node,) = config["nodesExt"]
                 assert node["services"]["kv"] == port and "hostname" not in node
+
+    run(main())
+
+
+# ------------------------------------------------------------------------------ items as the connection asked
+
+
+@pytest.mark.parametrize(
+    "flags, expiry, deletion, expiration",
+    [
+        (0x01, "false", (0x58, 18), (0x58, 18)),  # V1 deletions; an expiration is a deletion
+        (0x01, "true", (0x58, 18), (0x58, 18)),  # the expiry opcode needs IncludeDeleteTimes
+        (0x21, "false", (0x58, 21), (0x58, 21)),  # IncludeDeleteTimes: V2 deletions
+        (0x21, "true", (0x58, 21), (0x59, 20)),  # and with enable_expiry_opcode, DCP_EXPIRATION
+    ],
+)
+def test_deletions_and_expirations_come_in_the_form_the_connection_asked_for(
+    flags, expiry, deletion, expiration
+):
+    bucket = Bucket.new(1, random.Random(1))
+    vb = bucket.vbuckets[0]
+    vb.add("a", "mutation", "1", now_ns=5 << 32)
+    vb.add("b", "deletion", now_ns=5 << 32)  # the same instant: the logical counter moves the CAS on
+    vb.add("c", "expiration", now_ns=7 << 32)
+
+    async def main():
+        async with serving(data=bucket) as producer:
+            peer = await connect(producer)
+            open_ = req(0x50, 1, bytes(4) + flags.to_bytes(4, "big"), b"c")
+            await peer.send(open_ + control("enable_expiry_opcode", expiry, 2) + stream_req(0, 3, end=3))
+            assert (await peer.answer(3))[1] == SUCCESS
+            got = []
+            while len(got) < 3:
+                head = await peer.reader.readexactly(24)
+                magic, opcode, _k, extlen, _d, _vb, body, _o, cas = HEADER.unpack(head)
+                await peer.reader.readexactly(body)
+                if opcode in (0x57, 0x58, 0x59):
+                    got.append((opcode, extlen, cas))
+            assert [g[:2] for g in got] == [(0x57, 31), deletion, expiration]
+            assert [g[2] for g in got] == [5 << 32, (5 << 32) + 1, 7 << 32]
+
+    run(main())
+
+
+def test_the_packets_before_a_bad_header_are_answered_before_the_close():
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(OPEN + req(0x0B, 2) + b"\x42" + bytes(23))  # then a header of magic 0x42
+            assert (await peer.answer(1))[1] == SUCCESS
+            assert (await peer.answer(2))[:2] == (0x0B, SUCCESS)
+            assert await peer.closed()
+            assert len(producer.stats.violations) == 1 and "bad magic 0x42" in producer.lines[-1]
+
+    run(main())
+
+
+@pytest.mark.parametrize(
+    "asked, granted",
+    [
+        # java-dcp-client's list: Datatype (retired), Xattr, XERROR, SelectBucket, Snappy, Duplex,
+        # ClustermapChangeNotification
+        ([0x01, 0x06, 0x07, 0x08, 0x0A, 0x0C, 0x0D], [0x06, 0x07, 0x08, 0x0C, 0x0D]),
+        ([0x03, 0x0D], [0x03]),  # change notifications need Duplex
+        ([0x0B, 0x12], []),  # JSON and collections: not honoured, not granted
+    ],
+)
+def test_hello_grants_what_a_node_grants_and_this_producer_honours(asked, granted):
+    async def main():
+        async with serving() as producer:
+            peer = await connect(producer)
+            await peer.send(req(0x1F, 2, key=b"c", value=b"".join(f.to_bytes(2, "big") for f in asked)))
+            _, status, body = await peer.answer(2)
+            assert (
+                status == SUCCESS
+                and [int.from_bytes(body[i : i + 2], "big") for i in range(0, len(body), 2)] == granted
+            )
 
     run(main())

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -197,7 +198,9 @@ class Connection:
         self.stream_ids = False
         self.noop_pending: int | None = None
         self.noops = 0
-        self.pending: dict[int, _Pending] = {}  # consumer requests by opaque
+        #: Consumer requests by opaque, each opaque's in the order sent (clients may reuse an opaque,
+        #: as java-dcp-client does with 0 for its setup commands; the server answers in order).
+        self.pending: dict[int, deque[_Pending]] = {}
         self.streams: dict[int, Stream] = {}  # open streams by opaque
         self.ended: list[Stream] = []
         self.rollbacks: list[tuple[int, int]] = []  # (vbucket, seqno)
@@ -274,11 +277,11 @@ class Connection:
             self.open_sent = True
         if op == codec.BUFFER_ACK:
             return self._buffer_ack(p, msg, reasons)
-        if p.opaque in self.pending:
-            reasons.append(f"opaque 0x{p.opaque:08x} is already used by a request still unanswered")
         if op == codec.STREAM_REQ:
+            if p.opaque in self.pending or p.opaque in self.streams:  # its opaque names its stream
+                reasons.append(f"stream request with opaque 0x{p.opaque:08x}, already in use")
             reasons += self._stream_req_rules(p, msg)
-        self.pending[p.opaque] = _Pending(op, p.vbucket, msg)
+        self.pending.setdefault(p.opaque, deque()).append(_Pending(op, p.vbucket, msg))
         return self._verdict(CONSUMER, p, msg, reasons)
 
     def _stream_req_rules(self, p: Packet, req: StreamReq) -> list[str]:
@@ -321,7 +324,10 @@ class Connection:
     def from_producer(self, p: Packet, offset: int = 0) -> Verdict:
         """A packet the producer sent."""
         if not p.is_request:
-            pending = self.pending.pop(p.opaque, None)
+            queue = self.pending.get(p.opaque)
+            pending = queue.popleft() if queue else None
+            if queue is not None and not queue:
+                del self.pending[p.opaque]
             request_opcode = pending.opcode if pending is not None else None
             try:
                 msg = codec.parse(p, offset, request_opcode)

@@ -21,6 +21,7 @@ import asyncio
 import bisect
 import contextlib
 import json
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -45,10 +46,13 @@ from .codec import (
     decode_packet,
 )
 from .core import Connection, Kind, needs_rollback
-from .store import DELETION, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket
+from .store import CAS_AT, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket, Version
 
-#: HELLO features granted: TcpNoDelay, XERROR, SelectBucket.
-FEATURES = (0x03, 0x07, 0x08)
+#: HELLO features granted, those a data node grants that this producer honours: TcpNoDelay, Xattr
+#: (it holds no xattrs), XERROR, SelectBucket, Duplex (it sends no server requests), and
+#: ClustermapChangeNotification with Duplex (its config never changes, so there is nothing to push).
+FEATURES = (0x03, 0x06, 0x07, 0x08, 0x0C, 0x0D)
+_DUPLEX, _CLUSTERMAP_NOTIFICATION = 0x0C, 0x0D
 DEFAULT_NOOP_INTERVAL = 20.0
 #: A connection's replies waiting to be sent beyond which its next command waits for the socket
 #: (memcached's ``max_send_queue_size``): a peer that pipelines requests and never reads cannot
@@ -255,6 +259,7 @@ class _Session:
         self.bucket_name: str | None = producer.config.bucket if open_access else None
         self.scram: sasl.ScramServer | None = None
         self.open_flags = 0
+        self.expiry_opcode = False
         producer.stats.connections += 1
         self.index = producer.stats.connections
         peer = writer.get_extra_info("peername") or ("0.0.0.0", 0)
@@ -322,16 +327,19 @@ class _Session:
                     break
                 if self.tcp is not None:
                     self.tcp.send(True, data, time.time())
+                bad = None
                 try:
                     packets = self.splitter.feed(data)
                 except ProtocolError as err:
-                    self.producer.log(f"connection {self.index} ({self.name}): {err}; closing")
-                    self.producer.stats.violations.append(f"connection {self.index}: {err}")
-                    break
+                    bad, packets = err, err.packets  # the whole packets before the bad header go first
                 for offset, wire in packets:
                     if not await self.take(offset, wire):
                         break
                 self.wake.set()
+                if bad is not None and not self.closed:
+                    self.producer.log(f"connection {self.index} ({self.name}): {bad}; closing")
+                    self.producer.stats.violations.append(f"connection {self.index}: {bad}")
+                    break
         except (ConnectionError, OSError):
             pass
         finally:
@@ -457,6 +465,8 @@ class _Session:
         op = p.opcode
         if op == codec.HELLO:
             wanted = {int.from_bytes(p.value[i : i + 2], "big") for i in range(0, len(p.value) - 1, 2)}
+            if _DUPLEX not in wanted:
+                wanted.discard(_CLUSTERMAP_NOTIFICATION)
             granted = b"".join(f.to_bytes(2, "big") for f in FEATURES if f in wanted)
             self.respond(p, value=granted)
         elif op == codec.VERSION:
@@ -555,6 +565,8 @@ class _Session:
             self.noop_interval = controls.noop_interval(c.value)
         elif c.key == "send_stream_end_on_client_close_stream" and c.value == "true":
             self.end_on_close = True
+        elif c.key == "enable_expiry_opcode":
+            self.expiry_opcode = c.value == "true"
         return SUCCESS
 
     def vbucket(self, vb: int) -> VBucket | None:
@@ -638,17 +650,14 @@ class _Session:
             for at in range(0, max(len(versions), 1), _CHUNK_ITEMS):  # a large backfill in pieces
                 piece = versions[at : at + _CHUNK_ITEMS]
                 lead = [] if at else [marker]
-                if sid is None:  # the stored packets with this stream's opaque
+                if sid is None and not self.delete_times:  # the stored packets with this stream's opaque
                     tails = list(map(_TAIL, piece))
                     body = chain.from_iterable(zip(map(_HEAD, piece), repeat(opaque_bytes), tails))
                     data = b"".join(chain(lead, body))
                     sizes = map(add, map(len, tails), repeat(len(opaque_bytes) + OPAQUE_AT))
                     ends = list(accumulate(chain(map(len, lead), sizes)))
                 else:
-                    entries = [
-                        (_OPCODES[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode()) for v in piece
-                    ]
-                    wires = lead + codec.items(vbid, opaque, entries, sid)
+                    wires = lead + [self.item_packet(vbid, opaque, v, sid) for v in piece]
                     data, ends = b"".join(wires), list(accumulate(map(len, wires)))
                 last = at + _CHUNK_ITEMS >= len(versions)
                 reason = end_reason if last else None
@@ -662,6 +671,30 @@ class _Session:
         if req.end != FOREVER and req.end <= vb.high_seqno:
             end_wire = codec.stream_end(vbid, opaque, codec.END_OK, sid)
             yield _Chunk(end_wire, [len(end_wire)], 0, 0, codec.END_OK)
+
+    @property
+    def delete_times(self) -> bool:
+        """Deletions as V2 (with a delete time): the connection opened with IncludeDeleteTimes."""
+        return bool(self.open_flags & _INCLUDE_DELETE_TIMES)
+
+    def item_packet(self, vbid: int, opaque: int, v: Version, sid: int | None) -> bytes:
+        """One version's packet in this connection's form (stream id, deletion V1 or V2, expirations).
+
+        An expiration is DCP_EXPIRATION only after IncludeDeleteTimes and ``enable_expiry_opcode=true``,
+        else a deletion, as the server sends it; the delete time is the CAS's seconds.
+        """
+        key = v.key.encode()
+        when = v.cas // 1_000_000_000 & 0xFFFF_FFFF
+        if v.op == MUTATION:
+            wire = codec.mutation(vbid, opaque, v.seqno, v.rev, key, v.value.encode(), sid=sid)
+        elif v.op == EXPIRATION and self.expiry_opcode and self.delete_times:
+            wire = codec.expiration(vbid, opaque, v.seqno, v.rev, key, when, sid)
+        elif self.delete_times:
+            extras = _DELETION_V2.pack(v.seqno, v.rev, when, 0)
+            wire = codec.request(codec.DELETION, vbucket=vbid, opaque=opaque, extras=extras, key=key, sid=sid)
+        else:
+            wire = codec.deletion(vbid, opaque, v.seqno, v.rev, key, sid)
+        return wire[:CAS_AT] + v.cas.to_bytes(8, "big") + wire[CAS_AT + 8 :]  # the header's CAS
 
     def _noop_due(self, now: float) -> float | None:
         """Seconds until the next noop (0: now), or None when noops are off."""
@@ -764,7 +797,8 @@ class _Session:
         return True
 
 
-_OPCODES = {MUTATION: codec.MUTATION, DELETION: codec.DELETION, EXPIRATION: codec.EXPIRATION}
+#: A DCP_DELETION's V2 extras: seqno, rev seqno, delete time, collection length (0: no collections).
+_DELETION_V2 = struct.Struct(">QQIB")
 
 
 _HEAD, _TAIL = attrgetter("head"), attrgetter("tail")

@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import json
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from typing import Any
@@ -33,8 +33,17 @@ from .core import StreamRun, add_failover_entry
 MUTATION, DELETION, EXPIRATION = "mutation", "deletion", "expiration"
 OPS = (MUTATION, DELETION, EXPIRATION)
 _OPCODES = {MUTATION: codec.MUTATION, DELETION: codec.DELETION, EXPIRATION: codec.EXPIRATION}
+#: What a version is sent as by default: an expiration is a DELETION unless the consumer opened with
+#: IncludeDeleteTimes and asked for ``enable_expiry_opcode`` (the producer encodes that form itself).
+_SENT_AS = {MUTATION: codec.MUTATION, DELETION: codec.DELETION, EXPIRATION: codec.DELETION}
+#: Where a packet's CAS is.
+CAS_AT = 16
 #: Where a packet's opaque starts.
 OPAQUE_AT = 12
+
+
+def _no_clock() -> int:
+    return 0
 
 
 class StateError(ValueError):
@@ -54,6 +63,7 @@ class Version:
     op: str
     value: str
     rev: int
+    cas: int = 0
     head: bytes = b""
     tail: bytes = b""
 
@@ -82,8 +92,12 @@ class VBucket:
         self.failover = failover
         self.log: list[Version] = log or []
         self.revs: dict[str, int] = {}
+        self.max_cas = 0
         for v in self.log:
             self.revs[v.key] = v.rev
+            if v.cas <= self.max_cas:  # a state written before CAS was kept: a logical clock
+                v.cas = self.max_cas + 1
+            self.max_cas = v.cas
             self._encode(v)
         #: Versions up to this seqno count as on disk: a stream from before it starts with a backfill.
         self.persisted = self.high_seqno
@@ -96,19 +110,25 @@ class VBucket:
     def uuid(self) -> int:
         return self.failover[0][0]
 
-    def add(self, key: str, op: str, value: str = "") -> Version:
+    def add(self, key: str, op: str, value: str = "", now_ns: int = 0) -> Version:
+        """A new version; its CAS comes from the vbucket's hybrid logical clock at ``now_ns``.
+
+        As the server's HLC: the physical time in nanoseconds with the low 16 bits
+        cleared for a logical counter, and never less than the last CAS plus one.
+        """
         rev = self.revs.get(key, 0) + 1
         self.revs[key] = rev
-        version = Version(len(self.log) + 1, key, op, value if op == MUTATION else "", rev)
+        self.max_cas = max(now_ns & ~0xFFFF, self.max_cas + 1)
+        version = Version(len(self.log) + 1, key, op, value if op == MUTATION else "", rev, self.max_cas)
         self._encode(version)
         self.log.append(version)
         return version
 
     def _encode(self, v: Version) -> None:
         """Keep the version's stream packet, opaque left out (as a store keeps items in their binary form)."""
-        entry = (_OPCODES[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode())
+        entry = (_SENT_AS[v.op], v.seqno, v.rev, v.key.encode(), v.value.encode())
         wire = codec.items(self.vb, 0, [entry])[0]
-        v.head, v.tail = wire[:OPAQUE_AT], wire[OPAQUE_AT + 4 :]
+        v.head, v.tail = wire[:OPAQUE_AT], v.cas.to_bytes(8, "big") + wire[CAS_AT + 8 :]
 
     def fail_over(self, uuid: int, lose: int) -> None:
         """A replica that missed the newest ``lose`` versions takes over with ``uuid``."""
@@ -116,6 +136,7 @@ class VBucket:
         self.revs = {}
         for v in self.log:
             self.revs[v.key] = v.rev
+        self.max_cas = max((v.cas for v in self.log), default=self.max_cas)  # the clock never goes back
         self.persisted = min(self.persisted, self.high_seqno)
         self.failover = add_failover_entry(self.failover, uuid, self.high_seqno)
 
@@ -149,7 +170,7 @@ class VBucket:
     def to_json(self) -> dict:
         return {
             "failover": [[u, s] for u, s in self.failover],
-            "log": [[v.key, v.op, v.value, v.rev] for v in self.log],
+            "log": [[v.key, v.op, v.value, v.rev, v.cas] for v in self.log],
         }
 
     @classmethod
@@ -157,8 +178,8 @@ class VBucket:
         try:
             failover = [(int(u), int(s)) for u, s in obj["failover"]]
             log = [
-                Version(n, str(k), str(op), str(val), int(rev))
-                for n, (k, op, val, rev) in enumerate(obj["log"], 1)
+                Version(n, str(k), str(op), str(val), int(rev), int(cas[0]) if cas else 0)
+                for n, (k, op, val, rev, *cas) in enumerate(obj["log"], 1)
             ]
         except (KeyError, TypeError, ValueError) as err:
             raise StateError(f"vbucket {vb}: {err}") from None
@@ -184,6 +205,8 @@ class Bucket:
 
     def __init__(self, vbuckets: list[VBucket]) -> None:
         self.vbuckets = {v.vb: v for v in vbuckets}
+        #: Nanoseconds since the epoch for new versions' CAS (the caller gives a clock; 0: logical only).
+        self.clock: Callable[[], int] = _no_clock
 
     @classmethod
     def new(cls, count: int, rng: random.Random) -> Bucket:
@@ -213,7 +236,7 @@ class Bucket:
                     n = vb.high_seqno + 1
                     body = json.dumps({"key": key, "n": n})
                     value = body + " " * max(0, value_size - len(body))
-                vb.add(key, op, value)
+                vb.add(key, op, value, self.clock())
 
     def load(self, items: Iterable[dict]) -> int:
         """Items from JSONL (key, value, vbucket, op); returns how many."""
@@ -226,7 +249,7 @@ class Bucket:
             if op not in OPS or "key" not in item:
                 raise StateError(f"item {n + 1}: needs a key and an op of {', '.join(OPS)}")
             value = item.get("value", "")
-            vb.add(str(item["key"]), op, value if isinstance(value, str) else json.dumps(value))
+            vb.add(str(item["key"]), op, value if isinstance(value, str) else json.dumps(value), self.clock())
             n += 1
         return n
 
