@@ -31,7 +31,7 @@ from operator import add, attrgetter
 from typing import Any
 
 from wallaroo_proto.pcap_writer import PcapWriter
-from wallaroo_proto.stall_watch import StallWatch
+from wallaroo_proto.write_watch import WriteWatch
 
 from . import cluster, codec, controls, sasl
 from .codec import (
@@ -270,7 +270,7 @@ class _Session:
             with contextlib.suppress(ValueError):
                 self.tcp = producer.pcap.tcp_session(peer[:2], me[:2], timestamp=time.time())
         timeout = producer.config.write_timeout
-        self.watch = StallWatch(writer.transport, timeout, self.stalled) if timeout else None
+        self.watch = WriteWatch(writer.transport, timeout, self.stalled, "the consumer") if timeout else None
 
     def stalled(self, reason: str) -> None:
         self.producer.stats.timeouts += 1
