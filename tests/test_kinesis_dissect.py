@@ -230,3 +230,9 @@ def test_a_recording_with_aggregates_and_a_reshard_reads_back_per_shard(tmp_path
     batches = [r for r in jsonl(str(path)) if r["type"] == "processRecords"]
     # a batch of 4 from aggregates of 3 ends inside the second aggregate
     assert [(r["record_count"], r["sub_sequence_number"]) for r in batches[:2]] == [(4, 0), (2, 2)]
+    # The report reads the same recording: a ladder per shard's connection, no violation.
+    html = tmp_path / "reshard.html"
+    shown = run_cli("report", str(path), "-o", str(html))
+    assert shown.returncode == 0, shown.stderr
+    assert "3 connection(s)" in shown.stderr and "0 with violations" in shown.stderr
+    assert "shardId-000000000002" in html.read_text()
