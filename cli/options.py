@@ -160,9 +160,12 @@ def os_reason(err: OSError) -> str:
     return os.strerror(err.errno) if err.errno else str(err)
 
 
-def open_failure(err: OSError, what: str = "") -> str:
-    """Why a path could not be opened or made, in words: which part is a file, which is missing."""
-    path = err.filename or ""
+def open_failure(err: OSError, what: str = "", path: str | None = None) -> str:
+    """Why a path could not be opened or made, in words: which part is a file, which is missing.
+
+    ``path`` names it when the failing file is not the one given (an atomic write's temporary).
+    """
+    path = path if path is not None else err.filename or ""
     named = f"{what} {path}".strip()
     if err.errno in (errno.EEXIST, errno.ENOTDIR):
         return f"cannot use {named}: a part of that path is a file where a folder is needed"
