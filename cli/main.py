@@ -29,7 +29,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("report", "Draw captures as one offline HTML report: ladders, time series, latencies."),
     "spark-replay": ("spark_replay", "Feed captures into a PySpark batch job."),
     "kinesis": ("kinesis", "Kinesis MultiLangDaemon: a mock daemon and a mock record processor."),
-    "conformance": ("conformance", "Test a worker, sink or connector against the protocol's rules."),
+    "conformance": (
+        "conformance",
+        "Test an implementation against a protocol's rules: a suite per role (worker, sink, producer, ...).",
+    ),
     "dcp": ("dcp", "Couchbase DCP: a mock producer and a mock consumer."),
     "ambrosia": ("ambrosia", "AMBROSIA IC <-> language binding: a mock IC and a mock language binding."),
     "tremor": ("tremor", "Tremor network protocol (WebSocket): a mock node and a mock client."),
