@@ -49,6 +49,13 @@ class CommandError(click.ClickException):
         click.echo(f"{self.command_path}: {self.format_message()}", err=file is None, file=file)
 
 
+class CommandUsageError(click.UsageError):
+    """A mistake in the command line, in the one error style: ``wallaroo-proto COMMAND: message``."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"{command_path(self.ctx)}: {self.format_message()}", err=file is None, file=file)
+
+
 def usage_error(message: str) -> click.ClickException:
     """Unusable input (a file, a port, an option): exit 2 with the message, no traceback."""
     return CommandError(message, 2)
@@ -72,6 +79,13 @@ class Command(click.Command):
         super().__init__(*args, **kw)
         self.sections = sections or {}
 
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:  # fmt: skip
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as err:
+            raise CommandUsageError(err.format_message(), err.ctx) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a command as Ctrl-C does
@@ -79,6 +93,10 @@ class Command(click.Command):
             return super().invoke(ctx)
         except KeyboardInterrupt:
             raise CommandError("interrupted", EXIT_INTERRUPTED) from None
+        except click.UsageError as err:
+            if isinstance(err, CommandUsageError):
+                raise
+            raise CommandUsageError(err.format_message(), err.ctx or ctx) from None
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         records: dict[str | None, list[tuple[str, str]]] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 import pytest
+from support import run_cli
 from wallaroo_proto_cli.main import cli
 from wallaroo_proto_cli.options import Address
 
@@ -138,3 +139,18 @@ def test_the_checks_catch_a_departure():
         "no -v/--verbose",
         "the help does not end with an Examples: block",
     }
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["mock-worker", "--listen", "nowhere"], "Invalid value for '--listen': 'nowhere' is not HOST:PORT"),
+        (["dissect", "x.pcap", "--no-such-option"], "No such option '--no-such-option'"),
+        (["mock-source", "-q", "-v"], "--quiet and --verbose exclude each other"),
+    ],
+)
+def test_a_mistake_in_the_command_line_is_one_line(args: list[str], message: str):
+    result = run_cli(*args)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"wallaroo-proto {args[0]}: {message}"), line
