@@ -151,6 +151,8 @@ def command(
         raise usage_error(f"cannot listen on {format_address(listen)}: {os_reason(err)}") from err
     finally:
         server.close()
+    for note in faults.never_fired():
+        err_console.print(f"wallaroo-proto mock-sink: {escape(note)}")
     stats = server.stats.as_dict()
     if fmt == "json":
         click.echo(json.dumps({"summary": stats}))

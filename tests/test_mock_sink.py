@@ -678,3 +678,17 @@ def test_an_output_folder_through_a_file_says_what_is_wrong(tmp_path):
         f"wallaroo-proto mock-sink: cannot use --output {tmp_path / 'five.txt' / 'out'}: "
         "a part of that path is a file where a folder is needed"
     )
+
+
+def test_a_fault_that_never_fired_is_said(tmp_path):
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"abort_vote": [{"txn_id": "c_id=99$"}]}))
+    server = _sink(tmp_path, "--faults", str(faults))
+    w = Worker(server.port)
+    assert w.round(b"c_id=1", 0, 0) is True
+    w.send(list_uncommitted(8))
+    assert w.read() == ("REPLY_UNCOMMITTED", 8, [])
+    w.close()
+    code, _out, err = server.stop()
+    assert code == 0, err
+    assert "wallaroo-proto mock-sink: fault abort_vote[0] never fired: nothing matched 'c_id=99$'" in err
