@@ -313,8 +313,7 @@ async def _run(
     else:
         await stop.wait()
     await worker.close()
-    unreachable = worker.sink is not None and worker.sink.driver.stats.connections == 0
-    return worker.summary(), unreachable and bool(worker.fatal)
+    return worker.summary(), worker.sink is not None and worker.sink.driver.never_reached
 
 
 SECTIONS = {

@@ -207,6 +207,11 @@ class SinkDriver:
         self.stats.bytes_put += len(payload)
         self._wake.set()
 
+    @property
+    def never_reached(self) -> bool:
+        """Whether the driver gave up on a sink it never reached (a wrong address, a sink not started)."""
+        return isinstance(self._fatal, SinkUnavailable) and not self._fatal.reached
+
     async def close(self) -> None:
         """No more input: run a final round (until it commits), then close. Waits for ``run``."""
         self._closing = True
