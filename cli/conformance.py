@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from wallaroo_proto_cli.options import usage_error
+from wallaroo_proto_cli.options import LISTEN_ADDRESS, Command, examples, format_address, usage_error
 
 from wallaroo_proto.conformance import Suite, SuiteUnavailable, run_suite, select, suites
 from wallaroo_proto.conformance.report import as_json, counts, junit_xml
@@ -25,6 +25,8 @@ from wallaroo_proto.conformance.runner import FAIL, PASS, Result, Target
 
 #: Lines of a failure's trace the table shows.
 SEEN_LINES = 6
+#: Parameter names of the hidden older spellings of suite options.
+ALIAS = "alias__"
 STYLES = {PASS: "[green]pass[/]", FAIL: "[bold red]FAIL[/]", "skip": "[yellow]skip[/]"}
 
 
@@ -75,7 +77,11 @@ def make_command(suite: Suite) -> click.Command:
         params.append(click.Argument(["command"], nargs=-1, type=click.UNPROCESSED))
     if suite.can_listen:
         params.append(
-            click.Option(["--listen"], help="Listen on HOST:PORT and wait for clients started by hand.")
+            click.Option(
+                ["--listen"],
+                type=LISTEN_ADDRESS,
+                help="Listen on HOST:PORT and wait for clients started by hand.",
+            )
         )
     for opt in suite.options:
         kwargs: dict = {"help": opt.help, "show_default": opt.default is not None}
@@ -86,6 +92,10 @@ def make_command(suite: Suite) -> click.Command:
         elif isinstance(opt.default, int):
             kwargs["type"] = click.IntRange(1)
         params.append(click.Option([f"--{opt.name}"], default=opt.default, **kwargs))
+        dest = opt.name.replace("-", "_")
+        for alias in opt.aliases:  # an older name, still taken, hidden
+            hidden = {k: v for k, v in kwargs.items() if k in ("is_flag", "type")}
+            params.append(click.Option([f"--{alias}", f"{ALIAS}{dest}"], default=None, hidden=True, **hidden))
     params += [
         click.Option(
             ["--case", "only"], multiple=True, help="Run only this case, or cases under this prefix (repeat)."
@@ -101,15 +111,42 @@ def make_command(suite: Suite) -> click.Command:
             help="Seconds per case.",
         ),
         click.Option(
-            ["--format", "fmt"], type=click.Choice(["text", "json"]), default="text", show_default=True
+            ["--format", "fmt"],
+            type=click.Choice(["text", "json"]),
+            default="text",
+            show_default=True,
+            help="text: a table of the cases; json: one object with every case and what was seen.",
         ),
         click.Option(["--junit"], type=click.Path(dir_okay=False), help="Also write JUnit XML to this file."),
         click.Option(["--list", "list_only"], is_flag=True, help="List the cases and exit."),
+        click.Option(["-q", "--quiet"], is_flag=True, help="No line per case as it ends: the table only."),
+        click.Option(
+            ["-v", "--verbose"],
+            is_flag=True,
+            help="A line per case as it ends on stderr, even when it is not a terminal.",
+        ),
     ]
 
     def callback(
-        only, skip, timeout, fmt, junit, list_only, address=None, command=(), listen=None, **options
+        only,
+        skip,
+        timeout,
+        fmt,
+        junit,
+        list_only,
+        quiet,
+        verbose,
+        address=None,
+        command=(),
+        listen=None,
+        **options,
     ):
+        if quiet and verbose:
+            raise click.UsageError("--quiet and --verbose exclude each other")
+        for key in [k for k in options if k.startswith(ALIAS)]:
+            value = options.pop(key)
+            if value is not None:
+                options[key.removeprefix(ALIAS)] = value
         console = Console()
         if list_only:
             if fmt == "json":
@@ -123,11 +160,12 @@ def make_command(suite: Suite) -> click.Command:
             cases = select(suite.cases, only, skip)
         except ValueError as err:
             raise usage_error(str(err)) from None
-        target = Target(address=address, command=tuple(command), listen=listen)
+        shown_listen = None if listen is None else format_address(listen)
+        target = Target(address=address, command=tuple(command), listen=shown_listen)
         progress = Console(stderr=True)
 
         def on_result(result: Result) -> None:
-            if fmt == "text" and progress.is_terminal:
+            if verbose or (fmt == "text" and progress.is_terminal and not quiet):
                 progress.print(f"{STYLES[result.status]} {result.case.id}", highlight=False)
 
         started = time.monotonic()
@@ -136,9 +174,7 @@ def make_command(suite: Suite) -> click.Command:
                 run_suite(suite, target, options, cases, timeout=timeout, on_result=on_result)
             )
         except SuiteUnavailable as err:
-            raise usage_error(f"conformance {suite.name}: {err}") from None
-        except KeyboardInterrupt:
-            sys.exit(130)
+            raise usage_error(str(err)) from None
         if junit:
             Path(junit).write_bytes(junit_xml(suite, target, results))
         if fmt == "json":
@@ -148,10 +184,11 @@ def make_command(suite: Suite) -> click.Command:
         if any(r.status == FAIL for r in results):
             sys.exit(1)
 
-    return click.Command(
+    return Command(
         suite.name,
         params=params,
         callback=callback,
+        epilog=examples(*suite.examples) if suite.examples else None,
         help=suite.help
         + " Exit 0 when every case passed or was skipped, 1 when one failed, 2 when the target "
         "cannot be tested.",
@@ -170,9 +207,18 @@ class SuiteGroup(click.Group):
         return None
 
 
-@click.group(cls=SuiteGroup)
+@click.group(
+    cls=SuiteGroup,
+    epilog=examples(
+        "wallaroo-proto conformance worker 127.0.0.1:7100",
+        "wallaroo-proto conformance sink 127.0.0.1:7200 --format json --junit sink.xml",
+        "wallaroo-proto conformance connector -- python my_connector.py --worker {host}:{port}",
+        "wallaroo-proto conformance worker --list",
+    ),
+)
 def command() -> None:
-    """Test an implementation against the protocol's rules, case by case (like h2spec).
+    """Test an implementation against a protocol's rules, case by case (like h2spec): one
+    suite per role each protocol has (below).
 
     Each suite plays the other side and prints a table of its cases (pass, fail or
     skip, with the reason and what was seen); --format json and --junit FILE for CI.

@@ -14,8 +14,17 @@ from datetime import UTC, datetime
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from wallaroo_proto_cli.options import (
+    EXIT_INTERRUPTED,
+    AliasChoice,
+    Command,
+    CommandError,
+    examples,
+    verbosity,
+)
 
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError
@@ -23,6 +32,7 @@ from wallaroo_proto.protocols import get_plugin, names, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import to_json
 
+NAME = "wallaroo-proto dissect"
 EXIT_VIOLATIONS = 1
 EXIT_UNUSABLE = 2
 _BATCH = 200
@@ -187,7 +197,20 @@ class _RichFrames:
         self.rows.clear()
 
 
-@click.command(name="dissect")
+@click.command(
+    name="dissect",
+    cls=Command,
+    sections={
+        "Which frames": ["ports", "protocol", "streams", "types", "connections", "since", "until"],
+        "What is shown": ["fmt", "hexdump", "summary"],
+    },
+    epilog=examples(
+        "wallaroo-proto dissect capture.pcap",
+        "wallaroo-proto dissect capture.pcap --summary",
+        "wallaroo-proto dissect capture.pcap --type error --type restart -x",
+        "wallaroo-proto dissect captures/*.pcap --format jsonl --strict > frames.jsonl",
+    ),
+)
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
 @click.option(
     "--port",
@@ -205,7 +228,14 @@ class _RichFrames:
     help="Read every connection on the ports (default: the protocol's) as this protocol "
     "[default: detected per connection, by port, then first bytes].",
 )
-@click.option("--format", "fmt", type=click.Choice(["rich", "jsonl"]), default="rich", show_default=True)
+@click.option(
+    "--format",
+    "fmt",
+    type=AliasChoice(["text", "jsonl"], aliases={"rich": "text"}),
+    default="text",
+    show_default=True,
+    help="text: tables for people; jsonl: one JSON object a frame (or a summary with --summary).",
+)
 @click.option("-x", "--hex", "hexdump", is_flag=True, help="Add a hex dump of each frame's bytes.")
 @click.option("--summary", is_flag=True, help="Per connection and stream summary instead of frames.")
 @click.option("--stream", "streams", type=int, multiple=True, help="Only frames of this stream id (repeat).")
@@ -214,7 +244,9 @@ class _RichFrames:
     "types",
     multiple=True,
     type=click.Choice(_TYPE_CHOICES, case_sensitive=False),
-    help="Only frames of this type or 2PC message (repeat).",
+    metavar="TYPE",
+    help="Only frames of this type or 2PC message (repeat), as the type column names it: message, ack, "
+    "phase1, ...; a name not known lists them all.",
 )
 @click.option(
     "--connection", "connections", multiple=True, help="Connection number or part of its id (repeat)."
@@ -222,7 +254,17 @@ class _RichFrames:
 @click.option("--since", help="Frames at or after: epoch seconds, seconds from the first frame, or ISO time.")
 @click.option("--until", help="Frames at or before (same forms as --since).")
 @click.option("--strict", is_flag=True, help="Exit 1 if any protocol violation is found.")
-@click.option("--max-frame-size", type=click.IntRange(1), default=DEFAULT_MAX_FRAME_SIZE, show_default=True)
+@click.option(
+    "--max-frame-size",
+    type=click.IntRange(1),
+    default=DEFAULT_MAX_FRAME_SIZE,
+    show_default=True,
+    help="A longer frame length prefix is a violation (and the connection is read no further).",
+)
+@verbosity(
+    quiet="No notes on stderr (a capture without protocol connections): errors only.",
+    verbose="Also a line per capture on stderr: its connections and violations.",
+)
 def command(
     files,
     ports,
@@ -237,8 +279,13 @@ def command(
     until,
     strict,
     max_frame_size,
+    verbosity,
 ):
-    """Show, filter and validate the protocol frames in pcap/pcapng FILES."""
+    """Show, filter and validate the protocol frames in pcap/pcapng FILES ("-" is stdin).
+
+    Exit 0 when read; 1 with violations under --strict or a capture cut short; 2 when a
+    capture cannot be read (what came before the damage is still shown).
+    """
     console = Console(highlight=False, soft_wrap=False)
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
@@ -288,13 +335,13 @@ def command(
         except CaptureError as err:
             if err.cut:
                 cut_short = True
-                errors.print(f"[yellow]wallaroo-proto dissect:[/] {path}: {err} {CUT_NOTE}", markup=True)
+                errors.print(f"[yellow]{NAME}:[/] {escape(path)}: {escape(str(err))} {CUT_NOTE}", markup=True)
             else:
                 unusable = True
-                errors.print(f"[bold red]wallaroo-proto dissect:[/] {path}: {err}", markup=True)
+                errors.print(f"[bold red]{NAME}:[/] {escape(path)}: {escape(str(err))}", markup=True)
         except KeyboardInterrupt:
             out.flush()
-            raise SystemExit(130) from None
+            raise CommandError("interrupted", EXIT_INTERRUPTED) from None
         finally:
             if lines:
                 lines.append("")
@@ -312,13 +359,19 @@ def command(
                     out.write(to_json({"capture": path, "summary": s}) + "\n")
                 else:
                     get_plugin(s.get("protocol", "wallaroo")).print_summary(console, s)
-        elif not jsonl and dissector.trackers == [] and not unusable:
-            errors.print(f"{path}: no protocol connections found (ports {sorted(dissector.ports)})")
+        elif not jsonl and dissector.trackers == [] and not unusable and verbosity >= 0:
+            ports_read = ", ".join(map(str, sorted(dissector.ports)))
+            errors.print(f"{NAME}: {escape(path)}: no protocol connections found (ports {ports_read})")
+        if verbosity > 0:
+            errors.print(
+                f"{NAME}: {path}: {len(dissector.trackers)} connection(s), "
+                f"{dissector.violations()} frame(s) with violations"
+            )
         out.flush()
     if unusable:
         raise SystemExit(EXIT_UNUSABLE)
     if strict and violations:
-        errors.print(f"[bold red]{violations} frame(s) with protocol violations[/]", markup=True)
+        errors.print(f"[bold red]{NAME}:[/] {violations} frame(s) with protocol violations", markup=True)
         raise SystemExit(EXIT_VIOLATIONS)
     if cut_short:
         raise SystemExit(EXIT_VIOLATIONS)

@@ -29,7 +29,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "report": ("report", "Draw captures as one offline HTML report: ladders, time series, latencies."),
     "spark-replay": ("spark_replay", "Feed captures into a PySpark batch job."),
     "kinesis": ("kinesis", "Kinesis MultiLangDaemon: a mock daemon and a mock record processor."),
-    "conformance": ("conformance", "Test a worker, sink or connector against the protocol's rules."),
+    "conformance": (
+        "conformance",
+        "Test an implementation against a protocol's rules, one suite per role.",
+    ),
     "dcp": ("dcp", "Couchbase DCP: a mock producer and a mock consumer."),
     "ambrosia": ("ambrosia", "AMBROSIA IC <-> language binding: a mock IC and a mock language binding."),
     "tremor": ("tremor", "Tremor network protocol (WebSocket): a mock node and a mock client."),
@@ -62,6 +65,11 @@ class LazyGroup(click.Group):
         if name not in SUBCOMMANDS and not name.startswith("-") and not ctx.resilient_parsing:
             raise click.exceptions.NoSuchCommand(name, possibilities=SUBCOMMANDS, ctx=ctx)
         return super().resolve_command(ctx, args)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The one-line helps from ``SUBCOMMANDS``: ``--help`` imports no subcommand (scapy, pyspark)."""
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_text) for name, (_, help_text) in sorted(SUBCOMMANDS.items())])
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         entry = SUBCOMMANDS.get(cmd_name)

@@ -13,6 +13,20 @@ import signal
 import sys
 
 import click
+from rich.markup import escape
+from wallaroo_proto_cli.options import (
+    Command,
+    examples,
+    format_address,
+    hidden_alias,
+    listen_option,
+    open_failure,
+    os_reason,
+    output_option,
+    summary_format,
+    usage_error,
+    verbosity,
+)
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.faults import NO_FAULTS, FaultFileError, load_faults
@@ -27,23 +41,41 @@ def _console(stderr: bool):
     return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
 
-@click.command(name="mock-sink")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=7200, show_default=True, help="0: a free port."
+@click.command(
+    name="mock-sink",
+    cls=Command,
+    epilog=examples(
+        "wallaroo-proto mock-sink",
+        "wallaroo-proto mock-sink --listen :0 -o sink-out --faults faults.toml",
+        "wallaroo-proto mock-sink --check sink-out",
+    ),
 )
-@click.option(
-    "--out-dir",
+@listen_option(7200, "Address workers connect to")
+@output_option(
+    "Folder for one output file and one transaction log per worker instance.",
     type=click.Path(file_okay=False),
     default="mock-sink-out",
     show_default=True,
-    help="One output file and one transaction log per worker instance.",
 )
+@hidden_alias("--out-dir", "output", type=click.Path(file_okay=False))
 @click.option("--faults", "faults_file", type=click.Path(dir_okay=False), help="Fault file (TOML or JSON).")
-@click.option("--version", default=SINK_VERSION, show_default=True, help="Protocol version to accept.")
+@click.option(
+    "--protocol-version",
+    "version",
+    default=SINK_VERSION,
+    show_default=True,
+    help="Protocol version to accept.",
+)
+@hidden_alias("--version", "version")
 @click.option("--cookie", default="", help="Cookie workers must send (empty by default).")
 @click.option("--reply-phase2", is_flag=True, help="Also REPLY to PHASE2 (the shipped sink does not).")
-@click.option("--max-frame-size", type=click.IntRange(64), default=DEFAULT_MAX_FRAME_SIZE, show_default=True)
+@click.option(
+    "--max-frame-size",
+    type=click.IntRange(64),
+    default=DEFAULT_MAX_FRAME_SIZE,
+    show_default=True,
+    help="Largest frame length accepted; a longer length prefix gets ERROR.",
+)
 @click.option(
     "--compact-log-at",
     type=click.IntRange(1),
@@ -56,14 +88,16 @@ def _console(stderr: bool):
     "check_dir",
     type=click.Path(),
     default=None,
-    help="Do not serve: verify this output directory against its logs and exit (1 on a problem).",
+    help="Do not serve: verify this output folder against its logs and exit (1 on a problem).",
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-q", "--quiet", is_flag=True, help="No event lines on stderr.")
+@summary_format
+@verbosity(
+    quiet="No event lines on stderr: errors and the summary.",
+    verbose="Also a line per PHASE1 vote and PHASE2 decision.",
+)
 def command(
-    host: str,
-    port: int,
-    out_dir: str,
+    listen: tuple[str, int],
+    output: str,
     faults_file: str | None,
     version: str,
     cookie: str,
@@ -72,13 +106,13 @@ def command(
     compact_log_at: int,
     check_dir: str | None,
     fmt: str,
-    quiet: bool,
+    verbosity: int,
 ) -> None:
     """A connector sink: HELLO/OK, NOTIFY_ACK, REPLY_UNCOMMITTED, data at byte offsets on the
     NOTIFYed stream, and PHASE1/PHASE2 made durable in a checksummed, fsynced transaction log.
 
-    Survives kill -9 at any moment: on start it recovers every instance in --out-dir.
-    Exit 0 on SIGINT/SIGTERM; 2 on bad usage (a bad fault file, an unusable directory).
+    Survives kill -9 at any moment: on start it recovers every instance in its --output
+    folder. Exit 0 on SIGINT/SIGTERM; 2 on bad usage (a bad fault file, an unusable folder).
     """
     if check_dir is not None:
         _check(check_dir, fmt)
@@ -88,40 +122,43 @@ def command(
         try:
             faults = load_faults(faults_file)
         except FaultFileError as err:
-            raise click.UsageError(str(err)) from err
+            raise usage_error(str(err)) from err
     err_console = _console(stderr=True)
 
     def log(line: str) -> None:
-        if not quiet:
-            err_console.print(f"[dim]mock-sink:[/] {line}", markup=True)
+        if verbosity >= 0:
+            err_console.print(f"[dim]wallaroo-proto mock-sink:[/] {escape(line)}", markup=True)
 
     server = SinkServer(
-        out_dir,
+        output,
         version=version,
         cookie=cookie.encode("utf-8"),
         faults=faults,
         reply_phase2=reply_phase2,
         max_frame_size=max_frame_size,
         log=log,
+        trace=log if verbosity > 0 else lambda line: None,
         compact_at=compact_log_at,
     )
     try:
         for note in server.recover_all():
             log(f"recovered {note}")
     except OSError as err:
-        raise click.UsageError(f"--out-dir {out_dir}: {err}") from err
+        raise usage_error(open_failure(err, "--output")) from err
     try:
-        runtime.run(_serve(server, host, port))
+        runtime.run(_serve(server, *listen))
     except OSError as err:
-        raise click.UsageError(f"cannot listen on {host}:{port}: {err}") from err
+        raise usage_error(f"cannot listen on {format_address(listen)}: {os_reason(err)}") from err
     finally:
         server.close()
+    for note in faults.never_fired():
+        err_console.print(f"wallaroo-proto mock-sink: {escape(note)}")
     stats = server.stats.as_dict()
     if fmt == "json":
         click.echo(json.dumps({"summary": stats}))
     else:
         err_console.print(
-            f"mock-sink: {stats['connections']} connection(s), {stats['messages']} messages "
+            f"mock-sink summary: {stats['connections']} connection(s), {stats['messages']} messages "
             f"({stats['bytes']} bytes), {stats['commits']} commit(s), {stats['aborts']} abort(s), "
             f"{stats['errors']} ERROR(s) sent"
         )
@@ -148,7 +185,7 @@ def _check(check_dir: str, fmt: str) -> None:
     try:
         results = check_directory(check_dir)
     except OSError as err:
-        raise click.UsageError(f"--check {check_dir}: {err}") from err
+        raise usage_error(f"--check {check_dir}: {err.strerror or err}") from err
     ok = all(r.ok for r in results)
     if fmt == "json":
         click.echo(

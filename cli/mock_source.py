@@ -13,7 +13,17 @@ import signal
 import sys
 
 import click
-from wallaroo_proto_cli.options import EXIT_INTERRUPTED
+from rich.markup import escape
+from wallaroo_proto_cli.options import (
+    CONNECT_ADDRESS,
+    EXIT_INTERRUPTED,
+    Command,
+    examples,
+    hidden_alias,
+    summary_format,
+    usage_error,
+    verbosity,
+)
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
@@ -21,22 +31,59 @@ from wallaroo_proto.protocols.wallaroo.inputs import InputError, build_inputs
 from wallaroo_proto.protocols.wallaroo.source import MockSource, SourceFailed, SourceOptions, SourceStats
 
 
-def _parse_address(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--connect")
-    return host, int(port)
-
-
-@click.command(name="mock-source")
-@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--connect", "address", default="127.0.0.1:7100", show_default=True, help="Worker HOST:PORT.")
-@click.option(
-    "--version", "version", default=SOURCE_VERSION, show_default=True, help="Protocol version to send."
+@click.command(
+    name="mock-source",
+    cls=Command,
+    sections={
+        "Worker": [
+            "address",
+            "version",
+            "cookie",
+            "program_name",
+            "instance_name",
+            "dialect",
+            "max_frame_size",
+        ],
+        "What to send": [
+            "framing",
+            "streams",
+            "count",
+            "payload_size",
+            "key",
+            "stream_prefix",
+            "names",
+            "ids",
+            "rate",
+        ],
+    },  # fmt: skip
+    epilog=examples(
+        "wallaroo-proto mock-source --streams 3 --count 1000",
+        "printf 'alpha\\nbeta\\n' | wallaroo-proto mock-source - --connect 127.0.0.1:7100",
+        "wallaroo-proto mock-source orders.txt returns.txt --rate 500 --record source.pcap",
+    ),
 )
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--connect",
+    "address",
+    type=CONNECT_ADDRESS,
+    default="127.0.0.1:7100",
+    show_default=True,
+    help="The worker's HOST:PORT.",
+)
+@click.option(
+    "--protocol-version",
+    "version",
+    default=SOURCE_VERSION,
+    show_default=True,
+    help="Protocol version to send.",
+)
+@hidden_alias("--version", "version")
 @click.option("--cookie", default="", help="Cookie the worker expects (empty by default).")
-@click.option("--program-name", default="wallaroo-proto", show_default=True)
-@click.option("--instance-name", default="mock-source", show_default=True)
+@click.option(
+    "--program-name", default="wallaroo-proto", show_default=True, help="Program name in our HELLO."
+)
+@click.option("--instance-name", default="mock-source", show_default=True, help="Instance name in our HELLO.")
 @click.option(
     "--framing",
     type=click.Choice(["lines", "length-prefixed"]),
@@ -67,7 +114,13 @@ def _parse_address(value: str) -> tuple[str, int]:
     show_default=True,
     help="Replay buffer cap: stop reading input while this many messages await an ACK.",
 )
-@click.option("--max-frame-size", type=click.IntRange(64), default=DEFAULT_MAX_FRAME_SIZE, show_default=True)
+@click.option(
+    "--max-frame-size",
+    type=click.IntRange(64),
+    default=DEFAULT_MAX_FRAME_SIZE,
+    show_default=True,
+    help="Largest frame to send or accept; a longer input record is refused.",
+)
 @click.option(
     "--retries", type=click.IntRange(0), default=5, show_default=True, help="Reconnects without progress."
 )
@@ -82,11 +135,14 @@ def _parse_address(value: str) -> tuple[str, int]:
     help="shipped: 8-byte EOS_MESSAGE, and an ACK at the last message id finishes the stream.",
 )
 @click.option("--record", type=click.Path(dir_okay=False), default=None, help="Record the session to a pcap.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("-q", "--quiet", is_flag=True, help="No progress bar or log lines.")
+@summary_format
+@verbosity(
+    quiet="No progress bar or log lines: errors and the summary.",
+    verbose="Also a line per connection made and per stream finished.",
+)
 def command(
     files: tuple[str, ...],
-    address: str,
+    address: tuple[str, int],
     version: str,
     cookie: str,
     program_name: str,
@@ -107,7 +163,7 @@ def command(
     dialect: str,
     record: str | None,
     fmt: str,
-    quiet: bool,
+    verbosity: int,
 ) -> None:
     """A connector source: HELLO, NOTIFY each stream, stream MESSAGEs on credit, EOS, and
     reconnect with replay after a RESTART or a drop.
@@ -116,7 +172,7 @@ def command(
     Exit 0 when every stream's EOS is acknowledged, 1 on a worker ERROR or when
     retries run out, 2 on bad usage or input.
     """
-    host, port = _parse_address(address)
+    host, port = address
     try:
         inputs = build_inputs(
             files=list(files),
@@ -131,7 +187,7 @@ def command(
             prefix=stream_prefix,
         )
     except InputError as err:
-        raise click.UsageError(str(err)) from err
+        raise usage_error(str(err)) from err
     options = SourceOptions(
         host=host,
         port=port,
@@ -150,14 +206,16 @@ def command(
     err_console = _console(stderr=True)
 
     def log(message: str) -> None:
-        if not quiet:
-            err_console.print(f"[dim]mock-source:[/] {message}", highlight=False)
+        if verbosity >= 0 or "resumed" in message:  # what a rerun skips is said even with -q
+            err_console.print(
+                f"[dim]wallaroo-proto mock-source:[/] {escape(message)}", highlight=False, soft_wrap=True
+            )
 
     try:
-        source = MockSource(inputs, options, log=log)
+        source = MockSource(inputs, options, log=log, trace=log if verbosity > 0 else lambda _line: None)
     except InputError as err:
-        raise click.UsageError(str(err)) from err
-    show_bar = not quiet and fmt == "text" and sys.stderr.isatty()
+        raise usage_error(str(err)) from err
+    show_bar = verbosity >= 0 and fmt == "text" and sys.stderr.isatty()
     code, problem = runtime.run(_run(source, err_console if show_bar else None))
     stats = source.stats
     if fmt == "json":
@@ -246,6 +304,15 @@ def _render(stats: SourceStats, code: int) -> None:
         ("connections", str(data["connections"])),
         ("restarts / drops", f"{data['restarts']} / {data['drops']}"),
         ("refused NOTIFYs", str(data["refusals"])),
+        *(
+            (
+                "resumed",
+                f"{r['stream']}: {r['skipped']:,} skipped"
+                + (", nothing left to send" if r["nothing_left"] else "")
+                + " (the worker held them)",
+            )
+            for r in data["resumed"]
+        ),
         ("elapsed", f"{data['elapsed_s']:.3f} s"),
         ("throughput", f"{data['messages_per_s']:,.0f} msg/s  {data['mb_per_s']:.2f} MB/s"),
         ("result", "ok" if code == 0 else f"exit {code}: {data['error']}"),

@@ -19,7 +19,22 @@ import click
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
-from wallaroo_proto_cli.options import summary_format, usage_error
+from wallaroo_proto_cli.options import (
+    CONNECT_ADDRESS,
+    Command,
+    CommandError,
+    examples,
+    format_address,
+    hidden_alias,
+    listen_option,
+    open_failure,
+    os_reason,
+    output_option,
+    problem,
+    summary_format,
+    usage_error,
+    verbosity,
+)
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import (
@@ -42,6 +57,8 @@ from wallaroo_proto.protocols.wallaroo.sink_forwarder import SinkForwarder
 from wallaroo_proto.protocols.wallaroo.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
 
 NAME = "mock-worker"
+#: Seconds a sink never reached is tried for, and one reached once after it is lost.
+SINK_FIRST_CONTACT, SINK_GIVE_UP = 10.0, 60.0
 
 
 def _live_table(worker: MockWorker, rate: float) -> Group:
@@ -70,7 +87,7 @@ def _live_table(worker: MockWorker, rate: float) -> Group:
     return Group(head, table)
 
 
-def _print_summary(summary: dict, fmt: str) -> None:
+def _print_summary(summary: dict, fmt: str, rows: int = 50) -> None:
     if fmt == "json":
         click.echo(json.dumps(summary))
         return
@@ -91,29 +108,22 @@ def _print_summary(summary: dict, fmt: str) -> None:
     for err in summary["errors_received"]:
         out.print(f"  ERROR from connection {err['connection']} ({err['peer']}): {err['reason']}")
     for err in summary["errors"]:
-        out.print(
-            f"  ERROR to connection {err['connection']} ({err['peer']}) [{err['kind']}]: {err['reason']}"
-        )
+        if err["connection"] is not None:  # a sink's failure is the command's own last line
+            to = f"connection {err['connection']} ({err['peer']})"
+            out.print(f"  ERROR to {to} \\[{err['kind']}]: {err['reason']}")
     if summary["streams"]:
         table = Table(title="streams")
         for col in ("stream_id", "name", "delivered", "replays", "last_seen", "point_of_ref", "held_by"):
             table.add_column(col)
-        for s in summary["streams"][:50]:
+        for s in summary["streams"][:rows]:
             table.add_row(*("" if s[k] is None else str(s[k]) for k in table_columns(table)))
         out.print(table)
-        if len(summary["streams"]) > 50:
-            out.print(f"  ... and {len(summary['streams']) - 50} more streams (see --format json)")
+        if len(summary["streams"]) > rows:
+            out.print(f"  ... and {len(summary['streams']) - rows} more streams (-v or --format json)")
 
 
 def table_columns(table: Table) -> list[str]:
     return [str(c.header) for c in table.columns]
-
-
-def _sink_address(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--sink")
-    return host or "127.0.0.1", int(port)
 
 
 def _driver_options(opts: dict) -> dict:
@@ -123,9 +133,13 @@ def _driver_options(opts: dict) -> dict:
         "cookie": opts["sink_cookie"].encode("utf-8"),
         "version": opts["sink_version"],
         "record": opts["sink_record"],
+        "first_contact_within": opts["sink_wait"],
+        "give_up_after": SINK_GIVE_UP,
         # Room for a whole checkpoint's output, so put() rarely has to wait for one.
         "max_buffer_messages": max(2 * opts["checkpoint_every"], 2000),
-        "log": lambda line: click.echo(f"{NAME}: sink: {line}", err=True),
+        "log": (lambda line: None)
+        if opts["verbosity"] < 0
+        else lambda line: click.echo(f"wallaroo-proto {NAME}: sink: {line}", err=True),
     }
 
 
@@ -148,13 +162,13 @@ def _input_state(path: str, source: str) -> Registry:
 
 
 def _drive_input(opts: dict) -> None:
-    """``--sink`` with ``--input``: no connectors, just the input through 2PC to the sink.
+    """``--sink-connect`` with ``--input``: no connectors, just the input through 2PC to the sink.
 
     With ``--state`` the sink position is written between each commit vote and PHASE2, as the
     worker's checkpoints do, so a restarted run settles a listed txn by it and sends the input
     from the committed offset on (the output is the input's bytes): nothing lost or repeated.
     """
-    host, port = _sink_address(opts["sink"])
+    host, port = opts["sink_connect"]
     source, path = input_name(opts["sink_input"]), opts["state_path"]
     registry = _input_state(path, source) if path else None
     saved = registry.sink if registry else {"offset": 0, "txn": None}
@@ -197,19 +211,41 @@ def _drive_input(opts: dict) -> None:
         except OSError as err:
             raise usage_error(f"cannot write --state {path}: {err.strerror or err}") from err
     if saved["offset"] or saved["txn"]:
-        click.echo(f"{NAME}: resuming --input {source} after byte {saved['offset']} of it", err=True)
+        click.echo(
+            f"wallaroo-proto {NAME}: resuming --input {source} after byte {saved['offset']} of it", err=True
+        )
     try:
         stats = asyncio.run(drive(driver, payloads))
-    except (SinkRefused, SinkUnavailable) as err:
-        click.echo(f"{NAME}: {err}", err=True)
-        sys.exit(1)
+    except SinkUnavailable as err:
+        raise CommandError(str(err), 1 if err.reached else 2) from None
+    except SinkRefused as err:
+        raise problem(str(err)) from None
     except OSError as err:
         raise usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
     summary = stats.as_dict()
     if opts["fmt"] == "json":
         click.echo(json.dumps(summary, default=str))
     else:
-        click.echo(f"{NAME} sink summary: " + ", ".join(f"{k} {v}" for k, v in summary.items()))
+        click.echo(f"{NAME} sink summary: " + _sink_summary(summary))
+
+
+def _sink_summary(summary: dict) -> str:
+    """The driver's counts as words (what a sink does with credits is nothing: none shown)."""
+    shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in summary.items() if k != "last_problem")
+    return shown + (f"; last problem: {summary['last_problem']}" if summary.get("last_problem") else "")
+
+
+def _faults_that_did_not_fire(opts: dict, summary: dict) -> list[str]:
+    """Faults asked for that no connection reached: the run did not test what it was asked to."""
+    notes = []
+    faults = (("restart_after", "restarts_sent"), ("drop_connection_after", "dropped_connections"))
+    for option, fired in faults:
+        if opts[option] and not summary[fired]:
+            notes.append(
+                f"--{option.replace('_', '-')} {opts[option]} never fired: no connection delivered "
+                f"{opts[option]:,} messages ({summary['messages']:,} delivered in all)"
+            )
+    return notes
 
 
 def _out_resume_point(registry: Registry, out: str) -> int | None:
@@ -235,7 +271,7 @@ async def _run(
     out: str | None,
     live: bool,
     sink: tuple[tuple[str, int], dict] | None = None,
-) -> dict:
+) -> tuple[dict, bool]:
     try:
         worker = MockWorker(config, registry)
         registry.out = None if not out else registry.out  # a mark for no file of this run is stale
@@ -246,8 +282,7 @@ async def _run(
             (host, port), driver_options = sink
             worker.set_sink(SinkForwarder(host, port, saved=registry.sink, **driver_options))
     except OSError as err:
-        reason = f"cannot open {err.filename}: {err.strerror}" if err.filename else str(err)
-        raise usage_error(reason) from err
+        raise usage_error(open_failure(err)) from err
     # Handlers first: a SIGTERM sent the moment the ready line appears must still end cleanly.
     stop = asyncio.Event()
     worker.on_fatal = stop.set
@@ -258,7 +293,8 @@ async def _run(
         host, port = await worker.start()
     except OSError as err:
         worker.io.shutdown()
-        raise usage_error(f"cannot listen on {config.host}:{config.port}: {err.strerror or err}") from err
+        address = format_address((config.host, config.port))
+        raise usage_error(f"cannot listen on {address}: {os_reason(err)}") from err
     click.echo(f"wallaroo-proto {NAME}: listening on {host}:{port}")
     sys.stdout.flush()
 
@@ -277,21 +313,44 @@ async def _run(
     else:
         await stop.wait()
     await worker.close()
-    return worker.summary()
+    return worker.summary(), worker.sink is not None and worker.sink.driver.never_reached
 
 
-@click.command(name=NAME)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=7100, show_default=True, help="0 picks a free port."
+SECTIONS = {
+    "Connectors": [
+        "listen", "protocol_version", "cookie", "credits", "refill_at", "strict_credits", "max_frame_size",
+        "max_streams", "max_connections", "handshake_timeout", "idle_timeout", "write_timeout",
+    ],
+    "Checkpoints and output": ["checkpoint_every", "checkpoint_ms", "state_path", "output", "record"],
+    "Faults": ["restart_after", "restart_address", "reject_streams", "ack_delay", "drop_connection_after"],
+    "Sink (a connector sink fed with what connectors deliver, or with --input)": [
+        "sink_connect", "sink_input", "sink_instance", "sink_cookie", "sink_version", "sink_reply_timeout",
+        "sink_wait", "sink_record",
+    ],
+}  # fmt: skip
+
+
+@click.command(
+    name=NAME,
+    cls=Command,
+    sections=SECTIONS,
+    epilog=examples(
+        "wallaroo-proto mock-worker",
+        "wallaroo-proto mock-worker --listen :0 --state worker.json -o delivered.jsonl",
+        "wallaroo-proto mock-worker --restart-after 500 --reject-streams 'audit-.*'",
+        "wallaroo-proto mock-worker --sink-connect 127.0.0.1:7200 --checkpoint-every 1000",
+        "wallaroo-proto mock-worker --sink-connect 127.0.0.1:7200 --input gen:10000 --state input.json",
+    ),
 )
+@listen_option(7100, "Address connectors connect to")
 @click.option(
-    "--version",
+    "--protocol-version",
     "protocol_version",
     default=SOURCE_VERSION,
     show_default=True,
     help="Protocol version a HELLO must carry exactly.",
 )
+@hidden_alias("--version", "protocol_version")
 @click.option("--cookie", default="", help="Cookie a HELLO must carry (compared in constant time).")
 @click.option(
     "--credits",
@@ -342,12 +401,13 @@ async def _run(
     help="Durable registry and checkpoints (with --input: the input position): loaded at start, "
     "rewritten atomically at each checkpoint.",
 )
-@click.option(
-    "--out",
+@output_option(
+    "Write every delivered message as a JSON line to this file (with --state: continues after the "
+    "last checkpoint).",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
-    help="Write every delivered message as a JSON line (with --state: continues after the last checkpoint).",
 )
+@hidden_alias("--out", "output", type=click.Path(dir_okay=False, writable=True))
 @click.option(
     "--record",
     type=click.Path(dir_okay=False, writable=True),
@@ -413,17 +473,20 @@ async def _run(
 )
 @summary_format
 @click.option(
-    "--sink",
+    "--sink-connect",
+    type=CONNECT_ADDRESS,
     default=None,
-    metavar="HOST:PORT",
-    help="Also drive a connector sink: delivered messages go to it, one 2PC round per checkpoint.",
+    help="Also drive a connector sink at HOST:PORT: delivered messages go to it, one 2PC round per "
+    "checkpoint.",
 )
+@hidden_alias("--sink", "sink_connect", type=CONNECT_ADDRESS)
 @click.option(
     "--input",
     "sink_input",
     default=None,
     metavar="FILE|-|gen:N",
-    help="With --sink: send these lines to the sink instead of what connectors deliver (no listening).",
+    help="With --sink-connect: send these lines to the sink instead of what connectors deliver "
+    "(no listening).",
 )
 @click.option("--sink-instance", default="mock-worker", show_default=True, help="Instance name in our HELLO.")
 @click.option("--sink-cookie", default="", help="Cookie in our HELLO to the sink.")
@@ -438,6 +501,14 @@ async def _run(
     help="Seconds to wait for a phase-1 REPLY; no reply counts as an abort vote.",
 )
 @click.option(
+    "--sink-wait",
+    type=click.FloatRange(0),
+    default=SINK_FIRST_CONTACT,
+    show_default=True,
+    help=f"Seconds to keep trying a sink never reached before giving up (exit 2); a sink reached once "
+    f"is retried for {SINK_GIVE_UP:g} s after it is lost (exit 1).",
+)
+@click.option(
     "--sink-record",
     type=click.Path(dir_okay=False, writable=True),
     default=None,
@@ -447,24 +518,31 @@ async def _run(
 @click.option(
     "--live/--no-live", default=None, help="Live view on stderr  [default: when stderr is a terminal]"
 )
+@verbosity(
+    quiet="No live view and no sink lines: errors and the summary.",
+    verbose="Every stream in the summary's table (else the first 50).",
+)
 def command(**opts) -> None:
     """Play a Wallaroo worker for connector sources, over real TCP.
 
     Handshake, credits, a stream registry across connections, checkpoints
-    (ACK point_of_ref = last delivered message id + 1), de-duplication of
-    replays and fault injection, as the shipped worker behaves.
+    (an ACK's point_of_ref is the last message id the checkpoint holds),
+    de-duplication of replays and fault injection, as the shipped worker behaves.
+    Prints one ready line (listening on HOST:PORT), then the summary when stopped
+    by Ctrl-C or SIGTERM (exit 0; 1 on a fatal problem or violations under
+    --strict; 2 when the --sink-connect sink is never reached).
     """
     if opts["sink_input"] is not None:
-        if opts["sink"] is None:
-            raise click.UsageError("--input feeds a sink: give --sink HOST:PORT too")
+        if opts["sink_connect"] is None:
+            raise usage_error("--input feeds a sink: give --sink-connect HOST:PORT too")
         _drive_input(opts)
         return
-    sink = (_sink_address(opts["sink"]), _driver_options(opts)) if opts["sink"] else None
+    sink = (opts["sink_connect"], _driver_options(opts)) if opts["sink_connect"] else None
     try:
         reject = stream_rejecter(opts["reject_streams"])
         config = WorkerConfig(
-            host=opts["host"],
-            port=opts["port"],
+            host=opts["listen"][0],
+            port=opts["listen"][1],
             version=opts["protocol_version"],
             cookie=opts["cookie"].encode("utf-8"),
             credits=opts["credits"],
@@ -486,7 +564,7 @@ def command(**opts) -> None:
             record=opts["record"],
         )
     except ValueError as err:
-        raise click.UsageError(str(err)) from err
+        raise usage_error(str(err)) from err
     try:
         registry = Registry.open(opts["state_path"])
         registry.save()  # find out now, not at the first checkpoint, that it cannot be written
@@ -494,11 +572,12 @@ def command(**opts) -> None:
         raise usage_error(str(err)) from err
     except OSError as err:
         raise usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
-    live = opts["live"] if opts["live"] is not None else sys.stderr.isatty()
-    summary = runtime.run(_run(config, registry, opts["out"], live, sink))
-    _print_summary(summary, opts["fmt"])
+    live = opts["live"] if opts["live"] is not None else sys.stderr.isatty() and opts["verbosity"] >= 0
+    summary, unreachable = runtime.run(_run(config, registry, opts["output"], live, sink))
+    _print_summary(summary, opts["fmt"], rows=len(summary["streams"]) if opts["verbosity"] > 0 else 50)
+    for note in _faults_that_did_not_fire(opts, summary):
+        click.echo(f"wallaroo-proto {NAME}: {note}", err=True)
     if summary["fatal"]:
-        click.echo(f"{NAME}: stopped: {summary['fatal']}", err=True)
-        sys.exit(1)
+        raise CommandError(f"stopped: {summary['fatal']}", 2 if unreachable else 1)
     if opts["strict"] and summary["violations"]:
         sys.exit(1)

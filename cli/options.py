@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import functools
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -25,11 +28,121 @@ summary_format = click.option(
 )
 
 
+def command_path(ctx: click.Context | None) -> str:
+    """``wallaroo-proto COMMAND ...`` however the tool was started (``python -m`` included)."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(["wallaroo-proto", *reversed(names)])
+
+
+class CommandError(click.ClickException):
+    """One line on stderr, ``wallaroo-proto COMMAND: message``, and the exit code."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.command_path = command_path(click.get_current_context(silent=True))
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"{self.command_path}: {self.format_message()}", err=file is None, file=file)
+
+
+class CommandUsageError(click.UsageError):
+    """A mistake in the command line, in the one error style: ``wallaroo-proto COMMAND: message``."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"{command_path(self.ctx)}: {self.format_message()}", err=file is None, file=file)
+
+
 def usage_error(message: str) -> click.ClickException:
     """Unusable input (a file, a port, an option): exit 2 with the message, no traceback."""
-    err = click.ClickException(message)
-    err.exit_code = 2
-    return err
+    return CommandError(message, 2)
+
+
+def problem(message: str) -> click.ClickException:
+    """The work found a problem (a peer's error, a failed check): exit 1 with the message."""
+    return CommandError(message, 1)
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+class Command(click.Command):
+    """A command of the grammar: Ctrl-C is one line and exit 130 (not click's ``Aborted!`` and 1),
+    and options may be shown under headed sections (``sections={"Heading": ["dest", ...]}``).
+    """
+
+    def __init__(self, *args: Any, sections: dict[str, list[str]] | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.sections = sections or {}
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:  # fmt: skip
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as err:
+            raise CommandUsageError(err.format_message(), err.ctx) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a command as Ctrl-C does
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise CommandError("interrupted", EXIT_INTERRUPTED) from None
+        except click.UsageError as err:
+            if isinstance(err, CommandUsageError):
+                raise
+            raise CommandUsageError(err.format_message(), err.ctx or ctx) from None
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records: dict[str | None, list[tuple[str, str]]] = {}
+        where = {dest: heading for heading, dests in self.sections.items() for dest in dests}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and isinstance(param, click.Option):
+                records.setdefault(where.get(param.name or ""), []).append(record)
+        for heading in [*self.sections, None]:
+            if records.get(heading):
+                with formatter.section(heading or "Options"):
+                    formatter.write_dl(records[heading])
+
+
+class AliasChoice(click.Choice):
+    """A choice that also takes older words, hidden from the help: ``aliases={"rich": "text"}``."""
+
+    def __init__(self, choices: list[str], aliases: dict[str, str]) -> None:
+        super().__init__(choices)
+        self.aliases = aliases
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value in self.aliases:
+            return self.aliases[value]
+        return super().convert(value, param, ctx)
+
+
+def hidden_alias(old: str, dest: str, value: Any = None, **kw: Any) -> Callable:
+    """An older spelling ``old`` of the option whose value is ``dest``, still taken, hidden.
+
+    Give the old option's type (or ``is_flag``) in ``kw``; when given, its value (or ``value``) is
+    ``dest``'s.
+    """
+    alias = "old_" + old.lstrip("-").replace("-", "_")
+
+    def decorate(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def command(*args: Any, **values: Any) -> Any:
+            old_value = values.pop(alias)
+            if old_value is not None and old_value is not False:
+                values[dest] = old_value if value is None else value
+            return f(*args, **values)
+
+        return click.option(old, alias, default=None, hidden=True, **kw)(command)
+
+    return decorate
 
 
 class Address(click.ParamType):
@@ -58,6 +171,27 @@ class Address(click.ParamType):
 
 LISTEN_ADDRESS = Address(free_port=True)
 CONNECT_ADDRESS = Address(free_port=False)
+
+
+def os_reason(err: OSError) -> str:
+    """The system's words for an OSError (asyncio's own messages repeat the address in Python's)."""
+    return os.strerror(err.errno) if err.errno else str(err)
+
+
+def open_failure(err: OSError, what: str = "", path: str | None = None) -> str:
+    """Why a path could not be opened or made, in words: which part is a file, which is missing.
+
+    ``path`` names it when the failing file is not the one given (an atomic write's temporary).
+    """
+    path = path if path is not None else err.filename or ""
+    named = f"{what} {path}".strip()
+    if err.errno in (errno.EEXIST, errno.ENOTDIR):
+        return f"cannot use {named}: a part of that path is a file where a folder is needed"
+    if err.errno == errno.EISDIR:
+        return f"cannot use {named}: it is a folder, a file is needed"
+    if err.errno == errno.ENOENT:
+        return f"cannot use {named}: its folder does not exist"
+    return f"cannot use {named}: {err.strerror or err}"
 
 
 def format_address(address: tuple[str, int]) -> str:
@@ -93,19 +227,33 @@ def listen_option(default_port: int, what: str = "Address to listen on") -> Call
     return decorate
 
 
-def verbosity_options(f: Callable) -> Callable:
-    """``-q/--quiet`` and ``-v/--verbose``, passed as ``verbosity``: -1, 0 or 1."""
+def output_option(help: str, **kw: Any) -> Callable:
+    """``-o/--output PATH``: what the command writes besides what it prints."""
+    return click.option("-o", "--output", "output", help=help, **kw)
 
-    @functools.wraps(f)
-    def command(*args: Any, quiet: bool, verbose: bool, **kw: Any) -> Any:
-        if quiet and verbose:
-            raise click.UsageError("--quiet and --verbose exclude each other")
-        return f(*args, verbosity=-1 if quiet else 1 if verbose else 0, **kw)
 
-    command = click.option("-v", "--verbose", is_flag=True, help="A line per event worth seeing.")(command)
-    return click.option(
-        "-q", "--quiet", is_flag=True, help="No live view or progress: errors and the summary."
-    )(command)
+def verbosity(
+    quiet: str = "No live view or progress: errors and the summary.",
+    verbose: str = "A line per event worth seeing.",
+) -> Callable:
+    """``-q/--quiet`` and ``-v/--verbose`` with what they mean for this command, passed as
+    ``verbosity``: -1, 0 or 1."""
+
+    def decorate(f: Callable) -> Callable:
+        @functools.wraps(f)
+        def command(*args: Any, quiet: bool, verbose: bool, **kw: Any) -> Any:
+            if quiet and verbose:
+                raise click.UsageError("--quiet and --verbose exclude each other")
+            return f(*args, verbosity=-1 if quiet else 1 if verbose else 0, **kw)
+
+        command = click.option("-v", "--verbose", is_flag=True, help=verbose)(command)
+        return click.option("-q", "--quiet", is_flag=True, help=quiet)(command)
+
+    return decorate
+
+
+#: ``-q/--quiet`` and ``-v/--verbose`` with their usual meaning.
+verbosity_options = verbosity()
 
 
 def examples(*lines: str) -> str:

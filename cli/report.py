@@ -7,25 +7,36 @@ before the damage), or a report that could not be written.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
+from wallaroo_proto_cli.options import Command, examples, open_failure, output_option, usage_error, verbosity
 
 from wallaroo_proto.capture.pcap import CUT_NOTE
 from wallaroo_proto.protocols import names
 from wallaroo_proto.report.model import ReportLimits
 
+NAME = "wallaroo-proto report"
 EXIT_PROBLEM = 1
 EXIT_UNUSABLE = 2
 
 
-@click.command(name="report")
+@click.command(
+    name="report",
+    cls=Command,
+    epilog=examples(
+        "wallaroo-proto report capture.pcap",
+        "wallaroo-proto report captures/*.pcap -o run-42.html --title 'run 42'",
+        "wallaroo-proto report sink.pcap --frames 50 --max-connections 5",
+    ),
+)
 @click.argument("captures", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
-@click.option(
-    "-o",
-    "--output",
+@output_option(
+    "The HTML file to write (it opens offline: scripts and styles are inside).",
     type=click.Path(dir_okay=False, path_type=Path),
     default=Path("report.html"),
     show_default=True,
@@ -47,36 +58,52 @@ EXIT_UNUSABLE = 2
               help="Frames kept per connection for paging (its first and last halves).")  # fmt: skip
 @click.option("--max-connections", type=click.IntRange(0), default=20, show_default=True,
               help="Connections drawn; the rest get a row in the summary table.")  # fmt: skip
-@click.option("--title", default="wallaroo-proto capture report", show_default=True)
-def command(captures, output, ports, protocol, shown, max_frames, max_connections, title) -> None:
+@click.option(
+    "--title", default="wallaroo-proto capture report", show_default=True, help="The report's heading."
+)
+@verbosity(
+    quiet="No progress and no counts line: errors and the report's path.",
+    verbose="Also a line per capture: its connections, frames and violations.",
+)
+def command(captures, output, ports, protocol, shown, max_frames, max_connections, title, verbosity) -> None:
     """Draw pcap/pcapng CAPTURES as one HTML file that opens offline: a ladder diagram per
     connection, throughput and the protocol's signals over time, latency distributions,
-    and the summary and violations tables."""
+    and the summary and violations tables. Prints the report's path.
+
+    Exit 0 when written; 1 when a capture was cut short; 2 when a capture cannot be read
+    or the report cannot be written.
+    """
     from wallaroo_proto.report.collect import build_report
     from wallaroo_proto.report.html import write_report
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     limits = ReportLimits(ladder_frames=max_frames, shown_frames=shown, connections=max_connections)
-    with console.status("dissecting…"):
+    with console.status("dissecting…") if verbosity >= 0 else contextlib.nullcontext():
         report = build_report(captures, ports=ports or None, protocol=protocol, limits=limits, title=title)
     try:
         size = write_report(report, output)
     except OSError as err:
-        console.print(f"[bold red]wallaroo-proto report:[/] cannot write {output}: {err.strerror or err}")
-        raise SystemExit(EXIT_UNUSABLE) from None
+        raise usage_error(open_failure(err, "--output")) from None
     conns = [c for cap in report.captures for c in cap.connections]
     violations = sum(c.violations for c in conns)
     for capture in report.captures:
         if capture.cut:
-            console.print(f"[yellow]wallaroo-proto report:[/] {capture.name}: {capture.error} {CUT_NOTE}")
+            console.print(f"[yellow]{NAME}:[/] {escape(capture.name)}: {escape(capture.error)} {CUT_NOTE}")
         elif capture.error:
-            console.print(f"[bold red]wallaroo-proto report:[/] {capture.name}: {capture.error}")
-        elif not capture.connections:
-            console.print(f"{capture.name}: no protocol connections found")
-    console.print(
-        f"{len(report.captures)} capture(s), {len(conns)} connection(s), "
-        f"{sum(c.frames for c in conns)} frames, {violations} with violations; {size / 1024:.0f} KiB"
-    )
+            console.print(f"[bold red]{NAME}:[/] {escape(capture.name)}: {escape(capture.error)}")
+        elif not capture.connections and verbosity >= 0:
+            console.print(f"{NAME}: {escape(capture.name)}: no protocol connections found")
+        elif verbosity > 0:
+            mine = capture.connections
+            console.print(
+                f"{NAME}: {escape(capture.name)}: {len(mine)} connection(s), {sum(c.frames for c in mine)} "
+                f"frames, {sum(c.violations for c in mine)} with violations"
+            )
+    if verbosity >= 0:
+        console.print(
+            f"{len(report.captures)} capture(s), {len(conns)} connection(s), "
+            f"{sum(c.frames for c in conns)} frames, {violations} with violations; {size / 1024:.0f} KiB"
+        )
     click.echo(os.path.abspath(output))
     if any(c.error and not c.cut for c in report.captures):
         raise SystemExit(EXIT_UNUSABLE)

@@ -14,9 +14,22 @@ from decimal import Decimal
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from wallaroo_proto_cli.options import (
+    AliasChoice,
+    Command,
+    examples,
+    hidden_alias,
+    output_option,
+    usage_error,
+    verbosity,
+)
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+NAME = "wallaroo-proto spark-replay"
+#: Table file formats, once given as --format (now --output-format).
+FILE_FORMATS = ("parquet", "csv", "json")
 
 TITLES = {
     "connections": "Connections",
@@ -116,7 +129,22 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
     return min(len(got), rows)
 
 
-@click.command(name="spark-replay")
+@click.command(
+    name="spark-replay",
+    cls=Command,
+    sections={
+        "Spark": ["master", "confs"],
+        "What is read": ["ports", "fail_fast"],
+        "What is printed and written": ["fmt", "rows", "output", "output_format", "report_path"],
+        "Your own query or job": ["sql", "job"],
+    },
+    epilog=examples(
+        "wallaroo-proto spark-replay",
+        "wallaroo-proto spark-replay captures/ --sql 'SELECT type, count(*) AS n FROM frames GROUP BY type'",
+        "wallaroo-proto spark-replay captures/*.pcap -o tables --output-format csv --format jsonl",
+        "wallaroo-proto spark-replay captures/ --master spark://10.0.0.5:7077 --job jobs.keys:count_keys",
+    ),
+)
 @click.argument("paths", nargs=-1)
 @click.option(
     "--master",
@@ -124,14 +152,21 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
     show_default=True,
     help="Spark master URL (local[N], spark://..., yarn, k8s://...).",
 )
-@click.option("--output", "output", type=click.Path(file_okay=False), help="Write every table to DIR/<name>.")
+@output_option("Write every table to DIR/<name> (see --output-format).", type=click.Path(file_okay=False))
 @click.option(
-    "--format",
-    "fmt",
+    "--output-format",
     type=click.Choice(["parquet", "csv", "json"]),
     default="parquet",
     show_default=True,
-    help="File format for --output.",
+    help="File format of the tables --output writes.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=AliasChoice(["text", "jsonl"], aliases={f: f for f in FILE_FORMATS}),
+    default="text",
+    show_default=True,
+    help="text: tables of the first --rows rows; jsonl: every row of every table, one JSON object a line.",
 )
 @click.option(
     "--sql",
@@ -160,15 +195,16 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
     help="Also draw the captures as one offline HTML report (see the report command).",
 )
 @click.option("--rows", default=20, show_default=True, type=click.IntRange(1), help="Rows printed per table.")
-@click.option(
-    "--jsonl",
-    is_flag=True,
-    help="Print every row of the reports (and --sql/--job results) as JSON lines instead of tables.",
+@hidden_alias("--jsonl", "fmt", value="jsonl", is_flag=True)
+@verbosity(
+    quiet="No progress bars or timing lines: errors and the tables.",
+    verbose="Also where Spark's own log is written.",
 )
 def command(
     paths: tuple[str, ...],
     master: str,
     output: str | None,
+    output_format: str,
     fmt: str,
     sql: str | None,
     job: str | None,
@@ -176,16 +212,19 @@ def command(
     ports: tuple[int, ...],
     confs: tuple[str, ...],
     rows: int,
-    jsonl: bool,
     report_path: str | None,
+    verbosity: int,
 ) -> None:
     """Read pcap/pcapng captures (files, directories, globs; default captures/) with Spark:
     frames, messages, a delivery audit, flow control, RESTARTs, 2PC rounds and violations,
     then an optional --sql query or --job over them."""
+    if fmt in FILE_FORMATS:  # the older --format parquet|csv|json named what --output writes
+        output_format, fmt = fmt, "text"
     out = Console()
     if not out.is_terminal:
         out = Console(width=200)  # a pipe or a file: wide rows rather than folded cells
-    err = Console(stderr=True, soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True, highlight=False)
+    info = Console(stderr=True, soft_wrap=True, quiet=verbosity < 0)  # progress and timings
     conf = []
     for item in confs:
         key, sep, value = item.partition("=")
@@ -203,26 +242,25 @@ def command(
         try:
             jobs.load_job(job)  # a typo in --job is reported before Spark reads anything
         except jobs.JobError as exc:
-            err.print(f"[red]spark-replay: {exc}[/red]")
-            raise SystemExit(EXIT_USAGE) from None
+            raise usage_error(str(exc)) from None
     given = paths or frames_mod.DEFAULT_PATHS
     captures, listing_problems = frames_mod.list_captures(given)
     for problem in listing_problems:
-        err.print(f"[red]capture {problem.capture}: {problem.error}[/red]")
-    if fail_fast and listing_problems:
+        err.print(f"[red]{NAME}: capture {escape(problem.capture)}: {escape(problem.error)}[/red]")
+    if (fail_fast or not captures) and listing_problems:  # the lines above said why
         raise SystemExit(EXIT_USAGE)
     if not captures:
-        err.print(f"[red]spark-replay: no capture files in {', '.join(given)}[/red]")
-        raise SystemExit(EXIT_USAGE)
+        raise usage_error(f"no capture files in {', '.join(given)}")
 
     started = time.monotonic()
-    with err.status(f"starting Spark on {master}…"):
+    with info.status(f"starting Spark on {master}…"):
         try:
             spark = build_session(master, conf=conf)
         except SparkStartError as exc:
-            err.print(f"[red]spark-replay: {exc}[/red]")
-            raise SystemExit(EXIT_USAGE) from None
-    err.print(f"[dim]Spark {spark.version} on {master} started in {time.monotonic() - started:.1f} s[/dim]")
+            raise usage_error(str(exc)) from None
+    info.print(f"[dim]Spark {spark.version} on {master} started in {time.monotonic() - started:.1f} s[/dim]")
+    if verbosity > 0:
+        err.print(f"{NAME}: Spark's own log: {getattr(spark, '_wallaroo_log', 'not known')}")
     try:
         code = _run(
             spark,
@@ -232,18 +270,19 @@ def command(
             ports or None,
             fail_fast,
             output,
-            fmt,
+            output_format,
             sql,
             job,
-            None if jsonl else rows,
+            None if fmt == "jsonl" else rows,
             listing_problems,
             report_path,
+            info,
         )
     except KeyboardInterrupt:
-        err.print("[yellow]spark-replay: interrupted; stopping Spark[/yellow]")
+        err.print(f"[yellow]{NAME}: interrupted; stopping Spark[/yellow]")
         code = EXIT_INTERRUPTED
     except Py4JJavaError as exc:  # Spark itself failed (a master that gave up on us...): one line, no stack
-        err.print(f"[red]spark-replay: Spark failed: {spark_failure(spark, exc)}[/red]")
+        err.print(f"[red]{NAME}: Spark failed: {escape(spark_failure(spark, exc))}[/red]")
         code = EXIT_PROBLEM
     finally:
         stop_session(spark)
@@ -251,7 +290,20 @@ def command(
 
 
 def _run(
-    spark, out, err, given, ports, fail_fast, output, fmt, sql, job, rows, listing_problems, report_path=None
+    spark,
+    out,
+    err,
+    given,
+    ports,
+    fail_fast,
+    output,
+    fmt,
+    sql,
+    job,
+    rows,
+    listing_problems,
+    report_path=None,
+    info=None,
 ) -> int:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
@@ -261,10 +313,11 @@ def _run(
     from wallaroo_proto.spark import jobs, reports
     from wallaroo_proto.spark.session import stage_progress
 
+    info = info or err
     loaded = frames_mod.load_frames(spark, given, ports=ports, fail_fast=fail_fast)
     started = time.monotonic()
     try:
-        with stage_progress(spark, "reading captures", err):
+        with stage_progress(spark, "reading captures", info):
             by_protocol = dict(loaded.frames.groupBy("protocol").count().collect())
             totals = sum(by_protocol.values())
             problems = loaded.problems.collect()
@@ -272,11 +325,11 @@ def _run(
         failed = frames_mod.fail_fast_message(exc)
         if failed is None:
             raise
-        err.print(f"[red]capture {failed}[/red]")
-        err.print("[red]spark-replay: stopped (--fail-fast)[/red]")
+        err.print(f"[red]{NAME}: capture {escape(failed)}[/red]")
+        err.print(f"[red]{NAME}: stopped (--fail-fast)[/red]")
         return EXIT_USAGE
     size = sum(c.size for c in loaded.captures)
-    err.print(
+    info.print(
         f"[dim]{len(loaded.captures)} captures ({size / 1e6:.1f} MB) in {loaded.tasks} tasks: "
         f"{totals:,} frames in {time.monotonic() - started:.1f} s[/dim]"
     )
@@ -284,7 +337,9 @@ def _run(
     for problem in problems:
         if problem["capture"] not in listed:
             kept = "(frames before it are kept)"
-            err.print(f"[red]capture {problem['capture']}: {problem['error']} {kept}[/red]")
+            err.print(
+                f"[red]{NAME}: capture {escape(problem['capture'])}: {escape(problem['error'])} {kept}[/red]"
+            )
 
     tables = reports.build_tables(loaded.frames, loaded.problems)
     if output:  # shown, then written: each summary computed once (they are small; frames are persisted)
@@ -297,9 +352,9 @@ def _run(
         if job:
             extra["job"] = jobs.run_job(spark, job, tables["messages"])
     except jobs.JobError as exc:
-        err.print(f"[red]spark-replay: {exc}[/red]")
+        err.print(f"[red]{NAME}: {escape(str(exc))}[/red]")
         return EXIT_USAGE
-    with stage_progress(spark, "reports", err):
+    with stage_progress(spark, "reports", info):
         shown = [(name, title, tables[name]) for name, title in TITLES.items()]
         for plugin in plugins():  # another protocol's reports when its connections are there
             if plugin.name != "wallaroo" and by_protocol.get(plugin.name):
@@ -317,25 +372,24 @@ def _run(
                 else:
                     render(out, title, frame, rows, HIDDEN.get(name, ()))
         except (Py4JJavaError, PySparkException) as exc:
-            err.print(f"[red]spark-replay: the job failed: {str(exc).strip().splitlines()[0][:500]}[/red]")
+            err.print(f"[red]{NAME}: the job failed: {escape(str(exc).strip().splitlines()[0][:500])}[/red]")
             return EXIT_PROBLEM
     if output:
         try:
-            with stage_progress(spark, f"writing {fmt}", err):
+            with stage_progress(spark, f"writing {fmt}", info):
                 written = jobs.write_tables({**tables, **extra}, output, fmt)
         except (Py4JJavaError, PySparkException) as exc:
-            err.print(
-                f"[red]spark-replay: cannot write {output}: {str(exc).strip().splitlines()[0][:300]}[/red]"
-            )
+            reason = escape(str(exc).strip().splitlines()[0][:300])
+            err.print(f"[red]{NAME}: cannot write {escape(output)}: {reason}[/red]")
             return EXIT_USAGE
-        err.print(f"[green]wrote {len(written)} tables as {fmt} to {output}/[/green] ({', '.join(written)})")
+        info.print(f"[green]wrote {len(written)} tables as {fmt} to {output}/[/green] ({', '.join(written)})")
     if report_path:
         from wallaroo_proto.report import spark as report_spark
         from wallaroo_proto.report.html import write_report
 
-        with stage_progress(spark, "drawing the report", err):
+        with stage_progress(spark, "drawing the report", info):
             errors = {p["capture"]: p["error"] for p in problems}
             drawn = report_spark.build_report(loaded.frames, [c.name for c in loaded.captures], errors=errors)
             write_report(drawn, report_path)
-        err.print(f"[green]wrote the report to {report_path}[/green]")
+        info.print(f"[green]wrote the report to {report_path}[/green]")
     return EXIT_PROBLEM if problems or listing_problems else EXIT_OK

@@ -2,7 +2,7 @@
 
 A Spark application costs half a minute or more to start on a loaded machine,
 so the per-protocol checks, the u64 check, the report check and the standalone
-cluster's comparison all read one run: ``--jsonl`` rows (with a ``--sql`` query
+cluster's comparison all read one run: ``--format jsonl`` rows (with a ``--sql`` query
 and the example ``--job``), ``--output`` Parquet tables and a ``--report`` page,
 over the sample captures, hand-built Wallaroo captures, a damaged one, and two
 Kinesis conversations recorded by mock-daemon. One run over all five protocols
@@ -24,6 +24,7 @@ REPORT_SAMPLES = [CAPTURES / n for n in ("sink-2pc.pcap", "restart-reconnect.pca
 DEFAULT_PORTS = (7100, 7200, 7300, 11210, 2000, 2001, 9899)
 SQL = "SELECT type, count(*) AS n FROM frames GROUP BY type"
 JOB = "wallaroo_proto.spark.example_job:key_counts"
+PREFIX = "wallaroo-proto spark-replay: "
 
 
 @dataclass
@@ -46,9 +47,9 @@ class Replay:
 
         The damaged capture makes the exit 1 (a problem found); a violation is a finding, not a problem.
         """
-        named = [line for line in self.stderr.splitlines() if line.startswith("capture ")]
+        named = [line for line in self.stderr.splitlines() if line.startswith(f"{PREFIX}capture ")]
         assert self.returncode == 1 and named, self.stderr[-3000:]
-        assert all(line.startswith(f"capture {self.paths['damaged']}: ") for line in named), named
+        assert all(line.startswith(f"{PREFIX}capture {self.paths['damaged']}: ") for line in named), named
         assert "Traceback" not in self.stderr
         return self
 
@@ -89,7 +90,7 @@ def replay(root: Path) -> Replay:
     result = run_cli(
         "spark-replay",
         *args,
-        *("--master", "local[2]", "--jsonl", "--output", str(output), "--report", str(report)),
+        *("--master", "local[2]", "--format", "jsonl", "-o", str(output), "--report", str(report)),
         timeout=900,
     )
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]

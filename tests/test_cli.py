@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from support import run_cli
 from wallaroo_proto_cli.main import SUBCOMMANDS
 
@@ -28,3 +31,16 @@ def test_unknown_subcommand_is_a_usage_error():
     result = run_cli("no-such-thing")
     assert result.returncode == 2
     assert "No such command" in result.stderr
+
+
+def test_help_imports_no_subcommand():
+    """``wallaroo-proto --help`` stays fast: the one-line helps come without importing scapy or pyspark."""
+    code = (
+        "import sys; from wallaroo_proto_cli.main import cli\n"
+        "try:\n    cli(['--help'])\nexcept SystemExit:\n    pass\n"
+        "mine = [m for m in sys.modules if m.startswith('wallaroo_proto_cli.') and not m.endswith('.main')]\n"
+        "print(sorted(mine + [m for m in ('scapy', 'pyspark', 'rich.table') if m in sys.modules]))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"

@@ -391,3 +391,53 @@ def test_a_daemon_refusing_good_checkpoints_fails_that_case() -> None:
         code, report = conformance("daemon", daemon.address, "--case", "checkpoint.last-record")
     assert code == 1
     assert report["cases"][0]["reason"] == "a checkpoint at the last record delivered got ThrottlingException"
+
+
+# --- the command-line grammar (docs/cli.md) -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_protocol_version_and_the_older_version_are_taken_and_errors_are_one_line() -> None:
+    port = free_port()  # nothing listens there: the words parse, then the target is unreachable
+    for words in (["--protocol-version", "0.0.1"], ["--version", "0.0.1"]):
+        result = run_cli("conformance", "worker", f"127.0.0.1:{port}", *words)
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"wallaroo-proto conformance worker: cannot connect to 127.0.0.1:{port}")
+    bad = run_cli("conformance", "connector", "--listen", "nowhere")
+    assert bad.returncode == 2 and "'nowhere' is not HOST:PORT" in bad.stderr
+
+
+def _children(pid: int) -> list[tuple[int, int]]:
+    """(pid, process group) of each child of ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:  # after the name: state, ppid, pgrp
+                found.append((int(stat.parent.name), int(fields[2])))
+    return found
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_reaches_the_suite_not_the_command_under_test() -> None:
+    suite = subprocess.Popen(
+        [*COMMAND, "conformance", "connector", "--", "sleep", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # as a shell runs it: a group of its own that Ctrl-C is sent to
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not _children(suite.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        children = _children(suite.pid)
+        assert children and all(group == pid for pid, group in children), children
+        os.killpg(suite.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        out, err = suite.communicate(timeout=60)
+    finally:
+        suite.kill()
+    assert suite.returncode == 130, err
+    assert err == "wallaroo-proto conformance connector: interrupted\n"
+    assert not any(Path(f"/proc/{pid}").exists() for pid, _ in children), "the command under test outlived it"

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
-from support import run_cli
+from support import COMMAND, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -25,3 +29,49 @@ def test_demo_passes_and_leaves_its_recordings(tmp_path) -> None:
     assert f"report: {report}" in result.stdout.replace("\n", "")
     page = report.read_text()
     assert page.count('class="ladder-box"') >= 3 and "2PC PHASE1 to REPLY" in page
+
+
+def _children(pid: int) -> list[tuple[int, int]]:
+    """(pid, process group) of each child of ``pid``, from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:  # after the name: state, ppid, pgrp
+            found.append((int(stat.parent.name), int(fields[2])))
+    return found
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_stops_the_demo_and_its_peers_with_130_and_one_line(tmp_path) -> None:
+    demo = subprocess.Popen(
+        [*COMMAND, "demo", "--no-spark", "--workdir", str(tmp_path), "--count", "200000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # as a shell runs it: a group of its own that Ctrl-C is sent to
+    )
+    try:
+        for line in demo.stdout:
+            if "mock-worker" in line:  # the sink and the worker run, the source starts next
+                break
+        deadline = time.monotonic() + 60
+        while len(_children(demo.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        peers = _children(demo.pid)
+        assert len(peers) >= 2, peers
+        assert all(group == pid for pid, group in peers), (
+            f"each peer leads a process group of its own: {peers}"
+        )
+        os.killpg(demo.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        out, err = demo.communicate(timeout=120)
+    finally:
+        demo.kill()
+    assert demo.returncode == 130, out + err
+    assert err == "wallaroo-proto demo: interrupted\n"
+    assert "interrupted; what was done so far is in" in out
+    assert not any(Path(f"/proc/{pid}").exists() for pid, _ in peers), "a peer outlived the demo"
+    for log in (tmp_path / "logs").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log

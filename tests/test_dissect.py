@@ -502,3 +502,23 @@ def test_closed_connections_are_released(tmp_path):
     assert len(list(streaming.run(path))) == 600
     assert not streaming.trackers and not streaming._live
     assert [r["conn_index"] for r in iter_records(str(path))][-1] == 300
+
+
+# --- the command-line grammar (docs/cli.md) -------------------------------------------------------
+
+
+def test_format_text_and_the_older_rich_are_one_and_verbose_adds_a_line_per_capture():
+    text = run_cli("dissect", str(SOURCE), "--format", "text", "-v")
+    rich = run_cli("dissect", str(SOURCE), "--format", "rich")
+    assert text.returncode == rich.returncode == 0
+    assert text.stdout == rich.stdout and "HELLO" in text.stdout
+    assert text.stderr == f"wallaroo-proto dissect: {SOURCE}: 1 connection(s), 0 frame(s) with violations\n"
+    assert rich.stderr == ""
+
+
+def test_a_sinks_summary_shows_no_credits_a_sources_does():
+    sink = run_cli("dissect", str(SINK), "--summary")
+    source = run_cli("dissect", str(SOURCE), "--summary")
+    assert sink.returncode == source.returncode == 0
+    assert "(sink)" in sink.stdout and "credits" not in sink.stdout  # a sink ignores credits
+    assert "credits" in source.stdout and "granted" in source.stdout

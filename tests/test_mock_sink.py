@@ -633,3 +633,62 @@ def test_full_disk_enospc_on_a_small_tmpfs(tmp_path):
         assert report["ok"]
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+# --- the command-line grammar (docs/cli.md) -------------------------------------------------------
+
+
+def test_the_grammars_words_and_verbose_rounds_in_words(tmp_path):
+    out = tmp_path / "sink-out"
+    with Server(
+        "mock-sink", "--listen", ":0", "-o", str(out), "--protocol-version", "v0.0.7", "-v"
+    ) as server:
+        w = Worker(server.port, instance=None)
+        w.send(hello(b"w1", version=b"v0.0.7"), notify(), list_uncommitted(7))
+        assert w.read() == ("OK", 500)
+        w.read(), w.read()  # NOTIFY_ACK, REPLY_UNCOMMITTED
+        assert w.round(b"t1", 0, 0) is True
+        w.send(list_uncommitted(8))  # answered after the PHASE2 before it is done
+        assert w.read() == ("REPLY_UNCOMMITTED", 8, [])
+        w.close()
+        code, _out, err = server.stop()
+    assert code == 0, err
+    assert any(out.iterdir())
+    assert "PHASE1 't1' (stream 1 bytes 0-0) -> vote commit" in err
+    assert "PHASE2 't1' commit" in err
+
+
+def test_rounds_are_not_logged_without_verbose(tmp_path):
+    server = _sink(tmp_path)
+    w = Worker(server.port)
+    assert w.round(b"t1", 0, 0) is True
+    w.send(list_uncommitted(8))
+    assert w.read() == ("REPLY_UNCOMMITTED", 8, [])
+    w.close()
+    code, _out, err = server.stop()
+    assert code == 0, err
+    assert "PHASE1" not in err and "mock-sink summary: 1 connection(s)" in err
+
+
+def test_an_output_folder_through_a_file_says_what_is_wrong(tmp_path):
+    (tmp_path / "five.txt").write_text("a file\n")
+    result = run_cli("mock-sink", "--listen", ":0", "-o", str(tmp_path / "five.txt" / "out"))
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"wallaroo-proto mock-sink: cannot use --output {tmp_path / 'five.txt' / 'out'}: "
+        "a part of that path is a file where a folder is needed"
+    )
+
+
+def test_a_fault_that_never_fired_is_said(tmp_path):
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"abort_vote": [{"txn_id": "c_id=99$"}]}))
+    server = _sink(tmp_path, "--faults", str(faults))
+    w = Worker(server.port)
+    assert w.round(b"c_id=1", 0, 0) is True
+    w.send(list_uncommitted(8))
+    assert w.read() == ("REPLY_UNCOMMITTED", 8, [])
+    w.close()
+    code, _out, err = server.stop()
+    assert code == 0, err
+    assert "wallaroo-proto mock-sink: fault abort_vote[0] never fired: nothing matched 'c_id=99$'" in err

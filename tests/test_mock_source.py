@@ -368,8 +368,10 @@ def test_gives_up_after_bounded_retries(listener):
         text=True,
         timeout=30,
     )
-    assert proc.returncode == 1
-    assert f"gave up after 3 attempts without progress: connection to 127.0.0.1:{port} refused" in proc.stderr
+    assert proc.returncode == 2  # a peer that cannot be reached after the retries (docs/cli.md)
+    assert proc.stderr.strip() == (
+        f"wallaroo-proto mock-source: cannot connect to 127.0.0.1:{port}: connection refused (3 attempts)"
+    )
 
 
 @pytest.mark.timeout(60)
@@ -526,3 +528,61 @@ def test_re_acking_the_same_point_is_not_progress_and_retries_run_out(listener):
     assert code == 1, err
     assert "gave up after 3 attempts without progress" in err
     assert summary["connections"] == 4 == connections  # the first, whose ACK was new, and 3 without progress
+
+
+# --- no silent no-ops: what a resumed stream skips is said ------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_rerun_with_nothing_left_to_send_says_so(listener):
+    proc = start_source(listener, "--stream-name", "s", "--stream-id", "7", "--count", "3")
+    worker = RawWorker(listener)
+    try:
+        peer = handshake(worker, 10)
+        assert peer.next() == ("NOTIFY", 7, b"s", 0)
+        worker.send(notify_ack(1, 7, 10))  # an earlier run (--count 10) got this far
+        assert peer.next()[0] == "EOS"
+        worker.send(ack(0, [(7, 10)]))
+        code, summary, err = finish(proc)
+    finally:
+        worker.close()
+        proc.kill()
+    assert code == 0, err
+    assert summary["messages"] == 0
+    assert summary["resumed"] == [{"stream": "s", "skipped": 3, "nothing_left": True}]
+    assert "stream 's' resumed after 10: all 3 messages skipped, nothing left to send" in err  # even with -q
+
+
+@pytest.mark.timeout(60)
+def test_a_resumed_stdin_says_what_it_skipped(listener):
+    port = listener.getsockname()[1]
+    proc = subprocess.Popen(
+        [*COMMAND, "mock-source", "-", "--connect", f"127.0.0.1:{port}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdin.write("alpha\nbeta\ngamma\n")
+    proc.stdin.flush()
+    proc.stdin.close()
+    proc.stdin = None  # communicate() below must not flush it again
+    worker = RawWorker(listener)
+    try:
+        peer = handshake(worker, 10)
+        kind, stream_id, name, _ = peer.next()
+        assert (kind, name) == ("NOTIFY", b"stdin")
+        worker.send(notify_ack(1, stream_id, 2))  # the worker holds alpha and beta already
+        assert peer.next()[:4] == ("MESSAGE", stream_id, 3, b"")
+        assert peer.next()[0] == "EOS"
+        worker.send(ack(0, [(stream_id, 3)]))
+        out, err = proc.communicate(timeout=30)
+    finally:
+        worker.close()
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert (
+        "stream 'stdin' resumed at 3: 2 messages skipped (the worker already holds its messages up to 2)"
+        in err
+    )
+    assert "stdin: 2 skipped" in out

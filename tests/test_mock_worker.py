@@ -806,3 +806,77 @@ def test_an_out_file_shorter_than_its_checkpoint_is_refused(tmp_path) -> None:
     assert result.returncode == 2
     assert f"--out {out} holds 6 bytes, but the --state checkpoint says 500 were written" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+# --- the command-line grammar (docs/cli.md) -------------------------------------------------------
+
+
+def test_the_grammars_words_listen_output_and_protocol_version(tmp_path) -> None:
+    out = tmp_path / "delivered.jsonl"
+    args = ["--listen", "127.0.0.1:0", "-o", str(out), "--protocol-version", "0.0.9", "--checkpoint-ms", "0"]
+    with Server("mock-worker", *args, "--format", "json") as server:
+        c = Connector(server)
+        c.handshake(100, version=b"0.0.9")
+        c.send(notify(1, b"one"))
+        assert c.read_frame() == notify_ack_bytes(1, 1, 0)
+        c.send(message(1, 0, b"hello"))
+        c.close()
+        summary = stop_json(server)
+    assert summary["messages"] == 1
+    assert json.loads(out.read_text())["payload"] == "hello"
+
+
+def test_an_address_in_use_is_named_as_host_port_with_the_reason() -> None:
+    with Server("mock-worker", "--listen", ":0") as server:
+        result = run_cli("mock-worker", "--listen", f"127.0.0.1:{server.port}")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"wallaroo-proto mock-worker: cannot listen on 127.0.0.1:{server.port}: Address already in use"
+    )
+
+
+def test_an_output_path_through_a_file_says_what_is_wrong(tmp_path) -> None:
+    (tmp_path / "five.txt").write_text("a file\n")
+    result = run_cli("mock-worker", "--listen", ":0", "-o", str(tmp_path / "five.txt" / "out.jsonl"))
+    assert result.returncode == 2
+    assert "a part of that path is a file where a folder is needed" in result.stderr
+    assert "File exists" not in result.stderr and "Not a directory" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_sink_never_reached_is_one_line_and_a_bounded_wait() -> None:
+    with socket.socket() as bound:  # bound, never listening: a connection to it is refused
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        started = time.monotonic()
+        result = run_cli(
+            "mock-worker", "--listen", ":0", "--sink-connect", f"127.0.0.1:{port}", "--sink-wait", "2",
+            "--no-live", timeout=60,
+        )  # fmt: skip
+        took = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        f"wallaroo-proto mock-worker: sink: cannot connect to the sink at 127.0.0.1:{port}: "
+        "Connection refused (retrying for up to 2 s)",
+        f"wallaroo-proto mock-worker: stopped: sink: cannot connect to the sink at 127.0.0.1:{port}: "
+        "Connection refused (tried for 2 s)",
+    ]
+    assert "None" not in result.stdout
+    assert took < 40  # 2 s of retries, not the minute a sink once reached is given
+
+
+def test_a_fault_that_never_fired_is_said() -> None:
+    with Server("mock-worker", "--listen", ":0", "--restart-after", "1000", "--checkpoint-ms", "0") as server:
+        c = Connector(server)
+        c.handshake(100)
+        c.send(notify(1, b"one"))
+        assert c.read_frame() == notify_ack_bytes(1, 1, 0)
+        c.send(*(message(1, i, b"p") for i in range(3)))
+        c.close()
+        code, _out, err = server.stop()
+    assert code == 0, err
+    assert (
+        "wallaroo-proto mock-worker: --restart-after 1000 never fired: no connection delivered 1,000 "
+        "messages (3 delivered in all)"
+    ) in err

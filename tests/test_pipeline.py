@@ -124,6 +124,7 @@ def test_committed_output_is_the_input_exactly_once_in_order(tmp_path: Path, see
         str(tmp_path / "sink"),
         "--faults",
         str(fault_file),
+        "-v",  # a line per PHASE1 vote and PHASE2 decision: the log shows the abort struck
     )
     worker = Restartable(
         "mock-worker",

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import signal
+import struct
+import subprocess
 import sys
 
 import pytest
 from report_captures import CAPTURES, SAMPLE_FRAMES, long_session, unnotified_message
-from support import run_cli
+from support import COMMAND, run_cli
 
 from wallaroo_proto.protocols import ProtocolPlugin, get_plugin
 from wallaroo_proto.report import model
@@ -200,3 +204,30 @@ def test_cli_on_a_damaged_capture_still_writes_what_it_read(tmp_path) -> None:
     assert result.returncode == 1  # cut short: a problem found, what came before is drawn
     assert "cut.pcap" in result.stderr and "Traceback" not in result.stderr
     assert "Read up to damage" in out.read_text()
+
+
+# --- the command-line grammar (docs/cli.md) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_report_is_one_line_and_130(tmp_path, sig) -> None:
+    fifo = tmp_path / "capture.pcap"
+    os.mkfifo(fifo)  # the report reads it as the capture, and waits in the middle of it
+    proc = subprocess.Popen(
+        [*COMMAND, "report", str(fifo), "-o", str(tmp_path / "r.html")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with open(fifo, "wb") as writer:  # returns once the report opened its end
+            writer.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+            writer.flush()
+            proc.send_signal(sig)
+            out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "wallaroo-proto report: interrupted"
+    assert "Aborted!" not in err and "Traceback" not in err
+    assert not (tmp_path / "r.html").exists()

@@ -439,3 +439,12 @@ def test_an_unreachable_master_is_one_line_at_once(tmp_path):
     assert result.returncode == 2, result.stderr
     assert f"cannot reach the Spark master 'spark://127.0.0.1:{port}'" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_older_words_are_still_taken(tmp_path):
+    """--jsonl and --format parquet|csv|json (now --format jsonl and --output-format) still parse."""
+    nowhere = str(tmp_path / "no-captures")
+    for old in (["--jsonl"], ["--format", "csv"], ["--format", "parquet"], ["--output-format", "json"]):
+        result = run_cli("spark-replay", nowhere, *old)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == f"wallaroo-proto spark-replay: capture {nowhere}: no such file or directory\n"

@@ -101,3 +101,15 @@ def test_tshark_shows_fields_and_heuristic_on_another_port(plugin, tmp_path):
     lua.write_text(generate(ports=[9]))
     theirs = tshark_frames(str(lua), CAPTURES / "source-session.pcap")
     assert theirs == dissect_frames(CAPTURES / "source-session.pcap")
+
+
+def test_an_output_path_through_a_file_is_one_line_and_quiet_writes_no_line(tmp_path):
+    (tmp_path / "five.txt").write_text("a file\n")
+    bad = run_cli("wireshark-dissector", "-o", str(tmp_path / "five.txt" / "w.lua"))
+    assert bad.returncode == 2
+    assert bad.stderr == (
+        f"wallaroo-proto wireshark-dissector: cannot use --output {tmp_path / 'five.txt' / 'w.lua'}: "
+        "a part of that path is a file where a folder is needed\n"
+    )
+    quiet = run_cli("wireshark-dissector", "-o", str(tmp_path / "w.lua"), "-q")
+    assert quiet.returncode == 0 and quiet.stderr == "" and (tmp_path / "w.lua").read_text().strip()

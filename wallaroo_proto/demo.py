@@ -56,10 +56,20 @@ class DemoFailed(Exception):
 class _Server:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
+        # Its own process group: a Ctrl-C at the terminal reaches the demo, which stops it.
         self.proc = subprocess.Popen(
-            [*COMMAND, *args], stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
+            [*COMMAND, *args],
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            text=True,
+            env=env,
+            start_new_session=True,
         )
-        line = self.proc.stdout.readline()
+        try:
+            line = self.proc.stdout.readline()
+        except BaseException:
+            _stop_group(self.proc)
+            raise
         match = READY.search(line)
         if not match:
             self.proc.kill()
@@ -71,11 +81,38 @@ class _Server:
             self.proc.send_signal(signal.SIGTERM)
         try:
             out, _ = self.proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
+        except BaseException:
+            _stop_group(self.proc)
+            out = ""
         self.log.close()
         return self.proc.returncode, out
+
+
+def _run_child(argv: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a step to its end in its own process group; stopped with SIGTERM (then SIGKILL) when the
+    demo is interrupted or the step overruns, so it never outlives the demo."""
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        _stop_group(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.communicate(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _input_lines(stream: int, count: int) -> list[str]:
@@ -98,7 +135,7 @@ def run_demo(config: DemoConfig, report: Callable[[Step], None]) -> list[Step]:
             raise DemoFailed(f"{step.name}: {step.detail}")
 
     def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-        return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout, env=env)
+        return _run_child([*COMMAND, *args], timeout, env)
 
     inputs = []
     for s in range(config.streams):
@@ -109,7 +146,7 @@ def run_demo(config: DemoConfig, report: Callable[[Step], None]) -> list[Step]:
     faults.write_text(json.dumps({"abort_vote": [{"txn_id": "c_id=2$"}]}))
 
     sink = _Server(
-        ["mock-sink", "--port", "0", "--out-dir", str(sink_dir), "--faults", str(faults), "--format", "json"],
+        ["mock-sink", "--listen", ":0", "-o", str(sink_dir), "--faults", str(faults), "--format", "json"],
         env,
         logs / "mock-sink.log",
     )
@@ -119,12 +156,12 @@ def run_demo(config: DemoConfig, report: Callable[[Step], None]) -> list[Step]:
         worker = _Server(
             [
                 "mock-worker",
-                "--port",
-                "0",
+                "--listen",
+                ":0",
                 "--no-live",
                 "--format",
                 "json",
-                "--sink",
+                "--sink-connect",
                 sink.address,
                 "--state",
                 str(work / "worker-state.json"),

@@ -75,6 +75,8 @@ class SuiteOption:
     default: Any = None
     flag: bool = False
     choices: tuple[str, ...] = ()
+    #: Older names still taken, hidden from the help (``--version`` for ``--protocol-version``).
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class Suite:
     options: tuple[SuiteOption, ...] = ()
     #: A "command" suite that can also wait for a client started by hand (``--listen``).
     can_listen: bool = False
+    #: Command lines shown at the end of the suite's help.
+    examples: tuple[str, ...] = ()
 
 
 @dataclass

@@ -108,6 +108,24 @@ class Faults:
                 return rule.code
         return None
 
+    def never_fired(self) -> list[str]:
+        """The rules that did not act once, said as what they waited for: a run that tested nothing
+        of them should not pass for one that did."""
+        notes = []
+        for rule in self.rules:
+            if rule.fired:
+                continue
+            if rule.seen:
+                notes.append(
+                    f"fault {rule.where} never fired: {rule.seen} match(es), all within skip {rule.skip}"
+                )
+            else:
+                wanted = rule.txn_id.pattern if rule.txn_id is not None else None
+                wanted = wanted or (rule.payload.pattern if rule.payload is not None else None)
+                what = f"nothing matched {wanted!r}" if wanted else "its moment never came"
+                notes.append(f"fault {rule.where} never fired: {what}")
+        return notes
+
     def delay_ms(self, reply: str, txn_id: str = "") -> int:
         return sum(r.ms for r in self.of("delay", reply) if r.matches_txn(txn_id) and r.fire())
 

@@ -357,8 +357,11 @@ class SinkServer:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         log: Callable[[str], None] = _stderr,
         compact_at: int = COMPACT_AT,
+        trace: Callable[[str], None] | None = None,
     ) -> None:
         self.out_dir = Path(out_dir)
+        #: A line per 2PC step (PHASE1 vote, PHASE2 decision); ``log`` has the rest.
+        self.trace = log if trace is None else trace
         self.compact_at = compact_at
         self.version = version
         self.cookie = cookie
@@ -544,8 +547,9 @@ class SinkServer:
             shown = show_text(msg.txn_id)
             commit, reason = await store.io(store.vote, msg.txn_id, msg.where, session.data_stream)
             self._compaction_note(session)
-            self.log(
-                f"{session.who}: PHASE1 {shown!r} {list(msg.where)} -> vote "
+            where = ", ".join(f"stream {w[0]} bytes {w[1]}-{w[2]}" for w in msg.where)
+            self.trace(
+                f"{session.who}: PHASE1 {shown!r} ({where or 'no data'}) -> vote "
                 + ("commit" if commit else f"abort: {reason}")
             )
             if faults.should_close("before_phase1_reply", shown):
@@ -565,7 +569,7 @@ class SinkServer:
                 self.stats.commits += 1
             else:
                 self.stats.aborts += 1
-            self.log(
+            self.trace(
                 f"{session.who}: PHASE2 {show_text(msg.txn_id)!r} "
                 f"{'commit' if msg.commit else 'abort'}: {done}"
             )

@@ -60,7 +60,16 @@ class SinkRefused(Exception):
 
 
 class SinkUnavailable(Exception):
-    """No successful handshake for ``give_up_after`` seconds."""
+    """No successful handshake for ``give_up_after`` seconds (``first_contact_within`` before the
+    first one); ``reached`` tells whether the sink was ever reached."""
+
+    def __init__(self, message: str, reached: bool = True) -> None:
+        super().__init__(message)
+        self.reached = reached
+
+
+class _CannotConnect(Exception):
+    """The TCP connection to the sink could not be made."""
 
 
 class _Lost(Exception):
@@ -115,6 +124,7 @@ class SinkDriver:
         max_buffer_bytes: int = 64 * 1024 * 1024,
         connect_timeout: float = 5.0,
         give_up_after: float = 60.0,
+        first_contact_within: float | None = None,
         first_checkpoint_id: int = 1,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         log: Callable[[str], None] | None = None,
@@ -139,6 +149,9 @@ class SinkDriver:
         self.max_buffer_bytes = max_buffer_bytes
         self.connect_timeout = connect_timeout
         self.give_up_after = give_up_after
+        #: Seconds a sink never reached is tried for (a typo in its address should not wait long).
+        self.first_contact_within = give_up_after if first_contact_within is None else first_contact_within
+        self._reached = False
         self.max_frame_size = max_frame_size
         self.log = log or (lambda line: None)
         self.auto_checkpoint = auto_checkpoint
@@ -194,6 +207,11 @@ class SinkDriver:
         self.stats.bytes_put += len(payload)
         self._wake.set()
 
+    @property
+    def never_reached(self) -> bool:
+        """Whether the driver gave up on a sink it never reached (a wrong address, a sink not started)."""
+        return isinstance(self._fatal, SinkUnavailable) and not self._fatal.reached
+
     async def close(self) -> None:
         """No more input: run a final round (until it commits), then close. Waits for ``run``."""
         self._closing = True
@@ -218,16 +236,25 @@ class SinkDriver:
                 except SinkRefused as err:
                     self._fatal = err
                     raise
+                except _CannotConnect as err:
+                    problem = f"cannot connect to the sink at {self.host}:{self.port}: {err}"
                 except (TimeoutError, _Lost, ConnectionError, OSError, ProtocolError) as err:
                     reason = str(err) or type(err).__name__
-                    self.stats.last_problem = reason
-                    self.log(f"connection to {self.host}:{self.port} lost: {reason}")
+                    problem = f"connection to the sink at {self.host}:{self.port} lost: {reason}"
                 if self._handshook:
                     backoff, last_good = 0.05, time.monotonic()
-                if time.monotonic() - last_good > self.give_up_after:
+                    self._reached = True
+                if problem != self.stats.last_problem:  # a line per new problem, not per attempt
+                    wait = self.give_up_after if self._reached else self.first_contact_within
+                    self.log(f"{problem} (retrying for up to {wait:g} s)")
+                self.stats.last_problem = problem
+                wait = self.give_up_after if self._reached else self.first_contact_within
+                if time.monotonic() - last_good > wait:
                     self._fatal = SinkUnavailable(
-                        f"no working connection to the sink at {self.host}:{self.port} for "
-                        f"{self.give_up_after:g} s (last problem: {self.stats.last_problem})"
+                        f"{self.stats.last_problem} (no working connection for {wait:g} s)"
+                        if self._reached
+                        else f"{self.stats.last_problem} (tried for {wait:g} s)",
+                        reached=self._reached,
                     )
                     raise self._fatal
                 self.stats.reconnects += 1
@@ -247,9 +274,14 @@ class SinkDriver:
                 writer.close()
 
     async def _session(self, pcap: PcapWriter | None) -> None:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port), self.connect_timeout
-        )
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port), self.connect_timeout
+            )
+        except TimeoutError:
+            raise _CannotConnect(f"no answer in {self.connect_timeout:g} s") from None
+        except OSError as err:
+            raise _CannotConnect(os.strerror(err.errno) if err.errno else str(err)) from None
         recording = None
         if pcap is not None:
             recording = pcap.tcp_session(writer.get_extra_info("sockname"), writer.get_extra_info("peername"))

@@ -14,11 +14,9 @@ message id, so what it delivers is exact.
 Memory stays flat: the replay buffer holds at most ``max_unacked`` messages;
 when it is full, no input is read until ACKs trim it.
 
-Point of reference convention (the spec's "all MESSAGEs with MessageIds less
-than the reported point of reference are included in the checkpoint", and
-its ranges with an inclusive start and an exclusive end): a point of reference
-is the id of the first message the worker does not have. An ACK for point P
-frees messages below P; a NOTIFY_ACK for P resumes with message P.
+Point of reference convention (the shipped worker's, PROTOCOL-NOTES.md): a
+point of reference is the id of the last message the worker holds. An ACK for
+point P frees messages at or below P; a NOTIFY_ACK for P resumes with message P + 1.
 
 Every frame in or out goes through the shared protocol core (``peer.FramedConnection``),
 so sending without credit is caught before it reaches the wire.
@@ -72,6 +70,12 @@ class SourceFailed(Exception):
 
 class InputFailed(SourceFailed):
     """The input turned out to be unusable halfway through (a truncated record, a file gone)."""
+
+    exit_code = 2
+
+
+class Unreachable(SourceFailed):
+    """No connection to the worker could be made in all the attempts: exit 2, as for bad usage."""
 
     exit_code = 2
 
@@ -138,6 +142,10 @@ class SourceStats:
     error: str | None = None
     #: Final point of reference per stream name.
     points: dict[str, int] = field(default_factory=dict)
+    #: Streams the worker already held a part of at their first NOTIFY: name -> messages skipped.
+    resumed: dict[str, int] = field(default_factory=dict)
+    #: Streams with nothing left to send (the worker held all of a known total): their names.
+    nothing_left: list[str] = field(default_factory=list)
 
     @property
     def elapsed(self) -> float:
@@ -161,6 +169,10 @@ class SourceStats:
             "mb_per_s": round(self.payload_bytes / elapsed / 1e6, 3) if elapsed > 0 else 0.0,
             "error": self.error,
             "points_of_reference": dict(self.points),
+            "resumed": [
+                {"stream": name, "skipped": n, "nothing_left": name in self.nothing_left}
+                for name, n in self.resumed.items()
+            ],
         }
 
 
@@ -243,8 +255,11 @@ class MockSource:
         options: SourceOptions | None = None,
         *,
         log: Callable[[str], None] = lambda _msg: None,
+        trace: Callable[[str], None] | None = None,
     ) -> None:
         self.options = options or SourceOptions()
+        #: A line per routine event (a connection made, a stream finished); ``log`` has the rest.
+        self.trace = log if trace is None else trace
         self.feeds = [StreamFeed(spec) for spec in inputs]
         self.by_id = {feed.stream_id: feed for feed in self.feeds}
         if len(self.by_id) != len(self.feeds):
@@ -289,12 +304,16 @@ class MockSource:
                     self._redirect(restart.address)
                 except (_Dropped, ConnectionClosed, OSError, TimeoutError) as err:
                     self.stats.drops += 1
-                    last_problem = _describe(err, self.host, self.port)
-                    self.log(f"{last_problem}; reconnecting")
+                    problem = _describe(err, self.host, self.port)
+                    if problem != last_problem:  # a line per new problem, not per attempt
+                        self.log(f"{problem}; reconnecting")
+                    last_problem = problem
                 if self._all_done():
                     break
                 failures = 0 if self._progress else failures + 1
                 if failures > opts.retries:
+                    if not self.stats.connections:
+                        raise Unreachable(f"{last_problem} ({failures} attempts)")
                     raise SourceFailed(f"gave up after {failures} attempts without progress: {last_problem}")
                 delay = min(opts.backoff_max, opts.backoff_base * 2**failures) * random.uniform(0.5, 1.0)
                 await asyncio.sleep(delay)
@@ -439,7 +458,7 @@ class MockSource:
             elif kind is Restart:
                 raise _Restart(show_text(frame.address) if frame.address is not None else None)
             elif kind is Ok:
-                self.log(f"connected to {self.host}:{self.port} with {frame.initial_credits} credits")
+                self.trace(f"connected to {self.host}:{self.port} with {frame.initial_credits} credits")
 
     def _on_ack(self, frame: Ack) -> None:
         for stream_id, point in frame.acks:
@@ -458,6 +477,7 @@ class MockSource:
                 feed.state = DONE
                 feed.close_reader()
                 self.stats.streams_done += 1
+                self.trace(f"stream {feed.spec.name!r} done: its EOS is acknowledged at {point}")
                 self._progress = True
 
     def _on_notify_ack(self, frame: NotifyAck) -> None:
@@ -486,6 +506,8 @@ class MockSource:
         if feed.reader is None and not feed.exhausted:
             feed.reader = self._open(feed, point)
             feed.acked, feed.last_id = point, point
+            if point and feed.spec.name not in self.stats.resumed:
+                self._say_resumed(feed, point)
             return
         if point >= feed.acked:
             self.buffered -= feed.trim(point)
@@ -515,6 +537,20 @@ class MockSource:
         feed.reader = self._open(feed, point)
         feed.acked, feed.last_id = point, point
         feed.exhausted = False
+
+    def _say_resumed(self, feed: StreamFeed, point: int) -> None:
+        """A stream the worker already holds a part of: say what is skipped, so a rerun that sends
+        nothing is not taken for one that sent everything."""
+        total = feed.spec.total
+        skipped = point if total is None else min(point, total)
+        self.stats.resumed[feed.spec.name] = skipped
+        why = f"the worker already holds its messages up to {point}"
+        if total is not None and point >= total:
+            self.stats.nothing_left.append(feed.spec.name)
+            self.log(f"stream {feed.spec.name!r} resumed after {point}: all {total} messages skipped, "
+                     f"nothing left to send ({why})")  # fmt: skip
+        else:
+            self.log(f"stream {feed.spec.name!r} resumed at {point + 1}: {skipped} messages skipped ({why})")
 
     def _open(self, feed: StreamFeed, point: int) -> RecordReader:
         """A reader of the messages above ``point``, the ones the worker does not hold."""
@@ -669,9 +705,9 @@ class EosRule:
 
 def _describe(err: BaseException, host: str, port: int) -> str:
     if isinstance(err, ConnectionRefusedError):
-        return f"connection to {host}:{port} refused"
+        return f"cannot connect to {host}:{port}: connection refused"
     if isinstance(err, TimeoutError):
-        return f"timed out connecting to {host}:{port}"
+        return f"cannot connect to {host}:{port}: no answer in time"
     if isinstance(err, ConnectionClosed):
         return f"the worker closed the connection ({err})"
     if isinstance(err, ConnectionResetError):

@@ -78,9 +78,10 @@ def print_summary(console: Console, s: dict) -> None:
     )
     info.add_row("frames", ", ".join(f"{k} {v}" for k, v in s["frames_by_type"].items()) or "none")
     info.add_row("bytes", ", ".join(f"{k} {v}" for k, v in s["bytes_by_direction"].items()) or "0")
-    info.add_row(
-        "credits", f"granted {s['credits_granted']}, spent {s['credits_spent']}, left {s['credits_left']}"
-    )
+    if s["use"] != "sink":  # a sink ignores credits: its connection's counts would mean nothing
+        info.add_row(
+            "credits", f"granted {s['credits_granted']}, spent {s['credits_spent']}, left {s['credits_left']}"
+        )
     info.add_row("checkpoints acked", str(s["checkpoints_acknowledged"]))
     restarts = ", ".join(
         f"packet {r['packet']}" + (f" → {r['address']}" if r["address"] else "") for r in s["restarts"]

@@ -19,6 +19,11 @@ SUITES = (
         worker_suite.CASES,
         worker_suite.open_worker,
         worker_suite.OPTIONS,
+        examples=(
+            "wallaroo-proto conformance worker 127.0.0.1:7100",
+            "wallaroo-proto conformance worker 10.0.0.5:7100 --cookie s3cret --junit worker.xml",
+            "wallaroo-proto conformance worker 127.0.0.1:7100 --case handshake --format json",
+        ),
     ),
     Suite(
         "sink",
@@ -28,6 +33,10 @@ SUITES = (
         sink_suite.CASES,
         sink_suite.open_sink,
         sink_suite.OPTIONS,
+        examples=(
+            "wallaroo-proto conformance sink 127.0.0.1:7200",
+            "wallaroo-proto conformance sink 127.0.0.1:7200 --restart-cmd './restart-sink.sh' --list",
+        ),
     ),
     Suite(
         "connector",
@@ -38,5 +47,9 @@ SUITES = (
         connector_suite.open_connector,
         connector_suite.OPTIONS,
         can_listen=True,
+        examples=(
+            "wallaroo-proto conformance connector -- python my_connector.py --worker {host}:{port}",
+            "wallaroo-proto conformance connector --listen 127.0.0.1:7100 --window-ms 1000",
+        ),
     ),
 )

@@ -515,7 +515,8 @@ async def open_connector(target: Target, options: Mapping[str, Any]) -> AsyncIte
     try:
         server = await asyncio.start_server(ctx.accept, host, port)
     except OSError as err:
-        raise SuiteUnavailable(f"cannot listen on {host}:{port}: {err}") from None
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        raise SuiteUnavailable(f"cannot listen on {host}:{port}: {reason}") from None
     ctx.port = server.sockets[0].getsockname()[1]
     try:
         async with server:

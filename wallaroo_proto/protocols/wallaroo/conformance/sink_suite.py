@@ -159,8 +159,11 @@ class SinkUnderTest(ProbeKeeper):
         await self.close_all()
         trace(f"   running the restart command: {self.restart_cmd}")
         async with asyncio.timeout(self.restart_timeout):
-            proc = await asyncio.create_subprocess_shell(
-                self.restart_cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL
+            proc = await asyncio.create_subprocess_shell(  # a group of its own: Ctrl-C is the suite's
+                self.restart_cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
             )
             code = await proc.wait()
             if code != 0:
@@ -541,7 +544,7 @@ async def open_sink(target: Target, options: Mapping[str, Any]) -> AsyncIterator
         host,
         port,
         (options.get("cookie") or "").encode(),
-        options.get("version") or SINK_VERSION,
+        options.get("protocol_version") or SINK_VERSION,
         options.get("instance") or "conformance",
         restart_cmd,
     )
@@ -553,7 +556,12 @@ async def open_sink(target: Target, options: Mapping[str, Any]) -> AsyncIterator
 
 OPTIONS = (
     SuiteOption("cookie", "The cookie the sink expects.", ""),
-    SuiteOption("version", "The protocol version the sink speaks.", SINK_VERSION),
+    SuiteOption(
+        "protocol-version",
+        "The protocol version the sink speaks.",
+        SINK_VERSION,
+        aliases=("version",),
+    ),
     SuiteOption("instance", "Prefix of the worker instance names the cases use.", "conformance"),
     SuiteOption(
         "restart-cmd", "Shell command that kills the sink and starts it again (enables restart.*).", None

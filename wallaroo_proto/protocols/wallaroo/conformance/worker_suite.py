@@ -568,7 +568,7 @@ async def open_worker(target: Target, options: Mapping[str, Any]) -> AsyncIterat
         host,
         port,
         cookie.encode(),
-        options.get("version") or SOURCE_VERSION,
+        options.get("protocol_version") or SOURCE_VERSION,
         options.get("dialect") or "spec",
     )
     try:
@@ -579,7 +579,12 @@ async def open_worker(target: Target, options: Mapping[str, Any]) -> AsyncIterat
 
 OPTIONS = (
     SuiteOption("cookie", "The cookie the worker expects.", ""),
-    SuiteOption("version", "The protocol version the worker speaks.", SOURCE_VERSION),
+    SuiteOption(
+        "protocol-version",
+        "The protocol version the worker speaks.",
+        SOURCE_VERSION,
+        aliases=("version",),
+    ),
     SuiteOption(
         "dialect",
         "EOS_MESSAGE form: spec (stream id and last id) or shipped (stream id only).",
