@@ -190,6 +190,7 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
     show_default=True,
     help="current: an upgrade's checkpoint is followed by TakeCheckpoint; seed: it is not.",
 )
+@click.option("--keep-open", is_flag=True, hidden=True, expose_value=False)  # the default now: taken, unused
 @click.option(
     "--exit-when-done",
     is_flag=True,

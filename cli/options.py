@@ -87,7 +87,8 @@ class Command(click.Command):
             raise CommandUsageError(err.format_message(), err.ctx) from None
 
     def invoke(self, ctx: click.Context) -> Any:
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops a command as Ctrl-C does
         try:
             return super().invoke(ctx)
@@ -97,6 +98,9 @@ class Command(click.Command):
             if isinstance(err, CommandUsageError):
                 raise
             raise CommandUsageError(err.format_message(), err.ctx or ctx) from None
+        finally:
+            if previous is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # an in-process caller gets its own back
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         records: dict[str | None, list[tuple[str, str]]] = {}
@@ -163,6 +167,8 @@ class Address(click.ParamType):
         host, sep, port = text.rpartition(":")
         if not sep:
             host, port = "", text
+        if ":" in host and not (host.startswith("[") and host.endswith("]")):
+            self.fail(f"{text!r}: write an IPv6 address in brackets, [ADDRESS]:PORT", param, ctx)
         lowest = 0 if self.free_port else 1
         if not port.isdigit() or not lowest <= int(port) <= 65535:
             self.fail(f"{text!r} is not HOST:PORT (a port {lowest}-65535)", param, ctx)
@@ -175,7 +181,9 @@ CONNECT_ADDRESS = Address(free_port=False)
 
 def os_reason(err: OSError) -> str:
     """The system's words for an OSError (asyncio's own messages repeat the address in Python's)."""
-    return os.strerror(err.errno) if err.errno else str(err)
+    if err.errno and err.errno > 0:
+        return os.strerror(err.errno)
+    return err.strerror or str(err)  # a resolver's error (socket.gaierror) has a negative errno
 
 
 def open_failure(err: OSError, what: str = "", path: str | None = None) -> str:

@@ -72,7 +72,8 @@ class _Server:
             raise
         match = READY.search(line)
         if not match:
-            self.proc.kill()
+            _stop_group(self.proc)
+            self.log.close()
             raise DemoFailed(f"{args[0]} did not start: {line.strip() or log.read_text()[-500:]}")
         self.address = f"{match.group(1)}:{match.group(2)}"
 
@@ -81,9 +82,13 @@ class _Server:
             self.proc.send_signal(signal.SIGTERM)
         try:
             out, _ = self.proc.communicate(timeout=60)
-        except BaseException:
+        except subprocess.TimeoutExpired:
             _stop_group(self.proc)
             out = ""
+        except BaseException:  # Ctrl-C while it stops: stop it for good, and stop the demo too
+            _stop_group(self.proc)
+            self.log.close()
+            raise
         self.log.close()
         return self.proc.returncode, out
 

@@ -40,9 +40,7 @@ class PcapWriter:
 
     def __init__(self, target: str | os.PathLike | BinaryIO, *, snaplen: int = 262_144) -> None:
         if isinstance(target, (str, os.PathLike)):
-            # Unbuffered, one write per packet: a recorder killed -9 leaves every packet
-            # it wrote whole, so the capture reads to the moment it died.
-            self._file: BinaryIO = open(target, "wb", buffering=0)  # noqa: SIM115 - closed by close()
+            self._file: BinaryIO = open(target, "wb")  # noqa: SIM115 - closed by close()
             self._owned = True
         else:
             self._file = target
@@ -57,6 +55,9 @@ class PcapWriter:
         usec = min(int(round((ts - sec) * 1_000_000)), 999_999)
         captured = frame[: self.snaplen]
         self._file.write(struct.pack("<IIII", sec, usec, len(captured), len(frame)) + captured)
+        # Each packet flushed whole as it is written (flush writes until all is out or raises):
+        # a recorder killed -9 leaves a capture that reads to the moment it died.
+        self._file.flush()
         self.packets += 1
 
     def flush(self) -> None:

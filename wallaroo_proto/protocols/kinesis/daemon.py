@@ -545,6 +545,7 @@ class MockDaemon:
         self.stopping = False
         #: Set when the processors' inputs are closed at once: a stop without (or past) the grace.
         self.cut = False
+        self._cut_timer: asyncio.TimerHandle | None = None
         self.failed: str | None = None
         self._tasks: dict[asyncio.Task, str] = {}  # shard tasks, to their shard ids
         #: Set once a shard's lease is at SHARD_END: its children may start.
@@ -587,7 +588,7 @@ class MockDaemon:
         self.stopping = True
         self._stop.set()
         if self.config.shutdown_grace:
-            asyncio.get_running_loop().call_later(self.config.shutdown_grace, self._cut)
+            self._cut_timer = asyncio.get_running_loop().call_later(self.config.shutdown_grace, self._cut)
         else:
             self._cut()
 
@@ -615,6 +616,8 @@ class MockDaemon:
                         self.stats[tasks[task]].stopped_by = self.failed
                     self.stop()
         finally:
+            if self._cut_timer is not None:
+                self._cut_timer.cancel()  # every shard ended within the grace
             for task in pending:
                 task.cancel()
             self._seconds = time.monotonic() - self._started
