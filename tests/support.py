@@ -109,3 +109,9 @@ def packet_spans(data: bytes) -> list[tuple[int, int]]:
             spans.append((pos, pos + 16 + incl_len))
             pos += 16 + incl_len
     return spans
+
+
+def as_foreground() -> None:
+    """``preexec_fn`` for a child a test sends Ctrl-C: SIGINT at its default, as a shell gives a
+    foreground job (a test run started in the background inherits it ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

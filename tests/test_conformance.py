@@ -22,7 +22,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from support import COMMAND, Server, run_cli
+from support import COMMAND, Server, as_foreground, run_cli
 
 from wallaroo_proto.conformance import CaseFailed, CaseSkipped, get_suite, select, suites
 from wallaroo_proto.conformance.report import as_json, junit_xml
@@ -426,6 +426,7 @@ def test_ctrl_c_reaches_the_suite_not_the_command_under_test() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_foreground,
         start_new_session=True,  # as a shell runs it: a group of its own that Ctrl-C is sent to
     )
     try:

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import COMMAND, run_cli
+from support import COMMAND, as_foreground, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +51,7 @@ def test_ctrl_c_stops_the_demo_and_its_peers_with_130_and_one_line(tmp_path) -> 
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_foreground,
         start_new_session=True,  # as a shell runs it: a group of its own that Ctrl-C is sent to
     )
     try:

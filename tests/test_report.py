@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from report_captures import CAPTURES, SAMPLE_FRAMES, long_session, unnotified_message
-from support import COMMAND, run_cli
+from support import COMMAND, as_foreground, run_cli
 
 from wallaroo_proto.protocols import ProtocolPlugin, get_plugin
 from wallaroo_proto.report import model
@@ -218,6 +218,7 @@ def test_an_interrupted_report_is_one_line_and_130(tmp_path, sig) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_foreground,
     )
     try:
         with open(fifo, "wb") as writer:  # returns once the report opened its end
