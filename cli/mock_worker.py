@@ -322,7 +322,10 @@ SECTIONS = {
         "max_streams", "max_connections", "handshake_timeout", "idle_timeout", "write_timeout",
     ],
     "Checkpoints and output": ["checkpoint_every", "checkpoint_ms", "state_path", "output", "record"],
-    "Faults": ["restart_after", "restart_address", "reject_streams", "ack_delay", "drop_connection_after"],
+    "Faults": [
+        "restart_after", "restart_address", "reject_streams", "ack_delay",
+        "drop_connection_after", "drop_times",
+    ],
     "Sink (a connector sink fed with what connectors deliver, or with --input)": [
         "sink_connect", "sink_input", "sink_instance", "sink_cookie", "sink_version", "sink_reply_timeout",
         "sink_wait", "sink_record",
@@ -436,6 +439,13 @@ SECTIONS = {
     type=click.IntRange(0),
     default=0,
     help="Abort a connection (no ERROR) once it delivered N messages (0: never).",
+)
+@click.option(
+    "--drop-times",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="How many connections --drop-connection-after drops (0: every one).",
 )
 @click.option(
     "--idle-timeout",
@@ -556,6 +566,7 @@ def command(**opts) -> None:
             reject_streams=reject,
             ack_delay_ms=opts["ack_delay"],
             drop_connection_after=opts["drop_connection_after"],
+            drop_times=opts["drop_times"],
             idle_timeout=opts["idle_timeout"],
             write_timeout=opts["write_timeout"],
             max_streams=opts["max_streams"],

@@ -137,7 +137,11 @@ def free_port() -> int:
 # and join() never returns; a dropped connection is what it does recover from. And its
 # FramedFileReader cannot resume (see tests/peers/shipped_connector.py), so every run that
 # reconnects uses the reader with that one method fixed.
-@pytest.mark.parametrize("faults", [[], ["--drop-connection-after", "300"]], ids=["plain", "dropped"])
+# One drop, at 300 messages: a third of one file, so no file is finished when it comes (the shipped
+# library fails on a NOTIFY_ACK for a file it already finished, a drop after a file's end).
+@pytest.mark.parametrize(
+    "faults", [[], ["--drop-connection-after", "300", "--drop-times", "1"]], ids=["plain", "dropped"]
+)
 def test_shipped_connector_delivers_every_record_once_and_finishes(tmp_path, inputs, faults) -> None:
     out = tmp_path / "out.jsonl"
     args = ["--cookie", COOKIE, "--out", str(out), "--checkpoint-every", "100", "--format", "json", *faults]

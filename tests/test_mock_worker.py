@@ -418,6 +418,8 @@ def test_drop_connection_after_n_messages_and_reject_by_id() -> None:
     args = [
         "--drop-connection-after",
         "2",
+        "--drop-times",
+        "1",
         "--reject-streams",
         "8,9",
         "--checkpoint-ms",
@@ -435,6 +437,13 @@ def test_drop_connection_after_n_messages_and_reject_by_id() -> None:
         c.send(message(1, 0, b"a"), message(1, 1, b"b"), message(1, 2, b"c"))
         with pytest.raises((EOFError, ConnectionResetError)):
             c.read_frame()  # aborted: no ERROR, no RESTART
+        # --drop-times 1: the next connection is not dropped, however much it delivers.
+        d = Connector(server)
+        d.handshake(100)
+        d.send(notify(3, b"three"))
+        assert d.read_frame() == notify_ack_bytes(1, 3, 0)
+        d.send(*(message(3, i, b"p") for i in range(1, 6)), eos(3, 6))
+        assert d.read_frame()  # its final ACK: 5 messages delivered and still connected
         summary = stop_json(server)
     assert summary["dropped_connections"] == 1
     assert summary["notify_refused"] == 1

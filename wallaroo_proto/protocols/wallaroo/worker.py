@@ -109,6 +109,8 @@ class WorkerConfig:
     reject_streams: Callable[[int, Text], bool] | None = None
     ack_delay_ms: float = 0.0
     drop_connection_after: int = 0
+    #: How many connections drop_connection_after drops (0: every one).
+    drop_times: int = 0
     idle_timeout: float = 0.0
     write_timeout: float = 30.0
     #: Distinct streams one connection may NOTIFY: what a connector can make the worker keep.
@@ -446,7 +448,11 @@ class WorkerConnection:
                         worker.checkpoint_soon()
                     if cfg.restart_after and self.messages >= cfg.restart_after:
                         await self._restart()
-                    if cfg.drop_connection_after and self.messages >= cfg.drop_connection_after:
+                    if (
+                        cfg.drop_connection_after
+                        and self.messages >= cfg.drop_connection_after
+                        and (not cfg.drop_times or stats.dropped_connections < cfg.drop_times)
+                    ):
                         self._drop()
                 else:
                     await self._control(frame)
