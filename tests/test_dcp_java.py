@@ -8,6 +8,7 @@ the client's folder or javac is absent.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -19,10 +20,9 @@ from wallaroo_proto.protocols.dcp.store import Bucket
 
 pytestmark = pytest.mark.slow
 
-# ../shared/peers/couchbase-dcp beside the checkout; a worktree one level deeper finds it at /work/shared.
-PEER = Path(__file__).resolve().parents[1].parent / "shared" / "peers" / "couchbase-dcp"
-if not PEER.is_dir():
-    PEER = Path("/work/shared/peers/couchbase-dcp")
+# DCP_CLIENT_PEER names the client's folder; by default shared/peers/couchbase-dcp beside the checkout.
+BESIDE = Path(__file__).resolve().parents[2] / "shared" / "peers" / "couchbase-dcp"
+PEER = Path(os.environ.get("DCP_CLIENT_PEER", BESIDE))
 DRIVER = Path(__file__).parent / "peers" / "DcpDriver.java"
 
 
