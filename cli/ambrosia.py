@@ -16,7 +16,7 @@ import sys
 
 import click
 from rich.console import Console
-from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
+from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error, write_timeout_option
 
 from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, MockIC
 from wallaroo_proto.protocols.ambrosia.immortal import ADD, ARG_FORMS, BATCHING, RpcSource
@@ -197,13 +197,7 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
     help="Close both sockets and exit once every RPC and the last checkpoint are in "
     "(a real IC stays up; so does mock-ic without it).",
 )
-@click.option(
-    "--write-timeout",
-    type=click.FloatRange(0),
-    default=30.0,
-    show_default=True,
-    help="Reset an LB that reads nothing of the records for this many seconds (0: never).",
-)
+@write_timeout_option("an LB")
 @click.option("--record", default=None, help="Write both sockets' traffic to this pcap.")
 @summary_format
 def mock_ic(**opts) -> None:
@@ -287,13 +281,7 @@ async def _run_lb(lb: MockLB) -> tuple[dict, bool]:
 @click.option(
     "--ask-checkpoint-every", type=click.IntRange(0), default=0, help="Send TakeCheckpoint every N records."
 )
-@click.option(
-    "--write-timeout",
-    type=click.FloatRange(0),
-    default=30.0,
-    show_default=True,
-    help="Reset both sockets of an IC that reads nothing of our messages for this many seconds (0: never).",
-)
+@write_timeout_option("both sockets of an IC")
 @summary_format
 def mock_lb(**opts) -> None:
     """Play an AMBROSIA language binding (a counter immortal) for an IC.

@@ -18,7 +18,7 @@ import time
 import click
 from rich.console import Console
 from rich.table import Table
-from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
+from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error, write_timeout_option
 
 from wallaroo_proto import runtime
 from wallaroo_proto.durable import write_atomic
@@ -245,13 +245,7 @@ async def _serve(producer: MockProducer) -> bool:
     default=None,
     help="Record every connection into this pcap.",
 )
-@click.option(
-    "--write-timeout",
-    type=click.FloatRange(0),
-    default=30.0,
-    show_default=True,
-    help="Reset a connection that reads nothing of ours for this many seconds (0: never).",
-)
+@write_timeout_option("a connection")
 @click.option(
     "--idle-timeout",
     type=click.FloatRange(0),

@@ -34,6 +34,7 @@ from wallaroo_proto_cli.options import (
     summary_format,
     usage_error,
     verbosity,
+    write_timeout_option,
 )
 
 from wallaroo_proto import runtime
@@ -460,13 +461,7 @@ SECTIONS = {
     show_default=True,
     help="Distinct streams one connection may NOTIFY; beyond it gets ERROR.",
 )
-@click.option(
-    "--write-timeout",
-    type=click.FloatRange(0),
-    default=30.0,
-    show_default=True,
-    help="Abort a connection that reads nothing of our frames for this many seconds (0: never).",
-)
+@write_timeout_option("a connection")
 @click.option(
     "--handshake-timeout",
     type=click.FloatRange(0),

@@ -267,3 +267,14 @@ verbosity_options = verbosity()
 def examples(*lines: str) -> str:
     """An ``Examples:`` block for the end of a command's help, shown as written."""
     return "\n\n\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def write_timeout_option(who: str) -> Callable:
+    """``--write-timeout S`` of a server (the shared write watch): the same word, default and rule."""
+    return click.option(
+        "--write-timeout",
+        type=click.FloatRange(0),
+        default=30.0,
+        show_default=True,
+        help=f"Reset {who} that reads nothing of ours for this many seconds (0: never).",
+    )

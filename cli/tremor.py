@@ -17,7 +17,7 @@ import sys
 import click
 from rich.console import Console
 from rich.table import Table
-from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
+from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error, write_timeout_option
 
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.tremor.peers import (
@@ -93,13 +93,7 @@ async def _run_node(node: MockNode) -> bool:
     metavar="N",
     help="Fault: a connection's Nth message from the node is cut short (not JSON).",
 )
-@click.option(
-    "--write-timeout",
-    type=click.FloatRange(0),
-    default=30.0,
-    show_default=True,
-    help="Abort a connection that reads nothing of our frames for this many seconds (0: never).",
-)
+@write_timeout_option("a connection")
 @click.option(
     "--handshake-timeout",
     type=click.FloatRange(0),
