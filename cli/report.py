@@ -17,6 +17,7 @@ from rich.markup import escape
 from wallaroo_proto_cli.options import Command, examples, open_failure, output_option, usage_error, verbosity
 
 from wallaroo_proto.capture.pcap import CUT_NOTE
+from wallaroo_proto.main_thread_signals import entered_without_signals
 from wallaroo_proto.protocols import names
 from wallaroo_proto.report.model import ReportLimits
 
@@ -78,7 +79,8 @@ def command(captures, output, ports, protocol, shown, max_frames, max_connection
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
     limits = ReportLimits(ladder_frames=max_frames, shown_frames=shown, connections=max_connections)
-    with console.status("dissecting…") if verbosity >= 0 else contextlib.nullcontext():
+    status = console.status("dissecting…") if verbosity >= 0 else contextlib.nullcontext()
+    with entered_without_signals(status):
         report = build_report(captures, ports=ports or None, protocol=protocol, limits=limits, title=title)
     try:
         size = write_report(report, output)

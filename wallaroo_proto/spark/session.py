@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..main_thread_signals import entered_without_signals, signals_blocked
+
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -274,8 +276,9 @@ def stage_progress(
                     progress.remove_task(bars.pop(sid))
 
     thread = threading.Thread(target=poll, name="spark-progress", daemon=True)
-    with progress:
-        thread.start()
+    with entered_without_signals(progress):
+        with signals_blocked():
+            thread.start()
         try:
             yield
         finally:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import BinaryIO
 
+from ...main_thread_signals import signals_blocked
 from .frames import Message
 from .wire import U32
 
@@ -336,7 +337,8 @@ class ThreadedReader(RecordReader):
         self.on_ready: Callable[[], None] = lambda: None
         self.ended = False
         self.thread = threading.Thread(target=self._pump, name=f"input {label}", daemon=True)
-        self.thread.start()
+        with signals_blocked():
+            self.thread.start()
 
     def _pump(self) -> None:
         try:
