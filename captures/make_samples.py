@@ -383,6 +383,15 @@ def tremor_samples(session_path: Path, framing_path: Path) -> None:
         thread.join(timeout=10)
 
 
+def kinesis_sample(path: Path) -> None:
+    """A MultiLangDaemon conversation recorded by mock-daemon driving mock-processor over pipes."""
+    processor = [sys.executable, "-m", "wallaroo_proto_cli", "kinesis", "mock-processor"]
+    args = ["--shards", "2", "--records", "5", "--batch-size", "2", "--shard-end", "--record", str(path)]
+    proc = _wallaroo_proto("kinesis", "mock-daemon", *args, "--", *processor, stdout=subprocess.DEVNULL)
+    if proc.wait(timeout=120) != 0:
+        raise SystemExit(f"kinesis mock-daemon exited {proc.returncode}")
+
+
 def main() -> None:
     source_session(HERE / "source-session.pcap")
     sink_session(HERE / "sink-2pc.pcap")
@@ -392,6 +401,7 @@ def main() -> None:
     dcp_samples(HERE / "dcp-stream.pcap", HERE / "dcp-rollback.pcap")
     ambrosia_captures()
     tremor_samples(HERE / "tremor-session.pcap", HERE / "tremor-framing.pcap")
+    kinesis_sample(HERE / "kinesis-session.pcap")
 
 
 if __name__ == "__main__":

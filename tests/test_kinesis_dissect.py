@@ -236,3 +236,16 @@ def test_a_recording_with_aggregates_and_a_reshard_reads_back_per_shard(tmp_path
     assert shown.returncode == 0, shown.stderr
     assert "3 connection(s)" in shown.stderr and "0 with violations" in shown.stderr
     assert "shardId-000000000002" in html.read_text()
+
+
+def test_the_sample_capture_holds_two_shards_ended_and_checkpointed():
+    """captures/kinesis-session.pcap: 2 shards of 5 records in batches of 2, then shardEnded."""
+    from wallaroo_proto.capture.dissector import dissect
+
+    _, dissector = dissect(Path(__file__).resolve().parent.parent / "captures" / "kinesis-session.pcap")
+    summaries = dissector.summaries()
+    assert [s["shard_id"] for s in summaries] == ["shardId-000000000000", "shardId-000000000001"]
+    for s in summaries:
+        assert s["records"] == 5 and s["violations"] == 0
+        assert s["lines_by_type"]["processRecords"] == 3 and s["lines_by_type"]["shardEnded"] == 1
+        assert s["last_checkpoint"] == "SHARD_END" and s["closed"] == "closed"
