@@ -18,7 +18,21 @@ import time
 import click
 from rich.console import Console
 from rich.table import Table
-from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error, write_timeout_option
+from wallaroo_proto_cli.options import (
+    CONNECT_ADDRESS,
+    EXIT_INTERRUPTED,
+    Command,
+    examples,
+    format_address,
+    hidden_alias,
+    listen_option,
+    os_reason,
+    output_option,
+    summary_format,
+    usage_error,
+    verbosity,
+    write_timeout_option,
+)
 
 from wallaroo_proto import runtime
 from wallaroo_proto.durable import write_atomic
@@ -60,7 +74,13 @@ def _vbucket_list(value: str | None) -> list[int] | None:
     return out
 
 
-@click.group(name="dcp")
+@click.group(
+    name="dcp",
+    epilog=examples(
+        "wallaroo-proto dcp mock-producer --listen :0 --vbuckets 64 --items 1000",
+        "wallaroo-proto dcp mock-consumer --connect 127.0.0.1:11210 --state copy.json -o items.jsonl",
+    ),
+)
 def command() -> None:
     """Couchbase DCP (Database Change Protocol): mock producer and mock consumer."""
 
@@ -103,7 +123,7 @@ def _read_items(path: str) -> list[dict]:
     return items
 
 
-def _print_producer_summary(s: dict, fmt: str) -> None:
+def _print_producer_summary(s: dict, fmt: str, verbosity: int) -> None:
     if fmt == "json":
         click.echo(json.dumps(s))
         return
@@ -116,6 +136,8 @@ def _print_producer_summary(s: dict, fmt: str) -> None:
         f"{s['flow_control_stalls']} flow-control stalls, {s['dropped_connections']} connections dropped, "
         f"{s['timeouts']} timeouts"
     )
+    if verbosity < 0:
+        return
     table = Table(title="vbuckets")
     for col in ("vbucket", "uuid", "high seqno", "failover entries", "items sent"):
         table.add_column(col)
@@ -128,7 +150,7 @@ def _print_producer_summary(s: dict, fmt: str) -> None:
             f"{v['items_sent']:,}",
         )
     out.print(table)
-    for violation in s["violations"][:50]:
+    for violation in s["violations"] if verbosity > 0 else s["violations"][:50]:
         out.print(f"[bold red]VIOLATION[/] {violation}")
 
 
@@ -136,9 +158,8 @@ async def _serve(producer: MockProducer) -> bool:
     try:
         host, port = await producer.start()
     except OSError as err:
-        raise usage_error(
-            f"cannot listen on {producer.config.host}:{producer.config.port}: {err.strerror or err}"
-        ) from err
+        address = format_address((producer.config.host, producer.config.port))
+        raise usage_error(f"cannot listen on {address}: {os_reason(err)}") from err
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -150,11 +171,15 @@ async def _serve(producer: MockProducer) -> bool:
     return True
 
 
-@command.command(name="mock-producer")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port", type=click.IntRange(0, 65535), default=11210, show_default=True, help="0: a free port."
+@command.command(
+    name="mock-producer",
+    cls=Command,
+    epilog=examples(
+        "wallaroo-proto dcp mock-producer --listen :0 --vbuckets 64 --items 1000 --record dcp.pcap",
+        "wallaroo-proto dcp mock-producer --state p.json --failover 30 --not-my-vbucket 2",
+    ),
 )
+@listen_option(11210, "Address consumers connect to (a data node's KV port)")
 @click.option(
     "--vbuckets",
     type=click.IntRange(1, 1024),
@@ -267,7 +292,11 @@ async def _serve(producer: MockProducer) -> bool:
     "(NO_BUCKET), as a data node does; without it a connection starts authenticated on the bucket.",
 )
 @summary_format
-def mock_producer(**opts) -> None:
+@verbosity(
+    quiet="The summary line only, not the vbuckets table.",
+    verbose="Every violation after the table, not only the first 50.",
+)
+def mock_producer(listen: tuple[str, int], verbosity: int, **opts) -> None:
     """Play a Couchbase data node's DCP producer for DCP consumers.
 
     Serves until SIGINT or SIGTERM, then prints its summary. Exit 0, or 1 when
@@ -304,8 +333,8 @@ def mock_producer(**opts) -> None:
         except OSError as err:
             raise usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
     config = ProducerConfig(
-        opts["host"],
-        opts["port"],
+        listen[0],
+        listen[1],
         opts["snapshot_size"],
         opts["record"],
         faults,
@@ -317,12 +346,12 @@ def mock_producer(**opts) -> None:
         require_auth=opts["require_auth"],
     )
     try:
-        producer = MockProducer(config, bucket, _log("dcp mock-producer"))
+        producer = MockProducer(config, bucket, _log("wallaroo-proto dcp mock-producer"))
     except OSError as err:
         raise usage_error(f"cannot write --record {opts['record']}: {err.strerror or err}") from err
     runtime.run(_serve(producer))
     summary = producer.summary()
-    _print_producer_summary(summary, opts["fmt"])
+    _print_producer_summary(summary, opts["fmt"], verbosity)
     if summary["violations"]:
         sys.exit(1)
 
@@ -330,7 +359,7 @@ def mock_producer(**opts) -> None:
 # --------------------------------------------------------------------------- mock-consumer
 
 
-def _print_consumer_summary(s: dict, fmt: str, err: bool) -> None:
+def _print_consumer_summary(s: dict, fmt: str, err: bool, verbosity: int) -> None:
     if fmt == "json":
         click.echo(json.dumps(s), err=err)
         return
@@ -343,10 +372,15 @@ def _print_consumer_summary(s: dict, fmt: str, err: bool) -> None:
         f"{s['noops_answered']} noops answered, {s['buffer_acks']} buffer acks, {s['violations']} violations "
         f"({s['items_per_second']:,.0f} items/s)"
     )
+    for failure in s["failures"] if verbosity < 0 else []:
+        out.print(f"[bold red]FAILED[/] {failure}")
+    if verbosity < 0:
+        return
+    rows = s["vbuckets"][:_TABLE_ROWS]
     table = Table(title="vbuckets")
     for col in ("vbucket", "status", "uuid", "seqno", "snapshot", "received", "live", "rollbacks"):
         table.add_column(col)
-    for v in s["vbuckets"][:_TABLE_ROWS]:
+    for v in rows:
         table.add_row(
             str(v["vbucket"]),
             v["status"],
@@ -358,11 +392,10 @@ def _print_consumer_summary(s: dict, fmt: str, err: bool) -> None:
             str(v["rollbacks"]),
         )
     out.print(table)
-    if len(s["vbuckets"]) > _TABLE_ROWS:
-        out.print(
-            f"... and {len(s['vbuckets']) - _TABLE_ROWS:,} more vbuckets (--format json lists every one)"
-        )
-    for violation in s["violation_list"][:50]:
+    if len(s["vbuckets"]) > len(rows):
+        hidden = len(s["vbuckets"]) - len(rows)
+        out.print(f"... and {hidden:,} more vbuckets (--format json lists every one)")
+    for violation in s["violation_list"] if verbosity > 0 else s["violation_list"][:50]:
         out.print(f"[bold red]VIOLATION[/] {violation}")
     for failure in s["failures"]:
         out.print(f"[bold red]FAILED[/] {failure}")
@@ -382,9 +415,20 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     return await consumer.run(), interrupted
 
 
-@command.command(name="mock-consumer")
+@command.command(
+    name="mock-consumer",
+    cls=Command,
+    epilog=examples(
+        "wallaroo-proto dcp mock-consumer --connect 127.0.0.1:11210 --state copy.json -o items.jsonl",
+        "wallaroo-proto dcp mock-consumer --vbuckets 0-3 --follow --buffer-size 4096 --format json",
+    ),
+)
 @click.option(
-    "--connect", default="127.0.0.1:11210", show_default=True, metavar="HOST:PORT", help="The producer."
+    "--connect",
+    type=CONNECT_ADDRESS,
+    default="127.0.0.1:11210",
+    show_default=True,
+    help="The producer (a data node's KV port).",
 )
 @click.option(
     "--name", default="wallaroo-proto-mock-consumer", show_default=True, help="DCP connection name."
@@ -417,7 +461,8 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     default=None,
     help="Durable copy: items, vbucket uuids, seqnos and snapshot ranges; a restart resumes.",
 )
-@click.option("--out", default=None, metavar="FILE|-", help="Write the live items as JSONL at the end.")
+@output_option("Write the live items as JSONL at the end (- is stdout).", default=None, metavar="FILE|-")
+@hidden_alias("--out", "output")
 @click.option(
     "--retries",
     type=click.IntRange(0),
@@ -446,7 +491,11 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     "--keep-going", is_flag=True, help="Go on after the producer breaks a rule (default: stop at the first)."
 )
 @summary_format
-def mock_consumer(**opts) -> None:
+@verbosity(
+    quiet="The summary line and failures only, not the vbuckets table.",
+    verbose="Every violation after the table, not only the first 50.",
+)
+def mock_consumer(verbosity: int, **opts) -> None:
     """Stream vbuckets from a DCP producer into a durable copy, as a replica or connector does.
 
     Exit 0 when every stream ended ok, 1 when the producer broke the protocol
@@ -454,16 +503,14 @@ def mock_consumer(**opts) -> None:
     stream could not be had (the summary says which), 2 on bad usage, 130 when
     interrupted.
     """
-    host, sep, port = opts["connect"].rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"{opts['connect']!r} is not HOST:PORT", param_hint="--connect")
-    if opts["out"] and opts["out"] != "-":
-        directory = os.path.dirname(os.path.abspath(opts["out"]))
+    host, port = opts["connect"]
+    if opts["output"] and opts["output"] != "-":
+        directory = os.path.dirname(os.path.abspath(opts["output"]))
         if not os.path.isdir(directory):
-            raise usage_error(f"--out {opts['out']}: no directory {directory}")
+            raise usage_error(f"--output {opts['output']}: no folder {directory}")
     config = ConsumerConfig(
-        host=host.strip("[]") or "127.0.0.1",
-        port=int(port),
+        host=host,
+        port=port,
         name=opts["name"],
         vbuckets=_vbucket_list(opts["vbuckets"]),
         buffer_size=opts["buffer_size"],
@@ -471,7 +518,7 @@ def mock_consumer(**opts) -> None:
         follow=opts["follow"],
         stream_ids=opts["stream_ids"],
         state=opts["state_path"],
-        out=opts["out"],
+        out=opts["output"],
         retries=opts["retries"],
         retry_delay=opts["retry_delay"],
         timeout=opts["timeout"],
@@ -479,13 +526,13 @@ def mock_consumer(**opts) -> None:
         stream_retries=opts["stream_retries"],
     )
     try:
-        consumer = MockConsumer(config, _log("dcp mock-consumer"))
+        consumer = MockConsumer(config, _log("wallaroo-proto dcp mock-consumer"))
     except StateError as err:
         raise usage_error(f"--state: {err}") from err
     result, interrupted = runtime.run(_consume(consumer))
     with contextlib.suppress(Exception):
         sys.stdout.flush()
-    _print_consumer_summary(result, opts["fmt"], err=opts["out"] == "-")
+    _print_consumer_summary(result, opts["fmt"], err=opts["output"] == "-", verbosity=verbosity)
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if not result["ok"]:

@@ -15,6 +15,10 @@ SUITES = (
         producer_suite.CASES,
         producer_suite.open_producer_target,
         producer_suite.OPTIONS,
+        examples=(
+            "wallaroo-proto conformance producer 127.0.0.1:11210",
+            "wallaroo-proto conformance producer 10.0.0.7:11210 --case refuse --junit producer.xml",
+        ),
     ),
     Suite(
         "consumer",
@@ -23,5 +27,9 @@ SUITES = (
         "command",
         consumer_suite.CASES,
         consumer_suite.open_consumer,
+        examples=(
+            "wallaroo-proto conformance consumer -- ./my-consumer '{host}:{port}' --state {state}",
+            "wallaroo-proto conformance consumer --list",
+        ),
     ),
 )
