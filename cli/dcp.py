@@ -500,8 +500,8 @@ def mock_consumer(verbosity: int, **opts) -> None:
 
     Exit 0 when every stream ended ok, 1 when the producer broke the protocol
     (the first violation ends the run unless --keep-going), went silent or a
-    stream could not be had (the summary says which), 2 on bad usage, 130 when
-    interrupted.
+    stream could not be had (the summary says which), 2 on bad usage or when the
+    producer could not be reached (after --retries), 130 when interrupted.
     """
     host, port = opts["connect"]
     if opts["output"] and opts["output"] != "-":
@@ -532,8 +532,12 @@ def mock_consumer(verbosity: int, **opts) -> None:
     result, interrupted = runtime.run(_consume(consumer))
     with contextlib.suppress(Exception):
         sys.stdout.flush()
+    if not interrupted and result["connections"] == 0 and opts["fmt"] == "text":
+        sys.exit(2)  # the producer was never reached: the log's one line says why, no empty table
     _print_consumer_summary(result, opts["fmt"], err=opts["output"] == "-", verbosity=verbosity)
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
+    if result["connections"] == 0:
+        sys.exit(2)
     if not result["ok"]:
         sys.exit(1)

@@ -39,3 +39,15 @@ def test_a_busy_port_and_a_bad_address_are_one_line_each():
     result = run_cli("dcp", "mock-consumer", "--connect", "127.0.0.1:99999")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "'127.0.0.1:99999' is not HOST:PORT" in result.stderr
+
+
+def test_a_producer_never_reached_is_one_line_and_exit_2():
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        result = run_cli("dcp", "mock-consumer", "--connect", f"127.0.0.1:{port}", "--retries", "1")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"wallaroo-proto dcp mock-consumer: cannot connect to 127.0.0.1:{port}: Connection refused; {then}"
+        for then in ("reconnecting (1)", "giving up")
+    ]

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from support import COMMAND, Server, run_cli
+from support import COMMAND, Server, as_foreground, run_cli
 
 from wallaroo_proto.protocols.dcp import codec
 
@@ -339,14 +339,21 @@ def test_the_text_summary_lists_at_most_1024_vbuckets():
 def test_a_following_consumer_stays_with_an_idle_producer_that_sends_noops(tmp_path):
     """The silence limit counts the producer's noops: an idle, live producer is not given up."""
     with Server("dcp", "mock-producer", "--port", "0", "--vbuckets", "1", "--items", "3") as server:
+        state = tmp_path / "copy.json"
         proc = subprocess.Popen(
-            [*COMMAND, "dcp", "mock-consumer", "--connect", server.address, "--follow"]
+            [*COMMAND, "dcp", "mock-consumer", "--connect", server.address, "--follow", "--state", str(state)]
             + ["--noop-interval", "1", "--format", "json"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=as_foreground,
         )
         try:
+            # The copy holds the 3 items (it is written once the snapshot is complete): streaming.
+            deadline = time.monotonic() + 120
+            while not (state.exists() and '"seqno": 3' in state.read_text()) and proc.poll() is None:
+                assert time.monotonic() < deadline, "the consumer never got the 3 items"
+                time.sleep(0.05)
             # Idle for twice the silence limit (2 s): what is tested is that nothing ends it.
             with pytest.raises(subprocess.TimeoutExpired):
                 proc.wait(timeout=4)

@@ -97,6 +97,10 @@ class ConnectionLost(Exception):
     pass
 
 
+class Unreachable(ConnectionError):
+    """The producer could not be connected to at all (not a connection lost once made)."""
+
+
 class RuleBroken(Exception):
     """The producer broke the protocol and the consumer stops (it goes on only with ``keep_going``)."""
 
@@ -175,12 +179,14 @@ class MockConsumer:
             except (ConnectionLost, ConnectionError, OSError) as err:
                 if self.stop_requested:
                     break
+                lost = f"connection lost: {err or type(err).__name__}"
+                what = str(err) if isinstance(err, Unreachable) else lost
                 if attempts >= self.config.retries:
-                    self.run_state.failures.append(f"connection lost: {err or type(err).__name__}")
-                    self.log(f"connection lost ({err or type(err).__name__}); giving up")
+                    self.run_state.failures.append(what)
+                    self.log(f"{what}; giving up")
                     break
                 attempts += 1
-                self.log(f"connection lost ({err or type(err).__name__}); reconnecting ({attempts})")
+                self.log(f"{what}; reconnecting ({attempts})")
                 await asyncio.sleep(self.config.retry_delay)
         self.persist(force=True)
         return self.summary()
@@ -192,7 +198,12 @@ class MockConsumer:
 
     async def session(self) -> None:
         cfg = self.config
-        link = await Link.open(cfg.host, cfg.port)
+        try:
+            link = await Link.open(cfg.host, cfg.port)
+        except OSError as err:
+            reason = os.strerror(err.errno) if err.errno and err.errno > 0 else err.strerror or str(err)
+            host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+            raise Unreachable(f"cannot connect to {host}:{cfg.port}: {reason}") from None
         self.link = link
         self.conn = Connection()
         self.splitter = PacketSplitter()
