@@ -112,7 +112,8 @@ def _print_producer_summary(s: dict, fmt: str) -> None:
     out.print(
         f"dcp mock-producer summary: {s['connections']} connections, {s['streams']} streams, "
         f"{s['items_sent']:,} items in {s['snapshots']} snapshots, {s['rollbacks']} rollbacks, "
-        f"{s['not_my_vbucket']} NOT_MY_VBUCKET, stream ends: {ends}, {s['noops']} noops answered, "
+        f"{s['not_my_vbucket']} NOT_MY_VBUCKET, {len(s['moved'])} vbuckets moved, stream ends: {ends}, "
+        f"{s['noops']} noops answered, "
         f"{s['flow_control_stalls']} flow-control stalls, {s['dropped_connections']} connections dropped, "
         f"{s['timeouts']} timeouts"
     )
@@ -143,6 +144,8 @@ async def _serve(producer: MockProducer) -> bool:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if len(producer.ports) > 1:
+        click.echo(f"wallaroo-proto dcp mock-producer: second node on {host}:{producer.ports[1]}")
     click.echo(f"wallaroo-proto dcp mock-producer: listening on {host}:{port}")
     sys.stdout.flush()
     await stop.wait()
@@ -221,6 +224,14 @@ async def _serve(producer: MockProducer) -> bool:
     help="Answer stream requests for this vbucket NOT_MY_VBUCKET (repeatable).",
 )
 @click.option(
+    "--move-vbucket",
+    "move",
+    multiple=True,
+    type=click.IntRange(0),
+    help="This vbucket moves to a second node (a second port) at its first stream request, as in a "
+    "rebalance: NOT_MY_VBUCKET with a newer bucket config, then that node serves it (repeatable).",
+)
+@click.option(
     "--stream-end",
     default=None,
     metavar="REASON@N",
@@ -275,6 +286,7 @@ def mock_producer(**opts) -> None:
     """
     faults = Faults(
         not_my_vbucket=frozenset(opts["not_mine"]),
+        move=frozenset(opts["move"]),
         drop_after=opts["drop_after"],
         drop_times=opts["drop_times"],
     )

@@ -422,6 +422,49 @@ def test_get_cluster_config_and_not_my_vbucket_carry_the_bucket_config():
     run(main())
 
 
+def test_a_vbucket_that_moves_is_refused_with_a_newer_config_naming_the_second_node_which_serves_it():
+    import json
+
+    from wallaroo_proto.protocols.dcp.producer import Faults
+
+    async def main():
+        async with serving(vbuckets=4, items=3, faults=Faults(move=frozenset({2}))) as producer:
+            first, second = producer.ports
+            home = await connect(producer)
+            await home.send(req(0xB5, 2))
+            _, _, body = await home.answer(2)
+            before = json.loads(body)
+            assert before["rev"] == 1 and before["vBucketServerMap"]["vBucketMap"] == [[0]] * 4
+            assert [n["services"]["kv"] for n in before["nodesExt"]] == [first, second]
+            # The stream request finds vbucket 2 gone: NOT_MY_VBUCKET, its body the config of rev 2.
+            await home.send(OPEN + stream_req(2, 4) + stream_req(1, 5) + req(0xB5, 6))
+            opcode, status, body = await home.answer(4)
+            assert (opcode, status) == (0x53, 0x07)
+            moved = json.loads(body)
+            assert moved["rev"] == 2
+            assert moved["vBucketServerMap"]["vBucketMap"] == [[0], [0], [1], [0]]
+            assert moved["vBucketServerMap"]["serverList"] == [f"127.0.0.1:{first}", f"127.0.0.1:{second}"]
+            mine, other = moved["nodesExt"]
+            assert mine["thisNode"] and "hostname" not in mine
+            assert other == {"services": {"kv": second, "mgmt": 8092}, "hostname": "127.0.0.1"}
+            assert (await home.answer(5))[:2] == (0x53, SUCCESS)  # the others stay
+            assert json.loads((await home.answer(6))[2])["rev"] == 2
+            # The second node serves vbucket 2 and no other, and names itself thisNode.
+            away = Peer(*await asyncio.open_connection("127.0.0.1", second))
+            seqnos = req(0x48, 7, struct.pack(">I", 1))
+            await away.send(OPEN + stream_req(2, 4) + stream_req(1, 5) + req(0xB5, 6) + seqnos)
+            assert (await away.answer(4))[:2] == (0x53, SUCCESS)
+            assert (await away.answer(5))[:2] == (0x53, 0x07)
+            there = json.loads((await away.answer(6))[2])
+            assert there["rev"] == 2 and there["nodesExt"][1]["thisNode"]
+            assert "hostname" in there["nodesExt"][0]
+            assert (await away.answer(7))[2] == struct.pack(">HQ", 2, 3)
+            summary = producer.summary()
+            assert summary["moved"] == [2] and summary["not_my_vbucket"] == 2
+
+    run(main())
+
+
 # ------------------------------------------------------------------------------ items as the connection asked
 
 
