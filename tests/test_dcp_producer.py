@@ -465,6 +465,44 @@ def test_a_vbucket_that_moves_is_refused_with_a_newer_config_naming_the_second_n
     run(main())
 
 
+# ------------------------------------------------------------------------------ the error map
+
+
+def test_get_error_map_answers_the_version_asked_for_at_most_2_and_refuses_a_malformed_request():
+    import json
+
+    async def main():
+        async with serving(require_auth=True) as producer:  # allowed before authentication
+            peer = await connect(producer)
+            ask = [req(0xFE, 10 + v, value=struct.pack(">H", v)) for v in (0, 1, 2, 9)]
+            await peer.send(
+                b"".join(ask) + req(0xFE, 20, value=b"\x02") + req(0xFE, 21, value=b"\x00\x02", vb=3)
+            )
+            assert (await peer.answer(10))[:2] == (0xFE, 0x01)  # no version 0: KEY_ENOENT
+            maps = {}
+            for v in (1, 2, 9):
+                _, status, body = await peer.answer(10 + v)
+                assert status == SUCCESS
+                maps[v] = json.loads(body)
+            assert maps[2] == maps[9] and maps[2]["version"] == 2 and maps[1]["version"] == 1
+            assert maps[1]["revision"] == maps[2]["revision"] + 4
+            errors = maps[2]["errors"]
+            # Every status the producer sends, keyed in lower-case hex as the server's map is.
+            sent = {"0", "1", "2", "4", "7", "8", "20", "21", "22", "23", "24", "81", "83", "8d"}
+            assert set(errors) == sent
+            assert errors["7"]["name"] == "NOT_MY_VBUCKET" and "fetch-config" in errors["7"]["attrs"]
+            assert errors["20"]["attrs"] == ["conn-state-invalidated", "auth"]
+            assert errors["23"]["attrs"] == ["dcp", "special-handling"]
+            assert all(e["desc"] for e in errors.values())
+            # A value that is no 2-byte version, or a vbucket other than 0: EINVAL, connection kept.
+            assert (await peer.answer(20))[:2] == (0xFE, EINVAL)
+            assert (await peer.answer(21))[:2] == (0xFE, EINVAL)
+            await peer.send(req(0xFE, 22, value=b"\x00\x01"))
+            assert json.loads((await peer.answer(22))[2]) == maps[1]
+
+    run(main())
+
+
 # ------------------------------------------------------------------------------ items as the connection asked
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.write_watch import WriteWatch
 
-from . import cluster, codec, controls, sasl
+from . import cluster, codec, controls, errormap, sasl
 from .codec import (
     FOREVER,
     SUCCESS,
@@ -505,6 +505,12 @@ class _Session:
             self.setup(p)
         elif op == codec.SELECT_BUCKET:
             self.respond(p, self.select_bucket(p.key))
+        elif op == codec.GET_ERROR_MAP:
+            body = errormap.error_map(msg.version)
+            if body is None:
+                self.respond(p, codec.KEY_ENOENT)
+            else:
+                self.respond(p, value=body, datatype=codec.DATATYPE_JSON)
         else:
             self.respond(p, codec.NOT_SUPPORTED)
 
