@@ -272,10 +272,10 @@ async def _serve(producer: MockProducer) -> bool:
 @click.option("--bucket", default="default", show_default=True, help="The bucket's name (SELECT_BUCKET).")
 @click.option(
     "--require-auth/--no-require-auth",
-    default=False,
+    default=True,
     show_default=True,
     help="Refuse all but HELLO and SASL before authentication (EACCESS) and DCP before SELECT_BUCKET "
-    "(NO_BUCKET), as a data node does; without it a connection starts authenticated on the bucket.",
+    "(NO_BUCKET), as a data node does; --no-require-auth: a connection starts authenticated on the bucket.",
 )
 @summary_format
 def mock_producer(**opts) -> None:
@@ -457,6 +457,19 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
 @click.option(
     "--keep-going", is_flag=True, help="Go on after the producer breaks a rule (default: stop at the first)."
 )
+@click.option(
+    "--username",
+    default="Administrator",
+    show_default=True,
+    help="SASL account (the strongest SCRAM the producer lists, else PLAIN).",
+)
+@click.option("--password", default="password", show_default=True, help="Its password.")
+@click.option("--bucket", default="default", show_default=True, help="The bucket to select (SELECT_BUCKET).")
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Neither authenticate nor select a bucket (a producer that wants neither).",
+)
 @summary_format
 def mock_consumer(**opts) -> None:
     """Stream vbuckets from a DCP producer into a durable copy, as a replica or connector does.
@@ -489,6 +502,9 @@ def mock_consumer(**opts) -> None:
         timeout=opts["timeout"],
         keep_going=opts["keep_going"],
         stream_retries=opts["stream_retries"],
+        user=None if opts["no_auth"] else opts["username"],
+        password=opts["password"],
+        bucket=opts["bucket"],
     )
     try:
         consumer = MockConsumer(config, _log("dcp mock-consumer"))

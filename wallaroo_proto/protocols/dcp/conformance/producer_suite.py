@@ -18,6 +18,7 @@ PLAIN) and ``--bucket`` selects the bucket, as a real consumer does before DCP_O
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -487,6 +488,36 @@ async def malformed_magic(ctx: ProducerUnderTest, trace: Trace) -> str:
 UNKNOWN_OPCODE = 0xEE
 
 
+async def error_map(ctx: ProducerUnderTest, trace: Trace) -> str:
+    """GET_ERROR_MAP before authentication, as a client asks right after HELLO."""
+    probe = await ProducerProbe.connect(ctx.host, ctx.port, trace, "c1")
+    ctx.probes.append(probe)
+    p, msg = await probe.call(codec.GET_ERROR_MAP, value=b"\x00\x02")
+    if p.status != codec.SUCCESS:
+        raise CaseFailed(f"GET_ERROR_MAP version 2 answered {msg.status_name}", trace.tail())
+    try:
+        emap = json.loads(msg.value)
+        errors = emap["errors"]
+        version, revision = emap["version"], emap["revision"]
+        named = all(int(k, 16) >= 0 and {"name", "desc", "attrs"} <= set(e) for k, e in errors.items())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        named = False
+    if not named:
+        raise CaseFailed(
+            f"GET_ERROR_MAP version 2 answer ({len(msg.value)} bytes) is no map of statuses "
+            "(version, revision, errors by hex status with name, desc, attrs)",
+            trace.tail(),
+        )
+    if version not in (1, 2) or "fetch-config" not in errors.get("7", {}).get("attrs", []):
+        raise CaseFailed(
+            f"error map version {version} (must be 1 or 2), NOT_MY_VBUCKET without fetch-config", trace.tail()
+        )
+    p, msg = await probe.call(codec.GET_ERROR_MAP, value=b"\x00\x00")
+    if p.status != codec.KEY_ENOENT:
+        raise CaseFailed(f"GET_ERROR_MAP version 0 answered {msg.status_name}, not KEY_ENOENT", trace.tail())
+    return f"version {version} revision {revision}, {len(errors)} statuses; version 0: KEY_ENOENT"
+
+
 def _needs_auth(ctx: ProducerUnderTest) -> None:
     if ctx.user is None:
         raise CaseSkipped("needs --user and --password: a producer that requires authentication")
@@ -732,6 +763,13 @@ def _cases() -> tuple[Case, ...]:
             f"{CODE}: mcbp_validators, dcp_control_validator",
             "a DCP_CONTROL with extras is answered EINVAL and the connection is kept",
             malformed_control_extras,
+        ),
+        case(
+            "error-map.versions",
+            f"{CODE}: get_errmap_executor, ErrorMapManager",
+            "GET_ERROR_MAP before authentication gets a map of version 1 or 2 (statuses by hex with "
+            "name, desc, attrs; NOT_MY_VBUCKET fetch-config); version 0 gets KEY_ENOENT",
+            error_map,
         ),
         case(
             "refuse.unauthenticated",
