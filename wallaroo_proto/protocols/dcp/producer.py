@@ -51,7 +51,9 @@ from .store import CAS_AT, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket, Ver
 
 #: HELLO features granted, those a data node grants that this producer honours: TcpNoDelay, Xattr
 #: (it holds no xattrs), XERROR, SelectBucket, Duplex (it sends no server requests), and
-#: ClustermapChangeNotification with Duplex (its config never changes, so there is nothing to push).
+#: ClustermapChangeNotification with Duplex. It pushes no config: the config changes only when a
+#: vbucket moves, and then reaches the client that asked for the vbucket in NOT_MY_VBUCKET's body, as
+#: on a node with ``dedupe_nmvb_maps`` (other connections see it at their next GET_CLUSTER_CONFIG).
 FEATURES = (0x03, 0x06, 0x07, 0x08, 0x0C, 0x0D)
 _DUPLEX, _CLUSTERMAP_NOTIFICATION = 0x0C, 0x0D
 DEFAULT_NOOP_INTERVAL = 20.0
