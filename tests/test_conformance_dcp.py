@@ -63,6 +63,7 @@ def test_mock_producer_after_a_failover_passes_every_producer_case(tmp_path) -> 
     seen = {c["id"]: c["seen"] for c in report["cases"]}
     assert seen["rollback.diverged"] == "ROLLBACK to 35, as the rule gives"  # 60 items, 25 lost at failover
     assert seen["stream.not-my-vbucket"].startswith("NOT_MY_VBUCKET for vbucket 1023")
+    assert seen["refuse.unauthenticated"].endswith("then authenticates (SCRAM-SHA512)")
     assert seen["error-map.versions"] == "version 2 revision 1, 14 statuses; version 0: KEY_ENOENT"
     # the malformed cases are the only consumer violations the producer saw
     assert exit_code == 1 and "extras of 40 bytes" in err and "bad magic 0x42" in err
