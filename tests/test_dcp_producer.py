@@ -428,7 +428,7 @@ def test_a_vbucket_that_moves_is_refused_with_a_newer_config_naming_the_second_n
     from wallaroo_proto.protocols.dcp.producer import Faults
 
     async def main():
-        async with serving(vbuckets=4, items=3, faults=Faults(move=frozenset({2}))) as producer:
+        async with serving(vbuckets=4, items=3, faults=Faults(move=frozenset({2, 9}))) as producer:
             first, second = producer.ports
             home = await connect(producer)
             await home.send(req(0xB5, 2))
@@ -436,8 +436,12 @@ def test_a_vbucket_that_moves_is_refused_with_a_newer_config_naming_the_second_n
             before = json.loads(body)
             assert before["rev"] == 1 and before["vBucketServerMap"]["vBucketMap"] == [[0]] * 4
             assert [n["services"]["kv"] for n in before["nodesExt"]] == [first, second]
+            # Vbucket 9 is none of the bucket's: it cannot move, the config stays at rev 1.
+            await home.send(OPEN + stream_req(9, 3))
+            opcode, status, body = await home.answer(3)
+            assert (opcode, status, json.loads(body)["rev"]) == (0x53, 0x07, 1)
             # The stream request finds vbucket 2 gone: NOT_MY_VBUCKET, its body the config of rev 2.
-            await home.send(OPEN + stream_req(2, 4) + stream_req(1, 5) + req(0xB5, 6))
+            await home.send(stream_req(2, 4) + stream_req(1, 5) + req(0xB5, 6))
             opcode, status, body = await home.answer(4)
             assert (opcode, status) == (0x53, 0x07)
             moved = json.loads(body)
@@ -460,7 +464,7 @@ def test_a_vbucket_that_moves_is_refused_with_a_newer_config_naming_the_second_n
             assert "hostname" in there["nodesExt"][0]
             assert (await away.answer(7))[2] == struct.pack(">HQ", 2, 3)
             summary = producer.summary()
-            assert summary["moved"] == [2] and summary["not_my_vbucket"] == 2
+            assert summary["moved"] == [2] and summary["not_my_vbucket"] == 3
 
     run(main())
 

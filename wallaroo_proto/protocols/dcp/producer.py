@@ -638,8 +638,10 @@ class _Session:
     def stream_req(self, p: Packet, req: StreamReq) -> None:
         producer = self.producer
         stats = producer.stats
-        if p.vbucket in producer.config.faults.move and p.vbucket not in producer.moved and self.node == 0:
-            producer.move(p.vbucket)  # the rebalance ends as the request arrives
+        vbid = p.vbucket
+        moving = producer.config.faults.move.difference(producer.moved)
+        if vbid in moving and vbid in producer.bucket.vbuckets and self.node == 0:
+            producer.move(vbid)  # the rebalance ends as the request arrives
         vb = self.vbucket(p.vbucket)
         if vb is None:
             stats.not_my_vbucket += 1
