@@ -132,7 +132,8 @@ def _print_producer_summary(s: dict, fmt: str, verbosity: int) -> None:
     out.print(
         f"dcp mock-producer summary: {s['connections']} connections, {s['streams']} streams, "
         f"{s['items_sent']:,} items in {s['snapshots']} snapshots, {s['rollbacks']} rollbacks, "
-        f"{s['not_my_vbucket']} NOT_MY_VBUCKET, stream ends: {ends}, {s['noops']} noops answered, "
+        f"{s['not_my_vbucket']} NOT_MY_VBUCKET, {len(s['moved'])} vbuckets moved, stream ends: {ends}, "
+        f"{s['noops']} noops answered, "
         f"{s['flow_control_stalls']} flow-control stalls, {s['dropped_connections']} connections dropped, "
         f"{s['timeouts']} timeouts"
     )
@@ -164,6 +165,8 @@ async def _serve(producer: MockProducer) -> bool:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if len(producer.ports) > 1:
+        click.echo(f"wallaroo-proto dcp mock-producer: second node on {host}:{producer.ports[1]}")
     click.echo(f"wallaroo-proto dcp mock-producer: listening on {host}:{port}")
     sys.stdout.flush()
     await stop.wait()
@@ -246,6 +249,14 @@ async def _serve(producer: MockProducer) -> bool:
     help="Answer stream requests for this vbucket NOT_MY_VBUCKET (repeatable).",
 )
 @click.option(
+    "--move-vbucket",
+    "move",
+    multiple=True,
+    type=click.IntRange(0),
+    help="This vbucket moves to a second node (a second port) at its first stream request, as in a "
+    "rebalance: NOT_MY_VBUCKET with a newer bucket config, then that node serves it (repeatable).",
+)
+@click.option(
     "--stream-end",
     default=None,
     metavar="REASON@N",
@@ -286,10 +297,10 @@ async def _serve(producer: MockProducer) -> bool:
 @click.option("--bucket", default="default", show_default=True, help="The bucket's name (SELECT_BUCKET).")
 @click.option(
     "--require-auth/--no-require-auth",
-    default=False,
+    default=True,
     show_default=True,
     help="Refuse all but HELLO and SASL before authentication (EACCESS) and DCP before SELECT_BUCKET "
-    "(NO_BUCKET), as a data node does; without it a connection starts authenticated on the bucket.",
+    "(NO_BUCKET), as a data node does; --no-require-auth: a connection starts authenticated on the bucket.",
 )
 @summary_format
 @verbosity(
@@ -304,6 +315,7 @@ def mock_producer(listen: tuple[str, int], verbosity: int, **opts) -> None:
     """
     faults = Faults(
         not_my_vbucket=frozenset(opts["not_mine"]),
+        move=frozenset(opts["move"]),
         drop_after=opts["drop_after"],
         drop_times=opts["drop_times"],
     )
@@ -490,6 +502,19 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
 @click.option(
     "--keep-going", is_flag=True, help="Go on after the producer breaks a rule (default: stop at the first)."
 )
+@click.option(
+    "--username",
+    default="Administrator",
+    show_default=True,
+    help="SASL account (the strongest SCRAM the producer lists, else PLAIN).",
+)
+@click.option("--password", default="password", show_default=True, help="Its password.")
+@click.option("--bucket", default="default", show_default=True, help="The bucket to select (SELECT_BUCKET).")
+@click.option(
+    "--no-auth",
+    is_flag=True,
+    help="Neither authenticate nor select a bucket (a producer that wants neither).",
+)
 @summary_format
 @verbosity(
     quiet="The summary line and failures only, not the vbuckets table.",
@@ -524,6 +549,9 @@ def mock_consumer(verbosity: int, **opts) -> None:
         timeout=opts["timeout"],
         keep_going=opts["keep_going"],
         stream_retries=opts["stream_retries"],
+        user=None if opts["no_auth"] else opts["username"],
+        password=opts["password"],
+        bucket=opts["bucket"],
     )
     try:
         consumer = MockConsumer(config, _log("wallaroo-proto dcp mock-consumer"))

@@ -42,7 +42,16 @@ def test_mock_producer_after_a_failover_passes_every_producer_case(tmp_path) -> 
     state = str(tmp_path / "producer.json")
     with Server("dcp", "mock-producer", "--port", "0", "--vbuckets", "4", "--items", "60", "--state", state):
         pass  # the history is written before the ready line
-    args = ["--vbuckets", "4", "--items", "20", "--failover", "25", "--state", state, "--require-auth"]
+    args = [
+        "--vbuckets",
+        "4",
+        "--items",
+        "20",
+        "--failover",
+        "25",
+        "--state",
+        state,
+    ]  # auth required: the default
     args += ["--username", "conformance", "--password", "secret"]
     with Server("dcp", "mock-producer", "--port", "0", *args) as producer:
         auth = ["--user", "conformance", "--password", "secret", "--bucket", "default"]
@@ -54,6 +63,8 @@ def test_mock_producer_after_a_failover_passes_every_producer_case(tmp_path) -> 
     seen = {c["id"]: c["seen"] for c in report["cases"]}
     assert seen["rollback.diverged"] == "ROLLBACK to 35, as the rule gives"  # 60 items, 25 lost at failover
     assert seen["stream.not-my-vbucket"].startswith("NOT_MY_VBUCKET for vbucket 1023")
+    assert seen["refuse.unauthenticated"].endswith("then authenticates (SCRAM-SHA512)")
+    assert seen["error-map.versions"] == "version 2 revision 1, 14 statuses; version 0: KEY_ENOENT"
     # the malformed cases are the only consumer violations the producer saw
     assert exit_code == 1 and "extras of 40 bytes" in err and "bad magic 0x42" in err
     assert "DCP_CONTROL: extras of 4 bytes, must be 0" in err
@@ -79,6 +90,8 @@ SLOPPY_FAILURES = {
     "malformed.control": "a DCP_CONTROL with no value answered SUCCESS",
     "malformed.magic": "no conclusion within 4 s (waiting for the producer to close the connection)",
     "malformed.control-extras": "a DCP_CONTROL with 4 bytes of extras answered SUCCESS, not EINVAL",
+    "error-map.versions": "GET_ERROR_MAP version 2 answer (0 bytes) is no map of statuses "
+    "(version, revision, errors by hex status with name, desc, attrs)",
     "refuse.open-twice": "a second DCP_OPEN answered SUCCESS, not EINVAL",
     "refuse.open-flags": "DCP_OPEN with flag 0x02 answered SUCCESS, not EINVAL",
     "refuse.before-open": "a STREAM_REQ before DCP_OPEN answered SUCCESS, not EINVAL",

@@ -82,7 +82,7 @@ def run_against(answer, monkeypatch, **config) -> dict:
         return ScriptedLink(answer)
 
     monkeypatch.setattr(consumer_module.Link, "open", classmethod(open_link))
-    consumer = MockConsumer(ConsumerConfig(noop_interval=1.0, **config), lambda line: None)
+    consumer = MockConsumer(ConsumerConfig(noop_interval=1.0, user=None, **config), lambda line: None)
     return asyncio.run(consumer.run())
 
 

@@ -137,6 +137,57 @@ def test_detected_by_its_first_bytes_on_any_port(tmp_path):
     assert records[-1]["dcp_event"] == "snapshot complete" and records[-1]["dcp_key"] == "gone"
 
 
+def test_error_maps_and_bucket_configs_are_read_with_their_versions(tmp_path):
+    path = tmp_path / "maps.pcap"
+    # Small answers written by hand in the server's shapes: an error map (version, revision, errors
+    # by lower-case hex status) and a bucket config (rev, nodeLocator, ...), both with datatype JSON.
+    error_map = b'{"version":2,"revision":3,"errors":{"7":{"name":"NOT_MY_VBUCKET","attrs":[]}}}'
+    config = b'{"rev":%d,"revEpoch":1,"name":"default","nodeLocator":"vbucket"}'
+    json_dt = codec.DATATYPE_JSON
+    with PcapWriter(path) as w:
+        s = w.tcp_session(("127.0.0.1", 50000), ("127.0.0.1", 9000), timestamp=1.0)
+        s.send(True, codec.request(codec.GET_ERROR_MAP, opaque=1, value=b"\x00\x02"), 1.001)
+        s.send(False, codec.response(codec.GET_ERROR_MAP, opaque=1, value=error_map, datatype=json_dt), 1.002)
+        s.send(True, codec.request(codec.GET_CLUSTER_CONFIG, opaque=2), 1.003)
+        s.send(
+            False,
+            codec.response(codec.GET_CLUSTER_CONFIG, opaque=2, value=config % 7, datatype=json_dt),
+            1.004,
+        )
+        s.send(True, codec.open_request("hand", opaque=3), 1.005)
+        s.send(False, codec.response(codec.OPEN, opaque=3), 1.006)
+        s.send(True, codec.stream_req_request(3, 4, StreamReq(0, 0, FOREVER, 0, 0, 0)), 1.007)
+        nmvb = codec.response(
+            codec.STREAM_REQ, codec.NOT_MY_VBUCKET, opaque=4, value=config % 8, datatype=json_dt
+        )
+        s.send(False, nmvb, 1.008)
+        s.send(True, codec.request(codec.GET_ERROR_MAP, opaque=5, value=b"\x02"), 1.009)  # no 2-byte version
+        s.close(True, 1.1)
+    records, _ = dissect(path)  # port 9000: found by its first bytes, a GET_ERROR_MAP
+    got = [
+        (
+            r["type"],
+            r["verdict"],
+            r.get("error_map_version"),
+            r.get("error_map_revision"),
+            r.get("config_rev"),
+        )
+        for r in records
+    ]
+    assert got == [
+        ("GET_ERROR_MAP", "accepted", 2, None, None),
+        ("GET_ERROR_MAP_RESPONSE", "accepted", 2, 3, None),
+        ("GET_CLUSTER_CONFIG", "accepted", None, None, None),
+        ("GET_CLUSTER_CONFIG_RESPONSE", "accepted", None, None, 7),
+        ("DCP_OPEN", "accepted", None, None, None),
+        ("DCP_OPEN_RESPONSE", "accepted", None, None, None),
+        ("DCP_STREAM_REQ", "accepted", None, None, None),
+        ("DCP_STREAM_REQ_RESPONSE", "accepted", None, None, 8),
+        ("GET_ERROR_MAP", "malformed", None, None, None),
+    ]
+    assert "2-byte version" in records[-1]["violations"][0]
+
+
 def tshark_view(path: Path, port: int) -> dict[int, tuple[list, list, list, list]]:
     """Per packet: opcodes, opaques, request vbuckets and keys as tshark's couchbase dissector reads them."""
     fields = ("frame.number", "couchbase.opcode", "couchbase.opaque", "couchbase.vbucket", "couchbase.key")

@@ -214,3 +214,32 @@ def test_usage_errors_exit_2(tmp_path):
     assert result.returncode == 2 and "not a mock-consumer state file" in result.stderr
     assert "Traceback" not in result.stderr
     os.remove(bad)
+
+
+def test_a_consumer_logs_in_with_scram_and_selects_the_bucket_a_producer_requires_by_default(tmp_path):
+    pcap = tmp_path / "auth.pcap"
+    account = ("--username", "reader", "--password", "s3cret", "--bucket", "travel")
+    with producer("--vbuckets", "2", "--items", "5", *account, "--record", str(pcap)) as server:
+        rc, summary = consume(server, *account)
+        wrong, refused = consume(server, "--username", "reader", "--password", "nope", "--bucket", "travel")
+        anonymous, nothing = consume(server, "--no-auth")
+    assert rc == 0 and summary["ok"], summary
+    assert wrong == 1 and refused["failures"] == [
+        "connection lost: SASL SCRAM-SHA512 as 'reader' refused: AUTH_ERROR"
+    ]
+    assert anonymous == 1 and nothing["failures"] == ["connection lost: DCP_OPEN refused: EACCESS"]
+    # The first connection's setup, as the capture holds it: SCRAM-SHA512 in two steps, then the bucket.
+    done = run_cli("dissect", str(pcap), "--format", "jsonl")
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    first = [(r["type"], r.get("status"), r.get("dcp_key")) for r in records if r["conn_index"] == 1][:10]
+    assert first[:9] == [
+        ("HELLO", None, "wallaroo-proto-mock-consumer"),
+        ("HELLO_RESPONSE", "SUCCESS", None),
+        ("SASL_LIST_MECHS", None, None),
+        ("SASL_LIST_MECHS_RESPONSE", "SUCCESS", None),
+        ("SASL_AUTH", None, "SCRAM-SHA512"),
+        ("SASL_AUTH_RESPONSE", "AUTH_CONTINUE", None),
+        ("SASL_STEP", None, "SCRAM-SHA512"),
+        ("SASL_STEP_RESPONSE", "SUCCESS", None),
+        ("SELECT_BUCKET", None, "travel"),
+    ]

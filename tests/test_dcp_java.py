@@ -24,6 +24,8 @@ pytestmark = pytest.mark.slow
 BESIDE = Path(__file__).resolve().parents[2] / "shared" / "peers" / "couchbase-dcp"
 PEER = Path(os.environ.get("DCP_CLIENT_PEER", BESIDE))
 DRIVER = Path(__file__).parent / "peers" / "DcpDriver.java"
+#: The client's own log (log4j2) to stderr: its info lines, and the conductor's debug ones (stream retries).
+LOG_CONFIG = Path(__file__).parent / "peers" / "dcp-client-log4j2.properties"
 
 
 @pytest.fixture(scope="module")
@@ -41,14 +43,20 @@ def classpath(tmp_path_factory) -> str:
     return f"{out}:{jars}"
 
 
-def stream(classpath: str, server: Server, *args: str, timeout: int = 120) -> tuple[int, list[list[str]]]:
-    """Run the driver: exit code and its event lines, split."""
-    done = subprocess.run(
-        ["java", f"-Ddriver.timeout={timeout}", "-cp", classpath, "DcpDriver", server.address, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout + 120,
-    )
+def stream(
+    classpath: str, server: Server, *args: str, timeout: int = 120, log: Path | None = None
+) -> tuple[int, list[list[str]]]:
+    """Run the driver: exit code and its event lines, split; with ``log``, the client's log goes there."""
+    logging = [f"-Dlog4j2.configurationFile={LOG_CONFIG}"] if log else []
+    command = ["java", f"-Ddriver.timeout={timeout}", *logging, "-cp", classpath, "DcpDriver"]
+    with open(log or os.devnull, "w") as err:
+        done = subprocess.run(
+            [*command, server.address, *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            timeout=timeout + 120,
+        )
     return done.returncode, [line.split(" ") for line in done.stdout.splitlines()]
 
 
@@ -163,3 +171,34 @@ def test_the_client_survives_a_connection_dropped_mid_stream(classpath, tmp_path
         [e for e in events if e[0] == "END"]
     ) == 4
     assert live_keys(events) == {vb: keys for vb, keys in producer_keys(state).items() if keys}
+
+
+def test_a_vbucket_that_moves_to_another_node_is_followed_there_as_the_client_follows_a_rebalance(
+    classpath, tmp_path
+):
+    state, log = tmp_path / "p.json", tmp_path / "client.log"
+    args = ("--vbuckets", "4", "--items", "50", "--state", str(state), "--require-auth", "--format", "json")
+    with Server("dcp", "mock-producer", "--port", "0", *args, "--move-vbucket", "2") as server:
+        second = int(server.lines[0].rsplit(":", 1)[1])  # "second node on HOST:PORT"
+        rc, events = stream(classpath, server, "default", "Administrator", "password", "2000", log=log)
+        _, stdout, _ = server.stop()
+    assert rc == 0, events[-5:]
+    assert sorted((e[1], e[2]) for e in events if e[0] == "END") == [(str(vb), "OK") for vb in range(4)]
+    items = [(e[1], e[2]) for e in events if e[0] in ("MUTATION", "DELETION")]
+    assert len(items) == len(set(items))
+    assert live_keys(events) == {vb: keys for vb, keys in producer_keys(state).items() if keys}
+    # The client took the config in the NOT_MY_VBUCKET body (rev 2), connected to the node it
+    # names, and opened vbucket 2's stream there; the first node streamed the three others.
+    client = log.read_text()
+    assert "Received bucket config from NotMyVbucket" in client
+    assert f"Adding DCP Channel against 127.0.0.1:{second}" in client
+    assert (
+        "Rescheduling Stream Start for vbid 2 due to com.couchbase.client.dcp.conductor.NotMyVbucketException"
+        in client
+    )
+    summary = json.loads(stdout.splitlines()[-1])
+    assert summary["moved"] == [2] and summary["not_my_vbucket"] == 1 and not summary["violations"]
+    home, away = summary["nodes"]
+    assert away["port"] == second and away["connections"] >= 1
+    per_vb = {v["vbucket"]: v["items_sent"] for v in summary["vbuckets"]}
+    assert away["items_sent"] == per_vb[2] > 0 and home["items_sent"] == sum(per_vb.values()) - per_vb[2]

@@ -422,6 +422,91 @@ def test_get_cluster_config_and_not_my_vbucket_carry_the_bucket_config():
     run(main())
 
 
+def test_a_vbucket_that_moves_is_refused_with_a_newer_config_naming_the_second_node_which_serves_it():
+    import json
+
+    from wallaroo_proto.protocols.dcp.producer import Faults
+
+    async def main():
+        async with serving(vbuckets=4, items=3, faults=Faults(move=frozenset({2, 9}))) as producer:
+            first, second = producer.ports
+            home = await connect(producer)
+            await home.send(req(0xB5, 2))
+            _, _, body = await home.answer(2)
+            before = json.loads(body)
+            assert before["rev"] == 1 and before["vBucketServerMap"]["vBucketMap"] == [[0]] * 4
+            assert [n["services"]["kv"] for n in before["nodesExt"]] == [first, second]
+            # Vbucket 9 is none of the bucket's: it cannot move, the config stays at rev 1.
+            await home.send(OPEN + stream_req(9, 3))
+            opcode, status, body = await home.answer(3)
+            assert (opcode, status, json.loads(body)["rev"]) == (0x53, 0x07, 1)
+            # The stream request finds vbucket 2 gone: NOT_MY_VBUCKET, its body the config of rev 2.
+            await home.send(stream_req(2, 4) + stream_req(1, 5) + req(0xB5, 6))
+            opcode, status, body = await home.answer(4)
+            assert (opcode, status) == (0x53, 0x07)
+            moved = json.loads(body)
+            assert moved["rev"] == 2
+            assert moved["vBucketServerMap"]["vBucketMap"] == [[0], [0], [1], [0]]
+            assert moved["vBucketServerMap"]["serverList"] == [f"127.0.0.1:{first}", f"127.0.0.1:{second}"]
+            mine, other = moved["nodesExt"]
+            assert mine["thisNode"] and "hostname" not in mine
+            assert other == {"services": {"kv": second, "mgmt": 8092}, "hostname": "127.0.0.1"}
+            assert (await home.answer(5))[:2] == (0x53, SUCCESS)  # the others stay
+            assert json.loads((await home.answer(6))[2])["rev"] == 2
+            # The second node serves vbucket 2 and no other, and names itself thisNode.
+            away = Peer(*await asyncio.open_connection("127.0.0.1", second))
+            seqnos = req(0x48, 7, struct.pack(">I", 1))
+            await away.send(OPEN + stream_req(2, 4) + stream_req(1, 5) + req(0xB5, 6) + seqnos)
+            assert (await away.answer(4))[:2] == (0x53, SUCCESS)
+            assert (await away.answer(5))[:2] == (0x53, 0x07)
+            there = json.loads((await away.answer(6))[2])
+            assert there["rev"] == 2 and there["nodesExt"][1]["thisNode"]
+            assert "hostname" in there["nodesExt"][0]
+            assert (await away.answer(7))[2] == struct.pack(">HQ", 2, 3)
+            summary = producer.summary()
+            assert summary["moved"] == [2] and summary["not_my_vbucket"] == 3
+
+    run(main())
+
+
+# ------------------------------------------------------------------------------ the error map
+
+
+def test_get_error_map_answers_the_version_asked_for_at_most_2_and_refuses_a_malformed_request():
+    import json
+
+    async def main():
+        async with serving(require_auth=True) as producer:  # allowed before authentication
+            peer = await connect(producer)
+            ask = [req(0xFE, 10 + v, value=struct.pack(">H", v)) for v in (0, 1, 2, 9)]
+            await peer.send(
+                b"".join(ask) + req(0xFE, 20, value=b"\x02") + req(0xFE, 21, value=b"\x00\x02", vb=3)
+            )
+            assert (await peer.answer(10))[:2] == (0xFE, 0x01)  # no version 0: KEY_ENOENT
+            maps = {}
+            for v in (1, 2, 9):
+                _, status, body = await peer.answer(10 + v)
+                assert status == SUCCESS
+                maps[v] = json.loads(body)
+            assert maps[2] == maps[9] and maps[2]["version"] == 2 and maps[1]["version"] == 1
+            assert maps[1]["revision"] == maps[2]["revision"] + 4
+            errors = maps[2]["errors"]
+            # Every status the producer sends, keyed in lower-case hex as the server's map is.
+            sent = {"0", "1", "2", "4", "7", "8", "20", "21", "22", "23", "24", "81", "83", "8d"}
+            assert set(errors) == sent
+            assert errors["7"]["name"] == "NOT_MY_VBUCKET" and "fetch-config" in errors["7"]["attrs"]
+            assert errors["20"]["attrs"] == ["conn-state-invalidated", "auth"]
+            assert errors["23"]["attrs"] == ["dcp", "special-handling"]
+            assert all(e["desc"] for e in errors.values())
+            # A value that is no 2-byte version, or a vbucket other than 0: EINVAL, connection kept.
+            assert (await peer.answer(20))[:2] == (0xFE, EINVAL)
+            assert (await peer.answer(21))[:2] == (0xFE, EINVAL)
+            await peer.send(req(0xFE, 22, value=b"\x00\x01"))
+            assert json.loads((await peer.answer(22))[2]) == maps[1]
+
+    run(main())
+
+
 # ------------------------------------------------------------------------------ items as the connection asked
 
 

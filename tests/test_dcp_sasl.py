@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wallaroo_proto.protocols.dcp.sasl import Account, AuthFailed, ScramServer
+from wallaroo_proto.protocols.dcp.sasl import Account, AuthFailed, ScramClient, ScramServer, choose
 
 PENCIL = Account("user", "pencil")
 
@@ -87,3 +87,48 @@ def test_any_bytes_give_a_server_first_or_auth_failed(first, final):
         s.final(final)
     except AuthFailed:
         pass
+
+
+# ------------------------------------------------------------------------------ the client's side
+
+
+@pytest.mark.parametrize(
+    "mechanism, nonce, server_first, client_final, server_final",
+    [
+        (  # RFC 5802 section 5
+            "SCRAM-SHA1",
+            "fyko+d2lbbFgONRv9qkxdawL",
+            b"r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,s=QSXCR+Q6sek8bf92,i=4096",
+            b"c=biws,r=fyko+d2lbbFgONRv9qkxdawL3rfcNHYJY1ZVvWVs7j,p=v0X8v3Bz2T0CJGbJQyF0X+HI4Ts=",
+            b"v=rmF9pqV8S7suAoZWja4dJRkFsKQ=",
+        ),
+        (  # RFC 7677 section 3
+            "SCRAM-SHA256",
+            "rOprNGfwEbeRWgbNEkqO",
+            b"r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,s=W22ZaJ0SNY7soEsUEjb6gQ==,i=4096",
+            b"c=biws,r=rOprNGfwEbeRWgbNEkqO%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0,"
+            b"p=dHzbZapWIk4jUhN+Ute9ytag9zjfMHgsqmmiz7AndVQ=",
+            b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4=",
+        ),
+    ],
+)
+def test_the_client_gives_the_rfcs_proofs_and_checks_their_server_signatures(
+    mechanism, nonce, server_first, client_final, server_final
+):
+    c = ScramClient("user", "pencil", mechanism, nonce=nonce)
+    assert c.first() == f"n,,n=user,r={nonce}".encode()
+    assert c.final(server_first) == client_final
+    c.verify(server_final)
+    with pytest.raises(AuthFailed, match="signature is wrong"):
+        c.verify(server_final[:-6] + b"AAAAA=")
+
+
+def test_the_client_refuses_a_server_nonce_that_does_not_extend_its_own():
+    c = ScramClient("user", "pencil", "SCRAM-SHA512", nonce="abc")
+    with pytest.raises(AuthFailed, match="nonce"):
+        c.final(b"r=xyz123,s=QSXCR+Q6sek8bf92,i=4096")
+
+
+def test_the_client_picks_the_strongest_mechanism_offered():
+    assert choose(["PLAIN", "SCRAM-SHA1", "SCRAM-SHA512"]) == "SCRAM-SHA512"
+    assert choose(["PLAIN"]) == "PLAIN" and choose(["OAUTHBEARER"]) is None

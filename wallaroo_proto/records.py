@@ -124,6 +124,9 @@ FIELDS: list[tuple[str, str, str]] = [
     ("control_key", "string", "DCP control: key"),
     ("control_value", "string", "DCP control: value"),
     ("dcp_event", "string", "DCP: what the packet did: snapshot complete, rollback to N, buffer full, ..."),
+    ("config_rev", "long", "DCP bucket config (GET_CLUSTER_CONFIG, NOT_MY_VBUCKET's body): its rev"),
+    ("error_map_version", "int", "DCP GET_ERROR_MAP: the version asked for; its answer: the map's"),
+    ("error_map_revision", "int", "DCP GET_ERROR_MAP answer: the map's revision"),
     # AMBROSIA IC <-> LB (a frame is a log record, an LB message or a checkpoint's raw bytes)
     ("ambrosia_socket", "string", "AMBROSIA: 'receive' (LB -> IC messages) or 'send' (IC -> LB records)"),
     ("lb", "string", "AMBROSIA: the language binding's pair of sockets the frame belongs to"),

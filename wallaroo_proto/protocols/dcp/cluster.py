@@ -1,11 +1,13 @@
 """The bucket config a data node gives clients: GET_CLUSTER_CONFIG's answer and NOT_MY_VBUCKET's body.
 
-A one-node cluster on the producer's KV port, every vbucket active on it. The
-shape is what clients read from a real node (``rev``/``revEpoch``,
+A cluster of the producer's KV ports (one node, or a second one a vbucket moves
+to), each vbucket active on one of them, no replicas. The shape is what clients
+read from a real node (``rev``/``revEpoch``,
 ``nodeLocator: vbucket``, ``vBucketServerMap`` with one list per vbucket,
 ``nodesExt`` with the services' ports); the node's own entry in ``nodesExt``
 carries no ``hostname``, as a node leaves it out for the address the client
-already used, and ``serverList`` names the address the client connected to.
+already used (the others name theirs), and ``serverList`` names the nodes at
+the address the client connected to.
 """
 
 from __future__ import annotations
@@ -16,9 +18,27 @@ import json
 CAPABILITIES = ("dcp", "cbhello", "touch", "cccp", "xattr", "nodesExt", "xdcrCheckpointing")
 
 
-def bucket_config(name: str, uuid: str, vbuckets: int, host: str, port: int, rev: int = 1) -> bytes:
-    """The bucket config JSON for ``vbuckets`` vbuckets served at ``host:port``."""
-    server = f"{host}:{port}"
+def bucket_config(
+    name: str,
+    uuid: str,
+    vbucket_map: list[int],
+    host: str,
+    ports: list[int],
+    this_node: int = 0,
+    rev: int = 1,
+) -> bytes:
+    """The bucket config: vbucket ``i`` active on node ``vbucket_map[i]``, node ``k`` at ``host:ports[k]``.
+
+    ``this_node`` is the node answering; ``rev`` grows with each change of the map.
+    """
+    nodes_ext: list[dict] = []
+    for k, port in enumerate(ports):
+        node: dict = {"services": {"kv": port, "mgmt": 8091 + k}}
+        if k == this_node:
+            node["thisNode"] = True
+        else:
+            node["hostname"] = host
+        nodes_ext.append(node)
     config = {
         "rev": rev,
         "revEpoch": 1,
@@ -33,16 +53,17 @@ def bucket_config(name: str, uuid: str, vbuckets: int, host: str, port: int, rev
         "nodes": [
             {
                 "couchApiBase": f"http://{host}:8092/{name}",
-                "hostname": f"{host}:8091",
+                "hostname": f"{host}:{8091 + k}",
                 "ports": {"direct": port},
             }
+            for k, port in enumerate(ports)
         ],
-        "nodesExt": [{"services": {"kv": port, "mgmt": 8091}, "thisNode": True}],
+        "nodesExt": nodes_ext,
         "vBucketServerMap": {
             "hashAlgorithm": "CRC",
             "numReplicas": 0,
-            "serverList": [server],
-            "vBucketMap": [[0]] * vbuckets,
+            "serverList": [f"{host}:{port}" for port in ports],
+            "vBucketMap": [[k] for k in vbucket_map],
         },
         "clusterCapabilitiesVer": [1, 0],
         "clusterCapabilities": {"n1ql": ["enhancedPreparedStatements"]},

@@ -391,6 +391,13 @@ class Open:
 
 
 @dataclass(slots=True)
+class ErrorMapReq:
+    """GET_ERROR_MAP: the highest error-map version the client reads."""
+
+    version: int
+
+
+@dataclass(slots=True)
 class Control:
     key: str
     value: str
@@ -514,6 +521,7 @@ _MARKER_V1 = struct.Struct(">QQI")
 _MARKER_V20 = struct.Struct(">QQIQQ")
 _SYSTEM_EVENT = struct.Struct(">QIB")
 _U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
 _OPEN = struct.Struct(">II")
 
 
@@ -608,9 +616,13 @@ def parse(p: Packet, offset: int = 0, request_opcode: int | None = None) -> Any:
         SASL_STEP,
         SELECT_BUCKET,
         GET_CLUSTER_CONFIG,
-        GET_ERROR_MAP,
     ):
         return Empty()
+    if op == GET_ERROR_MAP:  # the highest map version the client reads, for vbucket 0
+        _need(p, offset, (0,), False, True)
+        if len(p.value) != 2 or p.vbucket or p.datatype:
+            raise ProtocolError("GET_ERROR_MAP: must be a 2-byte version, vbucket 0, raw", offset + 8)
+        return ErrorMapReq(_U16.unpack(p.value)[0])
     if op == GET_ALL_VB_SEQNOS:
         _need(p, offset, (0, 4), False, False)
         return Empty()

@@ -1,9 +1,11 @@
 """The mock DCP consumer: streams vbuckets from a producer into a durable copy, as a replica does.
 
-It says HELLO, opens a DCP connection, sets its controls (noops, a flow-control
-buffer, stream ids), asks for the vbuckets' high seqnos and requests a stream
-per vbucket from what its copy holds: the vbucket uuid, the last seqno and the
-snapshot range it is in. Every producer packet goes through the same
+It says HELLO, authenticates (the strongest SCRAM the producer lists, else
+PLAIN) and selects the bucket as a data node's clients do, opens a DCP
+connection, sets its controls (noops, a flow-control buffer, stream ids),
+asks for the vbuckets' high seqnos and requests a stream per vbucket from
+what its copy holds: the vbucket uuid, the last seqno and the snapshot range
+it is in. Every producer packet goes through the same
 ``core.Connection`` the dissector uses, so a producer that breaks a rule is
 named. NOOPs are answered with their opaque; buffers are acknowledged once
 half the window is used. A ROLLBACK truncates the copy to the newest
@@ -38,7 +40,7 @@ from typing import Any
 
 from wallaroo_proto.durable import write_atomic
 
-from . import codec
+from . import codec, sasl
 from .codec import (
     FOREVER,
     HEADER_SIZE,
@@ -84,6 +86,10 @@ class ConsumerConfig:
     timeout: float | None = None  # None: twice noop_interval (none when noops are off); 0: none
     keep_going: bool = False  # go on after a violation instead of stopping
     stream_retries: int = 10  # requests in a row for one vbucket's stream that bring no new seqno
+    #: SASL account and the bucket to select; user None: neither (a producer that wants no login).
+    user: str | None = "Administrator"
+    password: str = "password"
+    bucket: str = "default"
 
     @property
     def silence(self) -> float:
@@ -347,6 +353,13 @@ class MockConsumer:
         await self.call(
             codec.request(codec.HELLO, opaque=self.next_opaque(), key=cfg.name.encode(), value=features)
         )
+        if cfg.user is not None:
+            await self.authenticate(cfg.user, cfg.password)
+            answer = await self.call(
+                codec.request(codec.SELECT_BUCKET, opaque=self.next_opaque(), key=cfg.bucket.encode())
+            )
+            if answer.status != SUCCESS:
+                raise ConnectionLost(f"SELECT_BUCKET {cfg.bucket} refused: {answer.status_name}")
         answer = await self.call(codec.open_request(cfg.name, codec.OPEN_PRODUCER, self.next_opaque()))
         if answer.status != SUCCESS:
             raise ConnectionLost(f"DCP_OPEN refused: {answer.status_name}")
@@ -365,6 +378,44 @@ class MockConsumer:
         if answer.status != SUCCESS:
             raise ConnectionLost(f"GET_ALL_VB_SEQNOS refused: {answer.status_name}")
         self.high = dict(answer.vb_seqnos or [])
+
+    async def authenticate(self, user: str, password: str) -> None:
+        """SASL: the strongest SCRAM the producer lists (its signature checked), else PLAIN."""
+        answer = await self.call(codec.request(codec.SASL_LIST_MECHS, opaque=self.next_opaque()))
+        if answer.status != SUCCESS:
+            raise ConnectionLost(f"SASL_LIST_MECHS refused: {answer.status_name}")
+        offered = answer.value.decode("ascii", "replace").split()
+        mechanism = sasl.choose(offered)
+        if mechanism is None:
+            raise ConnectionLost(
+                f"no SASL mechanism in common: the producer offers {' '.join(offered) or 'none'}"
+            )
+        refused = f"SASL {mechanism} as {user!r} refused"
+        if mechanism == "PLAIN":
+            message = sasl.plain_message(user, password)
+            answer = await self.call(
+                codec.request(codec.SASL_AUTH, opaque=self.next_opaque(), key=b"PLAIN", value=message)
+            )
+            if answer.status != SUCCESS:
+                raise ConnectionLost(f"{refused}: {answer.status_name}")
+            return
+        scram = sasl.ScramClient(user, password, mechanism)
+        key = mechanism.encode()
+        answer = await self.call(
+            codec.request(codec.SASL_AUTH, opaque=self.next_opaque(), key=key, value=scram.first())
+        )
+        if answer.status != codec.AUTH_CONTINUE:
+            raise ConnectionLost(f"{refused}: {answer.status_name}")
+        try:
+            final = scram.final(answer.value)
+            answer = await self.call(
+                codec.request(codec.SASL_STEP, opaque=self.next_opaque(), key=key, value=final)
+            )
+            if answer.status != SUCCESS:
+                raise ConnectionLost(f"{refused}: {answer.status_name}")
+            scram.verify(answer.value)
+        except sasl.AuthFailed as err:
+            raise ConnectionLost(f"{refused}: {err}") from None
 
     def stream_request(self, vb: int) -> None:
         state = self.run_state.vbuckets.setdefault(vb, ConsumerVBucket(vb))

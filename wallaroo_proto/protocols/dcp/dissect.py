@@ -14,6 +14,7 @@ producer; otherwise the initiator.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from wallaroo_proto.capture.tracker import ConnectionTracker
@@ -31,7 +32,7 @@ PORTS = (11210,)
 #: Commands only a consumer (a client) sends first.
 _CLIENT_FIRST = frozenset(
     (codec.HELLO, codec.OPEN, codec.SASL_LIST_MECHS, codec.SASL_AUTH, codec.VERSION, codec.SELECT_BUCKET)
-) | {codec.GET_CLUSTER_CONFIG, codec.CONTROL, codec.STREAM_REQ, codec.GET_ALL_VB_SEQNOS}
+) | {codec.GET_ERROR_MAP, codec.GET_CLUSTER_CONFIG, codec.CONTROL, codec.STREAM_REQ, codec.GET_ALL_VB_SEQNOS}
 
 
 def looks_like_dcp(payload: bytes, max_frame_size: int = 0) -> bool:
@@ -41,6 +42,20 @@ def looks_like_dcp(payload: bytes, max_frame_size: int = 0) -> bool:
     if payload[1] not in _CLIENT_FIRST:
         return False
     return codec.find_header(payload[:HEADER_SIZE], 0, max_frame_size or 20 * 1024 * 1024) == 0
+
+
+def _json_fields(record: dict, opcode: int, value: bytes) -> None:
+    """What a JSON answer is: an error map's version and revision, a bucket config's revision."""
+    try:
+        obj = json.loads(value)
+    except ValueError:
+        return
+    if not isinstance(obj, dict):
+        return
+    if opcode == codec.GET_ERROR_MAP:
+        record["error_map_version"], record["error_map_revision"] = obj.get("version"), obj.get("revision")
+    elif "nodeLocator" in obj:  # GET_CLUSTER_CONFIG's answer, or the config NOT_MY_VBUCKET carries
+        record["config_rev"] = obj.get("rev")
 
 
 class _Direction:
@@ -187,6 +202,8 @@ class DcpTracker(ConnectionTracker):
                     record["vbucket"] = self.conn.rollbacks[-1][0]
             if msg.failover_log:
                 record["vb_uuid"] = msg.failover_log[0][0]
+            if msg.value and p.datatype & codec.DATATYPE_JSON:
+                _json_fields(record, p.opcode, msg.value)
             return
         seqno = getattr(msg, "seqno", None)
         if seqno is not None:
@@ -208,6 +225,8 @@ class DcpTracker(ConnectionTracker):
             record["control_key"], record["control_value"] = msg.key, msg.value
         elif isinstance(msg, codec.Open):
             record["dcp_key"] = msg.name
+        elif isinstance(msg, codec.ErrorMapReq):
+            record["error_map_version"] = msg.version
         if self.conn.buffer_size and p.is_request and p.opcode in codec.STREAM_MESSAGES | {codec.BUFFER_ACK}:
             record["outstanding"] = self.conn.outstanding
 

@@ -41,6 +41,9 @@ RECORD_FIELDS = (
     "control_key",
     "control_value",
     "dcp_event",
+    "config_rev",
+    "error_map_version",
+    "error_map_revision",
 )
 TYPE_NAMES = (
     *codec.OPCODES.values(),
@@ -72,6 +75,9 @@ def describe(r: dict) -> str:
         ("value", "control_value"),
         ("sid", "dcp_stream_id"),
         ("outstanding", "outstanding"),
+        ("config_rev", "config_rev"),
+        ("error_map", "error_map_version"),
+        ("error_map_rev", "error_map_revision"),
     )
     parts = [f"opaque=0x{r['opaque']:08x}"] if r.get("opaque") is not None else []
     for label, k in keys:

@@ -8,7 +8,8 @@ snapshots round-robin while the consumer's buffer has room. Noops go out at
 the negotiated interval once ``enable_noop=true``. A slow consumer only slows
 its own connection: writes wait for the socket to drain.
 
-Faults: vbuckets answered NOT_MY_VBUCKET, streams ended early with a chosen
+Faults: vbuckets answered NOT_MY_VBUCKET, vbuckets that move to a second node
+(a second port) when first asked for, as in a rebalance, streams ended early with a chosen
 STREAM_END reason (once per vbucket, so a consumer that asks again gets the
 rest), and connections dropped abruptly after N items (the first
 ``drop_times`` connections). ``--failover`` is done by the CLI on the bucket
@@ -33,7 +34,7 @@ from typing import Any
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.write_watch import WriteWatch
 
-from . import cluster, codec, controls, sasl
+from . import cluster, codec, controls, errormap, sasl
 from .codec import (
     FOREVER,
     SUCCESS,
@@ -50,7 +51,9 @@ from .store import CAS_AT, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket, Ver
 
 #: HELLO features granted, those a data node grants that this producer honours: TcpNoDelay, Xattr
 #: (it holds no xattrs), XERROR, SelectBucket, Duplex (it sends no server requests), and
-#: ClustermapChangeNotification with Duplex (its config never changes, so there is nothing to push).
+#: ClustermapChangeNotification with Duplex. It pushes no config: the config changes only when a
+#: vbucket moves, and then reaches the client that asked for the vbucket in NOT_MY_VBUCKET's body, as
+#: on a node with ``dedupe_nmvb_maps`` (other connections see it at their next GET_CLUSTER_CONFIG).
 FEATURES = (0x03, 0x06, 0x07, 0x08, 0x0C, 0x0D)
 _DUPLEX, _CLUSTERMAP_NOTIFICATION = 0x0C, 0x0D
 DEFAULT_NOOP_INTERVAL = 20.0
@@ -90,6 +93,9 @@ _CHUNK_ITEMS = 1024
 @dataclass
 class Faults:
     not_my_vbucket: frozenset[int] = frozenset()
+    #: Vbuckets that move to the second node at their first stream request: NOT_MY_VBUCKET with a
+    #: newer config that maps them there, then served by that node only.
+    move: frozenset[int] = frozenset()
     end_after: int = 0  # end each vbucket's stream once after this many items
     end_reason: int = codec.END_STATE_CHANGED
     drop_after: int = 0  # abort a connection after sending this many items
@@ -132,6 +138,8 @@ class Stats:
     timeouts: int = 0
     violations: list[str] = field(default_factory=list)
     per_vbucket: dict[int, int] = field(default_factory=dict)
+    node_connections: dict[int, int] = field(default_factory=dict)
+    node_items: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -171,7 +179,10 @@ class MockProducer:
         self.bucket = bucket
         self.log = log
         self.stats = Stats()
-        self.server: asyncio.base_events.Server | None = None
+        self.servers: list[asyncio.base_events.Server] = []
+        #: Each node's KV port (the second node exists when vbuckets are to move), and the vbuckets moved.
+        self.ports: list[int] = []
+        self.moved: set[int] = set()
         self.sessions: set[_Session] = set()
         self.ended_once: set[int] = set()
         self.pcap = PcapWriter(config.record) if config.record else None
@@ -180,12 +191,31 @@ class MockProducer:
         self.bucket_uuid = f"{min((vb.uuid for vb in bucket.vbuckets.values()), default=0):032x}"
 
     async def start(self) -> tuple[str, int]:
-        self.server = await asyncio.start_server(self._accept, self.config.host, self.config.port)
-        host, port = self.server.sockets[0].getsockname()[:2]
+        """Listen (the second node on a free port of the same host); the first node's address."""
+        for node, port in enumerate((self.config.port, 0)[: 2 if self.config.faults.move else 1]):
+            server = await asyncio.start_server(
+                lambda r, w, node=node: self._accept(r, w, node), self.config.host, port
+            )
+            self.servers.append(server)
+            self.ports.append(server.sockets[0].getsockname()[1])
+        host, port = self.servers[0].sockets[0].getsockname()[:2]
         return host, port
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        session = _Session(self, reader, writer)
+    @property
+    def rev(self) -> int:
+        """The bucket config's revision: one more for each vbucket moved."""
+        return 1 + len(self.moved)
+
+    def node_of(self, vb: int) -> int:
+        """The node a vbucket is active on."""
+        return 1 if vb in self.moved else 0
+
+    def move(self, vb: int) -> None:
+        self.moved.add(vb)
+        self.log(f"vbucket {vb} moved to the node on port {self.ports[1]}; bucket config rev {self.rev}")
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, node: int) -> None:
+        session = _Session(self, reader, writer, node)
         self.sessions.add(session)
         try:
             await session.run()
@@ -193,8 +223,8 @@ class MockProducer:
             self.sessions.discard(session)
 
     async def stop(self) -> None:
-        if self.server is not None:
-            self.server.close()
+        for server in self.servers:
+            server.close()
         for session in list(self.sessions):
             session.close()
         for _ in range(100):
@@ -213,6 +243,15 @@ class MockProducer:
             "streams": s.streams,
             "rollbacks": s.rollbacks,
             "not_my_vbucket": s.not_my_vbucket,
+            "moved": sorted(self.moved),
+            "nodes": [
+                {
+                    "port": port,
+                    "connections": s.node_connections.get(k, 0),
+                    "items_sent": s.node_items.get(k, 0),
+                }
+                for k, port in enumerate(self.ports)
+            ],
             "stream_ends": s.stream_ends,
             "dropped_connections": s.dropped,
             "noops": s.noops,
@@ -237,9 +276,15 @@ class _Session:
     """One consumer connection."""
 
     def __init__(
-        self, producer: MockProducer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self,
+        producer: MockProducer,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        node: int = 0,
     ) -> None:
         self.producer = producer
+        self.node = node
+        producer.stats.node_connections[node] = producer.stats.node_connections.get(node, 0) + 1
         self.reader = reader
         self.writer = writer
         self.conn = Connection()
@@ -441,7 +486,12 @@ class _Session:
         elif op == codec.CONTROL:
             self.respond(p, self.control(msg))
         elif op == codec.GET_ALL_VB_SEQNOS:
-            entries = [(vb.vb, vb.high_seqno) for vb in self.producer.bucket.vbuckets.values()]
+            producer = self.producer
+            entries = [
+                (vb.vb, vb.high_seqno)
+                for vb in producer.bucket.vbuckets.values()
+                if producer.node_of(vb.vb) == self.node
+            ]
             self.respond(p, value=codec.vb_seqnos_value(entries))
         elif op == codec.GET_FAILOVER_LOG:
             vb = self.vbucket(p.vbucket)
@@ -457,6 +507,12 @@ class _Session:
             self.setup(p)
         elif op == codec.SELECT_BUCKET:
             self.respond(p, self.select_bucket(p.key))
+        elif op == codec.GET_ERROR_MAP:
+            body = errormap.error_map(msg.version)
+            if body is None:
+                self.respond(p, codec.KEY_ENOENT)
+            else:
+                self.respond(p, value=body, datatype=codec.DATATYPE_JSON)
         else:
             self.respond(p, codec.NOT_SUPPORTED)
 
@@ -548,10 +604,13 @@ class _Session:
         return SUCCESS
 
     def cluster_config(self) -> bytes:
-        host, port = self.writer.get_extra_info("sockname")[:2]
-        vbuckets = max(self.producer.bucket.vbuckets, default=-1) + 1
+        """The bucket config as this node gives it, at the address the client connected to."""
+        host = self.writer.get_extra_info("sockname")[0]
         producer = self.producer
-        return cluster.bucket_config(producer.config.bucket, producer.bucket_uuid, vbuckets, host, port)
+        vbuckets = max(producer.bucket.vbuckets, default=-1) + 1
+        owners = [producer.node_of(vb) for vb in range(vbuckets)]
+        name, uuid = producer.config.bucket, producer.bucket_uuid
+        return cluster.bucket_config(name, uuid, owners, host, producer.ports, self.node, producer.rev)
 
     def not_my_vbucket(self, p: Packet) -> None:
         """NOT_MY_VBUCKET carries the bucket config, from which a client learns where the vbucket went."""
@@ -570,12 +629,19 @@ class _Session:
         return SUCCESS
 
     def vbucket(self, vb: int) -> VBucket | None:
-        if vb in self.producer.config.faults.not_my_vbucket:
+        """The vbucket if it is active on this node, else None (NOT_MY_VBUCKET)."""
+        producer = self.producer
+        if vb in producer.config.faults.not_my_vbucket or producer.node_of(vb) != self.node:
             return None
-        return self.producer.bucket.vbuckets.get(vb)
+        return producer.bucket.vbuckets.get(vb)
 
     def stream_req(self, p: Packet, req: StreamReq) -> None:
-        stats = self.producer.stats
+        producer = self.producer
+        stats = producer.stats
+        vbid = p.vbucket
+        moving = producer.config.faults.move.difference(producer.moved)
+        if vbid in moving and vbid in producer.bucket.vbuckets and self.node == 0:
+            producer.move(vbid)  # the rebalance ends as the request arrives
         vb = self.vbucket(p.vbucket)
         if vb is None:
             stats.not_my_vbucket += 1
@@ -780,6 +846,7 @@ class _Session:
                 self.items += items
                 vbid = stream.vb.vb
                 stats.per_vbucket[vbid] = stats.per_vbucket.get(vbid, 0) + items
+                stats.node_items[self.node] = stats.node_items.get(self.node, 0) + items
             if drop:
                 stats.dropped += 1
                 self.send(b"".join(batch))

@@ -154,3 +154,59 @@ class ScramServer:
             raise AuthFailed(f"{self.mechanism}: wrong user or password for {self.user!r}")
         server_signature = hmac.digest(self.keys.server_key, auth_message, self.hash)
         return b"v=" + base64.b64encode(server_signature)
+
+
+def plain_message(user: str, password: str) -> bytes:
+    """PLAIN's one message: no authzid, the user, the password."""
+    return b"\0" + user.encode() + b"\0" + password.encode()
+
+
+def choose(offered: list[str]) -> str | None:
+    """The mechanism a client picks from the server's list: the strongest SCRAM, else PLAIN, else None."""
+    return next((m for m in MECHANISMS if m in offered), None)
+
+
+class ScramClient:
+    """The client's side of one SCRAM exchange: ``first``, ``final`` of the server-first, ``verify``."""
+
+    def __init__(self, user: str, password: str, mechanism: str, nonce: str | None = None) -> None:
+        if mechanism not in _HASHES:
+            raise AuthFailed(f"{mechanism}: not a SCRAM mechanism")
+        self.user, self.password, self.mechanism = user, password, mechanism
+        self.hash = _HASHES[mechanism]
+        self.nonce = nonce if nonce is not None else base64.b64encode(secrets.token_bytes(18)).decode()
+        name = user.replace("=", "=3D").replace(",", "=2C")
+        self.client_first_bare = f"n={name},r={self.nonce}"
+        self.server_signature = b""
+
+    def first(self) -> bytes:
+        """The client-first message (no channel binding)."""
+        return f"n,,{self.client_first_bare}".encode()
+
+    def final(self, server_first: bytes) -> bytes:
+        """The client-final message with the proof, for the server-first; AuthFailed if that is wrong."""
+        try:
+            text = server_first.decode("utf-8")
+            attrs = _attributes(text)
+            salt = base64.b64decode(attrs["s"], validate=True)
+            iterations = int(attrs["i"])
+        except (UnicodeDecodeError, KeyError, ValueError):
+            raise AuthFailed("SCRAM: server-first message without a nonce, salt or iteration count") from None
+        if not attrs.get("r", "").startswith(self.nonce) or iterations < 1:
+            raise AuthFailed("SCRAM: server nonce does not extend ours, or no iterations")
+        salted = hashlib.pbkdf2_hmac(self.hash, self.password.encode(), salt, iterations)
+        client_key = hmac.digest(salted, b"Client Key", self.hash)
+        stored_key = hashlib.new(self.hash, client_key).digest()
+        without_proof = f"c={base64.b64encode(b'n,,').decode()},r={attrs['r']}"
+        auth_message = f"{self.client_first_bare},{text},{without_proof}".encode()
+        signature = hmac.digest(stored_key, auth_message, self.hash)
+        proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+        server_key = hmac.digest(salted, b"Server Key", self.hash)
+        self.server_signature = hmac.digest(server_key, auth_message, self.hash)
+        return f"{without_proof},p={base64.b64encode(proof).decode()}".encode()
+
+    def verify(self, server_final: bytes) -> None:
+        """Check the server's signature (``v=``): a server that knows the password; else AuthFailed."""
+        expected = b"v=" + base64.b64encode(self.server_signature)
+        if not self.server_signature or not hmac.compare_digest(server_final, expected):
+            raise AuthFailed(f"{self.mechanism}: the server's signature is wrong")

@@ -11,13 +11,15 @@ from the failover log and high seqno the producer gave.
 
 The vbucket tested is ``--vbucket``, else the one with the highest seqno that
 GET_ALL_VB_SEQNOS names (vbucket 0 if the producer does not answer it). Against a
-Couchbase data node, ``--user``/``--password`` authenticate each connection (SASL
-PLAIN) and ``--bucket`` selects the bucket, as a real consumer does before DCP_OPEN.
+Couchbase data node, ``--user``/``--password`` authenticate each connection (the
+strongest SCRAM the producer lists, its signature checked, else PLAIN) and
+``--bucket`` selects the bucket, as a real consumer does before DCP_OPEN.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -36,7 +38,7 @@ from wallaroo_proto.conformance.runner import (
 )
 from wallaroo_proto.conformance.target import parse_address, reachable
 
-from .. import codec
+from .. import codec, sasl
 from ..codec import FOREVER, StreamReq
 from ..core import needs_rollback
 from .probe import ProducerProbe
@@ -67,14 +69,11 @@ class ProducerUnderTest(ProbeKeeper):
     probes: list[ProducerProbe] = field(default_factory=list)
 
     async def connect(self, trace: Trace, label: str = "c1", select: bool = True) -> ProducerProbe:
-        """A connection, authenticated (SASL PLAIN) and on the bucket when ``--user``/``--bucket`` say so."""
+        """A connection, authenticated (SASL) and on the bucket when ``--user``/``--bucket`` say so."""
         probe = await ProducerProbe.connect(self.host, self.port, trace, label)
         self.probes.append(probe)
         if self.user is not None:
-            plain = b"\0" + self.user.encode() + b"\0" + self.password.encode()
-            await probe.expect_success(
-                probe.request(codec.SASL_AUTH, key=b"PLAIN", value=plain), "SASL PLAIN"
-            )
+            await login(probe, self.user, self.password)
         if self.bucket is not None and select:
             opaque = probe.request(codec.SELECT_BUCKET, key=self.bucket.encode())
             await probe.expect_success(opaque, f"SELECT_BUCKET {self.bucket}")
@@ -487,6 +486,60 @@ async def malformed_magic(ctx: ProducerUnderTest, trace: Trace) -> str:
 UNKNOWN_OPCODE = 0xEE
 
 
+async def login(probe: ProducerProbe, user: str, password: str) -> str:
+    """SASL as a client of a data node: the strongest SCRAM the producer lists, else PLAIN; the mechanism."""
+    p, msg = await probe.call(codec.SASL_LIST_MECHS)
+    offered = msg.value.decode("ascii", "replace").split() if p.status == codec.SUCCESS else []
+    mechanism = sasl.choose(offered) or "PLAIN"
+    if mechanism == "PLAIN":
+        opaque = probe.request(codec.SASL_AUTH, key=b"PLAIN", value=sasl.plain_message(user, password))
+        await probe.expect_success(opaque, "SASL PLAIN")
+        return mechanism
+    scram = sasl.ScramClient(user, password, mechanism)
+    p, msg = await probe.call(codec.SASL_AUTH, key=mechanism.encode(), value=scram.first())
+    if p.status != codec.AUTH_CONTINUE:
+        raise CaseFailed(
+            f"SASL_AUTH {mechanism} answered {msg.status_name}, not AUTH_CONTINUE", probe.trace.tail()
+        )
+    try:
+        final = scram.final(msg.value)
+        opaque = probe.request(codec.SASL_STEP, key=mechanism.encode(), value=final)
+        scram.verify((await probe.expect_success(opaque, f"SASL_STEP {mechanism}")).value)
+    except sasl.AuthFailed as err:
+        raise CaseFailed(str(err), probe.trace.tail()) from None
+    return mechanism
+
+
+async def error_map(ctx: ProducerUnderTest, trace: Trace) -> str:
+    """GET_ERROR_MAP before authentication, as a client asks right after HELLO."""
+    probe = await ProducerProbe.connect(ctx.host, ctx.port, trace, "c1")
+    ctx.probes.append(probe)
+    p, msg = await probe.call(codec.GET_ERROR_MAP, value=b"\x00\x02")
+    if p.status != codec.SUCCESS:
+        raise CaseFailed(f"GET_ERROR_MAP version 2 answered {msg.status_name}", trace.tail())
+    try:
+        emap = json.loads(msg.value)
+        errors = emap["errors"]
+        version, revision = emap["version"], emap["revision"]
+        named = all(int(k, 16) >= 0 and {"name", "desc", "attrs"} <= set(e) for k, e in errors.items())
+    except (ValueError, KeyError, TypeError, AttributeError):
+        named = False
+    if not named:
+        raise CaseFailed(
+            f"GET_ERROR_MAP version 2 answer ({len(msg.value)} bytes) is no map of statuses "
+            "(version, revision, errors by hex status with name, desc, attrs)",
+            trace.tail(),
+        )
+    if version not in (1, 2) or "fetch-config" not in errors.get("7", {}).get("attrs", []):
+        raise CaseFailed(
+            f"error map version {version} (must be 1 or 2), NOT_MY_VBUCKET without fetch-config", trace.tail()
+        )
+    p, msg = await probe.call(codec.GET_ERROR_MAP, value=b"\x00\x00")
+    if p.status != codec.KEY_ENOENT:
+        raise CaseFailed(f"GET_ERROR_MAP version 0 answered {msg.status_name}, not KEY_ENOENT", trace.tail())
+    return f"version {version} revision {revision}, {len(errors)} statuses; version 0: KEY_ENOENT"
+
+
 def _needs_auth(ctx: ProducerUnderTest) -> None:
     if ctx.user is None:
         raise CaseSkipped("needs --user and --password: a producer that requires authentication")
@@ -513,10 +566,8 @@ async def auth_required(ctx: ProducerUnderTest, trace: Trace) -> str:
     opaque = probe.next_opaque()
     probe.send(codec.open_request(f"wallaroo-proto-conformance-{tag()}", codec.OPEN_PRODUCER, opaque))
     seen = await _refused(probe, opaque, codec.EACCESS, "DCP_OPEN before authentication")
-    plain = b"\0" + ctx.user.encode() + b"\0" + ctx.password.encode()
-    opaque = probe.request(codec.SASL_AUTH, key=b"PLAIN", value=plain)
-    await probe.expect_success(opaque, "SASL PLAIN after it")
-    return f"{seen}; the same connection then authenticates"
+    mechanism = await login(probe, ctx.user, ctx.password)
+    return f"{seen}; the same connection then authenticates ({mechanism})"
 
 
 async def auth_wrong_password(ctx: ProducerUnderTest, trace: Trace) -> str:
@@ -734,6 +785,13 @@ def _cases() -> tuple[Case, ...]:
             malformed_control_extras,
         ),
         case(
+            "error-map.versions",
+            f"{CODE}: get_errmap_executor, ErrorMapManager",
+            "GET_ERROR_MAP before authentication gets a map of version 1 or 2 (statuses by hex with "
+            "name, desc, attrs; NOT_MY_VBUCKET fetch-config); version 0 gets KEY_ENOENT",
+            error_map,
+        ),
+        case(
             "refuse.unauthenticated",
             f"{CODE}: Cookie::validateClientRequest",
             "DCP_OPEN before SASL is answered EACCESS; the connection may then authenticate (needs --user)",
@@ -794,8 +852,8 @@ def _cases() -> tuple[Case, ...]:
 CASES = _cases()
 
 OPTIONS = (
-    SuiteOption("user", "Authenticate each connection with SASL PLAIN as this user.", None),
-    SuiteOption("password", "The SASL PLAIN password (with --user).", None),
+    SuiteOption("user", "Authenticate each connection as this user (the strongest SCRAM, else PLAIN).", None),
+    SuiteOption("password", "The SASL password (with --user).", None),
     SuiteOption("bucket", "SELECT_BUCKET this bucket on each connection before DCP_OPEN.", None),
     SuiteOption("vbucket", "The vbucket to test (default: the one with the highest seqno).", None),
     SuiteOption("buffer-size", "connection_buffer_size of the flow-control cases, in bytes.", 1024),
