@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support import COMMAND, Server, run_cli
+from support import COMMAND, Server, as_foreground, run_cli
 
 PY = sys.executable
 PROCESSOR = [PY, "-m", "wallaroo_proto_cli", "kinesis", "mock-processor"]
@@ -651,24 +651,30 @@ def test_input_closed_between_requests_is_the_end_of_a_processor_not_a_failure(t
     assert "end: input closed (daemon stopped)" in result.stderr and "FAILED" not in result.stderr
 
 
-def stop_mid_delivery(tmp_path: Path, *daemon_args: str) -> tuple[int, dict, str]:
+def stop_mid_delivery(tmp_path: Path, *daemon_args: str, ctrl_c: bool = False) -> tuple[int, dict, str]:
     """mock-daemon over two slow mock-processors, signalled once records flow: (exit, summary, stderr).
 
     They checkpoint only when asked to end: an input closed while a checkpoint awaits its reply
-    ends a processor with exit 1, as kclpy."""
+    ends a processor with exit 1, as kclpy. ``ctrl_c``: SIGINT to the daemon's whole process
+    group, as a terminal sends it to its foreground job, instead of SIGTERM to the daemon."""
     out = tmp_path / "records.jsonl"
     mld = subprocess.Popen(
         [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--shards", "2", "--records", "100000"]
         + ["--batch-size", "10", *daemon_args, "--", *PROCESSOR, "--slow", "20", "--checkpoint-every", "0"]
-        + ["--out", str(out)],
+        + ["--output", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_foreground if ctrl_c else None,
+        start_new_session=ctrl_c,
     )
     deadline = time.monotonic() + 120
     while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline and mld.poll() is None:
         time.sleep(0.05)
-    mld.send_signal(signal.SIGTERM)
+    if ctrl_c:
+        os.killpg(mld.pid, signal.SIGINT)
+    else:
+        mld.send_signal(signal.SIGTERM)
     stdout, stderr = mld.communicate(timeout=120)
     return mld.returncode, json.loads(stdout.splitlines()[-1]), stderr
 
@@ -680,6 +686,16 @@ def test_a_stop_without_grace_closes_every_processors_input_at_once(tmp_path):
         assert shard["end"] == "input closed at the stop" and shard["exit_codes"] == [0], shard
     assert stderr.count("end: input closed (daemon stopped)") == 2, stderr
     assert "shutdownRequested" not in stderr.replace("no --shutdown-grace", "")
+
+
+def test_ctrl_c_in_a_terminal_stops_the_daemon_and_not_its_processors_directly(tmp_path):
+    """The terminal's SIGINT goes to the daemon's process group; the processors run in their own,
+    so they are stopped by the daemon (their input closed) and end cleanly, not by the signal."""
+    code, summary, stderr = stop_mid_delivery(tmp_path, ctrl_c=True)
+    assert code == 0, stderr
+    for shard in summary["shards"]:
+        assert shard["end"] == "input closed at the stop" and shard["exit_codes"] == [0], shard
+    assert "interrupted" not in stderr and "FAILED" not in stderr, stderr
 
 
 def test_a_stop_with_grace_asks_each_processor_to_shut_down(tmp_path):
