@@ -861,3 +861,24 @@ def test_aggregated_records_share_a_sequence_number_and_resume_inside_an_aggrega
     seqs = [r["sequenceNumber"] for r in rows]
     assert len(set(seqs)) == 3 and seqs[0] == seqs[3] == seqs[5] and seqs[4] == seqs[6] == seqs[9]
     assert rows[4]["approximateArrivalTimestamp"] == rows[9]["approximateArrivalTimestamp"]
+
+
+@pytest.mark.parametrize("command", ["mock-daemon", "mock-processor"])
+def test_an_address_in_use_is_named_host_port_with_the_reason(command):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("kinesis", command, "--listen", f"127.0.0.1:{port}", timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"wallaroo-proto kinesis {command}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    )
+
+
+def test_the_summary_counts_one_record_in_the_singular():
+    result = run_cli("kinesis", "mock-daemon", "--records", "1", "--", *PROCESSOR, "--checkpoint-every", "0")
+    assert result.returncode == 0, result.stderr
+    assert "1 record delivered" in result.stdout and "1 checkpoint," in result.stdout, result.stdout
