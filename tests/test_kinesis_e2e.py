@@ -595,7 +595,11 @@ def test_mock_processor_over_tcp_fails_promptly_on_a_line_it_cannot_read(data, e
 def test_mock_processor_interrupted_while_connected_exits_130():
     with RawDaemon(b"") as mld:
         proc = subprocess.Popen(
-            [*PROCESSOR, "--connect", mld.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*PROCESSOR, "--connect", mld.address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=as_foreground,
         )
         assert mld.accepted.wait(60)
         proc.send_signal(signal.SIGINT)
