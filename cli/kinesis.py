@@ -399,6 +399,8 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         shards = generated(opts["shards"], opts["records"], opts["aggregate"])
     if opts["reshard"]:
         shards = reshard(shards, opts["reshard"], opts["records"], opts["aggregate"])
+    remaining = _resumed(shards, leases, opts["state_path"])
+    _refuse_faults_that_cannot_fire(opts, max(remaining, default=0))
     config = DaemonConfig(
         command=command_ or None,
         listen=opts["listen"],
@@ -426,6 +428,35 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         sys.exit(EXIT_INTERRUPTED)
     if not result["ok"]:
         sys.exit(1)
+
+
+def _resumed(shards: list, leases: LeaseTable, state_path: str | None) -> list[int]:
+    """Records each shard has left after its lease's checkpoint; says on stderr what a resume skips."""
+    remaining = []
+    for shard in shards:
+        skipped = shard.start_after(leases.get(shard.shard_id))
+        remaining.append(len(shard) - skipped)
+        if skipped:
+            click.echo(
+                f"wallaroo-proto kinesis mock-daemon: {shard.shard_id} resumed from its checkpoint in "
+                f"--state {state_path}: {skipped:,} of {_plural(len(shard), 'record')} skipped",
+                err=True,
+            )
+    return remaining
+
+
+def _refuse_faults_that_cannot_fire(opts: dict, most: int) -> None:
+    """A fault counted in records that no shard reaches would leave a run that tested nothing."""
+    for name in ("kill_after", "lease_lost_after", "shutdown_requested_after"):
+        count = opts[name]
+        if name != "kill_after" and opts["kill_after"]:
+            continue  # records delivered again after the kill count too
+        if count > most:
+            option = "--" + name.replace("_", "-")
+            raise usage_error(
+                f"{option} {count} cannot fire: the most records a shard gets in this run is {most:,}"
+                + (" (what --state holds as checkpointed is skipped)" if opts["state_path"] else "")
+            )
 
 
 # --------------------------------------------------------------------------- mock-processor

@@ -886,3 +886,33 @@ def test_the_summary_counts_one_record_in_the_singular():
     result = run_cli("kinesis", "mock-daemon", "--records", "1", "--", *PROCESSOR, "--checkpoint-every", "0")
     assert result.returncode == 0, result.stderr
     assert "1 record delivered" in result.stdout and "1 checkpoint," in result.stdout, result.stdout
+
+
+def test_a_rerun_on_a_used_lease_table_says_what_it_skipped_and_refuses_a_fault_it_cannot_fire(tmp_path):
+    state = str(tmp_path / "leases.json")
+    first = run_cli("kinesis", "mock-daemon", "--records", "20", "--state", state, "--", *PROCESSOR)
+    assert first.returncode == 0, first.stderr
+    again = run_cli("kinesis", "mock-daemon", "--records", "30", "--state", state, "-q", "--", *PROCESSOR)
+    assert again.returncode == 0, again.stderr
+    assert (
+        "wallaroo-proto kinesis mock-daemon: shardId-000000000000 resumed from its checkpoint in "
+        f"--state {state}: 20 of 30 records skipped" in again.stderr.splitlines()
+    ), again.stderr
+    faulty = run_cli(
+        "kinesis", "mock-daemon", "--records", "30", "--state", state, "--kill-after", "5", "--", PY
+    )
+    assert faulty.returncode == 2
+    assert faulty.stderr.splitlines()[-1] == (
+        "wallaroo-proto kinesis mock-daemon: --kill-after 5 cannot fire: the most records a shard gets in "
+        "this run is 0 (what --state holds as checkpointed is skipped)"
+    )
+
+
+@pytest.mark.parametrize("fault", ["--kill-after", "--lease-lost-after", "--shutdown-requested-after"])
+def test_a_fault_counted_past_every_shards_records_is_refused(fault):
+    result = run_cli("kinesis", "mock-daemon", "--shards", "2", "--records", "100", fault, "300", "--", PY)
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"wallaroo-proto kinesis mock-daemon: {fault} 300 cannot fire: the most records a shard gets in "
+        "this run is 100\n",
+    )
