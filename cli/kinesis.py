@@ -354,7 +354,7 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     or talks over TCP with --listen/--connect. SIGINT or SIGTERM stops it as a
     KCL worker stops (a second one at once, exit 130). Exit 0 when every shard
     ended cleanly, 1 when a processor broke the protocol or went away (the
-    report says where), 2 on bad usage.
+    report says where), 2 on bad usage or when --connect reached no processor.
     """
     transports = sum(bool(x) for x in (processor_command, opts["listen"], opts["connect"]))
     if transports != 1:
@@ -426,6 +426,8 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     _print_daemon_summary(result, opts["fmt"])
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
+    if opts["connect"] and not any(shard["spawns"] for shard in result["shards"]):
+        sys.exit(2)  # no processor was ever reached
     if not result["ok"]:
         sys.exit(1)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -869,8 +870,6 @@ def test_aggregated_records_share_a_sequence_number_and_resume_inside_an_aggrega
 
 @pytest.mark.parametrize("command", ["mock-daemon", "mock-processor"])
 def test_an_address_in_use_is_named_host_port_with_the_reason(command):
-    import socket
-
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -915,4 +914,16 @@ def test_a_fault_counted_past_every_shards_records_is_refused(fault):
         2,
         f"wallaroo-proto kinesis mock-daemon: {fault} 300 cannot fire: the most records a shard gets in "
         "this run is 100\n",
+    )
+
+
+def test_a_processor_never_reached_is_one_line_without_a_python_tuple_and_exit_2():
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # bound, never listening: a connection is refused
+        result = run_cli("kinesis", "mock-daemon", "--connect", f"127.0.0.1:{port}", "--format", "json")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "wallaroo-proto kinesis mock-daemon: shardId-000000000000: cannot connect to the processor at "
+        f"127.0.0.1:{port}: Connection refused\n"
     )

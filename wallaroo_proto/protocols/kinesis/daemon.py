@@ -644,9 +644,8 @@ class MockDaemon:
             try:
                 reader, writer = await asyncio.open_connection(host, port, limit=_READ_SIZE)
             except OSError as err:
-                raise ShardFailure(
-                    f"cannot connect to the processor at {host}:{port}: {err.strerror or err}"
-                ) from None
+                why = os.strerror(err.errno) if err.errno else str(err)  # asyncio's strerror holds a tuple
+                raise ShardFailure(f"cannot connect to the processor at {host}:{port}: {why}") from None
             return TcpChannel(reader, writer, daemon_is_client=True)
         get = asyncio.ensure_future(self._accepted.get())
         stop = asyncio.ensure_future(self._stop.wait())
