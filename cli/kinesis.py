@@ -21,7 +21,21 @@ import time
 import click
 from rich.console import Console
 from rich.table import Table
-from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error
+from wallaroo_proto_cli.options import (
+    CONNECT_ADDRESS,
+    EXIT_INTERRUPTED,
+    LISTEN_ADDRESS,
+    Command,
+    examples,
+    format_address,
+    hidden_alias,
+    open_failure,
+    os_reason,
+    output_option,
+    summary_format,
+    usage_error,
+    verbosity,
+)
 
 from wallaroo_proto.protocols.kinesis.codec import DIALECTS
 from wallaroo_proto.protocols.kinesis.daemon import DaemonConfig, Faults, MockDaemon, parse_checkpoint_error
@@ -36,15 +50,6 @@ from wallaroo_proto.protocols.kinesis.processor import (
 from wallaroo_proto.protocols.kinesis.records import RESHARDS, from_lines, generated, reshard
 
 
-def _address(value: str | None, option: str) -> tuple[str, int] | None:
-    if value is None:
-        return None
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint=option)
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
 def _tune_gc() -> None:
     """The peers allocate a dict per record and build no cycles worth chasing.
 
@@ -56,14 +61,25 @@ def _tune_gc() -> None:
     gc.set_threshold(100_000, 50, 100)
 
 
-def _log(prefix: str):
+def _log(prefix: str, shown: bool = True):
     def log(line: str) -> None:
-        click.echo(f"{prefix}: {line}", err=True)
+        if shown:
+            click.echo(f"wallaroo-proto {prefix}: {line}", err=True)
 
     return log
 
 
-@click.group(name="kinesis")
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}" if count == 1 else f"{count:,} {word}s"
+
+
+@click.group(
+    name="kinesis",
+    epilog=examples(
+        "wallaroo-proto kinesis mock-daemon --shards 2 --records 1000 -- python my_processor.py",
+        "wallaroo-proto kinesis mock-processor --listen :0 -o 'records-{shard}.jsonl'",
+    ),
+)
 def command() -> None:
     """Kinesis MultiLangDaemon (KCL multi-language protocol): mock daemon and mock record processor."""
 
@@ -81,7 +97,7 @@ def _read_inputs(paths: tuple[str, ...]) -> list[bytes]:
                 with open(path, "rb") as f:
                     lines.extend(f.read().splitlines())
         except OSError as err:
-            raise usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
+            raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
     return lines
 
 
@@ -93,10 +109,10 @@ def _print_daemon_summary(summary_: dict, fmt: str) -> None:
         file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
     )
     out.print(
-        f"kinesis mock-daemon summary: {summary_['records_delivered']:,} records delivered "
+        f"kinesis mock-daemon summary: {_plural(summary_['records_delivered'], 'record')} delivered "
         f"({summary_['records_redelivered']:,} again), {summary_['records_checkpointed']:,} checkpointed, "
-        f"{summary_['checkpoints']} checkpoints, "
-        f"{summary_['checkpoint_errors']} checkpoint errors, {summary_['seconds']:.1f}s "
+        f"{_plural(summary_['checkpoints'], 'checkpoint')}, "
+        f"{_plural(summary_['checkpoint_errors'], 'checkpoint error')}, {summary_['seconds']:.1f}s "
         f"({summary_['records_per_second']:,.0f} records/s)"
     )
     table = Table(title="shards")
@@ -135,7 +151,10 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     try:
         address = await daemon.start()
     except OSError as err:
-        raise usage_error(f"cannot listen on {daemon.config.listen}: {err.strerror or err}") from err
+        if err.filename is not None or daemon.config.listen is None:
+            raise usage_error(open_failure(err, "--record")) from err
+        where = format_address(daemon.config.listen)
+        raise usage_error(f"cannot listen on {where}: {os_reason(err)}") from err
     loop = asyncio.get_running_loop()
     run = asyncio.ensure_future(daemon.run())
     signals = 0
@@ -149,7 +168,7 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
                 if daemon.config.shutdown_grace
                 else "every processor's input closed (no --shutdown-grace)"
             )
-            click.echo(f"kinesis mock-daemon: stopping: {how}", err=True)
+            daemon.log(f"stopping: {how}")
             daemon.stop()
         else:
             run.cancel()
@@ -165,13 +184,42 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
         return daemon.summary(), True
 
 
-@command.command(name="mock-daemon", context_settings={"allow_interspersed_args": False})
+@command.command(
+    name="mock-daemon",
+    cls=Command,
+    context_settings={"allow_interspersed_args": False},
+    sections={
+        "Processors (one of -- COMMAND, --listen, --connect)": ["listen", "connect"],
+        "Records": ["inputs", "shards", "records", "key", "batch_size", "aggregate", "reshard", "state_path"],
+        "Faults": [
+            "checkpoint_errors",
+            "lease_lost_after",
+            "shutdown_requested_after",
+            "shard_end",
+            "kill_after",
+            "idle_timeout",
+        ],
+    },  # fmt: skip
+    epilog=examples(
+        "wallaroo-proto kinesis mock-daemon --shards 2 --records 1000 -- python my_processor.py",
+        "wallaroo-proto kinesis mock-daemon --shards 2 --state leases.json --shard-end \\",
+        "    --checkpoint-error ThrottlingException@1 --kill-after 30 \\",
+        "    -- wallaroo-proto kinesis mock-processor",
+        "wallaroo-proto kinesis mock-daemon --listen :0 --shards 2 --record mld.pcap",
+    ),
+)
 @click.argument("processor_command", nargs=-1, metavar="[-- COMMAND...]")
 @click.option(
-    "--listen", default=None, metavar="HOST:PORT", help="Wait for one processor connection per shard."
+    "--listen",
+    type=LISTEN_ADDRESS,
+    default=None,
+    help="Wait for one processor connection per shard (port 0: a free one, named in the ready line).",
 )
 @click.option(
-    "--connect", default=None, metavar="HOST:PORT", help="Open one connection per shard to a processor."
+    "--connect",
+    type=CONNECT_ADDRESS,
+    default=None,
+    help="Open one connection per shard to a processor listening there (erlmld's bridge).",
 )
 @click.option(
     "--input",
@@ -235,11 +283,12 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     help="Kill a shard's processor once it got N records; a new one resumes from the checkpoint.",
 )
 @click.option(
-    "--timeout",
+    "--idle-timeout",
     type=click.FloatRange(0),
     default=0.0,
     help="Fail a shard whose processor sends no line for this many seconds (0: wait forever, as the MLD).",
 )
+@hidden_alias("--timeout", "idle_timeout", type=click.FloatRange(0))
 @click.option(
     "--exit-grace",
     type=click.FloatRange(0),
@@ -293,14 +342,19 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     help="Record every shard's conversation as a loopback TCP connection into this pcap.",
 )
 @summary_format
+@verbosity(
+    quiet="No notes of the daemon's on stderr (the processors' stderr still shows): errors, the summary.",
+    verbose="Also a line per processor started and per shard's end.",
+)
 def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     """Play the KCL MultiLangDaemon for a record processor.
 
-    Spawns COMMAND once per shard and speaks the protocol on its stdin and
-    stdout (stderr is echoed with the shard's name), or talks over TCP with
-    --listen/--connect. Exit 0 when every shard ended cleanly, 1 when a
-    processor broke the protocol or went away (the report says where), 2 on
-    bad usage.
+    Spawns COMMAND once per shard, in a process group of its own, and speaks the
+    protocol on its stdin and stdout (stderr is echoed with the shard's name),
+    or talks over TCP with --listen/--connect. SIGINT or SIGTERM stops it as a
+    KCL worker stops (a second one at once, exit 130). Exit 0 when every shard
+    ended cleanly, 1 when a processor broke the protocol or went away (the
+    report says where), 2 on bad usage or when --connect reached no processor.
     """
     transports = sum(bool(x) for x in (processor_command, opts["listen"], opts["connect"]))
     if transports != 1:
@@ -326,7 +380,7 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     except StateError as err:
         raise usage_error(str(err)) from err
     except OSError as err:
-        raise usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
+        raise usage_error(open_failure(err, "--state", opts["state_path"])) from err
     if opts["inputs"]:
         try:
             opts["key"].format(n=0, line="")
@@ -345,13 +399,15 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         shards = generated(opts["shards"], opts["records"], opts["aggregate"])
     if opts["reshard"]:
         shards = reshard(shards, opts["reshard"], opts["records"], opts["aggregate"])
+    remaining = _resumed(shards, leases, opts["state_path"])
+    _refuse_faults_that_cannot_fire(opts, max(remaining, default=0))
     config = DaemonConfig(
         command=command_ or None,
-        listen=_address(opts["listen"], "--listen"),
-        connect=_address(opts["connect"], "--connect"),
+        listen=opts["listen"],
+        connect=opts["connect"],
         batch_size=opts["batch_size"],
         dialect=opts["dialect"],
-        timeout=opts["timeout"],
+        timeout=opts["idle_timeout"],
         exit_grace=opts["exit_grace"],
         shutdown_grace=opts["shutdown_grace"],
         wait_at_end=opts["wait_at_end"],
@@ -361,59 +417,96 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     )
     _tune_gc()
     try:
-        daemon = MockDaemon(config, shards, leases, _log("kinesis mock-daemon"))
+        daemon = MockDaemon(config, shards, leases, _log("kinesis mock-daemon", opts["verbosity"] >= 0))
+        if opts["verbosity"] > 0:
+            daemon.trace = daemon.log
         result, interrupted = asyncio.run(_run_daemon(daemon))
     except OSError as err:
-        raise usage_error(f"cannot write {err.filename}: {err.strerror or err}") from err
+        raise usage_error(open_failure(err)) from err
     _print_daemon_summary(result, opts["fmt"])
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
+    if opts["connect"] and not any(shard["spawns"] for shard in result["shards"]):
+        sys.exit(2)  # no processor was ever reached
     if not result["ok"]:
         sys.exit(1)
+
+
+def _resumed(shards: list, leases: LeaseTable, state_path: str | None) -> list[int]:
+    """Records each shard has left after its lease's checkpoint; says on stderr what a resume skips."""
+    remaining = []
+    for shard in shards:
+        skipped = shard.start_after(leases.get(shard.shard_id))
+        remaining.append(len(shard) - skipped)
+        if skipped:
+            click.echo(
+                f"wallaroo-proto kinesis mock-daemon: {shard.shard_id} resumed from its checkpoint in "
+                f"--state {state_path}: {skipped:,} of {_plural(len(shard), 'record')} skipped",
+                err=True,
+            )
+    return remaining
+
+
+def _refuse_faults_that_cannot_fire(opts: dict, most: int) -> None:
+    """A fault counted in records that no shard reaches would leave a run that tested nothing."""
+    for name in ("kill_after", "lease_lost_after", "shutdown_requested_after"):
+        count = opts[name]
+        if name != "kill_after" and opts["kill_after"]:
+            continue  # records delivered again after the kill count too
+        if count > most:
+            option = "--" + name.replace("_", "-")
+            raise usage_error(
+                f"{option} {count} cannot fire: the most records a shard gets in this run is {most:,}"
+                + (" (what --state holds as checkpointed is skipped)" if opts["state_path"] else "")
+            )
 
 
 # --------------------------------------------------------------------------- mock-processor
 
 
-def _print_processor_summary(result: dict, fmt: str, *, err: bool) -> None:
+def _print_processor_summary(result: dict, fmt: str, *, err: bool, rows: int | None = None) -> None:
     if fmt == "json":
         click.echo(json.dumps(result), err=err)
         return
     out = Console(file=sys.stderr if err else sys.stdout, highlight=False, soft_wrap=True)
     out.print(
-        f"kinesis mock-processor summary: {result['records']:,} records, "
-        f"{result['checkpoints']} checkpoints, "
-        f"{result['checkpoint_errors']} checkpoint errors, {len(result['conversations'])} conversations"
+        f"kinesis mock-processor summary: {_plural(result['records'], 'record')}, "
+        f"{_plural(result['checkpoints'], 'checkpoint')}, "
+        f"{_plural(result['checkpoint_errors'], 'checkpoint error')}, "
+        f"{_plural(len(result['conversations']), 'conversation')}"
     )
-    for c in result["conversations"]:
+    conversations = result["conversations"]
+    for c in conversations if rows is None else conversations[:rows]:
         errors = ", ".join(f"{k} {v}" for k, v in c["checkpoint_errors"].items())
         out.print(
-            f"  {c['shard_id'] or 'before initialize'}: {c['records']:,} records, "
-            f"{c['checkpoints']} checkpoints"
+            f"  {c['shard_id'] or 'before initialize'}: {_plural(c['records'], 'record')}, "
+            f"{_plural(c['checkpoints'], 'checkpoint')}"
             + (f" (errors: {errors})" if errors else "")
             + f", end: {c['end']}"
         )
+    if rows is not None and len(conversations) > rows:
+        out.print(f"  ... {len(conversations) - rows} more (-v shows every one)")
     for failure in result["failures"]:
         out.print(f"  FAILED {failure}")
 
 
 async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
-    procs = TcpProcessors(config, _log("kinesis mock-processor"))
+    procs = TcpProcessors(config, _log("kinesis mock-processor", opts["verbosity"] >= 0))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    listen = _address(opts["listen"], "--listen")
+    listen = opts["listen"]
     if listen is not None:
         try:
             host, port = await procs.listen(*listen)
         except OSError as err:
-            raise usage_error(f"cannot listen on {opts['listen']}: {err.strerror or err}") from err
+            raise usage_error(f"cannot listen on {format_address(listen)}: {os_reason(err)}") from err
         click.echo(f"wallaroo-proto kinesis mock-processor: listening on {host}:{port}")
         sys.stdout.flush()
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(procs.crash_event.wait())]
     else:
-        host, port = _address(opts["connect"], "--connect")
+        host, port = opts["connect"]
         work = asyncio.ensure_future(procs.connect(host, port, opts["connections"]))
         waits = [work, asyncio.ensure_future(stop.wait())]
     done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -422,18 +515,33 @@ async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
     for task in done:
         exc = task.exception()
         if isinstance(exc, OSError):
-            raise usage_error(f"cannot connect to {opts['connect']}: {exc.strerror or exc}")
+            raise usage_error(f"cannot connect to {format_address(opts['connect'])}: {os_reason(exc)}")
     await procs.close()
     # --connect's conversations cut short by a signal; --listen serves until one, its normal end.
     interrupted = listen is None and work not in done
     return summary(procs.results, procs.crashed), interrupted
 
 
-@command.command(name="mock-processor")
-@click.option(
-    "--listen", default=None, metavar="HOST:PORT", help="Accept daemon connections (port 0: a free one)."
+@command.command(
+    name="mock-processor",
+    cls=Command,
+    sections={
+        "Daemon (stdin and stdout without --listen or --connect)": ["listen", "connect", "connections"],
+        "Faults": ["slow", "crash_after", "bad_response_after"],
+    },
+    epilog=examples(
+        "wallaroo-proto kinesis mock-processor --listen :0 -o 'records-{shard}.jsonl'",
+        "wallaroo-proto kinesis mock-processor --connect 127.0.0.1:7111 --connections 2",
+        "wallaroo-proto kinesis mock-daemon --records 50 -- wallaroo-proto kinesis mock-processor --slow 20",
+    ),
 )
-@click.option("--connect", default=None, metavar="HOST:PORT", help="Connect to a daemon listening there.")
+@click.option(
+    "--listen",
+    type=LISTEN_ADDRESS,
+    default=None,
+    help="Accept daemon connections (port 0: a free one, named in the ready line).",
+)
+@click.option("--connect", type=CONNECT_ADDRESS, default=None, help="Connect to a daemon listening there.")
 @click.option(
     "--connections",
     type=click.IntRange(1),
@@ -441,12 +549,12 @@ async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
     show_default=True,
     help="With --connect: one per shard.",
 )
-@click.option(
-    "--out",
+@output_option(
+    "Append every record as a JSON line to this file ({shard} in the name: one file per shard).",
     default=None,
     metavar="FILE",
-    help="Append every record as a JSON line ({shard} in the name: one file per shard).",
 )
+@hidden_alias("--out", "output")
 @click.option(
     "--checkpoint-every",
     type=click.IntRange(0),
@@ -456,12 +564,13 @@ async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
 )
 @click.option("--retries", type=click.IntRange(1), default=5, show_default=True, help="Tries per checkpoint.")
 @click.option(
-    "--retry-sleep",
+    "--retry-delay",
     type=click.FloatRange(0),
-    default=50.0,
+    default=0.05,
     show_default=True,
-    help="Milliseconds between tries.",
+    help="Seconds between tries of a checkpoint.",
 )
+@click.option("--retry-sleep", "retry_sleep_ms", type=click.FloatRange(0), default=None, hidden=True)
 @click.option(
     "--slow", type=click.FloatRange(0), default=0.0, metavar="MS", help="Sleep this long per batch."
 )
@@ -473,49 +582,58 @@ async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
     help="Answer with a wrong responseFor once N records came.",
 )
 @summary_format
+@verbosity(
+    quiet="No notes on stderr (checkpoint retries, skipped lines): errors and the summary.",
+    verbose="Every conversation in the summary (else the first 20).",
+)
 def mock_processor(**opts) -> None:
     """Play a KCL record processor for a daemon (such as erlmld).
 
     Without --listen or --connect it speaks on stdin and stdout, as the MLD
     spawns it (its summary then goes to stderr). Answers as kclpy does,
     writes records out, checkpoints every N records and at shardEnded and
-    shutdownRequested. Exit 0 when every conversation ended cleanly, 1 when
-    the daemon broke the protocol or a fault fired, 2 on bad usage.
+    shutdownRequested. Exit 0 when every conversation ended cleanly (with
+    --listen: after SIGINT or SIGTERM), 1 when the daemon broke the protocol
+    or a fault fired, 2 on bad usage or a daemon not reached, 130 when
+    interrupted on stdin or with --connect.
     """
     if opts["listen"] and opts["connect"]:
         raise click.UsageError("give at most one of --listen and --connect")
+    if opts["retry_sleep_ms"] is not None:  # the older option, in milliseconds
+        opts["retry_delay"] = opts["retry_sleep_ms"] / 1000
     config = ProcessorConfig(
-        out=opts["out"],
+        out=opts["output"],
         checkpoint_every=opts["checkpoint_every"],
         retries=opts["retries"],
-        retry_sleep=opts["retry_sleep"] / 1000,
+        retry_sleep=opts["retry_delay"],
         slow_ms=opts["slow"],
         crash_after=opts["crash_after"],
         bad_response_after=opts["bad_response_after"],
     )
-    if opts["out"]:
-        directory = os.path.dirname(os.path.abspath(opts["out"].replace("{shard}", "x")))
+    if opts["output"]:
+        directory = os.path.dirname(os.path.abspath(opts["output"].replace("{shard}", "x")))
         if not os.path.isdir(directory):
-            raise usage_error(f"--out {opts['out']}: no directory {directory}")
+            raise usage_error(f"cannot use --output {opts['output']}: its folder does not exist")
     stdio = not (opts["listen"] or opts["connect"])
     _tune_gc()
     if stdio:
-        log = _log("kinesis mock-processor")
+        log = _log("kinesis mock-processor", opts["verbosity"] >= 0)
         try:
             stats = asyncio.run(serve_stdio(config, log))
         except Crash as err:
-            log(str(err))
+            _log("kinesis mock-processor")(str(err))
             sys.stderr.flush()
             os._exit(1)
         except KeyboardInterrupt:
-            log("interrupted")
+            _log("kinesis mock-processor")("interrupted")
             sys.exit(EXIT_INTERRUPTED)
         result = summary([stats])
     else:
         result, interrupted = asyncio.run(_run_tcp(config, opts))
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-    _print_processor_summary(result, opts["fmt"], err=stdio)
+    rows = None if opts["verbosity"] > 0 else 20
+    _print_processor_summary(result, opts["fmt"], err=stdio, rows=rows)
     if not stdio and interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if not result["ok"]:

@@ -13,11 +13,29 @@ import asyncio
 import json
 import signal
 import sys
+from collections.abc import Callable
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
-from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error, write_timeout_option
+from wallaroo_proto_cli.options import (
+    CONNECT_ADDRESS,
+    EXIT_INTERRUPTED,
+    Command,
+    CommandError,
+    examples,
+    format_address,
+    hidden_alias,
+    listen_option,
+    open_failure,
+    os_reason,
+    problem,
+    summary_format,
+    usage_error,
+    verbosity,
+    write_timeout_option,
+)
 
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.tremor.peers import (
@@ -38,7 +56,25 @@ def _console() -> Console:
     )
 
 
-@click.group(name="tremor")
+def _log(command: str, shown: bool = True) -> Callable[[str], None]:
+    def log(line: str) -> None:
+        if shown:
+            click.echo(f"wallaroo-proto {command}: {line}", err=True)
+
+    return log
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count:,} {word}" if count == 1 else f"{count:,} {word}s"
+
+
+@click.group(
+    name="tremor",
+    epilog=examples(
+        "wallaroo-proto tremor mock-node --listen :0",
+        "wallaroo-proto tremor mock-client --connect 127.0.0.1:9899 --messages 1000",
+    ),
+)
 def command() -> None:
     """Tremor network protocol (RFC 0019, JSON over WebSocket): mock node and mock client."""
 
@@ -47,14 +83,16 @@ def command() -> None:
 
 
 async def _run_node(node: MockNode) -> bool:
-    try:
-        host, port = await node.start()
-    except OSError as err:
-        raise usage_error(f"cannot listen on {node.host}:{node.port}: {err.strerror or err}") from err
+    # Handlers first: a signal sent the moment the ready line appears must still end cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    try:
+        host, port = await node.start()
+    except OSError as err:
+        where = format_address((node.host, node.port))
+        raise usage_error(f"cannot listen on {where}: {os_reason(err)}") from err
     click.echo(f"wallaroo-proto tremor mock-node: listening on {host}:{port}")
     sys.stdout.flush()
     await stop.wait()
@@ -62,15 +100,19 @@ async def _run_node(node: MockNode) -> bool:
     return True
 
 
-@command.command(name="mock-node")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port",
-    type=click.IntRange(0, 65535),
-    default=DEFAULT_PORT,
-    show_default=True,
-    help="Port (the prototype's 9899; 0: a free one, named in the ready line).",
+@command.command(
+    name="mock-node",
+    cls=Command,
+    sections={
+        "Faults": ["refuse", "drop_after", "delay", "malformed_after"],
+    },
+    epilog=examples(
+        "wallaroo-proto tremor mock-node",
+        "wallaroo-proto tremor mock-node --listen :0 --malformed-after 5 --delay 20",
+        "wallaroo-proto tremor mock-node --listen 0.0.0.0:9899 --refuse --format json",
+    ),
 )
+@listen_option(DEFAULT_PORT, "Address to listen on (the prototype's port)")
 @click.option("--refuse", is_flag=True, help="Fault: refuse every WebSocket upgrade (HTTP 503).")
 @click.option(
     "--drop-after",
@@ -102,9 +144,12 @@ async def _run_node(node: MockNode) -> bool:
     help="Answer 408 and close a connection with no full upgrade request in this many seconds (0: never).",
 )
 @summary_format
+@verbosity(
+    quiet="No line per broken session on stderr: errors and the summary.",
+    verbose="Every client violation in the summary (else the first 20).",
+)
 def mock_node(
-    host: str,
-    port: int,
+    listen: tuple[str, int],
     refuse: bool,
     drop_after: int,
     delay: float,
@@ -112,6 +157,7 @@ def mock_node(
     write_timeout: float,
     handshake_timeout: float,
     fmt: str,
+    verbosity: int,
 ) -> None:
     """Serve Tremor network-protocol sessions: echo and pub/sub streams over one WebSocket each.
 
@@ -119,12 +165,13 @@ def mock_node(
     the protocol gets the prototype's error close (``{"tremor":{"close":"0.207:
     ..."}}``) and the others carry on. Exit 0 after a signal, 2 on bad usage.
     """
+    host, port = listen
     faults = Faults(refuse=refuse, drop_after=drop_after, delay=delay / 1000, malformed_after=malformed_after)
     node = MockNode(
         host,
         port,
         faults,
-        log=lambda line: click.echo(f"tremor mock-node: {line}", err=True),
+        log=_log("tremor mock-node", verbosity >= 0),
         write_timeout=write_timeout,
         handshake_timeout=handshake_timeout,
     )
@@ -135,26 +182,23 @@ def mock_node(
         return
     out = _console()
     out.print(
-        f"tremor mock-node summary: {stats['connections']} connections, {stats['sessions']} sessions, "
-        f"{stats['refused']} refused, {stats['dropped']} dropped, {stats['messages_in']:,} messages in, "
-        f"{stats['messages_out']:,} out, {stats['violations']} client violations, "
-        f"{stats['timeouts']} timed out"
+        f"tremor mock-node summary: {_plural(stats['connections'], 'connection')}, "
+        f"{_plural(stats['sessions'], 'session')}, {stats['refused']} refused, {stats['dropped']} dropped, "
+        f"{_plural(stats['messages_in'], 'message')} in, {stats['messages_out']:,} out, "
+        f"{_plural(stats['violations'], 'client violation')}, {stats['timeouts']} timed out"
     )
-    for line in stats["violation_list"]:
-        out.print(f"  [red]violation[/] {line}")
+    violations = stats["violation_list"]
+    shown = violations if verbosity > 0 else violations[:20]
+    for line in shown:
+        out.print(f"  [red]violation[/] {escape(line)}")
+    if len(shown) < len(violations):
+        out.print(f"  ... {len(violations) - len(shown)} more (-v shows every one)")
 
 
 # --------------------------------------------------------------------------- mock-client
 
 
-def _address(value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"{value!r} is not HOST:PORT", param_hint="--connect")
-    return host.strip("[]") or "127.0.0.1", int(port)
-
-
-def _print_client(result: dict, fmt: str) -> None:
+def _print_client(result: dict, fmt: str, verbosity: int) -> None:
     if fmt == "json":
         click.echo(json.dumps(result))
         return
@@ -162,10 +206,11 @@ def _print_client(result: dict, fmt: str) -> None:
     verdict = "[green]ok[/]" if result["ok"] else "[bold red]FAILED[/]"
     out.print(
         f"tremor mock-client summary: {verdict}: {result['sent']:,} sent, {result['received']:,} received, "
-        f"{result['echoes']:,} echoes, {result['delivered']}/{result['published']} published events back, "
+        f"{_plural(result['echoes'], 'echo').replace('echos', 'echoes')}, "
+        f"{result['delivered']}/{result['published']} published events back, "
         f"{result['seconds']:.3f}s ({result['messages_per_second']:,.0f} messages/s)"
     )
-    if result["steps"]:
+    if result["steps"] and verbosity >= 0:
         table = Table(title="exchange")
         for col in ("sent", "judged", "replies", "problems"):
             table.add_column(col, overflow="fold")
@@ -176,19 +221,31 @@ def _print_client(result: dict, fmt: str) -> None:
         out.print(table)
     if result["error_close"]:
         out.print(f"the node closed the session: {result['error_close']}")
-    for note in result["notes"]:
-        out.print(f"note: {note}")
+    for note in result["notes"] if verbosity >= 0 else ():
+        out.print(f"note: {escape(note)}")
     for failure in result["failures"]:
         out.print(f"[bold red]FAILED[/] {failure}")
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-@command.command(name="mock-client")
+@command.command(
+    name="mock-client",
+    cls=Command,
+    sections={
+        "Generated exchange (without --script)": ["messages", "window", "payload_size", "publish"],
+    },
+    epilog=examples(
+        "wallaroo-proto tremor mock-client --connect 127.0.0.1:9899 --messages 10000 --window 64",
+        "wallaroo-proto tremor mock-client --script session.jsonl --record session.pcap",
+        'printf \'{"tremor":"version"}\\n\' | wallaroo-proto tremor mock-client --script -',
+    ),
+)
 @click.option(
-    "--connect", "address", default=f"127.0.0.1:{DEFAULT_PORT}", show_default=True, metavar="HOST:PORT"
+    "--connect",
+    "address",
+    type=CONNECT_ADDRESS,
+    default=f"127.0.0.1:{DEFAULT_PORT}",
+    show_default=True,
+    help="The node's HOST:PORT.",
 )
 @click.option(
     "--script",
@@ -209,17 +266,33 @@ def _interrupt(signum: int, frame: object) -> None:
     "--publish", type=click.IntRange(0), default=10, show_default=True, help="Generated: pub/sub events."
 )
 @click.option(
-    "--timeout",
+    "--idle-timeout",
     type=click.FloatRange(0.1),
     default=10.0,
     show_default=True,
-    help="Seconds to wait for a reply.",
+    help="Fail the run when the node sends no reply, or reads none of our bytes, for this many seconds.",
 )
+@hidden_alias("--timeout", "idle_timeout", type=click.FloatRange(0.1))
 @click.option(
     "--record", type=click.Path(dir_okay=False), default=None, help="Record the connection into this pcap."
 )
 @summary_format
-def mock_client(address: str, script, messages, window, payload_size, publish, timeout, record, fmt) -> None:
+@verbosity(
+    quiet="The summary line and failures only: no exchange table, no notes.",
+    verbose="Also a line on stderr once the node is reached and once it accepts the upgrade.",
+)
+def mock_client(
+    address: tuple[str, int],
+    script,
+    messages: int,
+    window: int,
+    payload_size: int,
+    publish: int,
+    idle_timeout: float,
+    record: str | None,
+    fmt: str,
+    verbosity: int,
+) -> None:
     """Open a session with a node, run an exchange, check each reply, print a summary.
 
     Generated (the default): connect an echo and a pub/sub stream, echo
@@ -227,9 +300,10 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
     URL the stream subscribes to, list, unsubscribe, disconnect, close. With
     --script: each line is sent in turn and what comes back is judged before
     the next. Exit 0 when every reply was right, 1 when one was not or the
-    node failed the exchange, 2 on bad usage or an unreachable node.
+    node failed the exchange, 2 on bad usage or an unreachable node, 130
+    on SIGINT or SIGTERM.
     """
-    host, port = _address(address)
+    host, port = address
     try:
         lines = None if script is None else read_script(script)
     except ValueError as err:
@@ -237,9 +311,10 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
     try:
         writer = PcapWriter(record) if record else None
     except OSError as err:
-        raise usage_error(f"cannot write --record {record}: {err.strerror or err}") from err
-    client = MockClient(host, port, timeout=timeout, record=writer)
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM ends the run as SIGINT does
+        raise usage_error(open_failure(err, "--record")) from err
+    client = MockClient(host, port, timeout=idle_timeout, record=writer)
+    if verbosity > 0:
+        client.trace = _log("tremor mock-client")
     try:
         if lines is not None:
             result = scripted_exchange(client, lines)
@@ -250,20 +325,17 @@ def mock_client(address: str, script, messages, window, payload_size, publish, t
         if writer is not None:
             writer.close()
         if not client.reached:
-            click.echo(f"tremor mock-client: {err}", err=True)
-            sys.exit(2)
-        click.echo(f"tremor mock-client: FAILED: {err}", err=True)
-        sys.exit(1)
+            raise usage_error(str(err)) from None
+        raise problem(f"FAILED: {err}") from None
     except KeyboardInterrupt:
         if client.sock is not None:
             client.sock.close()
         if writer is not None:
             writer.close()  # what was recorded up to here stays readable
-        click.echo("tremor mock-client: interrupted", err=True)
-        sys.exit(EXIT_INTERRUPTED)
+        raise CommandError("interrupted", EXIT_INTERRUPTED) from None
     if writer is not None:
         writer.close()
     summary = result.as_dict()
-    _print_client(summary, fmt)
+    _print_client(summary, fmt, verbosity)
     if not summary["ok"]:
         sys.exit(1)

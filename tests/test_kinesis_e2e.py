@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from support import COMMAND, Server, run_cli
+from support import COMMAND, Server, as_foreground, run_cli
 
 PY = sys.executable
 PROCESSOR = [PY, "-m", "wallaroo_proto_cli", "kinesis", "mock-processor"]
@@ -595,7 +596,11 @@ def test_mock_processor_over_tcp_fails_promptly_on_a_line_it_cannot_read(data, e
 def test_mock_processor_interrupted_while_connected_exits_130():
     with RawDaemon(b"") as mld:
         proc = subprocess.Popen(
-            [*PROCESSOR, "--connect", mld.address], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*PROCESSOR, "--connect", mld.address],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=as_foreground,
         )
         assert mld.accepted.wait(60)
         proc.send_signal(signal.SIGINT)
@@ -651,24 +656,30 @@ def test_input_closed_between_requests_is_the_end_of_a_processor_not_a_failure(t
     assert "end: input closed (daemon stopped)" in result.stderr and "FAILED" not in result.stderr
 
 
-def stop_mid_delivery(tmp_path: Path, *daemon_args: str) -> tuple[int, dict, str]:
+def stop_mid_delivery(tmp_path: Path, *daemon_args: str, ctrl_c: bool = False) -> tuple[int, dict, str]:
     """mock-daemon over two slow mock-processors, signalled once records flow: (exit, summary, stderr).
 
     They checkpoint only when asked to end: an input closed while a checkpoint awaits its reply
-    ends a processor with exit 1, as kclpy."""
+    ends a processor with exit 1, as kclpy. ``ctrl_c``: SIGINT to the daemon's whole process
+    group, as a terminal sends it to its foreground job, instead of SIGTERM to the daemon."""
     out = tmp_path / "records.jsonl"
     mld = subprocess.Popen(
         [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--shards", "2", "--records", "100000"]
         + ["--batch-size", "10", *daemon_args, "--", *PROCESSOR, "--slow", "20", "--checkpoint-every", "0"]
-        + ["--out", str(out)],
+        + ["--output", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=as_foreground if ctrl_c else None,
+        start_new_session=ctrl_c,
     )
     deadline = time.monotonic() + 120
     while not (out.exists() and out.stat().st_size) and time.monotonic() < deadline and mld.poll() is None:
         time.sleep(0.05)
-    mld.send_signal(signal.SIGTERM)
+    if ctrl_c:
+        os.killpg(mld.pid, signal.SIGINT)
+    else:
+        mld.send_signal(signal.SIGTERM)
     stdout, stderr = mld.communicate(timeout=120)
     return mld.returncode, json.loads(stdout.splitlines()[-1]), stderr
 
@@ -680,6 +691,16 @@ def test_a_stop_without_grace_closes_every_processors_input_at_once(tmp_path):
         assert shard["end"] == "input closed at the stop" and shard["exit_codes"] == [0], shard
     assert stderr.count("end: input closed (daemon stopped)") == 2, stderr
     assert "shutdownRequested" not in stderr.replace("no --shutdown-grace", "")
+
+
+def test_ctrl_c_in_a_terminal_stops_the_daemon_and_not_its_processors_directly(tmp_path):
+    """The terminal's SIGINT goes to the daemon's process group; the processors run in their own,
+    so they are stopped by the daemon (their input closed) and end cleanly, not by the signal."""
+    code, summary, stderr = stop_mid_delivery(tmp_path, ctrl_c=True)
+    assert code == 0, stderr
+    for shard in summary["shards"]:
+        assert shard["end"] == "input closed at the stop" and shard["exit_codes"] == [0], shard
+    assert "interrupted" not in stderr and "FAILED" not in stderr, stderr
 
 
 def test_a_stop_with_grace_asks_each_processor_to_shut_down(tmp_path):
@@ -845,3 +866,64 @@ def test_aggregated_records_share_a_sequence_number_and_resume_inside_an_aggrega
     seqs = [r["sequenceNumber"] for r in rows]
     assert len(set(seqs)) == 3 and seqs[0] == seqs[3] == seqs[5] and seqs[4] == seqs[6] == seqs[9]
     assert rows[4]["approximateArrivalTimestamp"] == rows[9]["approximateArrivalTimestamp"]
+
+
+@pytest.mark.parametrize("command", ["mock-daemon", "mock-processor"])
+def test_an_address_in_use_is_named_host_port_with_the_reason(command):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("kinesis", command, "--listen", f"127.0.0.1:{port}", timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        f"wallaroo-proto kinesis {command}: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    )
+
+
+def test_the_summary_counts_one_record_in_the_singular():
+    result = run_cli("kinesis", "mock-daemon", "--records", "1", "--", *PROCESSOR, "--checkpoint-every", "0")
+    assert result.returncode == 0, result.stderr
+    assert "1 record delivered" in result.stdout and "1 checkpoint," in result.stdout, result.stdout
+
+
+def test_a_rerun_on_a_used_lease_table_says_what_it_skipped_and_refuses_a_fault_it_cannot_fire(tmp_path):
+    state = str(tmp_path / "leases.json")
+    first = run_cli("kinesis", "mock-daemon", "--records", "20", "--state", state, "--", *PROCESSOR)
+    assert first.returncode == 0, first.stderr
+    again = run_cli("kinesis", "mock-daemon", "--records", "30", "--state", state, "-q", "--", *PROCESSOR)
+    assert again.returncode == 0, again.stderr
+    assert (
+        "wallaroo-proto kinesis mock-daemon: shardId-000000000000 resumed from its checkpoint in "
+        f"--state {state}: 20 of 30 records skipped" in again.stderr.splitlines()
+    ), again.stderr
+    faulty = run_cli(
+        "kinesis", "mock-daemon", "--records", "30", "--state", state, "--kill-after", "5", "--", PY
+    )
+    assert faulty.returncode == 2
+    assert faulty.stderr.splitlines()[-1] == (
+        "wallaroo-proto kinesis mock-daemon: --kill-after 5 cannot fire: the most records a shard gets in "
+        "this run is 0 (what --state holds as checkpointed is skipped)"
+    )
+
+
+@pytest.mark.parametrize("fault", ["--kill-after", "--lease-lost-after", "--shutdown-requested-after"])
+def test_a_fault_counted_past_every_shards_records_is_refused(fault):
+    result = run_cli("kinesis", "mock-daemon", "--shards", "2", "--records", "100", fault, "300", "--", PY)
+    assert (result.returncode, result.stderr) == (
+        2,
+        f"wallaroo-proto kinesis mock-daemon: {fault} 300 cannot fire: the most records a shard gets in "
+        "this run is 100\n",
+    )
+
+
+def test_a_processor_never_reached_is_one_line_without_a_python_tuple_and_exit_2():
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # bound, never listening: a connection is refused
+        result = run_cli("kinesis", "mock-daemon", "--connect", f"127.0.0.1:{port}", "--format", "json")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "wallaroo-proto kinesis mock-daemon: shardId-000000000000: cannot connect to the processor at "
+        f"127.0.0.1:{port}: Connection refused\n"
+    )

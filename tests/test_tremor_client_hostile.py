@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from support import COMMAND, run_cli
+from support import COMMAND, as_foreground, run_cli
 
 from wallaroo_proto.protocols.tremor.peers import (
     MAX_REPLY,
@@ -179,6 +179,7 @@ def test_a_signal_while_a_silent_node_is_awaited_is_exit_130(tmp_path, sig):
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=as_foreground,
         )
         assert accepted.wait(60)  # the client sent its first message and waits for the answer
         proc.send_signal(sig)

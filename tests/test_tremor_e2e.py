@@ -96,6 +96,36 @@ def test_port_in_use_is_a_usage_error():
     assert result.returncode == 2 and "cannot listen" in result.stderr
 
 
+def test_errors_are_one_line_in_the_tools_style():
+    with node() as n:
+        in_use = run_cli("tremor", "mock-node", "--listen", n.address)
+    assert (in_use.returncode, in_use.stderr) == (
+        2,
+        f"wallaroo-proto tremor mock-node: cannot listen on {n.address}: Address already in use\n",
+    )
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # bound, never listening: a connection is refused
+        unreachable = run_cli("tremor", "mock-client", "--connect", f"127.0.0.1:{port}")
+    assert (unreachable.returncode, unreachable.stderr) == (
+        2,
+        f"wallaroo-proto tremor mock-client: cannot connect to 127.0.0.1:{port}: Connection refused\n",
+    )
+
+
+def test_verbose_says_when_the_node_is_reached_and_quiet_leaves_out_the_table():
+    with node() as n:
+        loud = run_cli("tremor", "mock-client", "--connect", n.address, "--messages", "5", "-v")
+        quiet = run_cli("tremor", "mock-client", "--connect", n.address, "--messages", "5", "-q")
+    assert loud.returncode == 0 and quiet.returncode == 0, (loud.stderr, quiet.stderr)
+    assert loud.stderr.splitlines() == [
+        f"wallaroo-proto tremor mock-client: connected to {n.address}",
+        "wallaroo-proto tremor mock-client: the node accepted the WebSocket upgrade",
+    ]
+    assert "exchange" in loud.stdout and "5 echoes" in loud.stdout
+    assert "exchange" not in quiet.stdout and "5 echoes" in quiet.stdout and quiet.stderr == ""
+
+
 def test_sigterm_tells_open_sessions_the_node_is_going_away():
     with node() as n:
         c = MockClient(n.host, n.port)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import fcntl
 import ipaddress
+import os
 import signal
 import sys
 import time
@@ -210,6 +211,7 @@ class ChildChannel(Channel):
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             limit=_READ_SIZE,
+            start_new_session=True,  # a terminal's Ctrl-C reaches the daemon, which stops them itself
         )
         return cls(proc, shard_id, echo)
 
@@ -238,7 +240,7 @@ class ChildChannel(Channel):
 
     async def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)  # what it started too: they share its group
         await self.proc.wait()
         self.proc.stdin.close()  # every pipe closed, so nothing of the process outlives the loop
         await self._drain_stderr()
@@ -541,6 +543,8 @@ class MockDaemon:
         self.log = log or (lambda line: print(line, file=sys.stderr, flush=True))
         #: A processor's stderr lines, already prefixed with its shard.
         self.echo = lambda line: print(line, file=sys.stderr, flush=True)
+        #: A line per processor started and per shard's end (none unless set).
+        self.trace: Callable[[str], None] = lambda line: None
         self.stats = {s.shard_id: ShardStats(s.shard_id, records=len(s)) for s in shards}
         self.stopping = False
         #: Set when the processors' inputs are closed at once: a stop without (or past) the grace.
@@ -640,9 +644,8 @@ class MockDaemon:
             try:
                 reader, writer = await asyncio.open_connection(host, port, limit=_READ_SIZE)
             except OSError as err:
-                raise ShardFailure(
-                    f"cannot connect to the processor at {host}:{port}: {err.strerror or err}"
-                ) from None
+                why = os.strerror(err.errno) if err.errno else str(err)  # asyncio's strerror holds a tuple
+                raise ShardFailure(f"cannot connect to the processor at {host}:{port}: {why}") from None
             return TcpChannel(reader, writer, daemon_is_client=True)
         get = asyncio.ensure_future(self._accepted.get())
         stop = asyncio.ensure_future(self._stop.wait())
@@ -675,6 +678,7 @@ class MockDaemon:
         finally:
             if stats.stopped_by is not None and stats.failure is None:
                 stats.end = f"stopped: {stats.stopped_by} failed; {stats.end}"
+            self.trace(f"{shard.shard_id}: {stats.end}, {stats.delivered} records delivered")
 
     async def _parents_ended(self, shard: ShardRecords) -> bool:
         """Wait, as the KCL does for a child shard, until every parent's lease is at SHARD_END."""
@@ -714,6 +718,8 @@ class MockDaemon:
                 stats.end = "stopped before start"
                 return
             stats.spawns += 1
+            start = lease[0] if lease is not None else "TRIM_HORIZON"
+            self.trace(f"{shard.shard_id}: processor {stats.spawns} started from {start}")
             session = Session(self, shard, stats, channel)
             try:
                 seq, sub = lease if lease is not None else ("TRIM_HORIZON", 0)

@@ -386,6 +386,8 @@ class MockClient:
         #: The TCP connection was made: what goes wrong after it is the node's doing.
         self.reached = False
         self.refused_status: int | None = None
+        #: A line per step of the connection worth seeing (none unless set).
+        self.trace: Callable[[str], None] = lambda line: None
 
     # bytes ----------------------------------------------------------------------------
 
@@ -429,6 +431,7 @@ class MockClient:
         for event in self.ws.events():
             if isinstance(event, AcceptConnection):
                 self.accepted = True
+                self.trace("the node accepted the WebSocket upgrade")
             elif isinstance(event, RejectConnection):
                 self.refused_status = event.status_code
             elif isinstance(event, TextMessage):
@@ -468,6 +471,7 @@ class MockClient:
         except OSError as err:
             raise ClientError(f"cannot connect to {self.host}:{self.port}: {err.strerror or err}") from None
         self.reached = True
+        self.trace(f"connected to {self.host}:{self.port}")
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if self._recorder is not None:
             local = self.sock.getsockname()

@@ -15,6 +15,11 @@ SUITES = (
         processor_suite.CASES,
         processor_suite.open_processor,
         (SuiteOption("window-ms", "How long a processor may take to exit once its input ends.", 500),),
+        examples=(
+            "wallaroo-proto conformance processor -- python my_processor.py",
+            "wallaroo-proto conformance processor --junit p.xml -- wallaroo-proto kinesis mock-processor",
+            "wallaroo-proto conformance processor --list",
+        ),
     ),
     Suite(
         "daemon",
@@ -23,5 +28,9 @@ SUITES = (
         "address",
         daemon_suite.CASES,
         daemon_suite.open_daemon,
+        examples=(
+            "wallaroo-proto conformance daemon 127.0.0.1:7111",
+            "wallaroo-proto conformance daemon 127.0.0.1:7111 --case checkpoint --format json",
+        ),
     ),
 )

@@ -14,5 +14,9 @@ SUITES = (
         "address",
         node_suite.CASES,
         node_suite.open_node,
+        examples=(
+            "wallaroo-proto conformance node 127.0.0.1:9899",
+            "wallaroo-proto conformance node 127.0.0.1:9899 --case echo --junit node.xml",
+        ),
     ),
 )
