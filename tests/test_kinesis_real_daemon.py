@@ -388,3 +388,63 @@ def test_the_real_daemon_and_mock_daemon_send_the_same_lines(jars, endpoint, tmp
     assert daemon.returncode == 0, err
     for shard in ("shardId-000000000000", "shardId-000000000001"):
         assert _masked(mock / f"{shard}.jsonl") == _masked(real / f"{shard}.jsonl"), shard
+
+
+def test_a_split_under_the_real_daemon_ends_the_parent_and_starts_its_children_at_trim_horizon(
+    jars, endpoint, tmp_path
+):
+    """Half the records, a split of shard 0 while the daemon runs, the other half: the parent's
+    processor gets shardEnded and checkpoints (SHARD_END in the lease table), each child's starts
+    at TRIM_HORIZON once the parent ended, and every record arrives once."""
+    pytest.importorskip("amazon_kclpy")
+    name = "reshard"
+    app = tmp_path / "app.py"
+    app.write_text(KCLPY_PROCESSOR)
+    log = tmp_path / "events.jsonl"
+    kinesis = _client("kinesis", endpoint)
+    kinesis.create_stream(StreamName=name, ShardCount=2)
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 1})
+
+    def put(numbers: range) -> None:
+        for n in numbers:
+            kinesis.put_record(StreamName=name, Data=f"event {n}".encode(), PartitionKey=f"pk-{n}")
+
+    def events() -> list[dict]:
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    def records() -> list[dict]:
+        return [e for e in events() if e["event"] == "record"]
+
+    put(range(RECORDS // 2))
+    mld = _daemon(jars, endpoint, tmp_path, name, f"{sys.executable} {app}", {"KCL_TEST_LOG": str(log)})
+    try:
+        _wait(lambda: len(records()) >= RECORDS // 2, 300, f"{RECORDS // 2} records")
+        parent = kinesis.list_shards(StreamName=name)["Shards"][0]
+        low, high = (int(parent["HashKeyRange"][k]) for k in ("StartingHashKey", "EndingHashKey"))
+        kinesis.split_shard(
+            StreamName=name, ShardToSplit=parent["ShardId"], NewStartingHashKey=str((low + high) // 2)
+        )
+        children = {s["ShardId"] for s in kinesis.list_shards(StreamName=name)["Shards"]} - {
+            parent["ShardId"],
+            "shardId-000000000001",
+        }
+        put(range(RECORDS // 2, RECORDS))
+        _wait(lambda: len(records()) >= RECORDS, 300, f"{RECORDS} records")
+        _wait(
+            lambda: _leases(endpoint, name).get(parent["ShardId"]) == "SHARD_END",
+            120,
+            "the parent's lease at SHARD_END",
+        )
+    finally:
+        _stop(mld)
+    got = events()
+    assert sorted(e["data"] for e in records()) == sorted(f"event {n}" for n in range(RECORDS))
+    assert len(children) == 2
+    mine = [e["event"] for e in got if e["shard"] == parent["ShardId"]]
+    assert "shardEnded" in mine and mine[mine.index("shardEnded") + 1] == "checkpoint", mine
+    starts = {e["shard"]: e["sequenceNumber"] for e in got if e["event"] == "initialize"}
+    assert {starts.get(child) for child in children} <= {"TRIM_HORIZON"}, starts
+    # at least one child got records, and each child's processor started only after the parent ended
+    assert {e["shard"] for e in records()} & children
+    ended = next(i for i, e in enumerate(got) if e["event"] == "shardEnded")
+    assert all(i > ended for i, e in enumerate(got) if e["shard"] in children), got
