@@ -388,3 +388,100 @@ def test_the_real_daemon_and_mock_daemon_send_the_same_lines(jars, endpoint, tmp
     assert daemon.returncode == 0, err
     for shard in ("shardId-000000000000", "shardId-000000000001"):
         assert _masked(mock / f"{shard}.jsonl") == _masked(real / f"{shard}.jsonl"), shard
+
+
+def _split_midway(jars, endpoint, tmp_path, name: str, executable: str, received, env: dict | None = None):
+    """Half the records into two shards, the daemon started, shard 0 split once that half is
+    read, the other half put (into shard 1 and the children); waits for every record and the
+    parent's lease at SHARD_END, which the KCL writes only when the processor checkpointed at
+    shardEnded. Returns the parent's id and its children's."""
+    kinesis = _client("kinesis", endpoint)
+    kinesis.create_stream(StreamName=name, ShardCount=2)
+    kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 1})
+
+    def put(numbers: range) -> None:
+        for n in numbers:
+            kinesis.put_record(StreamName=name, Data=f"event {n}".encode(), PartitionKey=f"pk-{n}")
+
+    put(range(RECORDS // 2))
+    mld = _daemon(jars, endpoint, tmp_path, name, executable, env)
+    try:
+        _wait(lambda: len(received()) >= RECORDS // 2, 300, f"{RECORDS // 2} records")
+        parent, other = kinesis.list_shards(StreamName=name)["Shards"]
+        low, high = (int(parent["HashKeyRange"][k]) for k in ("StartingHashKey", "EndingHashKey"))
+        kinesis.split_shard(
+            StreamName=name, ShardToSplit=parent["ShardId"], NewStartingHashKey=str((low + high) // 2)
+        )
+        children = {s["ShardId"] for s in kinesis.list_shards(StreamName=name)["Shards"]}
+        children -= {parent["ShardId"], other["ShardId"]}
+        put(range(RECORDS // 2, RECORDS))
+        _wait(lambda: len(received()) >= RECORDS, 300, f"{RECORDS} records")
+        _wait(
+            lambda: _leases(endpoint, name).get(parent["ShardId"]) == "SHARD_END",
+            120,
+            "the parent's lease at SHARD_END",
+        )
+    finally:
+        _stop(mld)
+    assert len(children) == 2
+    return parent["ShardId"], children
+
+
+def test_a_split_under_the_real_daemon_ends_mock_processors_parent_and_starts_its_children(
+    jars, endpoint, tmp_path
+):
+    """mock-processor checkpoints at shardEnded (the parent's lease reaches SHARD_END), each
+    child is read from TRIM_HORIZON, and every record arrives once."""
+    name = "reshardmock"
+    out = tmp_path / "out-{shard}.jsonl"
+    executable = (
+        f"{sys.executable} -m wallaroo_proto_cli kinesis mock-processor --checkpoint-every 5 --out {out}"
+    )
+
+    def rows() -> list[dict]:
+        return [json.loads(line) for p in tmp_path.glob("out-*.jsonl") for line in p.read_text().splitlines()]
+
+    parent, children = _split_midway(jars, endpoint, tmp_path, name, executable, rows)
+    got = rows()
+    assert sorted(r["data"] for r in got) == sorted(f"event {n}" for n in range(RECORDS))
+    assert {r["shard"] for r in got} & children
+    # the daemon's own account of where it started each child (its initialize carries the same)
+    log = (tmp_path / "mld.log").read_text()
+    for child in children:
+        assert f"Initializing shard {name}:{child} with TRIM_HORIZON" in log, child
+
+
+def test_a_split_under_the_real_daemon_ends_a_kclpy_parent_and_starts_its_children_at_trim_horizon(
+    jars, endpoint, tmp_path
+):
+    """The kclpy processor's own account: shardEnded then its checkpoint on the parent, each
+    child's initialize at TRIM_HORIZON only after that, every record once."""
+    pytest.importorskip("amazon_kclpy")
+    app = tmp_path / "app.py"
+    app.write_text(KCLPY_PROCESSOR)
+    log = tmp_path / "events.jsonl"
+
+    def events() -> list[dict]:
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    def records() -> list[dict]:
+        return [e for e in events() if e["event"] == "record"]
+
+    parent, children = _split_midway(
+        jars,
+        endpoint,
+        tmp_path,
+        "reshardkclpy",
+        f"{sys.executable} {app}",
+        records,
+        {"KCL_TEST_LOG": str(log)},
+    )
+    got = events()
+    assert sorted(e["data"] for e in records()) == sorted(f"event {n}" for n in range(RECORDS))
+    mine = [e["event"] for e in got if e["shard"] == parent]
+    assert "shardEnded" in mine and mine[mine.index("shardEnded") + 1] == "checkpoint", mine
+    starts = {e["shard"]: e["sequenceNumber"] for e in got if e["event"] == "initialize"}
+    assert {starts.get(child) for child in children} == {"TRIM_HORIZON"}, starts
+    assert {e["shard"] for e in records()} & children
+    ended = next(i for i, e in enumerate(got) if e["event"] == "shardEnded")
+    assert all(i > ended for i, e in enumerate(got) if e["shard"] in children), got
