@@ -9,8 +9,8 @@ from wallaroo_proto_cli.main import cli
 from wallaroo_proto_cli.options import Address
 
 #: Commands that serve (``--listen HOST:PORT``) and commands that reach a peer (``--connect HOST:PORT``).
-SERVERS = {"mock-worker", "mock-sink"}
-CLIENTS = {"mock-source"}
+SERVERS = {"mock-worker", "mock-sink", "ambrosia mock-ic"}
+CLIENTS = {"mock-source", "ambrosia mock-lb"}
 FORMATS = {"text", "json", "jsonl"}
 #: Spellings docs/cli.md replaced: still accepted hidden, never shown.
 OLD_OUTPUT_WORDS = {"--out", "--out-dir", "--jsonl"}
@@ -24,9 +24,6 @@ NOT_YET_CONVERTED = {
     "dcp",
     "dcp mock-producer",
     "dcp mock-consumer",
-    "ambrosia",
-    "ambrosia mock-ic",
-    "ambrosia mock-lb",
     "tremor",
     "tremor mock-node",
     "tremor mock-client",
