@@ -31,8 +31,6 @@ NOT_YET_CONVERTED = {
     "conformance daemon",
     "conformance producer",
     "conformance consumer",
-    "conformance lb",
-    "conformance ic",
     "conformance node",
 }
 
