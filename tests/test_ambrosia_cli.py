@@ -4,8 +4,10 @@ what it skipped, summaries in words."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
+import time
 
 from support import COMMAND, Server, run_cli
 
@@ -153,3 +155,24 @@ def test_the_help_shows_one_option_per_address_and_hides_the_older_ones():
     for text in (ic, lb):
         assert "--receive-port" not in text and "--send-port" not in text and "--host" not in text
         assert text.rstrip().split("\n\n")[-1].lstrip().startswith("Examples:")
+
+
+def test_sigterm_stops_mock_lb_with_its_summary_and_130_and_the_ic_with_0():
+    ic = Server("ambrosia", "mock-ic", "--rpcs", "10")  # a server: it stays up when all is in
+    with ic:
+        lb = subprocess.Popen(
+            [*COMMAND, "ambrosia", "mock-lb", *lb_options(ic)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + DEADLINE
+        while "up until stopped" not in ic.stderr():
+            assert time.monotonic() < deadline and lb.poll() is None
+            time.sleep(0.05)
+        lb.send_signal(signal.SIGTERM)
+        out, err = lb.communicate(timeout=DEADLINE)
+        code, ic_out, ic_err = ic.stop(signal.SIGTERM, timeout=DEADLINE)
+    assert lb.returncode == 130 and "ambrosia mock-lb summary: first start" in out
+    assert err.splitlines()[-1] == "wallaroo-proto ambrosia mock-lb: interrupted"
+    assert code == 0 and "ambrosia mock-ic summary" in ic_out and "Traceback" not in ic_err
