@@ -26,6 +26,7 @@ from wallaroo_proto_cli.options import (
     LISTEN_ADDRESS,
     Command,
     CommandError,
+    Group,
     examples,
     format_address,
     open_failure,
@@ -84,6 +85,7 @@ def _state(state: object) -> str:
 
 @click.group(
     name="ambrosia",
+    cls=Group,
     epilog=examples(
         "wallaroo-proto ambrosia mock-ic --rpcs 1000 --log-dir ic-log",
         "wallaroo-proto ambrosia mock-lb --connect 127.0.0.1:41234 --send-connect 127.0.0.1:41235",

@@ -176,3 +176,11 @@ def test_sigterm_stops_mock_lb_with_its_summary_and_130_and_the_ic_with_0():
     assert lb.returncode == 130 and "ambrosia mock-lb summary: first start" in out
     assert err.splitlines()[-1] == "wallaroo-proto ambrosia mock-lb: interrupted"
     assert code == 0 and "ambrosia mock-ic summary" in ic_out and "Traceback" not in ic_err
+
+
+def test_a_mistyped_ambrosia_command_is_one_line_with_the_nearest_names():
+    done = run_cli("ambrosia", "mock-ix")
+    assert done.returncode == 2
+    assert done.stderr == (
+        "wallaroo-proto ambrosia: No such command 'mock-ix'. (Did you mean one of: 'mock-ic', 'mock-lb'?)\n"
+    )
