@@ -4,6 +4,7 @@ what it skipped, summaries in words."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -129,6 +130,10 @@ def test_a_restart_says_what_the_log_held_and_skipped_even_with_quiet(tmp_path):
     assert "resumed from " + log + " at record " in err
     assert "20 input RPCs already logged are skipped, 30 of 50 to deliver" in err
     assert "30 RPCs logged and delivered since it started (20 were in the log then; 50 in all)" in out
+    code, out, err, lb = run_pair("--rpcs", "50", "--log-dir", log, "--format", "json")
+    assert (code, lb.returncode) == (0, 0), err
+    resumed = json.loads(out.splitlines()[-1])["resumed"]
+    assert resumed.startswith(f"resumed from {log} at record ") and "50 input RPCs already logged" in resumed
 
 
 def test_an_unreachable_ic_is_one_line_and_exit_2_within_the_connect_timeout():

@@ -723,6 +723,7 @@ class MockIC:
             "delivery_seconds": round(s.delivery_seconds, 6),
             "rpcs_per_second": round(s.rpcs_logged / s.delivery_seconds) if s.delivery_seconds else 0,
             "done": s.done,
+            "resumed": self.resume_note(),
             "faults_not_fired": [
                 f"--{name.replace('_', '-')} {getattr(self.config, name)}"
                 for name in ("bad_check_at", "gap_at", "crash_at")
