@@ -94,7 +94,7 @@ def _state(state: object) -> str:
 def command() -> None:
     """AMBROSIA IC <-> language binding protocol: mock Immortal Coordinator and mock language binding.
 
-    mock-ic's ready line ends with the two options that point mock-lb (or conformance ic) at it.
+    mock-ic's ready line ends with the two options that point mock-lb at it.
     """
 
 
@@ -237,6 +237,7 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
     "--input",
     "input_path",
     default=None,
+    metavar="FILE|-",
     help="RPC arguments, one RPC per line, sent as they are (-: stdin, delivered as lines come).",
 )
 @click.option(
@@ -268,6 +269,7 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
 @click.option(
     "--log-dir",
     default=None,
+    metavar="DIR",
     help="A folder for the durable log and checkpoints (fsync); a restart on it recovers and delivers "
     "only what the log does not hold.",
 )
@@ -297,7 +299,7 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
     "(a real IC stays up; so does mock-ic without it).",
 )
 @write_timeout_option("an LB")
-@click.option("--record", default=None, help="Write both sockets' traffic to this pcap.")
+@click.option("--record", default=None, metavar="FILE", help="Write both sockets' traffic to this pcap.")
 @summary_format
 @verbosity(
     quiet="No log lines but rule breaks, faults and what a restart skipped: errors and the summary.",
