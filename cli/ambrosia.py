@@ -281,8 +281,10 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
     default=None,
     help="Send record N with wrong check bytes (the log keeps them right).",
 )
-@click.option("--gap-at", type=int, default=None, help="Skip sequence id N.")
-@click.option("--crash-at", type=int, default=None, help="kill -9 itself right after logging record N.")
+@click.option("--gap-at", type=int, default=None, metavar="N", help="Skip sequence id N.")
+@click.option(
+    "--crash-at", type=int, default=None, metavar="N", help="kill -9 itself right after logging record N."
+)
 @click.option("--upgrade", is_flag=True, help="Recover with UpgradeTakeCheckpoint (a live upgrade).")
 @click.option(
     "--dialect",
