@@ -279,6 +279,7 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
     "--bad-check-at",
     type=int,
     default=None,
+    metavar="N",
     help="Send record N with wrong check bytes (the log keeps them right).",
 )
 @click.option("--gap-at", type=int, default=None, metavar="N", help="Skip sequence id N.")
