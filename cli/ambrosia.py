@@ -9,26 +9,56 @@ summary goes to stdout (``--format json`` for scripts).
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import json
 import signal
 import sys
+from pathlib import Path
 
 import click
 from rich.console import Console
-from wallaroo_proto_cli.options import EXIT_INTERRUPTED, summary_format, usage_error, write_timeout_option
+from rich.markup import escape
+from wallaroo_proto_cli.options import (
+    CONNECT_ADDRESS,
+    DEFAULT_HOST,
+    EXIT_INTERRUPTED,
+    LISTEN_ADDRESS,
+    Command,
+    CommandError,
+    Group,
+    examples,
+    format_address,
+    open_failure,
+    os_reason,
+    plural,
+    summary_format,
+    usage_error,
+    verbosity,
+    write_timeout_option,
+)
 
-from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, MockIC
+from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, ListenError, MockIC
 from wallaroo_proto.protocols.ambrosia.immortal import ADD, ARG_FORMS, BATCHING, RpcSource
-from wallaroo_proto.protocols.ambrosia.lb import LbConfig, MockLB
+from wallaroo_proto.protocols.ambrosia.lb import IcUnreachable, LbConfig, MockLB
 from wallaroo_proto.protocols.ambrosia.store import StoreError
 
+IC = "wallaroo-proto ambrosia mock-ic"
+LB = "wallaroo-proto ambrosia mock-lb"
+#: Words of a log line said even with -q: a rule broken, a run lost, a rerun's skip, a fault's fate.
+_ALWAYS = ("violation", "broke a rule", "resumed", "fault", "lost", "failed", "reset")
 
-def _log(prefix: str):
+
+def _log(prefix: str, verbosity: int):
     def log(line: str) -> None:
-        click.echo(f"{prefix}: {line}", err=True)
+        if verbosity >= 0 or any(word in line for word in _ALWAYS):
+            click.echo(f"{prefix}: {line}", err=True)
 
     return log
+
+
+def _trace(prefix: str, verbosity: int):
+    return (lambda line: click.echo(f"{prefix}: {line}", err=True)) if verbosity > 0 else (lambda line: None)
 
 
 def _tune_gc() -> None:
@@ -43,9 +73,26 @@ def _console() -> Console:
     )
 
 
-@click.group(name="ambrosia")
+def _state(state: object) -> str:
+    """A checkpoint's state in words: ``key value`` pairs for an object, JSON for anything else."""
+    if isinstance(state, dict):
+        return ", ".join(f"{k} {json.dumps(v)}" for k, v in state.items())
+    return json.dumps(state)
+
+
+@click.group(
+    name="ambrosia",
+    cls=Group,
+    epilog=examples(
+        "wallaroo-proto ambrosia mock-ic --rpcs 1000 --log-dir ic-log",
+        "wallaroo-proto ambrosia mock-lb --connect 127.0.0.1:41234 --send-connect 127.0.0.1:41235",
+    ),
+)
 def command() -> None:
-    """AMBROSIA IC <-> language binding protocol: mock Immortal Coordinator and mock language binding."""
+    """AMBROSIA IC <-> language binding protocol: mock Immortal Coordinator and mock language binding.
+
+    mock-ic's ready line ends with the two options that point mock-lb at it.
+    """
 
 
 # --------------------------------------------------------------------------- mock-ic
@@ -56,14 +103,22 @@ def _read_lines(path: str) -> list[bytes]:
         with open(path, "rb") as f:
             return f.read().splitlines()
     except OSError as err:
-        raise usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
+        raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
+
+
+def _ready_line(host: str, rport: int, send_host: str, sport: int) -> str:
+    receive, send = format_address((host, rport)), format_address((send_host, sport))
+    return (
+        f"{IC}: listening on {receive} (receive port {rport}, send port {sport}); "
+        f"an LB connects with --connect {receive} --send-connect {send}"
+    )
 
 
 async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
     try:
         host, rport, sport = ic.bind()
-    except OSError as err:
-        raise usage_error(f"cannot listen on {ic.config.host}: {err.strerror or err}") from err
+    except ListenError as err:
+        raise usage_error(f"cannot listen on {err.address} ({err.which}): {os_reason(err)}") from None
     loop = asyncio.get_running_loop()
     if ic.config.source.streaming:
         ic.stream_input(sys.stdin.buffer)
@@ -80,10 +135,7 @@ async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    click.echo(
-        f"wallaroo-proto ambrosia mock-ic: listening on {host}:{rport} "
-        f"(receive port {rport}, send port {sport})"
-    )
+    click.echo(_ready_line(host, rport, ic.send_host, sport))
     sys.stdout.flush()
     try:
         await serve
@@ -100,39 +152,77 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
         return
     out = _console()
     out.print(
-        f"ambrosia mock-ic summary: {s['rpcs_logged']:,} RPCs logged and delivered since it started "
+        f"ambrosia mock-ic summary: {plural(s['rpcs_logged'], 'RPC')} logged and delivered since it started "
         f"({s['rpcs_before']:,} were in the log then; {s['rpcs_total']:,} in all), "
-        f"{s['self_calls_logged']:,} self calls logged ({s['self_calls_dropped']:,} replayed ones dropped), "
-        f"{s['records_sent']:,} records sent ({s['records_replayed']:,} replayed), "
-        f"{s['checkpoints']} checkpoints; "
-        f"{s['runs']} runs: {s['first_starts']} first start, {s['recoveries']} recoveries; "
-        f"{s['rpcs_per_second']:,} RPCs/s"
+        f"{plural(s['self_calls_logged'], 'self call')} logged ({s['self_calls_dropped']:,} replayed ones "
+        f"dropped), {plural(s['records_sent'], 'record')} sent ({s['records_replayed']:,} replayed), "
+        f"{plural(s['checkpoints'], 'checkpoint')}; "
+        f"{plural(s['runs'], 'run')}: {plural(s['first_starts'], 'first start')}, "
+        f"{plural(s['recoveries'], 'recovery', 'recoveries')}; {s['rpcs_per_second']:,} RPCs/s"
     )
     last = s["last_checkpoint"]
     if last is not None:
         out.print(
-            f"last checkpoint: before record {last['seq']}, {last['bytes']} bytes, state {last['state']}"
+            f"last checkpoint: before record {last['seq']}, {plural(last['bytes'], 'byte')}, "
+            f"state {escape(_state(last['state']))}"
         )
     if s["stalls"]:
-        out.print(f"{s['stalls']} LB connections reset for reading nothing (--write-timeout)")
+        out.print(f"{plural(s['stalls'], 'LB connection')} reset for reading nothing (--write-timeout)")
     for v in s["violations"]:
-        out.print(f"[bold red]VIOLATION[/] {v}")
+        out.print(f"[bold red]VIOLATION[/] {escape(v)}")
 
 
-@command.command(name="mock-ic")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Loopback address to listen on.")
-@click.option(
-    "--receive-port",
-    type=click.IntRange(0, 65535),
-    default=0,
-    help="Where the LB sends its messages (0: free).",
+def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
+    """The two listening addresses from --listen/--send-listen, or from the older --host and ports."""
+    host, rport = opts.pop("listen") or (DEFAULT_HOST, 0)
+    send = opts.pop("send_listen")
+    old_host, old_r, old_s = opts.pop("host"), opts.pop("receive_port"), opts.pop("send_port")
+    host = old_host if old_host is not None else host
+    rport = old_r if old_r is not None else rport
+    send_host, sport = send or (host, 0)
+    return host, rport, send_host, old_s if old_s is not None else sport
+
+
+@command.command(
+    name="mock-ic",
+    cls=Command,
+    sections={
+        "Addresses": ["listen", "send_listen"],
+        "What to deliver": [
+            "rpcs",
+            "input_path",
+            "arg_form",
+            "batches",
+            "method_id",
+            "batch",
+            "checkpoint_every",
+            "exit_when_done",
+        ],
+        "The log": ["log_dir", "no_fsync", "committer", "upgrade", "dialect"],
+        "Faults (N is a record's sequence id)": ["bad_check_at", "gap_at", "crash_at"],
+    },
+    epilog=examples(
+        "wallaroo-proto ambrosia mock-ic --rpcs 10000 --checkpoint-every 20 --log-dir ic-log",
+        "wallaroo-proto ambrosia mock-ic --listen 127.0.0.1:2000 --send-listen 127.0.0.1:2001",
+        "printf '{\"value\":5}\\n' | wallaroo-proto ambrosia mock-ic --input - --exit-when-done",
+        "wallaroo-proto ambrosia mock-ic --log-dir faults-log --bad-check-at 3 --gap-at 5 --crash-at 8",
+    ),
 )
 @click.option(
-    "--send-port",
-    type=click.IntRange(0, 65535),
-    default=0,
-    help="Where the LB reads the log records (0: free).",
+    "--listen",
+    type=LISTEN_ADDRESS,
+    default=None,
+    help=f"The receive port, where the LB sends its messages [default: {DEFAULT_HOST}:0, a free port].",
 )
+@click.option(
+    "--send-listen",
+    type=LISTEN_ADDRESS,
+    default=None,
+    help="The send port, where the LB reads the log records [default: --listen's host, a free port].",
+)
+@click.option("--host", default=None, hidden=True)
+@click.option("--receive-port", type=click.IntRange(0, 65535), default=None, hidden=True)
+@click.option("--send-port", type=click.IntRange(0, 65535), default=None, hidden=True)
 @click.option(
     "--rpcs",
     type=click.IntRange(0),
@@ -144,6 +234,7 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
     "--input",
     "input_path",
     default=None,
+    metavar="FILE|-",
     help="RPC arguments, one RPC per line, sent as they are (-: stdin, delivered as lines come).",
 )
 @click.option(
@@ -170,17 +261,27 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
     "--checkpoint-every",
     type=click.IntRange(0),
     default=0,
-    help="Ask for a checkpoint every N records (0: at end).",
+    help="Ask for a checkpoint every N records (0: once all is in).",
 )
 @click.option(
-    "--log-dir", default=None, help="Durable log and checkpoints (fsync); a restart recovers from it."
+    "--log-dir",
+    default=None,
+    metavar="DIR",
+    help="A folder for the durable log and checkpoints (fsync); a restart on it recovers and delivers "
+    "only what the log does not hold.",
 )
 @click.option("--no-fsync", is_flag=True, help="Log and checkpoints without fsync (benchmarks only).")
 @click.option("--committer", type=int, default=None, help="Committer id for a first start (default: random).")
-@click.option("--bad-check-at", type=int, default=None, help="Fault: send record N with wrong check bytes.")
-@click.option("--gap-at", type=int, default=None, help="Fault: skip sequence id N.")
 @click.option(
-    "--crash-at", type=int, default=None, help="Fault: kill -9 itself right after logging record N."
+    "--bad-check-at",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Send record N with wrong check bytes (the log keeps them right).",
+)
+@click.option("--gap-at", type=int, default=None, metavar="N", help="Skip sequence id N.")
+@click.option(
+    "--crash-at", type=int, default=None, metavar="N", help="kill -9 itself right after logging record N."
 )
 @click.option("--upgrade", is_flag=True, help="Recover with UpgradeTakeCheckpoint (a live upgrade).")
 @click.option(
@@ -198,19 +299,26 @@ def _print_ic_summary(s: dict, fmt: str) -> None:
     "(a real IC stays up; so does mock-ic without it).",
 )
 @write_timeout_option("an LB")
-@click.option("--record", default=None, help="Write both sockets' traffic to this pcap.")
+@click.option("--record", default=None, metavar="FILE", help="Write both sockets' traffic to this pcap.")
 @summary_format
+@verbosity(
+    quiet="No log lines but rule breaks, faults and what a restart skipped: errors and the summary.",
+    verbose="Also a line per LB connection and per checkpoint stored.",
+)
 def mock_ic(**opts) -> None:
     """Play the AMBROSIA Immortal Coordinator for a language binding.
 
-    Listens on the receive port, then (once an LB connected there) on the send
-    port; runs a first start, or a recovery from --log-dir; delivers the RPCs
-    in log records, asks for checkpoints and stores them; stays up until
-    stopped (--exit-when-done: ends once every RPC and the last checkpoint
-    are in). An LB that breaks a rule ends it (both
-    sockets closed, as the real IC's OnError does). Exit 0, 1 if the LB broke a
-    rule, 130 if interrupted.
+    Listens on the receive port (--listen), then, once an LB connected there, on the send
+    port (--send-listen); runs a first start, or a recovery from --log-dir; delivers the
+    RPCs in log records, asks for checkpoints and stores them; stays up until stopped
+    (--exit-when-done: ends once every RPC and the last checkpoint are in). An LB that
+    breaks a rule ends it (both sockets closed, as the real IC's OnError does). A fault
+    whose record the log already holds is refused. Exit 0 (stopped by SIGINT or SIGTERM
+    too), 1 if the LB broke a rule, 2 on bad usage, 130 if interrupted before
+    --exit-when-done's end.
     """
+    host, rport, send_host, sport = _ic_listen(opts)
+    verbosity = opts["verbosity"]
     method, batching = opts["method_id"], opts["batches"]
     if opts["input_path"] == "-":
         source = RpcSource.streamed(method_id=method, batching=batching)
@@ -218,12 +326,14 @@ def mock_ic(**opts) -> None:
         source = RpcSource(lines=_read_lines(opts["input_path"]), method_id=method, batching=batching)
     else:
         source = RpcSource(opts["rpcs"], method_id=method, arg_form=opts["arg_form"], batching=batching)
+    log_dir = opts["log_dir"]
     config = IcConfig(
         source=source,
-        host=opts["host"],
-        receive_port=opts["receive_port"],
-        send_port=opts["send_port"],
-        log_dir=opts["log_dir"],
+        host=host,
+        receive_port=rport,
+        send_port=sport,
+        send_host=send_host,
+        log_dir=log_dir,
         fsync=not opts["no_fsync"],
         batch=opts["batch"],
         checkpoint_every=opts["checkpoint_every"],
@@ -236,21 +346,39 @@ def mock_ic(**opts) -> None:
         exit_when_done=opts["exit_when_done"],
         write_timeout=opts["write_timeout"],
         record=opts["record"],
-        log=_log("ambrosia mock-ic"),
+        log=_log(IC, verbosity),
+        trace=_trace(IC, verbosity),
     )
+    if log_dir is not None and Path(log_dir).is_file():
+        raise usage_error(
+            f"--log-dir {log_dir} is a file; give a folder (mock-ic keeps its log and checkpoints in it)"
+        )
     try:
         ic = MockIC(config)
     except OSError as err:
-        raise usage_error(f"cannot open {err.filename}: {err.strerror or err}") from err
+        what = "--record" if opts["record"] and err.filename == opts["record"] else "--log-dir"
+        if what == "--log-dir" and err.errno in (errno.EEXIST, errno.ENOTDIR):
+            raise usage_error(open_failure(err, what, log_dir)) from None
+        raise usage_error(open_failure(err, what)) from None
     except StoreError as err:
         raise usage_error(str(err)) from None
+    refused, warned = ic.fault_reach()
+    if refused:
+        ic.close()
+        raise usage_error(refused[0])
+    note = ic.resume_note()
+    for line in ([note] if note else []) + warned:
+        config.log(line)
     _tune_gc()
     summary, interrupted = asyncio.run(_serve_ic(ic))
     _print_ic_summary(summary, opts["fmt"])
-    if interrupted:
-        sys.exit(EXIT_INTERRUPTED)
+    for fault in summary["faults_not_fired"]:
+        if not fault.startswith("--crash-at") or not interrupted:
+            config.log(f"fault {fault} never fired: no record with that sequence id was logged")
     if summary["violations"]:
         sys.exit(1)
+    if interrupted and opts["exit_when_done"] and not summary["done"]:
+        sys.exit(EXIT_INTERRUPTED)
 
 
 # --------------------------------------------------------------------------- mock-lb
@@ -268,12 +396,57 @@ async def _run_lb(lb: MockLB) -> tuple[dict, bool]:
         return lb.summary(), True
 
 
-@command.command(name="mock-lb")
-@click.option("--host", default="127.0.0.1", show_default=True, help="The IC's address.")
-@click.option("--receive-port", type=click.IntRange(1, 65535), required=True, help="The IC's receive port.")
-@click.option("--send-port", type=click.IntRange(1, 65535), required=True, help="The IC's send port.")
+def _lb_connect(opts: dict) -> tuple[str, int, str, int]:
+    """The IC's two addresses from --connect/--send-connect, or from the older --host and ports."""
+    receive, send = opts.pop("connect"), opts.pop("send_connect")
+    old_host, old_r, old_s = opts.pop("host"), opts.pop("receive_port"), opts.pop("send_port")
+    if receive is None and old_r is None:
+        raise usage_error(
+            "give the IC's receive port, --connect HOST:PORT, and its send port, --send-connect HOST:PORT "
+            "(mock-ic's ready line ends with both)"
+        )
+    if send is None and old_s is None:
+        raise usage_error(
+            "give the IC's send port, --send-connect HOST:PORT (mock-ic's ready line ends with it)"
+        )
+    host, rport = receive or (old_host or DEFAULT_HOST, old_r)
+    send_host, sport = send or (old_host or host, old_s)
+    if old_host is not None:
+        host = send_host = old_host
+    return host, rport if old_r is None else old_r, send_host, sport if old_s is None else old_s
+
+
+@command.command(
+    name="mock-lb",
+    cls=Command,
+    sections={"The IC": ["connect", "send_connect", "connect_timeout", "write_timeout"]},
+    epilog=examples(
+        "wallaroo-proto ambrosia mock-lb --connect 127.0.0.1:41234 --send-connect 127.0.0.1:41235",
+        "wallaroo-proto ambrosia mock-lb --connect :2000 --send-connect :2001 --ask-checkpoint-every 10 "
+        "--format json",
+    ),
+)
 @click.option(
-    "--connect-timeout", type=float, default=30.0, show_default=True, help="Seconds to keep trying."
+    "--connect",
+    type=CONNECT_ADDRESS,
+    default=None,
+    help="The IC's receive port, HOST:PORT, where the LB sends (the first connection).",
+)
+@click.option(
+    "--send-connect",
+    type=CONNECT_ADDRESS,
+    default=None,
+    help="The IC's send port, HOST:PORT, where the LB reads the log records (the second connection).",
+)
+@click.option("--host", default=None, hidden=True)
+@click.option("--receive-port", type=click.IntRange(1, 65535), default=None, hidden=True)
+@click.option("--send-port", type=click.IntRange(1, 65535), default=None, hidden=True)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(0),
+    default=10.0,
+    show_default=True,
+    help="Seconds to keep trying an IC that is not there yet, then exit 2.",
 )
 @click.option(
     "--initial-message", default="wallaroo-proto mock-lb", show_default=True, help="First start's data."
@@ -283,47 +456,56 @@ async def _run_lb(lb: MockLB) -> tuple[dict, bool]:
 )
 @write_timeout_option("both sockets of an IC")
 @summary_format
+@verbosity(
+    quiet="No log lines but rule breaks and a lost socket: errors and the summary.",
+    verbose="Also a line per connection made and per checkpoint sent or loaded.",
+)
 def mock_lb(**opts) -> None:
     """Play an AMBROSIA language binding (a counter immortal) for an IC.
 
-    Connects to the IC's receive port, then its send port; follows first
-    start or recovery, answers checkpoint requests with its state, applies
-    RPCs and sends its self calls; ends when the IC closes. Exit 0, 1 if the
-    IC broke a rule, could not be reached or reset a socket, 130 if interrupted.
+    Connects to the IC's receive port (--connect), then its send port (--send-connect);
+    follows first start or recovery, answers checkpoint requests with its state, applies
+    RPCs and sends its self calls; ends when the IC closes. Exit 0; 1 if the IC broke a
+    rule or reset a socket; 2 if it could not be reached within --connect-timeout; 130 if
+    interrupted (after the summary).
     """
+    host, rport, send_host, sport = _lb_connect(opts)
+    verbosity = opts["verbosity"]
     config = LbConfig(
-        host=opts["host"],
-        receive_port=opts["receive_port"],
-        send_port=opts["send_port"],
+        host=host,
+        receive_port=rport,
+        send_port=sport,
+        send_host=send_host,
         connect_timeout=opts["connect_timeout"],
         initial_message=opts["initial_message"].encode(),
         ask_checkpoint_every=opts["ask_checkpoint_every"],
         write_timeout=opts["write_timeout"],
-        log=_log("ambrosia mock-lb"),
+        log=_log(LB, verbosity),
+        trace=_trace(LB, verbosity),
     )
     lb = MockLB(config)
     _tune_gc()
     try:
         summary, interrupted = asyncio.run(_run_lb(lb))
-    except OSError as err:
-        click.echo(f"ambrosia mock-lb: cannot reach the IC: {err.strerror or err}", err=True)
-        sys.exit(1)
+    except IcUnreachable as err:
+        raise CommandError(f"{err}; is the IC up? (--connect-timeout)", 2) from None
     if opts["fmt"] == "json":
         click.echo(json.dumps(summary))
     else:
         out = _console()
         out.print(
-            f"ambrosia mock-lb summary: {summary['start']}, {summary['records']:,} records "
-            f"({summary['replayed']:,} replayed), {summary['rpcs']:,} RPCs, "
-            f"{summary['self_calls']:,} self calls, "
-            f"{summary['checkpoints_sent']} checkpoints sent, {summary['checkpoints_loaded']} loaded; "
-            f"state {summary['state']}"
+            f"ambrosia mock-lb summary: {summary['start']}, {plural(summary['records'], 'record')} "
+            f"({summary['replayed']:,} replayed), {plural(summary['rpcs'], 'RPC')}, "
+            f"{plural(summary['self_calls'], 'self call')}, "
+            f"{plural(summary['checkpoints_sent'], 'checkpoint')} sent, "
+            f"{summary['checkpoints_loaded']} loaded; "
+            f"state {escape(_state(summary['state']))}"
         )
         for v in summary["violations"]:
-            out.print(f"[bold red]VIOLATION[/] {v}")
+            out.print(f"[bold red]VIOLATION[/] {escape(v)}")
         if summary["lost"]:
-            out.print(f"[bold red]LOST[/] {summary['lost']}")
+            out.print(f"[bold red]LOST[/] {escape(summary['lost'])}")
     if interrupted:
-        sys.exit(EXIT_INTERRUPTED)
+        raise CommandError("interrupted", EXIT_INTERRUPTED)
     if summary["violations"] or summary["lost"]:
         sys.exit(1)

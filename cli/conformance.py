@@ -91,7 +91,7 @@ def make_command(suite: Suite) -> click.Command:
             kwargs["type"] = click.Choice(opt.choices)
         elif isinstance(opt.default, int):
             kwargs["type"] = click.IntRange(1)
-        params.append(click.Option([f"--{opt.name}"], default=opt.default, **kwargs))
+        params.append(click.Option([f"--{opt.name}"], default=opt.default, hidden=opt.hidden, **kwargs))
         dest = opt.name.replace("-", "_")
         for alias in opt.aliases:  # an older name, still taken, hidden
             hidden = {k: v for k, v in kwargs.items() if k in ("is_flag", "type")}

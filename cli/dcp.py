@@ -28,6 +28,7 @@ from wallaroo_proto_cli.options import (
     listen_option,
     os_reason,
     output_option,
+    plural,
     summary_format,
     usage_error,
     verbosity,
@@ -130,12 +131,13 @@ def _print_producer_summary(s: dict, fmt: str, verbosity: int) -> None:
     out = _console()
     ends = ", ".join(f"{k} {v}" for k, v in s["stream_ends"].items()) or "none"
     out.print(
-        f"dcp mock-producer summary: {s['connections']} connections, {s['streams']} streams, "
-        f"{s['items_sent']:,} items in {s['snapshots']} snapshots, {s['rollbacks']} rollbacks, "
-        f"{s['not_my_vbucket']} NOT_MY_VBUCKET, {len(s['moved'])} vbuckets moved, stream ends: {ends}, "
-        f"{s['noops']} noops answered, "
-        f"{s['flow_control_stalls']} flow-control stalls, {s['dropped_connections']} connections dropped, "
-        f"{s['timeouts']} timeouts"
+        f"dcp mock-producer summary: {plural(s['connections'], 'connection')}, "
+        f"{plural(s['streams'], 'stream')}, {plural(s['items_sent'], 'item')} in "
+        f"{plural(s['snapshots'], 'snapshot')}, {plural(s['rollbacks'], 'rollback')}, "
+        f"{s['not_my_vbucket']:,} NOT_MY_VBUCKET, {plural(len(s['moved']), 'vbucket')} moved, "
+        f"stream ends: {ends}, {plural(s['noops'], 'noop')} answered, "
+        f"{plural(s['flow_control_stalls'], 'flow-control stall')}, "
+        f"{plural(s['dropped_connections'], 'connection')} dropped, {plural(s['timeouts'], 'timeout')}"
     )
     if verbosity < 0:
         return
@@ -378,10 +380,11 @@ def _print_consumer_summary(s: dict, fmt: str, err: bool, verbosity: int) -> Non
     out = Console(file=sys.stderr, highlight=False, soft_wrap=True) if err else _console()
     ends = ", ".join(f"{k} {v}" for k, v in s["stream_ends"].items()) or "none"
     out.print(
-        f"dcp mock-consumer summary: {s['items_received']:,} items received "
-        f"over {s['connections']} connections, "
-        f"{s['live_items']:,} live, {s['rollbacks']} rollbacks, stream ends: {ends}, "
-        f"{s['noops_answered']} noops answered, {s['buffer_acks']} buffer acks, {s['violations']} violations "
+        f"dcp mock-consumer summary: {plural(s['items_received'], 'item')} received "
+        f"over {plural(s['connections'], 'connection')}, "
+        f"{s['live_items']:,} live, {plural(s['rollbacks'], 'rollback')}, stream ends: {ends}, "
+        f"{plural(s['noops_answered'], 'noop')} answered, {plural(s['buffer_acks'], 'buffer ack')}, "
+        f"{plural(s['violations'], 'violation')} "
         f"({s['items_per_second']:,.0f} items/s)"
     )
     for failure in s["failures"] if verbosity < 0 else []:

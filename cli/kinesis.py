@@ -32,6 +32,7 @@ from wallaroo_proto_cli.options import (
     open_failure,
     os_reason,
     output_option,
+    plural,
     summary_format,
     usage_error,
     verbosity,
@@ -67,10 +68,6 @@ def _log(prefix: str, shown: bool = True):
             click.echo(f"wallaroo-proto {prefix}: {line}", err=True)
 
     return log
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count:,} {word}" if count == 1 else f"{count:,} {word}s"
 
 
 @click.group(
@@ -109,10 +106,10 @@ def _print_daemon_summary(summary_: dict, fmt: str) -> None:
         file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
     )
     out.print(
-        f"kinesis mock-daemon summary: {_plural(summary_['records_delivered'], 'record')} delivered "
+        f"kinesis mock-daemon summary: {plural(summary_['records_delivered'], 'record')} delivered "
         f"({summary_['records_redelivered']:,} again), {summary_['records_checkpointed']:,} checkpointed, "
-        f"{_plural(summary_['checkpoints'], 'checkpoint')}, "
-        f"{_plural(summary_['checkpoint_errors'], 'checkpoint error')}, {summary_['seconds']:.1f}s "
+        f"{plural(summary_['checkpoints'], 'checkpoint')}, "
+        f"{plural(summary_['checkpoint_errors'], 'checkpoint error')}, {summary_['seconds']:.1f}s "
         f"({summary_['records_per_second']:,.0f} records/s)"
     )
     table = Table(title="shards")
@@ -441,7 +438,7 @@ def _resumed(shards: list, leases: LeaseTable, state_path: str | None) -> list[i
         if skipped:
             click.echo(
                 f"wallaroo-proto kinesis mock-daemon: {shard.shard_id} resumed from its checkpoint in "
-                f"--state {state_path}: {skipped:,} of {_plural(len(shard), 'record')} skipped",
+                f"--state {state_path}: {skipped:,} of {plural(len(shard), 'record')} skipped",
                 err=True,
             )
     return remaining
@@ -470,17 +467,17 @@ def _print_processor_summary(result: dict, fmt: str, *, err: bool, rows: int | N
         return
     out = Console(file=sys.stderr if err else sys.stdout, highlight=False, soft_wrap=True)
     out.print(
-        f"kinesis mock-processor summary: {_plural(result['records'], 'record')}, "
-        f"{_plural(result['checkpoints'], 'checkpoint')}, "
-        f"{_plural(result['checkpoint_errors'], 'checkpoint error')}, "
-        f"{_plural(len(result['conversations']), 'conversation')}"
+        f"kinesis mock-processor summary: {plural(result['records'], 'record')}, "
+        f"{plural(result['checkpoints'], 'checkpoint')}, "
+        f"{plural(result['checkpoint_errors'], 'checkpoint error')}, "
+        f"{plural(len(result['conversations']), 'conversation')}"
     )
     conversations = result["conversations"]
     for c in conversations if rows is None else conversations[:rows]:
         errors = ", ".join(f"{k} {v}" for k, v in c["checkpoint_errors"].items())
         out.print(
-            f"  {c['shard_id'] or 'before initialize'}: {_plural(c['records'], 'record')}, "
-            f"{_plural(c['checkpoints'], 'checkpoint')}"
+            f"  {c['shard_id'] or 'before initialize'}: {plural(c['records'], 'record')}, "
+            f"{plural(c['checkpoints'], 'checkpoint')}"
             + (f" (errors: {errors})" if errors else "")
             + f", end: {c['end']}"
         )

@@ -264,6 +264,11 @@ def verbosity(
 verbosity_options = verbosity()
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 record``, ``2 records``, ``3 recoveries`` (``many`` where an s will not do)."""
+    return f"{count:,} {word if count == 1 else many or word + 's'}"
+
+
 def examples(*lines: str) -> str:
     """An ``Examples:`` block for the end of a command's help, shown as written."""
     return "\n\n\b\nExamples:\n" + "\n".join(f"  {line}" for line in lines)
@@ -278,3 +283,23 @@ def write_timeout_option(who: str) -> Callable:
         show_default=True,
         help=f"Reset {who} that reads nothing of ours for this many seconds (0: never).",
     )
+
+
+class Group(click.Group):
+    """A command group of the grammar: a mistyped subcommand or a bad option is one line,
+    ``wallaroo-proto GROUP: message`` (with click's nearest names), exit 2."""
+
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:  # fmt: skip
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as err:
+            raise CommandUsageError(err.format_message(), err.ctx) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as err:
+            if isinstance(err, CommandUsageError):
+                raise
+            raise CommandUsageError(err.format_message(), err.ctx or ctx) from None

@@ -30,6 +30,7 @@ from wallaroo_proto_cli.options import (
     listen_option,
     open_failure,
     os_reason,
+    plural,
     problem,
     summary_format,
     usage_error,
@@ -62,10 +63,6 @@ def _log(command: str, shown: bool = True) -> Callable[[str], None]:
             click.echo(f"wallaroo-proto {command}: {line}", err=True)
 
     return log
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count:,} {word}" if count == 1 else f"{count:,} {word}s"
 
 
 @click.group(
@@ -182,10 +179,10 @@ def mock_node(
         return
     out = _console()
     out.print(
-        f"tremor mock-node summary: {_plural(stats['connections'], 'connection')}, "
-        f"{_plural(stats['sessions'], 'session')}, {stats['refused']} refused, {stats['dropped']} dropped, "
-        f"{_plural(stats['messages_in'], 'message')} in, {stats['messages_out']:,} out, "
-        f"{_plural(stats['violations'], 'client violation')}, {stats['timeouts']} timed out"
+        f"tremor mock-node summary: {plural(stats['connections'], 'connection')}, "
+        f"{plural(stats['sessions'], 'session')}, {stats['refused']} refused, {stats['dropped']} dropped, "
+        f"{plural(stats['messages_in'], 'message')} in, {stats['messages_out']:,} out, "
+        f"{plural(stats['violations'], 'client violation')}, {stats['timeouts']} timed out"
     )
     violations = stats["violation_list"]
     shown = violations if verbosity > 0 else violations[:20]
@@ -206,7 +203,7 @@ def _print_client(result: dict, fmt: str, verbosity: int) -> None:
     verdict = "[green]ok[/]" if result["ok"] else "[bold red]FAILED[/]"
     out.print(
         f"tremor mock-client summary: {verdict}: {result['sent']:,} sent, {result['received']:,} received, "
-        f"{_plural(result['echoes'], 'echo').replace('echos', 'echoes')}, "
+        f"{plural(result['echoes'], 'echo', 'echoes')}, "
         f"{result['delivered']}/{result['published']} published events back, "
         f"{result['seconds']:.3f}s ({result['messages_per_second']:,.0f} messages/s)"
     )

@@ -171,7 +171,11 @@ def test_user_mistakes_get_clear_answers(tmp_path):
         "--connect-timeout",
         "0.5",
     )
-    assert lb.returncode == 1 and "cannot reach the IC" in lb.stderr and "Traceback" not in lb.stderr
+    assert lb.returncode == 2 and "Traceback" not in lb.stderr
+    assert lb.stderr == (
+        f"wallaroo-proto ambrosia mock-lb: cannot connect to the IC's receive port 127.0.0.1:{port}: "
+        "Connection refused (tried for 0.5 s); is the IC up? (--connect-timeout)\n"
+    )
 
 
 def test_sigterm_stops_a_waiting_ic_cleanly():

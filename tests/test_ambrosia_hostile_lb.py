@@ -144,6 +144,6 @@ def test_an_lb_that_reads_no_records_is_reset_after_the_write_timeout():
         send.close()
         receive.close()
         code, out, err = ic.stop(signal.SIGTERM, timeout=DEADLINE)
-    assert code == 130 and "Traceback" not in err
+    assert code == 0 and "Traceback" not in err  # a server stopped, no rule broken
     summary = json.loads(out.splitlines()[-1])
     assert summary["stalls"] == 1 and summary["violations"] == []

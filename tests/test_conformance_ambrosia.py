@@ -23,7 +23,8 @@ from support import COMMAND, Server, run_cli
 from wallaroo_proto.conformance import get_suite
 
 PEERS = Path(__file__).resolve().parent / "peers"
-PORTS = ["--receive-port", "{receive_port}", "--send-port", "{send_port}"]
+PORTS = ["--receive-port", "{receive_port}", "--send-port", "{send_port}"]  # the older spellings
+ADDRESSES = ["--connect", "{host}:{receive_port}", "--send-connect", "{send_host}:{send_port}"]
 
 
 def free_port() -> int:
@@ -48,6 +49,31 @@ def test_the_lb_suite_needs_a_command_or_both_ports() -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["ic", "127.0.0.1:2000"], "give the IC's send port too: --send-connect HOST:PORT"),
+        (["ic", "127.0.0.1:2000", "--send-connect", "nowhere"], "'nowhere' is not HOST:PORT"),
+        (["lb", "--listen", "127.0.0.1:2000"], "give the LB's command (-- COMMAND ARGS...), or --listen"),
+    ],
+)
+def test_the_suites_want_both_of_the_ics_addresses(args: list[str], message: str) -> None:
+    done = run_cli("conformance", *args)
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"wallaroo-proto conformance {args[0]}: {message}"), line
+
+
+def test_the_lb_suite_says_which_address_it_cannot_listen_on() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        done = run_cli("conformance", "lb", "--listen", f"127.0.0.1:{port}", "--", "true")
+    assert done.returncode == 2
+    assert (
+        f"cannot listen on 127.0.0.1:{port} (the receive port) and 127.0.0.1:0 (the send port)" in done.stderr
+    )
+
+
 def test_an_lb_that_exits_at_once_fails_with_its_exit_code_and_output() -> None:
     code, report = conformance("--case", "first-start", "--", "sh", "-c", "echo no IC for me; exit 3")
     assert code == 1
@@ -58,7 +84,7 @@ def test_an_lb_that_exits_at_once_fails_with_its_exit_code_and_output() -> None:
 
 @pytest.mark.slow
 def test_mock_lb_passes_every_lb_case() -> None:
-    code, report = conformance("--", *COMMAND, "ambrosia", "mock-lb", *PORTS)
+    code, report = conformance("--", *COMMAND, "ambrosia", "mock-lb", *ADDRESSES)
     bad = [f"{c['id']}: {c['reason']}\n{c['seen']}" for c in report["cases"] if c["status"] != "pass"]
     assert code == 0 and not bad, "\n\n".join(bad)
     assert [c["id"] for c in report["cases"]] == [c.id for c in get_suite("lb").cases]
@@ -85,7 +111,15 @@ def test_a_sloppy_lb_fails_exactly_the_rules_it_breaks() -> None:
 # --- the IC suite -------------------------------------------------------------------------------------
 
 
+def ic_addresses(ic: Server) -> list[str]:
+    """The IC's receive port and --send-connect, as mock-ic's ready line gives them to paste."""
+    receive, option, send = ic.lines[-1].split("an LB connects with --connect ")[1].split()
+    assert option == "--send-connect"
+    return [receive, option, send]
+
+
 def ic_address(ic: Server) -> str:
+    """The older single argument, HOST:RECEIVE_PORT:SEND_PORT."""
     match = re.search(r"receive port (\d+), send port (\d+)", "".join(ic.lines))
     assert match, ic.lines
     return f"{ic.host}:{match.group(1)}:{match.group(2)}"
@@ -94,8 +128,8 @@ def ic_address(ic: Server) -> str:
 @pytest.mark.slow
 def test_mock_ic_passes_every_ic_case_first_started_and_then_recovered() -> None:
     with Server("ambrosia", "mock-ic", "--rpcs", "0") as ic:
-        for start in ("a first start", "a recovery"):
-            code, report = conformance_of("ic", ic_address(ic))
+        for start, where in (("a first start", ic_addresses(ic)), ("a recovery", [ic_address(ic)])):
+            code, report = conformance_of("ic", *where)
             bad = [f"{c['id']}: {c['reason']}\n{c['seen']}" for c in report["cases"] if c["status"] != "pass"]
             assert code == 0 and not bad, "\n\n".join(bad)
             assert report["cases"][0]["seen"].startswith(start)
@@ -120,9 +154,10 @@ def test_an_ic_that_breaks_the_record_rules_fails_with_the_cores_reason(fault, r
 @pytest.mark.slow
 def test_lb_cases_run_on_a_binding_started_by_hand_at_the_ports_given() -> None:
     receive, send = free_port(), free_port()
-    ports = ["--receive-port", str(receive), "--send-port", str(send)]
+    ports = ["--receive-port", str(receive), "--send-port", str(send)]  # older spellings, both commands
+    listen = ["--listen", f"127.0.0.1:{receive}", "--send-listen", f"127.0.0.1:{send}"]
     suite = subprocess.Popen(
-        [*COMMAND, "conformance", "lb", "--format", "json", "--case", "first-start", *ports],
+        [*COMMAND, "conformance", "lb", "--format", "json", "--case", "first-start", *listen],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

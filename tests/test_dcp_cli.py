@@ -21,6 +21,7 @@ def test_listen_output_and_quiet_as_the_grammar_says(tmp_path):
         (line,) = result.stdout.splitlines()  # -q: the summary line, not the table
         live = re.search(r"(\d+) live", line)
         assert line.startswith("dcp mock-consumer summary:") and live, line
+        assert " over 1 connection, " in line and "0 rollbacks" in line  # counted words in the singular
         assert len(items.read_text().splitlines()) == int(live[1]) > 0
         rc, out, _ = server.stop()
     assert rc == 0 and "vbuckets" in out

@@ -77,6 +77,8 @@ class SuiteOption:
     choices: tuple[str, ...] = ()
     #: Older names still taken, hidden from the help (``--version`` for ``--protocol-version``).
     aliases: tuple[str, ...] = ()
+    #: An older option still taken, hidden from the help (its suite reads it into a newer one).
+    hidden: bool = False
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,7 @@ class IcConfig:
     host: str = "127.0.0.1"
     receive_port: int = 0
     send_port: int = 0
+    send_host: str | None = None  # the send port's host, when not ``host``
     log_dir: str | None = None
     fsync: bool = True
     batch: int = 100
@@ -93,6 +94,8 @@ class IcConfig:
     write_timeout: float = 30.0
     record: str | None = None
     log: Callable[[str], None] = lambda line: None
+    #: Lines only a verbose run shows: each LB connection, each checkpoint stored.
+    trace: Callable[[str], None] = lambda line: None
 
 
 @dataclass
@@ -114,6 +117,15 @@ class IcStats:
     stalls: int = 0
     delivery_seconds: float = 0.0
     done: bool = False
+    faults_fired: set[str] = field(default_factory=set)  # "gap_at", "bad_check_at"
+
+
+class ListenError(OSError):
+    """One of the two ports could not be bound: which one, and where."""
+
+    def __init__(self, which: str, host: str, port: int, err: OSError) -> None:
+        super().__init__(err.errno, err.strerror)
+        self.which, self.address = which, f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class LbGone(Exception):
@@ -153,7 +165,12 @@ class MockIC:
         self.config = config
         self.stats = IcStats()
         self.store = DirStore(config.log_dir, fsync=config.fsync) if config.log_dir else MemoryStore()
-        self.store.load()  # a log dir it cannot recover from is refused now, not at the first LB
+        loaded = self.store.load()  # a log dir it cannot recover from is refused now, not at the first LB
+        last = loaded.records[-1] if loaded.records else None
+        #: Where this process's first new record goes, and the input RPCs the log already holds.
+        self.next_seq = last.seq + 1 if last else loaded.checkpoint.seq if loaded.checkpoint else 0
+        self.held = last.generated if last else loaded.checkpoint.generated if loaded.checkpoint else 0
+        self.resumed = loaded.checkpoint is not None
         self.rsock: socket.socket | None = None
         self.ssock: socket.socket | None = None
         self.send_port = config.send_port
@@ -167,11 +184,79 @@ class MockIC:
     def bind(self) -> tuple[str, int, int]:
         """Bind both ports (the send port does not listen yet): (host, receive port, send port)."""
         cfg = self.config
-        self.rsock = _bound(cfg.host, cfg.receive_port)
+        try:
+            self.rsock = _bound(cfg.host, cfg.receive_port)
+        except OSError as err:
+            raise ListenError("the receive port", cfg.host, cfg.receive_port, err) from err
         self.rsock.listen(1)
-        self.ssock = _bound(cfg.host, cfg.send_port)
+        try:
+            self.ssock = _bound(self.send_host, cfg.send_port)
+        except OSError as err:
+            raise ListenError("the send port", self.send_host, cfg.send_port, err) from err
         self.send_port = self.ssock.getsockname()[1]
         return cfg.host, self.rsock.getsockname()[1], self.send_port
+
+    @property
+    def send_host(self) -> str:
+        return self.config.send_host or self.config.host
+
+    def input_records(self) -> int | None:
+        """How many new records the input fills (None while it streams in): the LB's self calls may
+        fill more. A first start's record 0 is there even without RPCs (it echoes the InitialMessage)."""
+        source = self.config.source
+        if source.open:
+            return None
+        left = max(0, source.count - self.held)
+        records = -(-left // self.config.batch)
+        return max(records, 0 if self.resumed else 1)
+
+    def fault_reach(self) -> tuple[list[str], list[str]]:
+        """Faults asked for that cannot fire (refused) and that fire only if self calls fill records
+        beyond the input's (warned): a fault names a record this process has yet to log."""
+        cfg = self.config
+        refused: list[str] = []
+        warned: list[str] = []
+        records = self.input_records()
+        ids = (
+            None
+            if records is None
+            else records + (cfg.gap_at is not None and cfg.gap_at < self.next_seq + records)
+        )
+        for option, seq in (
+            ("--bad-check-at", cfg.bad_check_at),
+            ("--gap-at", cfg.gap_at),
+            ("--crash-at", cfg.crash_at),
+        ):
+            if seq is None:
+                continue
+            if seq < 0:
+                refused.append(f"{option} {seq} can never fire: sequence ids start at 0")
+            elif seq < self.next_seq:
+                refused.append(
+                    f"{option} {seq} can never fire: the log in {cfg.log_dir} already holds records up to "
+                    f"{self.next_seq - 1}; a fault fires on a record logged now (a new --log-dir starts at 0)"
+                )
+            elif ids is not None and seq >= self.next_seq + ids:
+                span = f"records {self.next_seq}-{self.next_seq + ids - 1}" if ids else "no record"
+                warned.append(
+                    f"fault {option} {seq} fires only if the LB's self calls fill records beyond "
+                    f"the input's: --rpcs/--input and --batch make {span}"
+                )
+        return refused, warned
+
+    def resume_note(self) -> str | None:
+        """What a restart on a log skips, and why; None on a first start."""
+        if not self.resumed:
+            return None
+        source = self.config.source
+        left = "" if source.open else f", {max(0, source.count - self.held):,} of {source.count:,} to deliver"
+        note = (
+            f"resumed from {self.config.log_dir} at record {self.next_seq}: {self.held:,} input RPCs "
+            f"already logged are skipped{left}"
+        )
+        if not source.open and self.held >= source.count:
+            note += " (nothing new: --rpcs is the log's total; raise it or use a new --log-dir)"
+        return note
 
     async def _accept_pair(self) -> tuple[socket.socket, socket.socket]:
         loop = asyncio.get_running_loop()
@@ -181,7 +266,7 @@ class MockIC:
             conn_s, _ = await loop.sock_accept(self.ssock)
         finally:
             self.ssock.close()  # refuse until the next LB's receive-port connection
-            self.ssock = _bound(self.config.host, self.send_port)
+            self.ssock = _bound(self.send_host, self.send_port)
         return conn_r, conn_s
 
     def stream_input(self, stream) -> None:
@@ -243,6 +328,9 @@ class MockIC:
         while not self._stopping:
             conn_r, conn_s = await self._accept_pair()
             self.stats.runs += 1
+            self.config.trace(
+                f"an LB connected from {_v4(conn_r.getpeername()[:2])[0]} (run {self.stats.runs})"
+            )
             try:
                 finished = await self._serve_one(conn_r, conn_s)
             finally:
@@ -268,10 +356,6 @@ class MockIC:
         self._release_input(held)
         if self.stats.rpcs_before is None:
             self.stats.rpcs_before = held
-            if held and held >= cfg.source.count and not cfg.source.open:
-                cfg.log(
-                    f"the log already holds {held} input RPCs of the {cfg.source.count} in all: none to add"
-                )
         if ck is None:
             run = _Run(0, 0, [])
         else:
@@ -392,6 +476,7 @@ class MockIC:
                     if gap:
                         seq += 1  # fault: a sequence id never sent
                         gap_done = True
+                        self.stats.faults_fired.add("gap_at")
                     wire = encode_record(committer, seq, b"".join(parts))
                     burst.append(LoggedRecord(wire, seq, generated, run.outputs))
                     crash = cfg.crash_at is not None and seq == cfg.crash_at
@@ -403,7 +488,11 @@ class MockIC:
                 if crash:
                     cfg.log(f"fault: kill -9 after logging record {burst[-1].seq}")
                     os.kill(os.getpid(), signal.SIGKILL)
-                wires = [_bad_check(r.wire) if r.seq == cfg.bad_check_at else r.wire for r in burst]
+                wires = [r.wire for r in burst]
+                for i, r in enumerate(burst):
+                    if r.seq == cfg.bad_check_at:
+                        wires[i] = _bad_check(r.wire)
+                        self.stats.faults_fired.add("bad_check_at")
                 await self._send_all(run, wires)
                 self.stats.delivery_seconds = time.perf_counter() - start
                 since += len(burst)
@@ -485,6 +574,7 @@ class MockIC:
             self.store.save_checkpoint(ck)
         self.stats.checkpoints += 1
         self.stats.last_checkpoint = {"seq": ck.seq, "bytes": len(ck.blob), "blob": ck.blob}
+        self.config.trace(f"checkpoint stored before record {ck.seq}: {len(ck.blob)} bytes")
 
     def _violation(self, side: str, reasons: tuple[str, ...], fatal: bool = True) -> None:
         for reason in reasons:
@@ -633,6 +723,12 @@ class MockIC:
             "delivery_seconds": round(s.delivery_seconds, 6),
             "rpcs_per_second": round(s.rpcs_logged / s.delivery_seconds) if s.delivery_seconds else 0,
             "done": s.done,
+            "resumed": self.resume_note(),
+            "faults_not_fired": [
+                f"--{name.replace('_', '-')} {getattr(self.config, name)}"
+                for name in ("bad_check_at", "gap_at", "crash_at")
+                if getattr(self.config, name) is not None and name not in s.faults_fired
+            ],
         }
 
 

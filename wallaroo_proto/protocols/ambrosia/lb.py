@@ -17,6 +17,7 @@ It ends when the IC closes the send port.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,11 +62,14 @@ class LbConfig:
     host: str = "127.0.0.1"
     receive_port: int = 0  # the IC's: where this LB sends
     send_port: int = 0  # the IC's: where this LB reads records
-    connect_timeout: float = 30.0
+    send_host: str | None = None  # the send port's host, when not ``host``
+    connect_timeout: float = 10.0
     initial_message: bytes = b"wallaroo-proto mock-lb"
     ask_checkpoint_every: int = 0
     write_timeout: float = 30.0
     log: Callable[[str], None] = lambda line: None
+    #: Lines only a verbose run shows: connections made, checkpoints sent and loaded.
+    trace: Callable[[str], None] = lambda line: None
 
 
 @dataclass
@@ -84,6 +88,10 @@ class LbStats:
     seconds: float = 0.0
 
 
+class IcUnreachable(Exception):
+    """A port of the IC did not take a connection within ``connect_timeout``."""
+
+
 class MockLB:
     def __init__(self, config: LbConfig) -> None:
         self.config = config
@@ -99,22 +107,38 @@ class MockLB:
         self._methods: list[bytes] = []
         self._args: list[bytes] = []
 
-    async def _connect(self, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        deadline = time.monotonic() + self.config.connect_timeout
+    async def _connect(
+        self, which: str, host: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Connect, retrying (the IC may not be up yet) for ``connect_timeout`` seconds at most."""
+        timeout = self.config.connect_timeout
+        deadline = time.monotonic() + timeout
         delay = 0.02
         while True:
             try:
-                return await asyncio.open_connection(self.config.host, port)
-            except OSError:
+                async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+                    return await asyncio.open_connection(host, port)
+            except (OSError, TimeoutError) as err:
                 if time.monotonic() + delay > deadline:
-                    raise
+                    reason = (os.strerror(err.errno) if getattr(err, "errno", None) else "") or "no answer"
+                    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                    raise IcUnreachable(
+                        f"cannot connect to the IC's {which} {address}: {reason} (tried for {timeout:g} s)"
+                    ) from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
     async def run(self) -> LbStats:
         """Connect (receive port first), follow the IC's records until it closes the send port."""
-        _, self.writer = await self._connect(self.config.receive_port)
-        reader, send_writer = await self._connect(self.config.send_port)
+        cfg = self.config
+        _, self.writer = await self._connect("receive port", cfg.host, cfg.receive_port)
+        cfg.trace(f"connected to the IC's receive port {cfg.host}:{cfg.receive_port}")
+        try:
+            reader, send_writer = await self._connect("send port", cfg.send_host or cfg.host, cfg.send_port)
+        except IcUnreachable:
+            self.writer.close()
+            raise
+        cfg.trace(f"connected to the IC's send port {cfg.send_host or cfg.host}:{cfg.send_port}")
         if self.config.write_timeout:
 
             def stalled(why: str) -> None:  # the IC reads none of our messages: both sockets reset
@@ -281,6 +305,7 @@ class MockLB:
             blob = self.counter.snapshot()
             self._send(Message(CHECKPOINT, zz64(len(blob))), blob)
             self.stats.checkpoints_sent += 1
+            self.config.trace(f"{name} answered with a checkpoint of {len(blob)} bytes")
 
     def _flush_self_calls(self, then: bytes = b"") -> None:
         """The self calls made since the last flush, in one RPCBatch (one send for many records),
@@ -313,6 +338,7 @@ class MockLB:
             self._violations((f"checkpoint bytes are not a counter's state: {err}",))
             self.counter = Counter()
         self.stats.checkpoints_loaded += 1
+        self.config.trace(f"checkpoint of {len(blob)} bytes loaded")
         self._blob.clear()
 
     def summary(self) -> dict:

@@ -1,4 +1,4 @@
-"""``conformance ic HOST:RECEIVE:SEND``: play language bindings against an Immortal Coordinator under test.
+"""``conformance ic HOST:PORT --send-connect HOST:PORT``: play language bindings against an IC under test.
 
 Each case is one LB: it connects to the IC's receive port, then its send port
 (retrying, since the IC listens there only once the receive port is connected),
@@ -29,6 +29,7 @@ from wallaroo_proto.conformance.runner import (
     Target,
     Trace,
 )
+from wallaroo_proto.conformance.target import parse_address
 
 from ..codec import (
     CHECKPOINT_SEQ,
@@ -229,6 +230,7 @@ class IcUnderTest:
     receive_port: int
     send_port: int
     window: float = 0.5
+    send_host: str = ""  # the send port's host, when not ``host``
     memory: Memory = field(default_factory=Memory)
     probes: list[LbProbe] = field(default_factory=list)
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
@@ -252,7 +254,7 @@ class IcUnderTest:
         trace(f"   waiting for the IC to listen on its send port {self.send_port}")
         while True:
             try:
-                from_ic, writer = await asyncio.open_connection(self.host, self.send_port)
+                from_ic, writer = await asyncio.open_connection(self.send_host or self.host, self.send_port)
                 break
             except ConnectionRefusedError:
                 await asyncio.sleep(0.05)
@@ -395,12 +397,8 @@ CASES = _cases()
 
 @contextlib.asynccontextmanager
 async def open_ic_target(target: Target, options: Mapping[str, Any]) -> AsyncIterator[IcUnderTest]:
-    parts = (target.address or "").rsplit(":", 2)
-    if len(parts) != 3 or not all(p.isdigit() and 0 < int(p) < 65536 for p in parts[1:]):
-        raise SuiteUnavailable(f"{target.address!r} is not HOST:RECEIVE_PORT:SEND_PORT")
-    ctx = IcUnderTest(
-        parts[0] or "127.0.0.1", int(parts[1]), int(parts[2]), int(options.get("window_ms") or 500) / 1000
-    )
+    host, rport, send_host, sport = _addresses(target.address or "", options.get("send_connect"))
+    ctx = IcUnderTest(host, rport, sport, int(options.get("window_ms") or 500) / 1000, send_host)
     try:
         async with asyncio.timeout(10):
             _, from_ic = await ctx.connect_pair(Trace(), "reach")
@@ -409,10 +407,30 @@ async def open_ic_target(target: Target, options: Mapping[str, Any]) -> AsyncIte
             await from_ic.read(1)
     except (OSError, TimeoutError) as err:
         raise SuiteUnavailable(
-            f"cannot connect to {ctx.host}:{ctx.receive_port} and then :{ctx.send_port}: {err or 'timed out'}"
+            f"cannot connect to the IC's receive port {ctx.host}:{ctx.receive_port} and then its send port "
+            f"{ctx.send_host}:{ctx.send_port}: {err or 'timed out'}"
         ) from None
     ctx.close_all()
     try:
         yield ctx
     finally:
         ctx.close_all()
+
+
+def _addresses(address: str, send_connect: str | None) -> tuple[str, int, str, int]:
+    """The IC's receive port (the argument, HOST:PORT) and send port (``--send-connect HOST:PORT``);
+    the older single argument HOST:RECEIVE_PORT:SEND_PORT is still taken."""
+    parts = address.rsplit(":", 2)
+    if send_connect is None and len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        host, rport, sport = parts[0] or "127.0.0.1", int(parts[1]), int(parts[2])
+        send_host = host
+    else:
+        host, rport = parse_address(address)
+        if send_connect is None:
+            raise SuiteUnavailable("give the IC's send port too: --send-connect HOST:PORT")
+        send = str(send_connect)
+        send_host, sport = (host, int(send)) if send.isdigit() else parse_address(send)
+    for port in (rport, sport):
+        if not 0 < port < 65536:
+            raise SuiteUnavailable(f"{port} is not a port an IC listens on (1-65535)")
+    return host, rport, send_host, sport

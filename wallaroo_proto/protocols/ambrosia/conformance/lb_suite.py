@@ -2,7 +2,7 @@
 
 The suite binds the IC's two ports and, as the IC does, listens on the send port
 only once an LB has connected to the receive port. Each case starts COMMAND (with
-``{host}``, ``{receive_port}`` and ``{send_port}`` filled in, and
+``{host}``, ``{receive_port}``, ``{send_host}`` and ``{send_port}`` filled in, and
 ``AMBROSIA_IC=HOST:RECEIVE:SEND`` in its environment), or without a command waits
 for an LB started by hand, and stops it afterwards. Every record the suite sends
 and every message the LB sends goes through ``core.Session``, so an LB that breaks
@@ -36,6 +36,7 @@ from wallaroo_proto.conformance.runner import (
     Target,
     Trace,
 )
+from wallaroo_proto.conformance.target import parse_address
 
 from ..codec import (
     CHECKPOINT,
@@ -192,15 +193,17 @@ class IcPlayer:
     window: float = 0.5
     receive_port: int = 0
     send_port: int = 0
+    send_host: str = ""  # the send port's host, when not ``host``
     rsock: socket.socket | None = None
     ssock: socket.socket | None = None
     runs: list[process.Started] = field(default_factory=list)
     peers: list[LbPeer] = field(default_factory=list)
 
     def bind(self, receive_port: int, send_port: int) -> None:
+        self.send_host = self.send_host or self.host
         self.rsock = _bound(self.host, receive_port)
         self.rsock.listen(4)
-        self.ssock = _bound(self.host, send_port)
+        self.ssock = _bound(self.send_host, send_port)
         self.receive_port = self.rsock.getsockname()[1]
         self.send_port = self.ssock.getsockname()[1]
 
@@ -212,7 +215,12 @@ class IcPlayer:
         if not self.command:
             trace(f"   waiting for an LB started by hand (receive port {self.receive_port})")
             return deque()
-        fill = {"host": self.host, "receive_port": str(self.receive_port), "send_port": str(self.send_port)}
+        fill = {
+            "host": self.host,
+            "receive_port": str(self.receive_port),
+            "send_host": self.send_host,
+            "send_port": str(self.send_port),
+        }
         env = {"AMBROSIA_IC": f"{self.host}:{self.receive_port}:{self.send_port}"}
         run = await process.start(self.command, fill, env)
         self.runs.append(run)
@@ -231,7 +239,7 @@ class IcPlayer:
             )
         finally:
             self.ssock.close()  # refused again until the next LB's receive-port connection
-            self.ssock = _bound(self.host, self.send_port)
+            self.ssock = _bound(self.send_host, self.send_port)
         trace("lb connected to the send port")
         lb_reader, lb_writer = await asyncio.open_connection(sock=conn_r)
         rec_reader, rec_writer = await asyncio.open_connection(sock=conn_s)
@@ -452,38 +460,56 @@ def _cases() -> tuple[Case, ...]:
 
 CASES = _cases()
 OPTIONS = (
-    SuiteOption("receive-port", "The IC's receive port the LB connects to (default: a free one).", None),
-    SuiteOption("send-port", "The IC's send port the LB connects to (default: a free one).", None),
+    SuiteOption(
+        "send-listen",
+        "The IC's send port, HOST:PORT, where the LB reads records [default: --listen's host, a free port]; "
+        "--listen is its receive port.",
+        aliases=("send-port",),
+    ),
+    SuiteOption("receive-port", "The receive port (older spelling of --listen's port).", hidden=True),
     SuiteOption("method", "The method id of the RPCs delivered (the counter immortal's add is 1).", 1),
     SuiteOption("window-ms", "How long the LB is watched for a Checkpoint nobody asked for.", 500),
 )
 
 
+def _addresses(target: Target, options: Mapping[str, Any]) -> tuple[str, int, str, int]:
+    """The receive port (``--listen``, or the older ``--receive-port``) and the send port."""
+    host, rport = parse_address(target.listen) if target.listen else ("127.0.0.1", 0)
+    old = options.get("receive_port")
+    if old is not None:
+        if not str(old).isdigit() or not 0 < int(old) < 65536:
+            raise SuiteUnavailable(f"--receive-port {old}: not a port")
+        rport = int(old)
+    send = str(options.get("send_listen") or "0")
+    send_host, sport = (host, int(send)) if send.isdigit() else parse_address(send)
+    if sport > 65535:
+        raise SuiteUnavailable(f"--send-listen {send}: not a port")
+    return host, rport, send_host, sport
+
+
 @contextlib.asynccontextmanager
 async def open_ic(target: Target, options: Mapping[str, Any]) -> AsyncIterator[IcPlayer]:
-    host = "127.0.0.1"
-    ports = []
-    for name in ("receive_port", "send_port"):
-        value = options.get(name)
-        if value is not None and (not str(value).isdigit() or not 0 < int(value) < 65536):
-            raise SuiteUnavailable(f"--{name.replace('_', '-')} {value}: not a port")
-        ports.append(int(value or 0))
-    if not target.command and not all(ports):
+    host, rport, send_host, sport = _addresses(target, options)
+    if not target.command and not (rport and sport):
         raise SuiteUnavailable(
             "give the LB's command (-- COMMAND ARGS...), "
-            "or --receive-port and --send-port for one started by hand"
+            "or --listen HOST:PORT and --send-listen HOST:PORT (no port 0) for one started by hand"
         )
     ctx = IcPlayer(
         host,
         tuple(target.command),
         int(options.get("method") or 1),
         int(options.get("window_ms") or 500) / 1000,
+        send_host=send_host,
     )
     try:
-        ctx.bind(*ports)
+        ctx.bind(rport, sport)
     except OSError as err:
         ctx.close()
-        raise SuiteUnavailable(f"cannot bind the IC's ports: {err.strerror or err}") from None
+        raise SuiteUnavailable(
+            f"cannot listen on {host}:{rport} (the receive port) and {send_host}:{sport} (the send port): "
+            f"{err.strerror or err}"
+        ) from None
     try:
         yield ctx
     finally:
