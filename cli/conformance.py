@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from wallaroo_proto_cli.options import LISTEN_ADDRESS, Command, examples, format_address, usage_error
+from wallaroo_proto_cli.options import LISTEN_ADDRESS, Command, Group, examples, format_address, usage_error
 
 from wallaroo_proto.conformance import Suite, SuiteUnavailable, run_suite, select, suites
 from wallaroo_proto.conformance.report import as_json, counts, junit_xml
@@ -196,7 +196,7 @@ def make_command(suite: Suite) -> click.Command:
     )
 
 
-class SuiteGroup(click.Group):
+class SuiteGroup(Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [s.name for s in suites()]
 

@@ -22,6 +22,7 @@ from wallaroo_proto_cli.options import (
     CONNECT_ADDRESS,
     EXIT_INTERRUPTED,
     Command,
+    Group,
     examples,
     format_address,
     hidden_alias,
@@ -77,6 +78,7 @@ def _vbucket_list(value: str | None) -> list[int] | None:
 
 @click.group(
     name="dcp",
+    cls=Group,
     epilog=examples(
         "wallaroo-proto dcp mock-producer --listen :0 --vbuckets 64 --items 1000",
         "wallaroo-proto dcp mock-consumer --connect 127.0.0.1:11210 --state copy.json -o items.jsonl",

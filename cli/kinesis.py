@@ -26,6 +26,7 @@ from wallaroo_proto_cli.options import (
     EXIT_INTERRUPTED,
     LISTEN_ADDRESS,
     Command,
+    Group,
     examples,
     format_address,
     hidden_alias,
@@ -72,8 +73,9 @@ def _log(prefix: str, shown: bool = True):
 
 @click.group(
     name="kinesis",
+    cls=Group,
     epilog=examples(
-        "wallaroo-proto kinesis mock-daemon --shards 2 --records 1000 -- python my_processor.py",
+        "wallaroo-proto kinesis mock-daemon --shards 2 --records 1000 -- python samples/kcl_processor.py",
         "wallaroo-proto kinesis mock-processor --listen :0 -o 'records-{shard}.jsonl'",
     ),
 )
@@ -198,7 +200,7 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
         ],
     },  # fmt: skip
     epilog=examples(
-        "wallaroo-proto kinesis mock-daemon --shards 2 --records 1000 -- python my_processor.py",
+        "wallaroo-proto kinesis mock-daemon --shards 2 --records 1000 -- python samples/kcl_processor.py",
         "wallaroo-proto kinesis mock-daemon --shards 2 --state leases.json --shard-end \\",
         "    --checkpoint-error ThrottlingException@1 --kill-after 30 \\",
         "    -- wallaroo-proto kinesis mock-processor",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 
 import click
+from wallaroo_proto_cli.options import Group
 
 from wallaroo_proto import __version__
 
@@ -55,16 +56,9 @@ def _not_built(name: str, help_text: str) -> click.Command:
     return command
 
 
-class LazyGroup(click.Group):
+class LazyGroup(Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(SUBCOMMANDS)
-
-    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:
-        """As click's, with the nearest command names for a mistyped one (as click gives a plain group)."""
-        name = args[0]
-        if name not in SUBCOMMANDS and not name.startswith("-") and not ctx.resilient_parsing:
-            raise click.exceptions.NoSuchCommand(name, possibilities=SUBCOMMANDS, ctx=ctx)
-        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The one-line helps from ``SUBCOMMANDS``: ``--help`` imports no subcommand (scapy, pyspark)."""

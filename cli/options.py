@@ -303,3 +303,11 @@ class Group(click.Group):
             if isinstance(err, CommandUsageError):
                 raise
             raise CommandUsageError(err.format_message(), err.ctx or ctx) from None
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:
+        """As click's, with the nearest names for a mistyped subcommand also where the group makes
+        its subcommands as asked (click looks only at the ones registered)."""
+        names = self.list_commands(ctx)
+        if args[0] not in names and not args[0].startswith("-") and not ctx.resilient_parsing:
+            raise click.exceptions.NoSuchCommand(args[0], possibilities=names, ctx=ctx)
+        return super().resolve_command(ctx, args)

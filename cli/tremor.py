@@ -24,6 +24,7 @@ from wallaroo_proto_cli.options import (
     EXIT_INTERRUPTED,
     Command,
     CommandError,
+    Group,
     examples,
     format_address,
     hidden_alias,
@@ -67,6 +68,7 @@ def _log(command: str, shown: bool = True) -> Callable[[str], None]:
 
 @click.group(
     name="tremor",
+    cls=Group,
     epilog=examples(
         "wallaroo-proto tremor mock-node --listen :0",
         "wallaroo-proto tremor mock-client --connect 127.0.0.1:9899 --messages 1000",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from support import run_cli
 from wallaroo_proto_cli.main import SUBCOMMANDS
 
@@ -33,12 +34,26 @@ def test_unknown_subcommand_is_a_usage_error():
     assert "No such command" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("typed", "nearest"),
+    [(("disect",), "dissect"), (("conformance", "lbx"), "lb"), (("kinesis", "mock-deamon"), "mock-daemon")],
+)
+def test_a_mistyped_command_is_one_line_with_the_nearest_name(typed, nearest):
+    result = run_cli(*typed)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"wallaroo-proto{' ' + typed[0] if len(typed) > 1 else ''}: No such command")
+    assert f"'{nearest}'" in line
+
+
 def test_help_imports_no_subcommand():
-    """``wallaroo-proto --help`` stays fast: the one-line helps come without importing scapy or pyspark."""
+    """``wallaroo-proto --help`` stays fast: the one-line helps come without importing a subcommand
+    (scapy, pyspark); the shared option parts are click and the standard library only."""
     code = (
         "import sys; from wallaroo_proto_cli.main import cli\n"
         "try:\n    cli(['--help'])\nexcept SystemExit:\n    pass\n"
-        "mine = [m for m in sys.modules if m.startswith('wallaroo_proto_cli.') and not m.endswith('.main')]\n"
+        "shared = ('wallaroo_proto_cli.main', 'wallaroo_proto_cli.options')\n"
+        "mine = [m for m in sys.modules if m.startswith('wallaroo_proto_cli.') and m not in shared]\n"
         "print(sorted(mine + [m for m in ('scapy', 'pyspark', 'rich.table') if m in sys.modules]))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
