@@ -164,9 +164,20 @@ def make_command(suite: Suite) -> click.Command:
         target = Target(address=address, command=tuple(command), listen=shown_listen)
         progress = Console(stderr=True)
 
+        finished: list[Result] = []
+
         def on_result(result: Result) -> None:
+            finished.append(result)
             if verbose or (fmt == "text" and progress.is_terminal and not quiet):
                 progress.print(f"{STYLES[result.status]} {result.case.id}", highlight=False)
+
+        def report(results: list[Result]) -> None:
+            if junit:
+                Path(junit).write_bytes(junit_xml(suite, target, results))
+            if fmt == "json":
+                click.echo(json.dumps(as_json(suite, target, results)))
+            else:
+                render(console, suite, target, results, time.monotonic() - started)
 
         started = time.monotonic()
         try:
@@ -175,12 +186,10 @@ def make_command(suite: Suite) -> click.Command:
             )
         except SuiteUnavailable as err:
             raise usage_error(str(err)) from None
-        if junit:
-            Path(junit).write_bytes(junit_xml(suite, target, results))
-        if fmt == "json":
-            click.echo(json.dumps(as_json(suite, target, results)))
-        else:
-            render(console, suite, target, results, time.monotonic() - started)
+        except KeyboardInterrupt:
+            report(finished)  # the cases that ended before the stop, then "interrupted" and 130
+            raise
+        report(results)
         if any(r.status == FAIL for r in results):
             sys.exit(1)
 

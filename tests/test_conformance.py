@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -422,7 +423,7 @@ def _children(pid: int) -> list[tuple[int, int]]:
 @pytest.mark.timeout(120)
 def test_ctrl_c_reaches_the_suite_not_the_command_under_test() -> None:
     suite = subprocess.Popen(
-        [*COMMAND, "conformance", "connector", "--", "sleep", "60"],
+        [*COMMAND, "conformance", "connector", "--timeout", "0.5", "-v", "--", "sleep", "60"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -430,6 +431,7 @@ def test_ctrl_c_reaches_the_suite_not_the_command_under_test() -> None:
         start_new_session=True,  # as a shell runs it: a group of its own that Ctrl-C is sent to
     )
     try:
+        first = suite.stderr.readline()  # -v: a line per case as it ends (a connector that never connects)
         deadline = time.monotonic() + 60
         while not _children(suite.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -440,5 +442,7 @@ def test_ctrl_c_reaches_the_suite_not_the_command_under_test() -> None:
     finally:
         suite.kill()
     assert suite.returncode == 130, err
-    assert err == "wallaroo-proto conformance connector: interrupted\n"
+    assert err.splitlines()[-1] == "wallaroo-proto conformance connector: interrupted"
+    case = first.split()[-1]
+    assert case in out and re.search(r"\d+ failed", out), out  # the cases that ended, as at the end of a run
     assert not any(Path(f"/proc/{pid}").exists() for pid, _ in children), "the command under test outlived it"
