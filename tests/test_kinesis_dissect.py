@@ -207,7 +207,8 @@ def test_spark_replay_builds_the_kinesis_tables(replayed_everything):
     violations = [r for r in rows if r["table"] == "kinesis_violations"]
     assert violations and {r["capture"] for r in violations} == {str(bad)}
     assert sum(r["violations"] for r in shards if r["capture"] == str(bad)) == len(violations)
-    assert "processRecordz" in violations[0]["reason"]
+    # the bad status is among them (the other shard's own violation may come first: Spark keeps no order)
+    assert any("processRecordz" in r["reason"] for r in violations), violations
     wallaroo_rows = [r for r in rows if r["table"] in ("connections", "violations")]
     assert wallaroo_rows and not [r for r in wallaroo_rows if r["capture"] in (str(recorded), str(bad))]
 
