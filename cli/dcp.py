@@ -23,6 +23,7 @@ from wallaroo_proto_cli.options import (
     EXIT_INTERRUPTED,
     Command,
     Group,
+    command_log,
     examples,
     format_address,
     hidden_alias,
@@ -46,13 +47,6 @@ from wallaroo_proto.protocols.dcp.store import Bucket, StateError, new_uuid
 _REASONS = {name: value for value, name in codec.END_REASONS.items()}
 #: vbuckets shown in the consumer's table (a bucket's default count; a producer may claim up to 65,535).
 _TABLE_ROWS = 1024
-
-
-def _log(prefix: str):
-    def log(line: str) -> None:
-        click.echo(f"{prefix}: {line}", err=True)
-
-    return log
 
 
 def _console() -> Console:
@@ -362,7 +356,7 @@ def mock_producer(listen: tuple[str, int], verbosity: int, **opts) -> None:
         require_auth=opts["require_auth"],
     )
     try:
-        producer = MockProducer(config, bucket, _log("wallaroo-proto dcp mock-producer"))
+        producer = MockProducer(config, bucket, command_log("dcp mock-producer"))
     except OSError as err:
         raise usage_error(f"cannot write --record {opts['record']}: {err.strerror or err}") from err
     runtime.run(_serve(producer))
@@ -559,7 +553,7 @@ def mock_consumer(verbosity: int, **opts) -> None:
         bucket=opts["bucket"],
     )
     try:
-        consumer = MockConsumer(config, _log("wallaroo-proto dcp mock-consumer"))
+        consumer = MockConsumer(config, command_log("dcp mock-consumer"))
     except StateError as err:
         raise usage_error(f"--state: {err}") from err
     result, interrupted = runtime.run(_consume(consumer))

@@ -27,6 +27,7 @@ from wallaroo_proto_cli.options import (
     LISTEN_ADDRESS,
     Command,
     Group,
+    command_log,
     examples,
     format_address,
     hidden_alias,
@@ -61,14 +62,6 @@ def _tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
-
-
-def _log(prefix: str, shown: bool = True):
-    def log(line: str) -> None:
-        if shown:
-            click.echo(f"wallaroo-proto {prefix}: {line}", err=True)
-
-    return log
 
 
 @click.group(
@@ -416,7 +409,9 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     )
     _tune_gc()
     try:
-        daemon = MockDaemon(config, shards, leases, _log("kinesis mock-daemon", opts["verbosity"] >= 0))
+        daemon = MockDaemon(
+            config, shards, leases, command_log("kinesis mock-daemon", opts["verbosity"] >= 0)
+        )
         if opts["verbosity"] > 0:
             daemon.trace = daemon.log
         result, interrupted = asyncio.run(_run_daemon(daemon))
@@ -490,7 +485,7 @@ def _print_processor_summary(result: dict, fmt: str, *, err: bool, rows: int | N
 
 
 async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
-    procs = TcpProcessors(config, _log("kinesis mock-processor", opts["verbosity"] >= 0))
+    procs = TcpProcessors(config, command_log("kinesis mock-processor", opts["verbosity"] >= 0))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -616,15 +611,15 @@ def mock_processor(**opts) -> None:
     stdio = not (opts["listen"] or opts["connect"])
     _tune_gc()
     if stdio:
-        log = _log("kinesis mock-processor", opts["verbosity"] >= 0)
+        log = command_log("kinesis mock-processor", opts["verbosity"] >= 0)
         try:
             stats = asyncio.run(serve_stdio(config, log))
         except Crash as err:
-            _log("kinesis mock-processor")(str(err))
+            command_log("kinesis mock-processor")(str(err))
             sys.stderr.flush()
             os._exit(1)
         except KeyboardInterrupt:
-            _log("kinesis mock-processor")("interrupted")
+            command_log("kinesis mock-processor")("interrupted")
             sys.exit(EXIT_INTERRUPTED)
         result = summary([stats])
     else:

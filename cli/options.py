@@ -70,14 +70,8 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-class Command(click.Command):
-    """A command of the grammar: Ctrl-C is one line and exit 130 (not click's ``Aborted!`` and 1),
-    and options may be shown under headed sections (``sections={"Heading": ["dest", ...]}``).
-    """
-
-    def __init__(self, *args: Any, sections: dict[str, list[str]] | None = None, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.sections = sections or {}
+class _OneLineUsage(click.Command):
+    """A mistake in the command line is one line in the grammar's error style."""
 
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:  # fmt: skip
@@ -85,6 +79,16 @@ class Command(click.Command):
             return super().make_context(info_name, args, parent, **extra)
         except click.UsageError as err:
             raise CommandUsageError(err.format_message(), err.ctx) from None
+
+
+class Command(_OneLineUsage):
+    """A command of the grammar: Ctrl-C is one line and exit 130 (not click's ``Aborted!`` and 1),
+    and options may be shown under headed sections (``sections={"Heading": ["dest", ...]}``).
+    """
+
+    def __init__(self, *args: Any, sections: dict[str, list[str]] | None = None, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.sections = sections or {}
 
     def invoke(self, ctx: click.Context) -> Any:
         previous = signal.getsignal(signal.SIGTERM)
@@ -264,6 +268,17 @@ def verbosity(
 verbosity_options = verbosity()
 
 
+def command_log(command: str, shown: bool = True) -> Callable[[str], None]:
+    """A peer's log callback: each line on stderr as ``wallaroo-proto COMMAND: line`` (none when not
+    ``shown``, for -q)."""
+
+    def log(line: str) -> None:
+        if shown:
+            click.echo(f"wallaroo-proto {command}: {line}", err=True)
+
+    return log
+
+
 def plural(count: int, word: str, many: str | None = None) -> str:
     """``1 record``, ``2 records``, ``3 recoveries`` (``many`` where an s will not do)."""
     return f"{count:,} {word if count == 1 else many or word + 's'}"
@@ -285,16 +300,9 @@ def write_timeout_option(who: str) -> Callable:
     )
 
 
-class Group(click.Group):
+class Group(_OneLineUsage, click.Group):
     """A command group of the grammar: a mistyped subcommand or a bad option is one line,
     ``wallaroo-proto GROUP: message`` (with click's nearest names), exit 2."""
-
-    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
-                     **extra: Any) -> click.Context:  # fmt: skip
-        try:
-            return super().make_context(info_name, args, parent, **extra)
-        except click.UsageError as err:
-            raise CommandUsageError(err.format_message(), err.ctx) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -13,7 +13,6 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Callable
 
 import click
 from rich.console import Console
@@ -25,6 +24,7 @@ from wallaroo_proto_cli.options import (
     Command,
     CommandError,
     Group,
+    command_log,
     examples,
     format_address,
     hidden_alias,
@@ -56,14 +56,6 @@ def _console() -> Console:
     return Console(
         file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
     )
-
-
-def _log(command: str, shown: bool = True) -> Callable[[str], None]:
-    def log(line: str) -> None:
-        if shown:
-            click.echo(f"wallaroo-proto {command}: {line}", err=True)
-
-    return log
 
 
 @click.group(
@@ -170,7 +162,7 @@ def mock_node(
         host,
         port,
         faults,
-        log=_log("tremor mock-node", verbosity >= 0),
+        log=command_log("tremor mock-node", verbosity >= 0),
         write_timeout=write_timeout,
         handshake_timeout=handshake_timeout,
     )
@@ -313,7 +305,7 @@ def mock_client(
         raise usage_error(open_failure(err, "--record")) from err
     client = MockClient(host, port, timeout=idle_timeout, record=writer)
     if verbosity > 0:
-        client.trace = _log("tremor mock-client")
+        client.trace = command_log("tremor mock-client")
     try:
         if lines is not None:
             result = scripted_exchange(client, lines)
