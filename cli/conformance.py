@@ -17,7 +17,15 @@ import click
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from wallaroo_proto_cli.options import LISTEN_ADDRESS, Command, Group, examples, format_address, usage_error
+from wallaroo_proto_cli.options import (
+    LISTEN_ADDRESS,
+    Command,
+    Group,
+    examples,
+    format_address,
+    open_failure,
+    usage_error,
+)
 
 from wallaroo_proto.conformance import Suite, SuiteUnavailable, run_suite, select, suites
 from wallaroo_proto.conformance.report import as_json, counts, junit_xml
@@ -160,6 +168,11 @@ def make_command(suite: Suite) -> click.Command:
             cases = select(suite.cases, only, skip)
         except ValueError as err:
             raise usage_error(str(err)) from None
+        if junit:
+            try:  # an unwritable --junit is said before the cases run, not after them as a traceback
+                open(junit, "ab").close()
+            except OSError as err:
+                raise usage_error(open_failure(err, "--junit")) from None
         shown_listen = None if listen is None else format_address(listen)
         target = Target(address=address, command=tuple(command), listen=shown_listen)
         progress = Console(stderr=True)

@@ -164,8 +164,9 @@ async def _serve(producer: MockProducer) -> bool:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if len(producer.ports) > 1:
-        click.echo(f"wallaroo-proto dcp mock-producer: second node on {host}:{producer.ports[1]}")
-    click.echo(f"wallaroo-proto dcp mock-producer: listening on {host}:{port}")
+        second = format_address((host, producer.ports[1]))
+        click.echo(f"wallaroo-proto dcp mock-producer: second node on {second}")
+    click.echo(f"wallaroo-proto dcp mock-producer: listening on {format_address((host, port))}")
     sys.stdout.flush()
     await stop.wait()
     await producer.stop()

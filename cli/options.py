@@ -77,6 +77,8 @@ class _OneLineUsage(click.Command):
                      **extra: Any) -> click.Context:  # fmt: skip
         try:
             return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # a group given nothing shows its help, as it is
         except click.UsageError as err:
             raise CommandUsageError(err.format_message(), err.ctx) from None
 
@@ -308,8 +310,8 @@ class Group(_OneLineUsage, click.Group):
         try:
             return super().invoke(ctx)
         except click.UsageError as err:
-            if isinstance(err, CommandUsageError):
-                raise
+            if isinstance(err, (CommandUsageError, click.exceptions.NoArgsIsHelpError)):
+                raise  # already in the style, or a subgroup given nothing: its help as it is
             raise CommandUsageError(err.format_message(), err.ctx or ctx) from None
 
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple:

@@ -46,6 +46,16 @@ def test_a_mistyped_command_is_one_line_with_the_nearest_name(typed, nearest):
     assert f"'{nearest}'" in line
 
 
+@pytest.mark.parametrize("group", [(), ("dcp",), ("conformance",)])
+def test_a_group_given_nothing_shows_its_help(group):
+    result = run_cli(*group)
+    assert result.returncode == 2
+    first = result.stderr.splitlines()[0]  # (the program is named as the test starts it: python -m ...)
+    usage = " ".join(("", *group, "[OPTIONS] COMMAND [ARGS]..."))
+    assert first.startswith("Usage: ") and first.endswith(usage), first
+    assert "Commands:" in result.stderr and ": Usage:" not in result.stderr
+
+
 def test_help_imports_no_subcommand():
     """``wallaroo-proto --help`` stays fast: the one-line helps come without importing a subcommand
     (scapy, pyspark); the shared option parts are click and the standard library only."""

@@ -446,3 +446,12 @@ def test_ctrl_c_reaches_the_suite_not_the_command_under_test() -> None:
     case = first.split()[-1]
     assert case in out and re.search(r"\d+ failed", out), out  # the cases that ended, as at the end of a run
     assert not any(Path(f"/proc/{pid}").exists() for pid, _ in children), "the command under test outlived it"
+
+
+def test_an_unwritable_junit_path_is_one_line_before_any_case(tmp_path) -> None:
+    result = run_cli(
+        "conformance", "worker", "127.0.0.1:1", "--junit", str(tmp_path / "no" / "such" / "x.xml")
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    said = f"cannot use --junit {tmp_path}/no/such/x.xml: its folder does not exist"
+    assert result.stderr.splitlines() == [f"wallaroo-proto conformance worker: {said}"]

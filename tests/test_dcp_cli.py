@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import socket
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
-from support import Server, run_cli
+from support import COMMAND, Server, as_foreground, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -52,3 +57,43 @@ def test_a_producer_never_reached_is_one_line_and_exit_2():
         f"wallaroo-proto dcp mock-consumer: cannot connect to 127.0.0.1:{port}: Connection refused; {then}"
         for then in ("reconnecting (1)", "giving up")
     ]
+
+
+def _syn_sent_to(port: int) -> int:
+    """How many sockets here are in SYN_SENT towards ``port`` (/proc/net/tcp, state 02)."""
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for f in map(str.split, lines) if f[2].endswith(f":{port:04X}") and f[3] == "02")
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_a_consumer_still_connecting_to_a_producer_that_never_answers():
+    with contextlib.ExitStack() as stack:
+        full = stack.enter_context(socket.socket())
+        full.bind(("127.0.0.1", 0))
+        full.listen(0)
+        port = full.getsockname()[1]
+        for _ in range(3):  # the backlog fills; further SYNs go unanswered, connect() waits
+            filler = stack.enter_context(socket.socket())
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+        waiting = _syn_sent_to(port)  # the fillers beyond the backlog
+        consumer = subprocess.Popen(
+            [*COMMAND, "dcp", "mock-consumer", "--connect", f"127.0.0.1:{port}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=as_foreground,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while _syn_sent_to(port) == waiting:
+                assert consumer.poll() is None, consumer.communicate()
+                assert time.monotonic() < deadline, "the consumer never began to connect"
+                time.sleep(0.05)
+            consumer.send_signal(signal.SIGINT)
+            _, err = consumer.communicate(timeout=30)
+        finally:
+            consumer.kill()
+    assert consumer.returncode == 130, err
+    assert "Traceback" not in err

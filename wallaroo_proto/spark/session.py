@@ -277,9 +277,9 @@ def stage_progress(
 
     thread = threading.Thread(target=poll, name="spark-progress", daemon=True)
     with entered_without_signals(progress):
-        with signals_blocked():
-            thread.start()
         try:
+            with signals_blocked():
+                thread.start()
             yield
         finally:
             stop.set()

@@ -194,18 +194,28 @@ class MockConsumer:
                 attempts += 1
                 self.log(f"{what}; reconnecting ({attempts})")
                 await asyncio.sleep(self.config.retry_delay)
+                if self.stop_requested:
+                    break
         self.persist(force=True)
         return self.summary()
 
     def stop(self) -> None:
         self.stop_requested = True
+        opening = getattr(self, "opening", None)
+        if opening is not None and not opening.done():
+            opening.cancel()  # a producer that never answers the SYN must not hold up a stop
         if getattr(self, "link", None) is not None:
             self.link.abort()
 
     async def session(self) -> None:
         cfg = self.config
+        self.opening = asyncio.ensure_future(Link.open(cfg.host, cfg.port))
         try:
-            link = await Link.open(cfg.host, cfg.port)
+            link = await self.opening
+        except asyncio.CancelledError:
+            if self.stop_requested:
+                raise ConnectionLost("stopped while connecting") from None
+            raise
         except OSError as err:
             reason = os.strerror(err.errno) if err.errno and err.errno > 0 else err.strerror or str(err)
             host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
