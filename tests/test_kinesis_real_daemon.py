@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -148,6 +150,44 @@ def _stop(mld: subprocess.Popen) -> None:
         raise
 
 
+#: Scenarios that run at once: each spends most of its time in the KCL's own start-up waits (a
+#: random 1-30 s on an empty lease table), so together they take about as long as the slowest.
+SCENARIOS: dict[str, Callable[[str, str, Path], None]] = {}
+AT_ONCE = 4
+
+
+def _at_once(scenario: Callable[[str, str, Path], None]) -> Callable:
+    """Register ``scenario``; the test of its name raises what the scenario raised when run."""
+    SCENARIOS[scenario.__name__] = scenario
+
+    def test(outcomes: dict[str, BaseException | None]) -> None:
+        error = outcomes[scenario.__name__]
+        if error is not None:
+            raise error
+
+    test.__name__, test.__doc__ = scenario.__name__, scenario.__doc__
+    return test
+
+
+@pytest.fixture(scope="module")
+def outcomes(request, jars, endpoint, tmp_path_factory) -> dict[str, BaseException | None]:
+    """Every selected scenario, run in threads up to AT_ONCE at a time, each in a folder of its own,
+    against the one emulator: what each raised (an assertion, a skip), or None."""
+    chosen = {item.name for item in request.session.items if getattr(item, "module", None) is request.module}
+
+    def run(name: str) -> BaseException | None:
+        try:
+            SCENARIOS[name](jars, endpoint, tmp_path_factory.mktemp(name[5:40]))
+        except BaseException as err:  # noqa: BLE001 - the test of that name raises it
+            return err
+        return None
+
+    with ThreadPoolExecutor(AT_ONCE) as pool:
+        futures = {name: pool.submit(run, name) for name in SCENARIOS if name in chosen}
+    return {name: future.result() for name, future in futures.items()}
+
+
+@_at_once
 def test_mock_processor_under_the_real_daemon_gets_every_record_once(jars, endpoint, tmp_path):
     name = "mockproc"
     _stream(endpoint, name)
@@ -204,6 +244,7 @@ def _kclpy_events(jars, endpoint, tmp_path, name, **props) -> list[dict]:
     return events()
 
 
+@_at_once
 def test_a_kclpy_processor_under_the_real_daemon_stopped_without_grace_gets_no_lease_lost(
     jars, endpoint, tmp_path
 ):
@@ -215,6 +256,7 @@ def test_a_kclpy_processor_under_the_real_daemon_stopped_without_grace_gets_no_l
     assert not [e for e in events if e["event"] in ("shutdownRequested", "leaseLost")], events
 
 
+@_at_once
 def test_a_kclpy_processor_under_the_real_daemon_stopped_with_grace_gets_shutdown_requested(
     jars, endpoint, tmp_path
 ):
@@ -239,6 +281,7 @@ def _kpl_aggregate(partition_key: str, payloads: list[bytes]) -> bytes:
     return b"\xf3\x89\x9a\xc2" + message + hashlib.md5(message).digest()
 
 
+@_at_once
 def test_the_real_daemon_deaggregates_kpl_records_and_takes_a_checkpoint_inside_one(jars, endpoint, tmp_path):
     name = "aggregated"
     kinesis = _client("kinesis", endpoint)
@@ -278,6 +321,7 @@ def test_the_real_daemon_deaggregates_kpl_records_and_takes_a_checkpoint_inside_
     )
 
 
+@_at_once
 def test_the_real_daemon_closes_a_broken_processors_input_and_exits_1(jars, endpoint, tmp_path):
     """A wrong responseFor: the MLD closes that processor's input, waits for it, stops and exits 1
     (mock-daemon does the same, and kills nothing)."""
@@ -336,6 +380,7 @@ def _masked(path: Path) -> list[dict]:
     return lines
 
 
+@_at_once
 def test_the_real_daemon_and_mock_daemon_send_the_same_lines(jars, endpoint, tmp_path):
     """The same records and keys, the same processor: line for line the same per shard."""
     name = "differential"
@@ -427,6 +472,7 @@ def _split_midway(jars, endpoint, tmp_path, name: str, executable: str, received
     return parent["ShardId"], children
 
 
+@_at_once
 def test_a_split_under_the_real_daemon_ends_mock_processors_parent_and_starts_its_children(
     jars, endpoint, tmp_path
 ):
@@ -451,6 +497,7 @@ def test_a_split_under_the_real_daemon_ends_mock_processors_parent_and_starts_it
         assert f"Initializing shard {name}:{child} with TRIM_HORIZON" in log, child
 
 
+@_at_once
 def test_a_split_under_the_real_daemon_ends_a_kclpy_parent_and_starts_its_children_at_trim_horizon(
     jars, endpoint, tmp_path
 ):

@@ -31,13 +31,13 @@ def test_spark_replay_report_equals_the_local_report(replayed_everything, tmp_pa
     assert "aggregated on Spark" in theirs
     # The same latency tables, every protocol's distributions with their counts.
     assert latencies(theirs) == latencies(mine)
-    # (The Kinesis captures come after the first 20 connections: summary rows only.)
+    # (Latencies come from the first 20 connections; the captures after them give summary rows only.)
     assert {name for _, name, _ in latencies(mine)} == {
         "2PC PHASE1 to REPLY",
         "2PC REPLY to PHASE2",
         "NOOP to response",
         "STREAM_REQ to response",
-        "echo round trip",
+        "request to status",
     }
 
 
