@@ -207,7 +207,10 @@ def test_first_start_rpcs_batches_self_calls_and_checkpoints(build, storage, tmp
     assert code == 0 and summary["violations"] == [], err
     assert app_code == 0, app.tail()
     assert _totals(status) == _expected(RpcSource(300))
-    assert status["events"][:3] == ["ICConnected", "CheckpointSaved", "BecomingPrimary"]
+    # The IC listens on its send port only once it has accepted the receive port (the real IC
+    # too), so a binding quick to connect the second port may be refused once and retry.
+    events = [event for event in status["events"] if event != "WaitingToConnectToIC"]
+    assert events[:3] == ["ICConnected", "CheckpointSaved", "BecomingPrimary"]
     assert "FirstStart" in status["events"] and status["checkpointsSaved"] >= 3
     assert status["impulses"] > 0  # CountReplayableRPCBatch's Impulses were read
     assert summary["first_starts"] == 1 and summary["self_calls_logged"] == status["bonuses"]
