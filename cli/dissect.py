@@ -311,8 +311,7 @@ def command(
         keep.start = None
         try:
             if summary:
-                for _ in dissector.run(source):
-                    pass
+                dissector.drain(source)
             elif jsonl and not filtering:
                 for batch in dissector.jsonl_batches(source):
                     lines += batch

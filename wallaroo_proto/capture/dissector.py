@@ -30,6 +30,7 @@ from wallaroo_proto.protocols import ProtocolPlugin, get_plugin, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import ConnectionKey
 
+from .frame_block import FrameBlock
 from .pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, CaptureError, format_address, read_segments
 from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
 
@@ -151,12 +152,24 @@ class Dissector:
         self._count = 0
         #: Set by jsonl_batches: records go out as JSON text.
         self.jsonl = False
+        #: Cleared by drain: plug-ins count frames without making their records.
+        self.want_records = True
 
     def run(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict]:
         """Every frame record, in the order the packets completing them appear."""
         self.jsonl = False
         for batch in self._batches(source):
-            yield from batch
+            for item in batch:
+                if type(item) is FrameBlock:
+                    yield from item.rows()
+                else:
+                    yield item
+
+    def drain(self, source: str | os.PathLike | BinaryIO) -> None:
+        """Read the capture for its summaries only: no record is made where a plug-in can avoid it."""
+        self.want_records = False
+        for _ in self._batches(source):
+            pass
 
     def run_jsonl(self, source: str | os.PathLike | BinaryIO) -> Iterator[str]:
         """``run`` as JSONL lines (``records.to_json`` of each record)."""
@@ -170,7 +183,15 @@ class Dissector:
         dict. Each list is reused: consume it before asking for the next.
         """
         self.jsonl = True
-        return self._batches(source)
+        lines: list[str] = []
+        for batch in self._batches(source):
+            for item in batch:
+                if type(item) is FrameBlock:
+                    lines += item.jsonl()
+                else:
+                    lines.append(item)
+            yield lines
+            lines.clear()
 
     def _batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list]:
         flows = self._flows

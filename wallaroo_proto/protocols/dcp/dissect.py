@@ -15,14 +15,16 @@ producer; otherwise the initiator.
 from __future__ import annotations
 
 import json
+import struct
 from typing import TYPE_CHECKING, Any
 
+from wallaroo_proto.capture.frame_block import COLUMN, OPTIONAL, SHARED, FrameBlock
 from wallaroo_proto.capture.tracker import ConnectionTracker
 from wallaroo_proto.records import to_json
 
 from . import codec
-from .codec import HEADER_SIZE, Packet, PacketSplitter, ProtocolError, decode_packet
-from .core import CONSUMER, PRODUCER, Connection, Kind
+from .codec import HEADER_SIZE, MAGICS, Packet, PacketSplitter, ProtocolError, decode_packet
+from .core import CONSUMER, PRODUCER, Connection, Kind, StreamRun
 
 if TYPE_CHECKING:
     from wallaroo_proto.capture.dissector import Dissector
@@ -58,6 +60,39 @@ def _json_fields(record: dict, opcode: int, value: bytes) -> None:
         record["config_rev"] = obj.get("rev")
 
 
+#: A stream message's header and its extras' first two numbers (by_seqno and rev_seqno; a
+#: snapshot marker's start and end): opcode, key length, extras length, vbucket, body length, opaque.
+_STREAM_HEAD = struct.Struct(">xBHBxHII8xQQ")
+_MARKER_FLAGS = struct.Struct(">I")
+_RUN_COLUMNS = (
+    ("offset", COLUMN),
+    ("length", COLUMN),
+    ("frame_index", COLUMN),
+    ("sender", SHARED),
+    ("type", COLUMN),
+    ("verdict", SHARED),
+    ("dcp_magic", SHARED),
+    ("dcp_opcode", COLUMN),
+    ("opaque", COLUMN),
+    ("vbucket", COLUMN),
+    ("dcp_key", OPTIONAL),
+    ("value_len", OPTIONAL),
+    ("dcp_event", OPTIONAL),
+    ("seqno", OPTIONAL),
+    ("rev_seqno", OPTIONAL),
+    ("snap_start", OPTIONAL),
+    ("snap_end", OPTIONAL),
+    ("snap_flags", OPTIONAL),
+)
+
+
+#: The fields of one row of ``run_block``, in its tuples' order.
+_ROW_FIELDS = ("offset", "length", "type", "dcp_opcode", "opaque", "vbucket", "dcp_key", "value_len")
+_ROW_FIELDS += ("dcp_event", "seqno", "rev_seqno", "snap_start", "snap_end", "snap_flags")
+_HEAD_FIELDS = (("direction", SHARED), ("ts", SHARED), ("ts_ns", SHARED), ("packet", SHARED))
+_MARKER_NAME = codec.OPCODES[codec.SNAPSHOT_MARKER]
+
+
 class _Direction:
     __slots__ = ("tracker", "client", "half", "splitter", "bytes")
 
@@ -70,6 +105,8 @@ class _Direction:
 
     def data(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
         self.bytes += len(payload)
+        if self.tracker.runs_from(self):
+            payload = self._take_runs(payload, packet, ts)
         while True:  # one turn per bad header in the payload, the packets before it first
             try:
                 packets, torn = self.splitter.feed(payload), None
@@ -81,6 +118,29 @@ class _Direction:
                 return
             self.tracker.torn(self, torn, packet, ts)
             payload = b""
+
+    def _take_runs(self, payload: bytes, packet: int, ts: int) -> bytes:
+        """The producer's whole packets: runs of stream messages judged at once by the core's run
+        path, each other packet one by one; a bad header is left to the splitter (returns b"")."""
+        splitter, tracker = self.splitter, self.tracker
+        data = bytes(splitter.buf) + payload if splitter.buf else bytes(payload)
+        n, pos, max_body = len(data), 0, splitter.max_body
+        process_run = tracker.conn.process_run
+        while True:
+            end, runs = process_run(data, pos, max_body)
+            if runs:
+                tracker.run_block(self, data, pos, end, runs, packet, ts)
+                pos = end
+            if n - pos < HEADER_SIZE or data[pos] not in MAGICS:
+                break
+            body = int.from_bytes(data[pos + 8 : pos + 12], "big")
+            if body > max_body or pos + HEADER_SIZE + body > n:
+                break
+            after = pos + HEADER_SIZE + body
+            tracker.packet(self, splitter.offset + pos, data[pos:after], packet, ts)
+            pos = after
+        splitter.rebuffer(data, pos)
+        return b""
 
     def gap(self, offset: int, missing: int | None, packet: int, ts: int) -> None:
         if missing is None:
@@ -113,6 +173,116 @@ class DcpTracker(ConnectionTracker):
         self.dirs = {True: _Direction(self, True), False: _Direction(self, False)}
         self.conn = Connection()
         self.consumer_client: bool | None = None
+        self.want_records = dissector.want_records
+        head = (*((name, SHARED) for name in self.ident), *_HEAD_FIELDS)
+        self._run_layout = (*head, *_RUN_COLUMNS)
+        self._run_layout_flow = (*head, *_RUN_COLUMNS, ("outstanding", COLUMN))
+
+    def runs_from(self, direction: _Direction) -> bool:
+        """May this direction's packets go through the core's run path: it is the producer's, in step
+        (no resync pending) and no capture note waits for the next record?"""
+        return (
+            self.consumer_client is not None
+            and direction.client != self.consumer_client
+            and not direction.splitter.resync
+            and not self.notes
+        )
+
+    def run_block(
+        self,
+        direction: _Direction,
+        data: bytes,
+        start: int,
+        end: int,
+        runs: list[StreamRun],
+        packet: int,
+        ts: int,
+    ) -> None:
+        """The records of the packets at ``data[start:end]``, which ``process_run`` took and accepted
+        (``runs``), as one block of columns: the fields ``packet`` would give each of them."""
+        seconds = ts / 1e9
+        if not self.first_packet:
+            self.first_packet, self.first_ts = packet, seconds
+        self.last_packet, self.last_ts = packet, seconds
+        count = sum(run.packets for run in runs)
+        first_index = self.frame_index
+        self.frame_index += count
+        if not self.want_records:
+            for run in runs:
+                self.types[_MARKER_NAME] += len(run.markers)
+                for item in run.items:
+                    self.types[codec.OPCODES[item[0]]] += 1
+            return
+        rows: list[tuple] = []
+        append = rows.append
+        unpack, unpack_flags, opcode_names = (
+            _STREAM_HEAD.unpack_from,
+            _MARKER_FLAGS.unpack_from,
+            codec.OPCODES,
+        )
+        base = direction.splitter.offset
+        pos = start
+        for run in runs:
+            completed = iter(run.completed)
+            complete_at = next(completed, -1)
+            for _ in range(run.packets):
+                op, keylen, extlen, vb, body, opaque, first, second = unpack(data, pos)
+                length = HEADER_SIZE + body
+                if op == codec.SNAPSHOT_MARKER:
+                    flags = unpack_flags(data, pos + 40)[0]
+                    event = f"snapshot {first}..{second}"
+                    append(
+                        (base + pos, length, opcode_names[op], op, opaque, vb, None, None, event)
+                        + (None, None, first, second, flags)
+                    )
+                else:
+                    key_at = pos + HEADER_SIZE + extlen
+                    key = data[key_at : key_at + keylen].decode("utf-8", "replace")
+                    if first == complete_at:
+                        event = "snapshot complete"
+                        complete_at = next(completed, -1)
+                    else:
+                        event = None
+                    append(
+                        (
+                            base + pos,
+                            length,
+                            opcode_names[op],
+                            op,
+                            opaque,
+                            vb,
+                            key,
+                            body - extlen - keylen or None,
+                        )
+                        + (event, first, second, None, None, None)
+                    )
+                pos += length
+        columns = dict(zip(_ROW_FIELDS, map(list, zip(*rows, strict=True)), strict=True))
+        columns["frame_index"] = range(first_index, first_index + count)
+        conn = self.conn
+        layout = self._run_layout
+        if conn.buffer_size:
+            events = columns["dcp_event"]
+            if conn.outstanding >= conn.buffer_size and events[-1] is None:
+                events[-1] = "buffer full"  # the run's last packet filled the window
+            # Outstanding after a packet: the window's bytes before the call plus the call's up to its end.
+            since = conn.outstanding - end - base
+            ends = zip(columns["offset"], columns["length"], strict=True)
+            columns["outstanding"] = [since + offset + length for offset, length in ends]
+            layout = self._run_layout_flow
+        names = columns["type"]
+        self.types.update(names)
+        shared = {
+            **self.ident,
+            "direction": self.dir_label(direction),
+            "ts": seconds,
+            "ts_ns": ts,
+            "packet": packet,
+            "sender": PRODUCER,
+            "verdict": Kind.ACCEPTED.value,
+            "dcp_magic": codec.REQ,
+        }
+        self.out.append(FrameBlock(layout, shared, columns))
 
     def _sender(self, direction: _Direction, p: Packet | None) -> str:
         if self.consumer_client is None and p is not None:
