@@ -12,6 +12,8 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import run_cli
 from test_capture import A4, B4, T, ether, ipv4, pcap_file, pcapng_file, tcp_header
 from test_reassembly import DATA, NOTIFY_1, OK_20, capture, hello, message, opening
@@ -115,6 +117,34 @@ def test_fast_message_path_gives_the_same_records_and_summaries():
     assert [{k: v for k, v in r.items() if k != "_raw"} for r in slow] == fast
     assert fd.summaries() == sd.summaries()
     assert [r["verdict"] for r in fast[-4:]] == ["accepted", "replayed", "accepted", "violation"]
+
+
+KEYS = st.binary(max_size=6)
+STREAMS = st.sampled_from([1, 1, 1, 2])  # stream 2 was never notified
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(STREAMS, st.integers(0, 12), st.binary(max_size=20), KEYS), max_size=40),
+    st.lists(st.integers(1, 1200), max_size=8),
+)
+def test_the_message_block_path_records_what_the_frame_path_records(messages, cuts):
+    """Random MESSAGEs (replayed, unnotified streams and fresh ones) cut into segments anywhere:
+    rows of blocks, records from them and JSONL give what the frame-by-frame path gives."""
+    segs, seq = opening()
+    stream = b"".join(message(sid, mid, payload, key) for sid, mid, payload, key in messages)
+    at = 0
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        if cut > at and at < len(stream):
+            segs.append((True, seq + at, DATA, stream[at:cut]))
+            at = cut
+    blob = capture(segs)
+    fast, fd = dissect(io.BytesIO(blob))
+    slow, sd = dissect(io.BytesIO(blob), with_raw=True)
+    assert [{k: v for k, v in r.items() if k != "_raw"} for r in slow] == fast
+    assert [list(r) for r in fast] == [[k for k in r if k != "_raw"] for r in slow]  # key order too
+    assert fd.summaries() == sd.summaries()
+    assert list(Dissector("<stream>").run_jsonl(io.BytesIO(blob))) == [to_json(r) for r in fast]
 
 
 def test_pcapng_nanoseconds_reach_the_records():

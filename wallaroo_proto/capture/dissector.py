@@ -161,7 +161,7 @@ class Dissector:
         for batch in self._batches(source):
             for item in batch:
                 if type(item) is FrameBlock:
-                    yield from item.rows()
+                    yield from item.records()
                 else:
                     yield item
 

@@ -18,7 +18,7 @@ import json
 import struct
 from typing import TYPE_CHECKING, Any
 
-from wallaroo_proto.capture.frame_block import COLUMN, OPTIONAL, SHARED, FrameBlock
+from wallaroo_proto.capture.frame_block import COLUMN, MAX_ROWS, OPTIONAL, PLAIN, SHARED, FrameBlock
 from wallaroo_proto.capture.tracker import ConnectionTracker
 from wallaroo_proto.records import to_json
 
@@ -64,41 +64,34 @@ def _json_fields(record: dict, opcode: int, value: bytes) -> None:
 #: snapshot marker's start and end): opcode, key length, extras length, vbucket, body length, opaque.
 _STREAM_HEAD = struct.Struct(">xBHBxHII8xQQ")
 _MARKER_FLAGS = struct.Struct(">I")
-_RUN_COLUMNS = (
-    ("offset", COLUMN),
-    ("length", COLUMN),
-    ("frame_index", COLUMN),
+
+
+#: The fields of a block's rows (``run_block``'s tuples), in record order, the shared ones between.
+_RUN_LAYOUT = (
+    ("direction", SHARED),
+    *((name, COLUMN) for name in ("ts", "ts_ns", "packet", "offset", "length", "frame_index")),
     ("sender", SHARED),
-    ("type", COLUMN),
+    ("type", PLAIN),
     ("verdict", SHARED),
     ("dcp_magic", SHARED),
-    ("dcp_opcode", COLUMN),
-    ("opaque", COLUMN),
-    ("vbucket", COLUMN),
-    ("dcp_key", OPTIONAL),
-    ("value_len", OPTIONAL),
-    ("dcp_event", OPTIONAL),
-    ("seqno", OPTIONAL),
-    ("rev_seqno", OPTIONAL),
-    ("snap_start", OPTIONAL),
-    ("snap_end", OPTIONAL),
-    ("snap_flags", OPTIONAL),
+    *((name, COLUMN) for name in ("dcp_opcode", "opaque", "vbucket")),
+    *((name, OPTIONAL) for name in ("dcp_key", "value_len", "dcp_event", "seqno", "rev_seqno")),
+    *((name, OPTIONAL) for name in ("snap_start", "snap_end", "snap_flags")),
 )
-
-
-#: The fields of one row of ``run_block``, in its tuples' order.
-_ROW_FIELDS = ("offset", "length", "type", "dcp_opcode", "opaque", "vbucket", "dcp_key", "value_len")
-_ROW_FIELDS += ("dcp_event", "seqno", "rev_seqno", "snap_start", "snap_end", "snap_flags")
-_HEAD_FIELDS = (("direction", SHARED), ("ts", SHARED), ("ts_ns", SHARED), ("packet", SHARED))
+_TYPE, _EVENT = 6, 12  # where a row holds its type and its event
 _MARKER_NAME = codec.OPCODES[codec.SNAPSHOT_MARKER]
 
 
 class _Direction:
-    __slots__ = ("tracker", "client", "half", "splitter", "bytes")
+    __slots__ = ("tracker", "client", "half", "splitter", "bytes", "block", "shared")
 
     def __init__(self, tracker: DcpTracker, client: bool) -> None:
         self.tracker = tracker
         self.client = client
+        #: The last block of the producer's records, while rows may join it, and what its rows share.
+        self.block: FrameBlock | None = None
+        self.shared = {"direction": tracker.dir_label(self), "sender": PRODUCER, "dcp_magic": codec.REQ}
+        self.shared["verdict"] = Kind.ACCEPTED.value
         self.half: Any = None
         self.splitter = PacketSplitter()
         self.bytes = 0
@@ -174,9 +167,9 @@ class DcpTracker(ConnectionTracker):
         self.conn = Connection()
         self.consumer_client: bool | None = None
         self.want_records = dissector.want_records
-        head = (*((name, SHARED) for name in self.ident), *_HEAD_FIELDS)
-        self._run_layout = (*head, *_RUN_COLUMNS)
-        self._run_layout_flow = (*head, *_RUN_COLUMNS, ("outstanding", COLUMN))
+        head = tuple((name, SHARED) for name in self.ident)
+        self._run_layout = (*head, *_RUN_LAYOUT)
+        self._run_layout_flow = (*head, *_RUN_LAYOUT, ("outstanding", COLUMN))
 
     def runs_from(self, direction: _Direction) -> bool:
         """May this direction's packets go through the core's run path: it is the producer's, in step
@@ -199,28 +192,36 @@ class DcpTracker(ConnectionTracker):
         ts: int,
     ) -> None:
         """The records of the packets at ``data[start:end]``, which ``process_run`` took and accepted
-        (``runs``), as one block of columns: the fields ``packet`` would give each of them."""
+        (``runs``): rows of the direction's block, the fields ``packet`` would give each of them."""
         seconds = ts / 1e9
         if not self.first_packet:
             self.first_packet, self.first_ts = packet, seconds
         self.last_packet, self.last_ts = packet, seconds
         count = sum(run.packets for run in runs)
-        first_index = self.frame_index
+        index = self.frame_index
         self.frame_index += count
+        types = self.types
         if not self.want_records:
             for run in runs:
-                self.types[_MARKER_NAME] += len(run.markers)
+                types[_MARKER_NAME] += len(run.markers)
                 for item in run.items:
-                    self.types[codec.OPCODES[item[0]]] += 1
+                    types[codec.OPCODES[item[0]]] += 1
             return
-        rows: list[tuple] = []
+        conn = self.conn
+        flow = conn.buffer_size > 0
+        block = direction.block
+        if block is None or not block.extends(self.out) or (block.layout is self._run_layout_flow) != flow:
+            layout = self._run_layout_flow if flow else self._run_layout
+            block = direction.block = FrameBlock(layout, {**self.ident, **direction.shared}, [])
+            self.out.append(block)
+        rows = block.rows
+        first_row = len(rows)
         append = rows.append
-        unpack, unpack_flags, opcode_names = (
-            _STREAM_HEAD.unpack_from,
-            _MARKER_FLAGS.unpack_from,
-            codec.OPCODES,
-        )
+        unpack, unpack_flags = _STREAM_HEAD.unpack_from, _MARKER_FLAGS.unpack_from
+        opcode_names = codec.OPCODES
         base = direction.splitter.offset
+        # Outstanding after a packet: the window's bytes before the call plus the call's up to its end.
+        since = conn.outstanding - end
         pos = start
         for run in runs:
             completed = iter(run.completed)
@@ -228,13 +229,11 @@ class DcpTracker(ConnectionTracker):
             for _ in range(run.packets):
                 op, keylen, extlen, vb, body, opaque, first, second = unpack(data, pos)
                 length = HEADER_SIZE + body
+                head = (seconds, ts, packet, base + pos, length, index, opcode_names[op], op, opaque, vb)
+                index += 1
                 if op == codec.SNAPSHOT_MARKER:
-                    flags = unpack_flags(data, pos + 40)[0]
                     event = f"snapshot {first}..{second}"
-                    append(
-                        (base + pos, length, opcode_names[op], op, opaque, vb, None, None, event)
-                        + (None, None, first, second, flags)
-                    )
+                    tail = (None, None, event, None, None, first, second, unpack_flags(data, pos + 40)[0])
                 else:
                     key_at = pos + HEADER_SIZE + extlen
                     key = data[key_at : key_at + keylen].decode("utf-8", "replace")
@@ -243,46 +242,14 @@ class DcpTracker(ConnectionTracker):
                         complete_at = next(completed, -1)
                     else:
                         event = None
-                    append(
-                        (
-                            base + pos,
-                            length,
-                            opcode_names[op],
-                            op,
-                            opaque,
-                            vb,
-                            key,
-                            body - extlen - keylen or None,
-                        )
-                        + (event, first, second, None, None, None)
-                    )
+                    tail = (key, body - extlen - keylen or None, event, first, second, None, None, None)
                 pos += length
-        columns = dict(zip(_ROW_FIELDS, map(list, zip(*rows, strict=True)), strict=True))
-        columns["frame_index"] = range(first_index, first_index + count)
-        conn = self.conn
-        layout = self._run_layout
-        if conn.buffer_size:
-            events = columns["dcp_event"]
-            if conn.outstanding >= conn.buffer_size and events[-1] is None:
-                events[-1] = "buffer full"  # the run's last packet filled the window
-            # Outstanding after a packet: the window's bytes before the call plus the call's up to its end.
-            since = conn.outstanding - end - base
-            ends = zip(columns["offset"], columns["length"], strict=True)
-            columns["outstanding"] = [since + offset + length for offset, length in ends]
-            layout = self._run_layout_flow
-        names = columns["type"]
-        self.types.update(names)
-        shared = {
-            **self.ident,
-            "direction": self.dir_label(direction),
-            "ts": seconds,
-            "ts_ns": ts,
-            "packet": packet,
-            "sender": PRODUCER,
-            "verdict": Kind.ACCEPTED.value,
-            "dcp_magic": codec.REQ,
-        }
-        self.out.append(FrameBlock(layout, shared, columns))
+                append(head + tail + (since + pos,) if flow else head + tail)
+        if flow and conn.outstanding >= conn.buffer_size and rows[-1][_EVENT] is None:
+            rows[-1] = (*rows[-1][:_EVENT], "buffer full", *rows[-1][_EVENT + 1 :])  # it filled the window
+        types.update(row[_TYPE] for row in rows[first_row:])
+        if len(rows) >= MAX_ROWS:
+            direction.block = None
 
     def _sender(self, direction: _Direction, p: Packet | None) -> str:
         if self.consumer_client is None and p is not None:

@@ -20,6 +20,7 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from wallaroo_proto.capture.frame_block import COLUMN, MAX_ROWS, PLAIN, SHARED, FrameBlock
 from wallaroo_proto.capture.pcap import format_address
 from wallaroo_proto.records import to_json
 
@@ -64,6 +65,18 @@ if TYPE_CHECKING:
 _MSG_HEAD = struct.Struct(">QQqH").unpack_from
 _new_tuple = tuple.__new__
 _MESSAGE = 5
+#: The fields of a block of accepted MESSAGEs after the direction's own, in record order.
+_MESSAGE_LAYOUT = (
+    *((name, COLUMN) for name in ("ts", "ts_ns", "packet", "offset", "length")),
+    ("type", SHARED),
+    ("frame_index", COLUMN),
+    ("verdict", SHARED),
+    *((name, COLUMN) for name in ("stream_id", "message_id", "event_time")),
+    ("key_b64", PLAIN),
+    ("key_len", COLUMN),
+    ("payload_b64", PLAIN),
+    ("payload_len", COLUMN),
+)
 #: Frames held while it is not yet known whether a connection speaks source or sink.
 _HOLD_LIMIT = 32
 #: Per-connection caps on stored detail (counts stay exact).
@@ -408,8 +421,10 @@ class _Tracker:
         Takes ``bodies[start:]`` while they are well-formed MESSAGEs and returns the
         index of the first it leaves to ``frame``. Same records and summary as
         ``_emit`` + ``_message`` (a test compares both paths' output); only the
-        per-frame call and lookup overhead is gone. Under ``jsonl_batches`` an
-        accepted MESSAGE goes out as its JSON text, never built as a dict.
+        per-frame call and lookup overhead is gone. Accepted MESSAGEs go out as
+        rows of a ``FrameBlock`` (a frame with another verdict, as its dict, between
+        two blocks), never as a dict each; under ``jsonl_batches`` as their JSON
+        text, made in this loop (measured: a quarter faster than rows formatted after).
         """
         s = self.summary
         conn = self.conn
@@ -423,6 +438,11 @@ class _Tracker:
         seconds = ts / 1e9
         # Everything up to "packet" is the same for all frames of this packet.
         head = f'{direction.json_prefix},"ts":{seconds!r},"ts_ns":{ts},"packet":{packet},' if jsonl else ""
+        block = direction.block
+        if block is None or not block.extends(self.out):
+            block = None
+        rows: list[tuple] = [] if block is None else block.rows
+        add = rows.append
         key_text = self.key_text
         nbytes = 0
         count = len(bodies)
@@ -481,6 +501,32 @@ class _Tracker:
                         f'"payload_b64":"{payload_b64}","payload_len":{plen}}}'
                     )
                     continue
+                add(
+                    (
+                        seconds,
+                        ts,
+                        packet,
+                        offset,
+                        length,
+                        index,
+                        stream_id,
+                        message_id,
+                        event_time,
+                        key_b64,
+                        key_len,
+                        payload_b64,
+                        plen,
+                    )
+                )
+                if block is None:
+                    block = direction.block = FrameBlock(direction.block_layout, direction.block_shared, rows)
+                    append(block)
+                elif len(rows) >= MAX_ROWS:
+                    block, rows = None, []
+                    add = rows.append
+                continue
+            block, rows = None, []
+            add = rows.append
             record = direction.base.copy()
             record["ts"] = seconds
             record["ts_ns"] = ts
@@ -501,6 +547,8 @@ class _Tracker:
                 s.stream(stream_id).replays += 1
             elif verdict is Verdict.IGNORED:
                 s.ignored += 1
+            if stream_id not in streams:
+                s.stream(stream_id)  # as _message: every MESSAGE's stream is listed
             record["stream_id"] = stream_id
             record["message_id"] = message_id
             record["event_time"] = event_time
@@ -530,6 +578,9 @@ class _Tracker:
         base["direction"] = "initiator>responder" if from_initiator else "responder>initiator"
         direction.base = base
         direction.json_prefix = to_json(base)[:-1]
+        direction.block_layout = (*((name, SHARED) for name in base), *_MESSAGE_LAYOUT)
+        direction.block_shared = {**base, "type": "MESSAGE", "verdict": "accepted"}
+        direction.block = None
         # The fast MESSAGE path: settled source use, no 2PC, nothing held back, no raw bytes wanted.
         direction.fast = self.use is Use.SOURCE and not self.midstream and not self.with_raw
         return base

@@ -19,6 +19,7 @@ from .reader import FrameReader
 from .wire import U32
 
 if TYPE_CHECKING:
+    from wallaroo_proto.capture.frame_block import FrameBlock
     from wallaroo_proto.capture.reassembly import HalfStream
 
     from .dissect import _Tracker
@@ -51,6 +52,9 @@ class DirectionFramer:
         "bytes",
         "fast",
         "json_prefix",
+        "block_layout",
+        "block_shared",
+        "block",
     )
 
     def __init__(self, tracker: _Tracker, client: bool, max_frame_size: int) -> None:
@@ -69,6 +73,9 @@ class DirectionFramer:
         self.bytes = 0
         self.fast = False
         self.json_prefix = ""
+        self.block_layout: tuple = ()
+        self.block_shared: dict = {}
+        self.block: FrameBlock | None = None  # the last block of MESSAGEs, while rows may join it
 
     def data(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
         reader = self.reader
