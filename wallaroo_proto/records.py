@@ -141,6 +141,10 @@ def _schema() -> _Schema:
     return _Schema(fields, tuple(name for name, _, _ in fields), {name: kind for name, kind, _ in fields})
 
 
+#: The joined schema, made on first use (``__getattr__``): every column in order, names, types.
+FIELDS: list[Field]
+FIELD_NAMES: tuple[str, ...]
+FIELD_TYPES: dict[str, str]
 _LAZY = {"FIELDS": "fields", "FIELD_NAMES": "names", "FIELD_TYPES": "types"}
 
 
