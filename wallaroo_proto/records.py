@@ -1,8 +1,12 @@
 """The per-frame record: one schema for `dissect --format jsonl` and `spark-replay`.
 
-``FIELDS`` is the single definition: (name, type, meaning). Records are plain
-dicts holding the fields that apply to their frame (others are absent, which
-JSON readers and Spark read as null). Types are ``string``, ``int`` (32-bit),
+A field is (name, type, meaning). Every record has the common fields defined
+here (``CONNECTION_FIELDS``, ``FRAME_FIELDS``); each protocol plug-in declares
+its own (``ProtocolPlugin.connection_fields`` and ``record_fields``), and
+``FIELDS`` (with ``FIELD_NAMES``, ``FIELD_TYPES``, ``spark_schema()``) is their
+join, made on first use (``join_fields``). Records are plain dicts holding the
+fields that apply to their frame (others are absent, which JSON readers and
+Spark read as null). Types are ``string``, ``int`` (32-bit),
 ``long`` (signed 64-bit), ``u64`` (unsigned 64-bit protocol values: stream and
 message ids, points of reference; Spark has no unsigned long, so they are
 ``decimal(20,0)`` there, exact and sorting as numbers), ``double``,
@@ -22,6 +26,7 @@ import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from decimal import Decimal
+from functools import cache
 from typing import Any, BinaryIO, NamedTuple
 
 DEFAULT_PORTS = (7100, 7200)
@@ -31,7 +36,17 @@ STRUCTS: dict[str, list[tuple[str, str]]] = {
     "where": [("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")],
 }
 
-FIELDS: list[tuple[str, str, str]] = [
+#: A record field: (name, type, meaning).
+Field = tuple[str, str, str]
+
+#: The types a field may have (``array<struct:K>`` for each K of ``STRUCTS``).
+FIELD_KINDS = frozenset(
+    {"string", "int", "long", "u64", "double", "boolean", "array<string>"}
+    | {f"array<struct:{k}>" for k in STRUCTS}
+)
+
+#: Every record's fields about its connection: the first columns, then the plug-ins' connection fields.
+CONNECTION_FIELDS: tuple[Field, ...] = (
     ("capture", "string", "capture file name (as given)"),
     (
         "protocol",
@@ -44,7 +59,10 @@ FIELDS: list[tuple[str, str, str]] = [
     ("initiator_port", "int", "its TCP port"),
     ("responder_addr", "string", "address of the other side"),
     ("responder_port", "int", "its TCP port"),
-    ("use", "string", "'source' or 'sink' protocol"),
+)
+
+#: Every record's fields about its frame: after the connection fields, then the plug-ins' own fields.
+FRAME_FIELDS: tuple[Field, ...] = (
     ("sender", "string", "'connector' or 'worker': the side that sent the frame"),
     ("direction", "string", "'initiator>responder' or 'responder>initiator'"),
     ("ts", "double", "capture timestamp of the packet where the frame ends, seconds since epoch"),
@@ -57,109 +75,90 @@ FIELDS: list[tuple[str, str, str]] = [
     ("verdict", "string", "protocol core verdict: accepted, replayed, ignored, violation, malformed"),
     ("violations", "array<string>", "protocol violations found at this frame"),
     ("notes", "array<string>", "capture notes: gap or mid-connection start before it, resync"),
-    # HELLO
-    ("version", "string", "HELLO version"),
-    ("cookie_b64", "string", "HELLO cookie, base64"),
-    ("cookie_len", "int", "HELLO cookie length"),
-    ("program_name", "string", "HELLO program name"),
-    ("instance_name", "string", "HELLO instance name"),
-    # OK, ERROR, NOTIFY, NOTIFY_ACK
-    ("initial_credits", "long", "OK credits"),
-    ("reason", "string", "ERROR reason; MLD shutdown reason (TERMINATE, ZOMBIE)"),
-    ("stream_id", "u64", "NOTIFY, NOTIFY_ACK, MESSAGE, EOS_MESSAGE stream id"),
-    ("stream_name", "string", "NOTIFY stream name"),
-    ("point_of_ref", "u64", "NOTIFY, NOTIFY_ACK point of reference"),
-    ("success", "boolean", "NOTIFY_ACK success"),
-    # MESSAGE
-    ("message_id", "u64", "MESSAGE / EOS_MESSAGE message id (EOS: null in the shipped form)"),
-    ("event_time", "long", "MESSAGE event time"),
-    ("key_b64", "string", "MESSAGE key, base64 ('' = no key)"),
-    ("key_len", "int", "MESSAGE key length"),
-    ("payload_b64", "string", "MESSAGE payload, base64"),
-    ("payload_len", "long", "MESSAGE payload length"),
-    # ACK, RESTART, WORKERS_LEFT
-    ("credits", "long", "ACK credits granted"),
-    ("acks", "array<struct:ack>", "ACK (stream_id, point_of_ref) checkpoint pairs"),
-    ("address", "string", "RESTART address (shipped form); absent in the spec's empty RESTART"),
-    ("rtag", "u64", "WORKERS_LEFT / 2PC LIST_UNCOMMITTED, REPLY_UNCOMMITTED request tag"),
-    ("worker_names", "array<string>", "WORKERS_LEFT worker names"),
-    # 2PC (stream-0 MESSAGE of the sink protocol)
-    ("twopc", "string", "2PC message: LIST_UNCOMMITTED, REPLY_UNCOMMITTED, PHASE1, REPLY, PHASE2, ..."),
-    ("txn_id", "string", "2PC transaction id"),
-    ("txn_ids", "array<string>", "2PC REPLY_UNCOMMITTED transaction ids"),
-    ("where", "array<struct:where>", "2PC PHASE1 (stream_id, start_por, end_por) ranges"),
-    ("commit", "boolean", "2PC REPLY vote / PHASE2 decision: true = commit"),
-    # Kinesis MultiLangDaemon (one line is one frame; `type` is its action, `reason` a shutdown's)
-    ("line_number", "long", "MLD: the line's number in its direction, 1-based"),
-    ("shard_id", "string", "MLD: the conversation's shard, from its initialize"),
-    ("sequence_number", "string", "MLD initialize, checkpoint; processRecords: its last record's"),
-    ("sub_sequence_number", "long", "MLD: the same's subsequence number"),
-    ("record_count", "long", "MLD processRecords: records in the batch"),
-    ("millis_behind_latest", "long", "MLD processRecords: how far behind the shard's newest"),
-    ("response_for", "string", "MLD status: the request it answers"),
-    ("latency", "double", "MLD status: seconds since the request it answers"),
-    ("checkpoint_error", "string", "MLD checkpoint reply: the exception name, null on success"),
-    # Couchbase DCP (one memcached binary protocol packet is one frame; `type` is its opcode name,
-    # with _RESPONSE for a response; `status` a response's status name)
-    ("dcp_magic", "int", "DCP: the header magic (0x80 request, 0x81 response, 0x08/0x18 with frame infos)"),
-    ("dcp_opcode", "int", "DCP: the opcode"),
-    ("opaque", "long", "DCP: the opaque, read big-endian (a stream's messages carry its request's)"),
-    ("vbucket", "int", "DCP: the request's vbucket (a ROLLBACK answer: its request's)"),
-    ("status", "string", "DCP response status: SUCCESS, ROLLBACK, NOT_MY_VBUCKET, ..."),
-    ("dcp_key", "string", "DCP: the key (document key, control key, DCP_OPEN connection name)"),
-    ("value_len", "long", "DCP: value bytes"),
-    ("dcp_stream_id", "int", "DCP: the stream-id frame info, if any"),
-    ("seqno", "u64", "DCP mutation, deletion, expiration, seqno advanced: by_seqno"),
-    ("rev_seqno", "u64", "DCP mutation, deletion, expiration: revision seqno"),
-    ("snap_start", "u64", "DCP snapshot marker; stream request: snapshot start"),
-    ("snap_end", "u64", "DCP snapshot marker; stream request: snapshot end"),
-    ("snap_flags", "int", "DCP snapshot marker flags (1 memory, 2 disk, 4 checkpoint, 8 ack)"),
-    ("start_seqno", "u64", "DCP stream request: start seqno"),
-    ("end_seqno", "u64", "DCP stream request: end seqno"),
-    ("vb_uuid", "u64", "DCP stream request: vbucket uuid; its answer: the newest failover entry's"),
-    ("rollback_seqno", "u64", "DCP ROLLBACK answer: the seqno to roll back to"),
-    ("end_reason", "string", "DCP stream end: ok, closed, state_changed, too_slow, ..."),
-    ("ack_bytes", "long", "DCP buffer acknowledgement: bytes acknowledged"),
-    ("outstanding", "long", "DCP flow control: unacknowledged bytes after this packet"),
-    ("control_key", "string", "DCP control: key"),
-    ("control_value", "string", "DCP control: value"),
-    ("dcp_event", "string", "DCP: what the packet did: snapshot complete, rollback to N, buffer full, ..."),
-    ("config_rev", "long", "DCP bucket config (GET_CLUSTER_CONFIG, NOT_MY_VBUCKET's body): its rev"),
-    ("error_map_version", "int", "DCP GET_ERROR_MAP: the version asked for; its answer: the map's"),
-    ("error_map_revision", "int", "DCP GET_ERROR_MAP answer: the map's revision"),
-    # AMBROSIA IC <-> LB (a frame is a log record, an LB message or a checkpoint's raw bytes)
-    ("ambrosia_socket", "string", "AMBROSIA: 'receive' (LB -> IC messages) or 'send' (IC -> LB records)"),
-    ("lb", "string", "AMBROSIA: the language binding's pair of sockets the frame belongs to"),
-    ("phase", "string", "AMBROSIA: start, first-start, replay, upgrade-test or normal, after the frame"),
-    ("seq_id", "long", "AMBROSIA log record sequence id (-1 control, -2 checkpoint)"),
-    ("committer_id", "long", "AMBROSIA log record committer id"),
-    ("check_bytes", "string", "AMBROSIA log record check bytes, 16 hex digits"),
-    ("record_size", "long", "AMBROSIA log record size, header included (blob excluded)"),
-    ("message_count", "long", "AMBROSIA: messages in the log record"),
-    ("message_types", "array<string>", "AMBROSIA: the log record's message types"),
-    ("rpc_count", "long", "AMBROSIA: RPCs in the record, batch or message"),
-    ("destination", "string", "AMBROSIA outgoing RPC destination ('' = self call)"),
-    ("method_id", "long", "AMBROSIA RPC method id"),
-    ("rpc_type", "string", "AMBROSIA RPC type: async, fork or impulse"),
-    ("checkpoint_length", "long", "AMBROSIA Checkpoint: the raw bytes' length"),
-    # Tremor network protocol (one WebSocket frame or HTTP head is one record; `type` is the message's)
-    ("ws_opcode", "int", "Tremor: the WebSocket frame's opcode (0 continuation, 1 text, 8 close...)"),
-    ("ws_fin", "boolean", "Tremor: the WebSocket frame's FIN bit"),
-    ("ws_masked", "boolean", "Tremor: the frame was masked (client frames must be)"),
-    ("ws_length_bits", "int", "Tremor: the payload length form used: 7, 16 or 64"),
-    ("ws_payload_len", "long", "Tremor: the frame's payload bytes"),
-    ("ws_close_code", "int", "Tremor: a close frame's status code (null: none)"),
-    ("http_target", "string", "Tremor: the upgrade request's target"),
-    ("http_status", "int", "Tremor: the upgrade response's status (101 switches)"),
-    ("alias", "string", "Tremor: the message's stream alias"),
-    ("tremor_protocol", "string", "Tremor: the stream's sub-protocol (echo, pubsub, api)"),
-    ("status_code", "string", "Tremor: the status code of a violation or an error close (0.207)"),
-    ("message_json", "string", "Tremor: the JSON text of the message this frame completes (cut at 4 KiB)"),
-]
+)
 
-FIELD_NAMES: tuple[str, ...] = tuple(name for name, _, _ in FIELDS)
+COMMON_FIELDS: tuple[Field, ...] = CONNECTION_FIELDS + FRAME_FIELDS
+
+
+class FieldClash(ValueError):
+    """Plug-ins' field declarations that cannot be joined into one schema."""
+
+
+def join_fields(plugins: Iterable[Any]) -> list[Field]:
+    """The common fields and the plug-ins' in one schema, in the order of ``FIELDS``.
+
+    The connection fields, each plug-in's ``connection_fields``, the frame fields,
+    then each plug-in's ``record_fields``, plug-ins in the order given. A name two
+    plug-ins declare is one column, where it first comes, with their meanings
+    joined by "; "; they must give it the same type.
+    """
+    plugins = tuple(plugins)
+    common = {name for name, _, _ in COMMON_FIELDS}
+    joined: dict[str, Field] = {}
+    owner: dict[str, str] = {}
+    declared: set[tuple[str, str]] = set()
+
+    def add(protocol: str, fields: Iterable[Field]) -> None:
+        for name, kind, meaning in fields:
+            where = f"protocol {protocol!r} field {name!r}"
+            if name in common:
+                raise FieldClash(f"{where}: every record has it already (a common field)")
+            if (protocol, name) in declared:
+                raise FieldClash(f"{where}: declared twice")
+            declared.add((protocol, name))
+            if kind not in FIELD_KINDS:
+                raise FieldClash(f"{where}: unknown type {kind!r} (known: {', '.join(sorted(FIELD_KINDS))})")
+            if name not in joined:
+                joined[name], owner[name] = (name, kind, meaning), protocol
+            elif kind != joined[name][1]:
+                raise FieldClash(
+                    f"{where} is {kind}, but protocol {owner[name]!r} declares it {joined[name][1]}"
+                )
+            else:
+                joined[name] = (name, kind, f"{joined[name][2]}; {meaning}")
+
+    joined.update((field[0], field) for field in CONNECTION_FIELDS)
+    for plugin in plugins:
+        add(plugin.name, plugin.connection_fields)
+    joined.update((field[0], field) for field in FRAME_FIELDS)
+    for plugin in plugins:
+        add(plugin.name, plugin.record_fields)
+    return list(joined.values())
+
+
+class _Schema(NamedTuple):
+    fields: list[Field]
+    names: tuple[str, ...]
+    types: dict[str, str]
+
+
+@cache
+def _schema() -> _Schema:
+    """The joined schema of the registered plug-ins (imported here, on first use)."""
+    from .protocols import plugins
+
+    fields = join_fields(plugins())
+    return _Schema(fields, tuple(name for name, _, _ in fields), {name: kind for name, kind, _ in fields})
+
+
+#: The joined schema, made on first use (``__getattr__``): every column in order, names, types.
+FIELDS: list[Field]
+FIELD_NAMES: tuple[str, ...]
+FIELD_TYPES: dict[str, str]
+_LAZY = {"FIELDS": "fields", "FIELD_NAMES": "names", "FIELD_TYPES": "types"}
+
+
+def __getattr__(name: str) -> Any:
+    """``FIELDS``, ``FIELD_NAMES`` and ``FIELD_TYPES``, joined on first use: importing this module
+    does not import the plug-ins."""
+    if name in _LAZY:
+        value = getattr(_schema(), _LAZY[name])
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 _STRUCT_NAMES = {f"array<struct:{k}>": tuple(n for n, _ in v) for k, v in STRUCTS.items()}
-FIELD_TYPES: dict[str, str] = {name: kind for name, kind, _ in FIELDS}
 
 
 class ConnectionKey(NamedTuple):
@@ -188,10 +187,10 @@ def as_row(record: dict) -> tuple:
     Arrow batches instead; this is the one-row form, for ``createDataFrame``.
     """
     get = record.get
+    types = _schema().types
     row = []
-    for name in FIELD_NAMES:
+    for name, kind in types.items():
         value = get(name)
-        kind = FIELD_TYPES[name]
         if kind == "u64":
             value = _exact(value)
         elif kind.startswith("array<struct") and value is not None:
@@ -229,7 +228,7 @@ def spark_schema():
         fields = [T.StructField(n, scalars[k]) for n, k in STRUCTS[struct_name]]
         return T.ArrayType(T.StructType(fields))
 
-    return T.StructType([T.StructField(name, spark_type(kind), True) for name, kind, _ in FIELDS])
+    return T.StructType([T.StructField(name, spark_type(kind), True) for name, kind, _ in _schema().fields])
 
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode

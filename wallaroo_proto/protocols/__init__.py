@@ -4,8 +4,10 @@ A plug-in is one ``ProtocolPlugin`` value, made by its package's ``plugin``
 module. The shared machinery (``capture``: capture reading, TCP reassembly,
 connection detection, output; ``spark``) knows protocols only through it, and
 no plug-in imports another. To add a protocol: a package here with its codec
-and sans-IO core, a ``plugin.py`` making a ``PLUGIN``, and its module name in
-``_PLUGIN_MODULES``.
+and sans-IO core, a ``plugin.py`` making a ``PLUGIN`` (which declares the
+protocol's record fields with their types and meanings, in ``record_fields``:
+``records.FIELDS`` is the common fields joined with every plug-in's, so new
+columns come last), and its module name in ``_PLUGIN_MODULES``.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ class ProtocolPlugin:
     judge: Callable[..., Any]
     #: The driver's per-connection handler: frames, records and the summary.
     tracker: Callable[..., Any]
-    #: Its own fields of ``records.FIELDS`` (beside the common ones every record has).
-    record_fields: tuple[str, ...]
+    #: Its own record fields, (name, type, meaning) each, beside ``records.COMMON_FIELDS``;
+    #: ``records.FIELDS`` joins them (a name two plug-ins declare needs one type in both).
+    record_fields: tuple[tuple[str, str, str], ...]
     #: Its frame and message type names, for ``dissect --type``.
     type_names: tuple[str, ...]
     #: ``print_summary(console, summary)``: one connection's ``dissect --summary``.
@@ -66,12 +69,22 @@ class ProtocolPlugin:
     #: Optional: makes one collector per connection for ``report`` (``feed(record)``, ``finish()`` ->
     #: ``report.signals.Signals``): its time series, checkpoint markers and latency distributions.
     report_signals: Callable[[], Any] | None = None
+    #: Optional: fields about the whole connection, as ``record_fields``, but joined among
+    #: ``records.CONNECTION_FIELDS`` (columns after the endpoints, before the frame fields).
+    connection_fields: tuple[tuple[str, str, str], ...] = ()
 
 
 @cache
 def plugins() -> tuple[ProtocolPlugin, ...]:
-    """Every registered plug-in, in detection order (imported on first use)."""
-    return tuple(importlib.import_module(name).PLUGIN for name in _PLUGIN_MODULES)
+    """Every registered plug-in, in detection order (imported on first use).
+
+    Raises ``records.FieldClash`` if their record fields do not join (e.g. one name, two types).
+    """
+    from wallaroo_proto.records import join_fields
+
+    found = tuple(importlib.import_module(name).PLUGIN for name in _PLUGIN_MODULES)
+    join_fields(found)
+    return found
 
 
 def names() -> tuple[str, ...]:

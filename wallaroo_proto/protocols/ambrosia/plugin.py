@@ -17,21 +17,23 @@ from .core import Session
 from .dissect import PORTS, AmbrosiaTracker, looks_like_ambrosia
 from .report import AmbrosiaSignals
 
+#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
 RECORD_FIELDS = (
-    "ambrosia_socket",
-    "lb",
-    "phase",
-    "seq_id",
-    "committer_id",
-    "check_bytes",
-    "record_size",
-    "message_count",
-    "message_types",
-    "rpc_count",
-    "destination",
-    "method_id",
-    "rpc_type",
-    "checkpoint_length",
+    # AMBROSIA IC <-> LB (a frame is a log record, an LB message or a checkpoint's raw bytes)
+    ("ambrosia_socket", "string", "AMBROSIA: 'receive' (LB -> IC messages) or 'send' (IC -> LB records)"),
+    ("lb", "string", "AMBROSIA: the language binding's pair of sockets the frame belongs to"),
+    ("phase", "string", "AMBROSIA: start, first-start, replay, upgrade-test or normal, after the frame"),
+    ("seq_id", "long", "AMBROSIA log record sequence id (-1 control, -2 checkpoint)"),
+    ("committer_id", "long", "AMBROSIA log record committer id"),
+    ("check_bytes", "string", "AMBROSIA log record check bytes, 16 hex digits"),
+    ("record_size", "long", "AMBROSIA log record size, header included (blob excluded)"),
+    ("message_count", "long", "AMBROSIA: messages in the log record"),
+    ("message_types", "array<string>", "AMBROSIA: the log record's message types"),
+    ("rpc_count", "long", "AMBROSIA: RPCs in the record, batch or message"),
+    ("destination", "string", "AMBROSIA outgoing RPC destination ('' = self call)"),
+    ("method_id", "long", "AMBROSIA RPC method id"),
+    ("rpc_type", "string", "AMBROSIA RPC type: async, fork or impulse"),
+    ("checkpoint_length", "long", "AMBROSIA Checkpoint: the raw bytes' length"),
 )
 TYPE_NAMES = (
     *MESSAGE_TYPES.values(),

@@ -16,17 +16,19 @@ from .core import Conversation
 from .dissect import PORTS, KinesisTracker, looks_like_mld
 from .report import KinesisSignals
 
+#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
 RECORD_FIELDS = (
-    "line_number",
-    "shard_id",
-    "sequence_number",
-    "sub_sequence_number",
-    "record_count",
-    "millis_behind_latest",
-    "response_for",
-    "latency",
-    "checkpoint_error",
-    "reason",
+    # Kinesis MultiLangDaemon (one line is one frame; `type` is its action, `reason` a shutdown's)
+    ("line_number", "long", "MLD: the line's number in its direction, 1-based"),
+    ("shard_id", "string", "MLD: the conversation's shard, from its initialize"),
+    ("sequence_number", "string", "MLD initialize, checkpoint; processRecords: its last record's"),
+    ("sub_sequence_number", "long", "MLD: the same's subsequence number"),
+    ("record_count", "long", "MLD processRecords: records in the batch"),
+    ("millis_behind_latest", "long", "MLD processRecords: how far behind the shard's newest"),
+    ("response_for", "string", "MLD status: the request it answers"),
+    ("latency", "double", "MLD status: seconds since the request it answers"),
+    ("checkpoint_error", "string", "MLD checkpoint reply: the exception name, null on success"),
+    ("reason", "string", "MLD shutdown reason (TERMINATE, ZOMBIE)"),
 )
 TYPE_NAMES = (*REQUESTS, "status", "checkpoint", "SKIPPED", "INVALID", "EOF")
 TITLES = {

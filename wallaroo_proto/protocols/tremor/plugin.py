@@ -17,19 +17,21 @@ from .messages import OPS, parse
 from .report import TremorSignals
 from .wsframes import OPCODE_NAMES, FrameSplitter
 
+#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
 RECORD_FIELDS = (
-    "ws_opcode",
-    "ws_fin",
-    "ws_masked",
-    "ws_length_bits",
-    "ws_payload_len",
-    "ws_close_code",
-    "http_target",
-    "http_status",
-    "alias",
-    "tremor_protocol",
-    "status_code",
-    "message_json",
+    # Tremor network protocol (one WebSocket frame or HTTP head is one record; `type` is the message's)
+    ("ws_opcode", "int", "Tremor: the WebSocket frame's opcode (0 continuation, 1 text, 8 close...)"),
+    ("ws_fin", "boolean", "Tremor: the WebSocket frame's FIN bit"),
+    ("ws_masked", "boolean", "Tremor: the frame was masked (client frames must be)"),
+    ("ws_length_bits", "int", "Tremor: the payload length form used: 7, 16 or 64"),
+    ("ws_payload_len", "long", "Tremor: the frame's payload bytes"),
+    ("ws_close_code", "int", "Tremor: a close frame's status code (null: none)"),
+    ("http_target", "string", "Tremor: the upgrade request's target"),
+    ("http_status", "int", "Tremor: the upgrade response's status (101 switches)"),
+    ("alias", "string", "Tremor: the message's stream alias"),
+    ("tremor_protocol", "string", "Tremor: the stream's sub-protocol (echo, pubsub, api)"),
+    ("status_code", "string", "Tremor: the status code of a violation or an error close (0.207)"),
+    ("message_json", "string", "Tremor: the JSON text of the message this frame completes (cut at 4 KiB)"),
 )
 TYPE_NAMES = (
     "UPGRADE_REQUEST",

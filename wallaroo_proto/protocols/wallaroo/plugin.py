@@ -17,36 +17,43 @@ from wallaroo_proto.records import DEFAULT_PORTS
 from .report import WallarooSignals
 from .views import describe, print_summary
 
-#: Its fields of ``records.FIELDS``: from ``version`` (HELLO) to ``commit`` (2PC), and ``use``.
+#: Fields about the connection: joined among the common connection fields, after the endpoints.
+CONNECTION_FIELDS = (("use", "string", "'source' or 'sink' protocol"),)
+
+#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
 RECORD_FIELDS = (
-    "use",
-    "version",
-    "cookie_b64",
-    "cookie_len",
-    "program_name",
-    "instance_name",
-    "initial_credits",
-    "reason",
-    "stream_id",
-    "stream_name",
-    "point_of_ref",
-    "success",
-    "message_id",
-    "event_time",
-    "key_b64",
-    "key_len",
-    "payload_b64",
-    "payload_len",
-    "credits",
-    "acks",
-    "address",
-    "rtag",
-    "worker_names",
-    "twopc",
-    "txn_id",
-    "txn_ids",
-    "where",
-    "commit",
+    # HELLO
+    ("version", "string", "HELLO version"),
+    ("cookie_b64", "string", "HELLO cookie, base64"),
+    ("cookie_len", "int", "HELLO cookie length"),
+    ("program_name", "string", "HELLO program name"),
+    ("instance_name", "string", "HELLO instance name"),
+    # OK, ERROR, NOTIFY, NOTIFY_ACK
+    ("initial_credits", "long", "OK credits"),
+    ("reason", "string", "ERROR reason"),
+    ("stream_id", "u64", "NOTIFY, NOTIFY_ACK, MESSAGE, EOS_MESSAGE stream id"),
+    ("stream_name", "string", "NOTIFY stream name"),
+    ("point_of_ref", "u64", "NOTIFY, NOTIFY_ACK point of reference"),
+    ("success", "boolean", "NOTIFY_ACK success"),
+    # MESSAGE
+    ("message_id", "u64", "MESSAGE / EOS_MESSAGE message id (EOS: null in the shipped form)"),
+    ("event_time", "long", "MESSAGE event time"),
+    ("key_b64", "string", "MESSAGE key, base64 ('' = no key)"),
+    ("key_len", "int", "MESSAGE key length"),
+    ("payload_b64", "string", "MESSAGE payload, base64"),
+    ("payload_len", "long", "MESSAGE payload length"),
+    # ACK, RESTART, WORKERS_LEFT
+    ("credits", "long", "ACK credits granted"),
+    ("acks", "array<struct:ack>", "ACK (stream_id, point_of_ref) checkpoint pairs"),
+    ("address", "string", "RESTART address (shipped form); absent in the spec's empty RESTART"),
+    ("rtag", "u64", "WORKERS_LEFT / 2PC LIST_UNCOMMITTED, REPLY_UNCOMMITTED request tag"),
+    ("worker_names", "array<string>", "WORKERS_LEFT worker names"),
+    # 2PC (stream-0 MESSAGE of the sink protocol)
+    ("twopc", "string", "2PC message: LIST_UNCOMMITTED, REPLY_UNCOMMITTED, PHASE1, REPLY, PHASE2, ..."),
+    ("txn_id", "string", "2PC transaction id"),
+    ("txn_ids", "array<string>", "2PC REPLY_UNCOMMITTED transaction ids"),
+    ("where", "array<struct:where>", "2PC PHASE1 (stream_id, start_por, end_por) ranges"),
+    ("commit", "boolean", "2PC REPLY vote / PHASE2 decision: true = commit"),
 )
 
 TITLES = {
@@ -74,6 +81,7 @@ PLUGIN = ProtocolPlugin(
     judge=Connection,
     tracker=_Tracker,
     record_fields=RECORD_FIELDS,
+    connection_fields=CONNECTION_FIELDS,
     type_names=tuple(sorted({t.name for t in FrameType} | {t.name for t in TwoPCTag} | {"INVALID"})),
     print_summary=print_summary,
     describe=describe,
