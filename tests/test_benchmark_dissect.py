@@ -66,6 +66,7 @@ def test_samples_case_times_every_protocol_workload():
         assert records > 0
         assert _records(out, f"{protocol} jsonl") == records
         assert _records(out, f"{protocol} --summary") == records
+    assert re.search(r"^start-up \(in every row above\): [\d.]+ CPU s", out, re.MULTILINE), out
 
 
 @pytest.mark.slow
