@@ -385,7 +385,8 @@ def dcp_case(args: argparse.Namespace) -> None:
             "dissect --summary": [*DISSECT, str(capture), "--summary"],
         }
         best = best_interleaved(args.runs, commands)
-        rows = [(name, records, size_mb, best[name]) for name in commands]
+        counted = {name: records for name in commands} | {"tshark -T fields (2 fields)": opcodes}
+        rows = [(name, counted[name], size_mb, best[name]) for name in commands]
         if not args.dcp_skip_large:
             capture.unlink()
             large = Path(tmp, "dcp-large.pcap")
