@@ -249,11 +249,14 @@ def iter_records(
     connection_filter: Callable[[ConnectionKey], bool] | None = None,
     capture_name: str | None = None,
     max_frame_size: int | None = None,
+    blocks: bool = False,
 ) -> Iterator[dict]:
     """Stream the frame records of one capture, in packet order, with bounded memory.
 
     Raises ``capture.CaptureError`` after yielding every record before the damage.
     ``connection_filter`` picks the connections to reassemble (all by default).
+    ``blocks``: runs of frames come as ``capture.frame_block.FrameBlock`` (rows, not
+    dicts) where a plug-in makes them, for readers that take columns.
     """
     from .capture.dissector import Dissector
 
@@ -272,4 +275,4 @@ def iter_records(
         keep_summaries=False,
         **kwargs,
     )
-    yield from dissector.run(path_or_fileobj)
+    yield from dissector.frames(path_or_fileobj) if blocks else dissector.run(path_or_fileobj)

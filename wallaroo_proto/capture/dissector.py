@@ -165,6 +165,12 @@ class Dissector:
                 else:
                     yield item
 
+    def frames(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict | FrameBlock]:
+        """``run``'s records, with each plug-in's blocks of frames left as blocks."""
+        self.jsonl = False
+        for batch in self._batches(source):
+            yield from batch
+
     def drain(self, source: str | os.PathLike | BinaryIO) -> None:
         """Read the capture for its summaries only: no record is made where a plug-in can avoid it."""
         self.want_records = False

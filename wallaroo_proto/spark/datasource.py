@@ -42,7 +42,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
+
+    from wallaroo_proto.capture.frame_block import FrameBlock
 
 NAME = "wallaroo-capture"
 MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
@@ -229,6 +231,87 @@ def to_batch(rows: list[dict], target: pa.StructType, build: pa.StructType) -> p
     return pa.RecordBatch.from_struct_array(array)
 
 
+class _Batcher:
+    """Record dicts and blocks of frames, in order, to Arrow batches of ``size`` rows (the last fewer).
+
+    A batch of dicts only is converted as before, each field looked up by name in
+    C. Once a block comes, each field's values are gathered into one Python list,
+    which Arrow converts in one call: a block gives its column as it is and its
+    shared values repeated, the dicts before it the fields they hold; a field no
+    frame of the batch has is one null array. No dict is made for a block's
+    frames, and no call is made per frame and field.
+    """
+
+    def __init__(self, target: pa.StructType, build: pa.StructType, size: int) -> None:
+        self.target, self.build, self.size = target, build, size
+        self.dicts: list[dict] = []  # dicts not yet in ``columns``
+        self.columns: dict[str, list] = {}  # the fields some frame has, padded with None
+        self.count = 0  # rows in ``columns``
+
+    def add(self, item: dict | FrameBlock) -> Iterator[pa.RecordBatch]:
+        if type(item) is dict:
+            self.dicts.append(item)
+        else:
+            self._settle()
+            size = len(item)
+            for name, values in item.columns().items():
+                self._column(name).extend(values)
+            for name, value in item.shared.items():
+                self._column(name).extend([value] * size)
+            self._pad(size)
+        while self.count + len(self.dicts) >= self.size:
+            yield self.flush()
+
+    def _column(self, name: str) -> list:
+        column = self.columns.get(name)
+        if column is None:
+            column = self.columns[name] = [None] * self.count
+        return column
+
+    def _pad(self, added: int) -> None:
+        self.count += added
+        for column in self.columns.values():
+            if len(column) < self.count:
+                column.extend([None] * (self.count - len(column)))
+
+    def _settle(self) -> None:
+        """The waiting dicts into ``columns``, one list comprehension a field they hold."""
+        dicts = self.dicts
+        if dicts:
+            for name in set().union(*dicts):
+                self._column(name).extend([record.get(name) for record in dicts])
+            self._pad(len(dicts))
+            self.dicts = []
+
+    def flush(self) -> pa.RecordBatch:
+        """The first ``size`` rows (all of them, when fewer) as one batch; the rest stay."""
+        import pyarrow as pa
+
+        if self.columns:
+            self._settle()
+            size = min(self.size, self.count)
+            arrays = []
+            for field in self.build:
+                column = self.columns.get(field.name)
+                if column is None:
+                    arrays.append(pa.nulls(size, type=field.type))
+                else:
+                    arrays.append(pa.array(column[:size], type=field.type))
+                    del column[:size]
+            self.count -= size
+            self.columns = {name: c for name, c in self.columns.items() if any(v is not None for v in c)}
+            array = pa.StructArray.from_arrays(arrays, fields=list(self.build))
+        else:
+            array = pa.array(self.dicts[: self.size], type=self.build)
+            del self.dicts[: self.size]
+        if self.build != self.target:
+            array = array.cast(self.target)
+        return pa.RecordBatch.from_struct_array(array)
+
+    def __len__(self) -> int:
+        return self.count + len(self.dicts)
+
+
 def read_part(part: CapturePart, options: ReadOptions, schema: StructType) -> Iterator[pa.RecordBatch]:
     """The frames of one capture part as Arrow batches, then the row naming its damage if any.
 
@@ -241,21 +324,18 @@ def read_part(part: CapturePart, options: ReadOptions, schema: StructType) -> It
         yield to_batch([{"capture": part.name, PROBLEM_COLUMN: part.problem}], target, build)
         return
     connection_filter = None if part.nparts == 1 else frames_mod.PartFilter(part.part, part.nparts)
-    rows: list[dict[str, Any]] = []
-    size = options.batch_rows
+    batcher = _Batcher(target, build, options.batch_rows)
     try:
-        for record in records.iter_records(
+        for item in records.iter_records(
             part.path,
             ports=options.ports,
             protocol=options.protocol,
             connection_filter=connection_filter,
             capture_name=part.name,
             max_frame_size=options.max_frame_size,
+            blocks=True,
         ):
-            rows.append(record)
-            if len(rows) >= size:
-                yield to_batch(rows, target, build)
-                rows = []
+            yield from batcher.add(item)
     except (CaptureError, OSError) as err:
         message = str(err) if isinstance(err, CaptureError) else f"cannot read: {err}"
         if options.mode == "FAILFAST":
@@ -264,9 +344,9 @@ def read_part(part: CapturePart, options: ReadOptions, schema: StructType) -> It
             problem = {"capture": part.name, PROBLEM_COLUMN: message}
             if isinstance(err, CaptureError):
                 problem.update(packet=err.packet, offset=err.offset)
-            rows.append(problem)
-    if rows:
-        yield to_batch(rows, target, build)
+            yield from batcher.add(problem)
+    while len(batcher):
+        yield batcher.flush()
 
 
 def register(spark: SparkSession) -> None:
