@@ -33,7 +33,7 @@ SHARED, COLUMN, OPTIONAL = "shared", "column", "optional"
 #: A column of strings that never need escaping (base64, hex, names), written between quotes as they are.
 PLAIN = "plain"
 #: Rows a block takes before a tracker starts another (the driver's batches stay small).
-MAX_ROWS = 1024
+MAX_ROWS = 64
 
 
 class FrameBlock:
