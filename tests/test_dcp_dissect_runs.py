@@ -130,6 +130,20 @@ def test_the_packet_that_fills_the_window_says_so_and_the_next_ones_break_the_ru
         assert fast == _dissect(pcap)
 
 
+def test_a_large_value_in_small_segments_is_one_record_between_runs(monkeypatch):
+    """A 3 MB value arriving 1,000 bytes at a time, between runs of small items."""
+    events = [("p", codec.snapshot_marker(3, 7, 1, 30, 1, None))]
+    events += [("p", codec.mutation(3, 7, n, 1, b"k%d" % n, b"v" * 20)) for n in range(1, 4)]
+    events += [("p", codec.mutation(3, 7, 4, 1, b"big", b"x" * 3_000_000))]
+    events += [("p", codec.mutation(3, 7, n, 1, b"k%d" % n, b"v" * 20)) for n in range(5, 9)]
+    pcap = _capture(events, 0, list(range(200, 3_000_600, 1000)))
+    fast = _dissect(pcap)
+    big = [r for r in fast[0] if r.get("dcp_key") == "big"]
+    assert len(big) == 1 and big[0]["value_len"] == 3_000_000 and big[0]["verdict"] == "accepted"
+    monkeypatch.setattr(DcpTracker, "runs_from", lambda self, direction: False)
+    assert fast == _dissect(pcap)
+
+
 @pytest.mark.parametrize("value", ["k\u00e9y", 'q"uote\\', "tab\tnew\nline", "\x00\x1f"])
 def test_keys_that_json_escapes_come_out_as_the_frame_path_writes_them(monkeypatch, value):
     key = value.encode()

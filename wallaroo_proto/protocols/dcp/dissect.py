@@ -116,7 +116,12 @@ class _Direction:
         """The producer's whole packets: runs of stream messages judged at once by the core's run
         path, each other packet one by one; a bad header is left to the splitter (returns b"")."""
         splitter, tracker = self.splitter, self.tracker
-        data = bytes(splitter.buf) + payload if splitter.buf else bytes(payload)
+        held = splitter.buf
+        if len(held) >= HEADER_SIZE:
+            needed = HEADER_SIZE + int.from_bytes(held[8:12], "big") - len(held)
+            if len(payload) < needed:
+                return payload  # still inside one packet (a large value): the splitter adds it, no copy
+        data = bytes(held) + payload if held else bytes(payload)
         n, pos, max_body = len(data), 0, splitter.max_body
         process_run = tracker.conn.process_run
         while True:
