@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from test_dcp_run import STREAMS, traffic
 
 from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.frame_block import FrameBlock
+from wallaroo_proto.capture.frame_block import MAX_ROWS, FrameBlock
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.codec import StreamReq
@@ -27,13 +27,24 @@ from wallaroo_proto.protocols.dcp.dissect import DcpTracker
 from wallaroo_proto.records import to_json
 
 
-def _capture(events: list[tuple[str, bytes]], buffer_size: int, cuts: list[int]) -> bytes:
+def _capture(
+    events: list[tuple[str, bytes]], buffer_size: int, cuts: list[int], lost: frozenset[int] = frozenset()
+) -> bytes:
     """A pcap of one DCP connection: the consumer's setup, then the producer's traffic in segments
-    cut at ``cuts`` (positions in its bytes), each acknowledgement its own segment between them."""
+    cut at ``cuts`` (positions in its bytes), each acknowledgement its own segment between them;
+    the producer's segments numbered in ``lost`` (from 1) are left out of the capture."""
     out = io.BytesIO()
     with PcapWriter(out) as w:
         s = w.tcp_session(("10.0.0.1", 40000), ("10.0.0.2", 11210), timestamp=1_700_000_000.0)
         t = 1_700_000_000.0
+        segment = s._segment
+        numbered = iter(range(1, 1 << 30))
+
+        def captured(from_client: bool, flags: int, payload: bytes, timestamp: float | None) -> None:
+            if from_client or not payload or next(numbered) not in lost:
+                segment(from_client, flags, payload, timestamp)
+
+        s._segment = captured
 
         def exchange(request: bytes, answer: bytes) -> None:
             s.send(True, request, t)
@@ -76,45 +87,49 @@ def _capture(events: list[tuple[str, bytes]], buffer_size: int, cuts: list[int])
     return out.getvalue()
 
 
-def _dissect(pcap: bytes) -> tuple[list[dict], list[str], list[dict], int]:
-    rows = Dissector("c.pcap").run(io.BytesIO(pcap))
-    records = list(rows)
+def _dissect(pcap: bytes) -> tuple[list[dict], list[str], list[dict], list[dict], list[dict]]:
+    """Records, JSONL lines, and the summaries of the record, JSONL and drain readings."""
+    dissector = Dissector("c.pcap")
+    records = list(dissector.run(io.BytesIO(pcap)))
     jsonl_dissector = Dissector("c.pcap")
     lines = [line for batch in jsonl_dissector.jsonl_batches(io.BytesIO(pcap)) for line in batch]
     drained = Dissector("c.pcap")
     drained.drain(io.BytesIO(pcap))
-    return records, lines, drained.summaries(), jsonl_dissector.summaries()
+    return records, lines, dissector.summaries(), jsonl_dissector.summaries(), drained.summaries()
 
 
 @settings(max_examples=200, deadline=None)
-@given(traffic(), st.sampled_from([0, 0, 150, 600, 4000]), st.lists(st.integers(0, 3000), max_size=12))
-def test_the_column_path_records_what_the_frame_path_records(events, buffer_size, cuts):
-    pcap = _capture(events, buffer_size, cuts)
+@given(
+    traffic(),
+    st.sampled_from([0, 0, 150, 600, 4000]),
+    st.lists(st.integers(0, 3000), max_size=12),
+    st.frozensets(st.integers(2, 12), max_size=2),
+)
+def test_the_column_path_records_what_the_frame_path_records(events, buffer_size, cuts, lost):
+    """Also with producer segments lost (the splitter resyncs, a note waits for the next record)."""
+    pcap = _capture(events, buffer_size, cuts, lost)
     fast = _dissect(pcap)
     with pytest.MonkeyPatch.context() as patched:
         patched.setattr(DcpTracker, "runs_from", lambda self, direction: False)
         slow = _dissect(pcap)
-    records, lines, drained, summaries = fast
+    records, lines, *summaries = fast
     assert records == slow[0]
     assert lines == slow[1] == [to_json(r) for r in slow[0]]
-    assert drained == slow[2] and summaries == slow[3]
+    assert summaries == list(slow[2:])
 
 
 def test_a_long_producer_stream_comes_out_in_blocks():
-    """The path is taken: a clean stream of many items gives blocks, not one record per packet."""
+    """The path is taken: a clean stream of many items gives blocks, not one record per packet, and
+    no block holds more than MAX_ROWS (the driver's batches are bounded in rows)."""
     items = [("p", codec.snapshot_marker(3, 7, 1, 200, 1, None))]
     items += [("p", codec.mutation(3, 7, n, 1, b"k%d" % n, b"v" * 20)) for n in range(1, 201)]
     pcap = _capture(items, 0, [])
     dissector = Dissector("c.pcap")
     kinds = [type(item) for batch in dissector._batches(io.BytesIO(pcap)) for item in batch]
-    assert kinds.count(FrameBlock) == 1 and kinds.count(dict) < 20
-    (block,) = (
-        item
-        for batch in Dissector("c.pcap")._batches(io.BytesIO(pcap))
-        for item in batch
-        if type(item) is FrameBlock
-    )
-    assert len(block) == 201
+    assert kinds.count(FrameBlock) == 4 and kinds.count(dict) < 20
+    items = [item for batch in Dissector("c.pcap")._batches(io.BytesIO(pcap)) for item in batch]
+    sizes = [len(item) for item in items if type(item) is FrameBlock]
+    assert sizes == [MAX_ROWS, MAX_ROWS, MAX_ROWS, 201 - 3 * MAX_ROWS]  # one segment, blocks of at most 64
 
 
 def test_the_packet_that_fills_the_window_says_so_and_the_next_ones_break_the_rule():

@@ -17,6 +17,7 @@ from wallaroo_proto import records
 from wallaroo_proto.spark.datasource import (
     CapturePart,
     ReadOptions,
+    _Batcher,
     arrow_types,
     frame_schema,
     read_part,
@@ -54,3 +55,23 @@ def test_blocks_reach_the_data_source():
         for item in records.iter_records(str(CAPTURES / name), blocks=True)
     }
     assert kinds == {"dict", "FrameBlock"}
+
+
+def test_a_narrower_schema_takes_only_its_fields():
+    """A reader given fewer columns (``.schema(...)``) gets them, and gathers nothing else."""
+    from pyspark.sql import types as T  # noqa: N812
+
+    path = str(CAPTURES / "source-session.pcap")
+    fields = [T.StructField("capture", T.StringType()), T.StructField("message_id", T.DecimalType(20, 0))]
+    schema = T.StructType(fields)
+    target, build = arrow_types(schema)
+    options = ReadOptions(paths=(path,), batch_rows=5)
+    got = _table(read_part(CapturePart(path, path, 0, 1), options, schema))
+    expected = to_batch(list(records.iter_records(path)), target, build)
+    assert got.equals(pa.Table.from_batches([expected])) and got.num_rows > 5
+    assert got.column_names == ["capture", "message_id"]
+    batcher = _Batcher(target, build, 10**9)  # one batch: everything stays gathered until the end
+    for item in records.iter_records(path, blocks=True):
+        list(batcher.add(item))
+    batcher._settle()
+    assert set(batcher.columns) <= {"capture", "message_id"} and len(batcher) > 5

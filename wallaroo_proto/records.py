@@ -250,7 +250,7 @@ def iter_records(
     capture_name: str | None = None,
     max_frame_size: int | None = None,
     blocks: bool = False,
-) -> Iterator[dict]:
+) -> Iterator[Any]:
     """Stream the frame records of one capture, in packet order, with bounded memory.
 
     Raises ``capture.CaptureError`` after yielding every record before the damage.

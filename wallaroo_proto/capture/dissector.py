@@ -36,7 +36,8 @@ from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
 
 _CLOSING = TCP_FIN | TCP_RST
 _CONTROL = TCP_SYN | TCP_FIN | TCP_RST
-#: Records handed out together: fewer generator switches, and still a small bounded list.
+#: Items (records, lines or blocks of at most ``frame_block.MAX_ROWS`` frames) handed out together:
+#: fewer generator switches, and still bounded (a few thousand frames at most).
 _BATCH = 64
 
 
@@ -183,7 +184,7 @@ class Dissector:
             yield from batch
 
     def jsonl_batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list[str]]:
-        """The JSONL lines in lists of a few dozen, in order: the fastest form.
+        """The JSONL lines in lists of at most a few thousand, in order: the fastest form.
 
         An accepted plain MESSAGE is written as text directly, never built as a
         dict. Each list is reused: consume it before asking for the next.

@@ -244,6 +244,7 @@ class _Batcher:
 
     def __init__(self, target: pa.StructType, build: pa.StructType, size: int) -> None:
         self.target, self.build, self.size = target, build, size
+        self.wanted = frozenset(field.name for field in build)  # a narrower schema takes fewer fields
         self.dicts: list[dict] = []  # dicts not yet in ``columns``
         self.columns: dict[str, list] = {}  # the fields some frame has, padded with None
         self.count = 0  # rows in ``columns``
@@ -254,10 +255,13 @@ class _Batcher:
         else:
             self._settle()
             size = len(item)
+            wanted = self.wanted
             for name, values in item.columns().items():
-                self._column(name).extend(values)
+                if name in wanted:
+                    self._column(name).extend(values)
             for name, value in item.shared.items():
-                self._column(name).extend([value] * size)
+                if name in wanted:
+                    self._column(name).extend([value] * size)
             self._pad(size)
         while self.count + len(self.dicts) >= self.size:
             yield self.flush()
@@ -278,7 +282,7 @@ class _Batcher:
         """The waiting dicts into ``columns``, one list comprehension a field they hold."""
         dicts = self.dicts
         if dicts:
-            for name in set().union(*dicts):
+            for name in self.wanted & set().union(*dicts):
                 self._column(name).extend([record.get(name) for record in dicts])
             self._pad(len(dicts))
             self.dicts = []
@@ -287,7 +291,7 @@ class _Batcher:
         """The first ``size`` rows (all of them, when fewer) as one batch; the rest stay."""
         import pyarrow as pa
 
-        if self.columns:
+        if self.count:
             self._settle()
             size = min(self.size, self.count)
             arrays = []
@@ -299,7 +303,8 @@ class _Batcher:
                     arrays.append(pa.array(column[:size], type=field.type))
                     del column[:size]
             self.count -= size
-            self.columns = {name: c for name, c in self.columns.items() if any(v is not None for v in c)}
+            if not self.count:
+                self.columns = {}  # the next batch may be dicts only again
             array = pa.StructArray.from_arrays(arrays, fields=list(self.build))
         else:
             array = pa.array(self.dicts[: self.size], type=self.build)

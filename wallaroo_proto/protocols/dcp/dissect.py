@@ -78,7 +78,8 @@ _RUN_LAYOUT = (
     *((name, OPTIONAL) for name in ("dcp_key", "value_len", "dcp_event", "seqno", "rev_seqno")),
     *((name, OPTIONAL) for name in ("snap_start", "snap_end", "snap_flags")),
 )
-_TYPE, _EVENT = 6, 12  # where a row holds its type and its event
+_ROW_NAMES = [name for name, kind in _RUN_LAYOUT if kind != SHARED]
+_TYPE, _EVENT = _ROW_NAMES.index("type"), _ROW_NAMES.index("dcp_event")  # where a row holds them
 _MARKER_NAME = codec.OPCODES[codec.SNAPSHOT_MARKER]
 
 
@@ -90,8 +91,12 @@ class _Direction:
         self.client = client
         #: The last block of the producer's records, while rows may join it, and what its rows share.
         self.block: FrameBlock | None = None
-        self.shared = {"direction": tracker.dir_label(self), "sender": PRODUCER, "dcp_magic": codec.REQ}
-        self.shared["verdict"] = Kind.ACCEPTED.value
+        self.shared = {
+            "direction": tracker.dir_label(self),
+            "sender": PRODUCER,
+            "verdict": Kind.ACCEPTED.value,
+            "dcp_magic": codec.REQ,
+        }
         self.half: Any = None
         self.splitter = PacketSplitter()
         self.bytes = 0
@@ -214,19 +219,13 @@ class DcpTracker(ConnectionTracker):
             return
         conn = self.conn
         flow = conn.buffer_size > 0
-        block = direction.block
-        if block is None or not block.extends(self.out) or (block.layout is self._run_layout_flow) != flow:
-            layout = self._run_layout_flow if flow else self._run_layout
-            block = direction.block = FrameBlock(layout, {**self.ident, **direction.shared}, [])
-            self.out.append(block)
-        rows = block.rows
-        first_row = len(rows)
+        rows: list[tuple] = []
         append = rows.append
         unpack, unpack_flags = _STREAM_HEAD.unpack_from, _MARKER_FLAGS.unpack_from
         opcode_names = codec.OPCODES
         base = direction.splitter.offset
         # Outstanding after a packet: the window's bytes before the call plus the call's up to its end.
-        since = conn.outstanding - end
+        outstanding_base = conn.outstanding - end
         pos = start
         for run in runs:
             completed = iter(run.completed)
@@ -249,12 +248,27 @@ class DcpTracker(ConnectionTracker):
                         event = None
                     tail = (key, body - extlen - keylen or None, event, first, second, None, None, None)
                 pos += length
-                append(head + tail + (since + pos,) if flow else head + tail)
+                append(head + tail + (outstanding_base + pos,) if flow else head + tail)
         if flow and conn.outstanding >= conn.buffer_size and rows[-1][_EVENT] is None:
             rows[-1] = (*rows[-1][:_EVENT], "buffer full", *rows[-1][_EVENT + 1 :])  # it filled the window
-        types.update(row[_TYPE] for row in rows[first_row:])
-        if len(rows) >= MAX_ROWS:
-            direction.block = None
+        types.update(row[_TYPE] for row in rows)
+        self._add_rows(direction, self._run_layout_flow if flow else self._run_layout, rows)
+
+    def _add_rows(self, direction: _Direction, layout: tuple, rows: list[tuple]) -> None:
+        """Rows onto the direction's open block while it takes them, then onto new blocks of at most
+        ``MAX_ROWS`` (so the driver's batches stay bounded in rows, not only in items)."""
+        block = direction.block
+        if block is not None and (block.layout is not layout or not block.extends(self.out)):
+            block = None
+        taken = 0
+        while taken < len(rows):
+            if block is None or len(block.rows) >= MAX_ROWS:
+                block = FrameBlock(layout, {**self.ident, **direction.shared}, [])
+                self.out.append(block)
+            room = MAX_ROWS - len(block.rows)
+            block.rows += rows[taken : taken + room]
+            taken += room
+        direction.block = block
 
     def _sender(self, direction: _Direction, p: Packet | None) -> str:
         if self.consumer_client is None and p is not None:
@@ -389,6 +403,8 @@ class DcpTracker(ConnectionTracker):
             self.closed = "reset"
         elif halves and all(h.fin_seen for h in halves):
             self.closed = "closed"
+        for direction in self.dirs.values():
+            direction.block = None  # handed out: a finished tracker kept for its summary holds no rows
 
     def release(self) -> None:
         for direction in self.dirs.values():

@@ -755,6 +755,8 @@ class _Tracker:
             self.summary.closed = "closed"
         else:
             self.summary.closed = "open at end of capture"
+        for direction in self.dirs.values():
+            direction.block = None  # handed out: a finished tracker kept for its summary holds no rows
 
 
 def looks_like_hello(payload: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bool:
