@@ -1,0 +1,240 @@
+"""``dissect -`` on a pipe is a live view: each frame is printed as the packet completing it
+arrives, not when the writer exits. Real processes over real pipes; waits on output with
+generous deadlines, never on the clock."""
+
+from __future__ import annotations
+
+import json
+import queue
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from support import COMMAND, Server, run_cli
+from test_mock_worker import hello
+
+pytestmark = pytest.mark.timeout(300)
+
+CAPTURES = Path(__file__).resolve().parent.parent / "captures"
+#: How long a record may take to show after its packet was written (a loaded machine, 3x slower).
+DEADLINE = 60
+
+
+def pcap_pieces(path: Path) -> tuple[bytes, list[bytes]]:
+    """A classic pcap's 24-byte file header and its packet records (16-byte header + data), as
+    the file holds them (little-endian, as the samples are written)."""
+    data = path.read_bytes()
+    assert data[:4] == b"\xd4\xc3\xb2\xa1"
+    records, pos = [], 24
+    while pos < len(data):
+        caplen = struct.unpack_from("<I", data, pos + 8)[0]
+        records.append(data[pos : pos + 16 + caplen])
+        pos += 16 + caplen
+    return data[:24], records
+
+
+def pcapng_pieces(path: Path) -> tuple[bytes, list[bytes]]:
+    """A pcapng's blocks before the first packet (section header, interface), then one
+    piece per enhanced packet block (type 6), each with any other blocks before it."""
+    data = path.read_bytes()
+    blocks, pos = [], 0
+    while pos < len(data):
+        kind, length = struct.unpack_from("<II", data, pos)
+        blocks.append((kind, data[pos : pos + length]))
+        pos += length
+    first = next(i for i, (kind, _) in enumerate(blocks) if kind == 6)
+    head = b"".join(block for _, block in blocks[:first])
+    pieces, pending = [], b""
+    for kind, block in blocks[first:]:
+        pending += block
+        if kind == 6:
+            pieces.append(pending)
+            pending = b""
+    assert not pending
+    return head, pieces
+
+
+def expected_by_packet(path: Path, *args: str) -> dict[int, int]:
+    """How many records the whole file gives per packet number (read as a file, not a pipe)."""
+    done = run_cli("dissect", str(path), "--format", "jsonl", *args)
+    assert done.returncode == 0, done.stderr
+    counts: dict[int, int] = {}
+    for line in done.stdout.splitlines():
+        packet = json.loads(line)["packet"]
+        counts[packet] = counts.get(packet, 0) + 1
+    return counts
+
+
+class Lines:
+    """A process's stdout lines, read by a thread into a queue: a test waits with a deadline."""
+
+    def __init__(self, pipe) -> None:
+        self.queue: queue.Queue[bytes | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._read, args=(pipe,), daemon=True)
+        self.thread.start()
+
+    def _read(self, pipe) -> None:
+        for line in pipe:
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def next(self, what: str) -> bytes:
+        try:
+            line = self.queue.get(timeout=DEADLINE)
+        except queue.Empty:
+            raise AssertionError(f"no output within {DEADLINE} s while waiting for {what}") from None
+        assert line is not None, f"the output ended while waiting for {what}"
+        return line
+
+    def until(self, predicate, what: str) -> dict:
+        while True:
+            record = json.loads(self.next(what))
+            if predicate(record):
+                return record
+
+
+def dissect_stdin(*args: str, stderr=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*COMMAND, "dissect", "-", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+    )
+
+
+def feed_one_by_one(head: bytes, pieces: list[bytes], expected: dict[int, int], *args: str) -> None:
+    """Write the capture a packet at a time; before each next packet, read the records the last
+    one completes. Every record must come while the pipe is still open."""
+    proc = dissect_stdin("--format", "jsonl", *args)
+    lines = Lines(proc.stdout)
+    try:
+        proc.stdin.write(head)
+        proc.stdin.flush()
+        for number, piece in enumerate(pieces, 1):
+            proc.stdin.write(piece)
+            proc.stdin.flush()
+            for _ in range(expected.get(number, 0)):
+                record = json.loads(lines.next(f"a record of packet {number}"))
+                assert record["packet"] == number
+        assert sum(expected.values()) > 10  # the capture has frames to wait for
+        proc.stdin.close()
+        assert lines.queue.get(timeout=DEADLINE) is None  # nothing more once the pipe closes
+        assert proc.wait(timeout=DEADLINE) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_pcap_on_a_pipe_prints_each_frame_as_its_packet_arrives() -> None:
+    path = CAPTURES / "sink-2pc.pcap"
+    head, pieces = pcap_pieces(path)
+    feed_one_by_one(head, pieces, expected_by_packet(path))
+
+
+def test_pcapng_on_a_pipe_prints_each_frame_as_its_packet_arrives_filtered_too() -> None:
+    # --connection sends the records through the filtering path, not the plain JSONL one.
+    path = CAPTURES / "sink-2pc-ns.pcapng"
+    head, pieces = pcapng_pieces(path)
+    feed_one_by_one(head, pieces, expected_by_packet(path, "--connection", "1"), "--connection", "1")
+
+
+def test_table_view_on_a_pipe_shows_rows_before_the_pipe_closes() -> None:
+    head, pieces = pcap_pieces(CAPTURES / "sink-2pc.pcap")
+    proc = dissect_stdin()
+    lines = Lines(proc.stdout)
+    proc.stdin.write(head + b"".join(pieces))
+    proc.stdin.flush()  # and left open: the rows must come while the writer still writes
+    try:
+        while b"HELLO" not in lines.next("the HELLO row"):
+            pass
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_interrupt_on_a_waiting_pipe_is_one_line_and_exit_130() -> None:
+    head, pieces = pcap_pieces(CAPTURES / "sink-2pc.pcap")
+    proc = dissect_stdin("--format", "jsonl")
+    lines = Lines(proc.stdout)
+    try:
+        proc.stdin.write(head + b"".join(pieces[:5]))
+        proc.stdin.flush()
+        lines.next("the first record")  # it is reading, and now waits for more
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=DEADLINE) == 130
+        assert proc.stderr.read().decode().splitlines() == ["wallaroo-proto dissect: interrupted"]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_reader_gone_stops_quietly() -> None:
+    # As `... | dissect - | head -1`: the reader closes; the next writes find no one.
+    head, pieces = pcap_pieces(CAPTURES / "sink-2pc.pcap")
+    proc = dissect_stdin("--format", "jsonl")
+    try:
+        proc.stdin.write(head + b"".join(pieces[:5]))
+        proc.stdin.flush()
+        assert proc.stdout.readline()
+        proc.stdout.close()
+        for piece in pieces[5:]:
+            proc.stdin.write(piece)
+            proc.stdin.flush()
+        proc.stdin.close()
+        assert proc.wait(timeout=DEADLINE) == 0
+        assert proc.stderr.read() == b""
+    except BrokenPipeError:  # dissect already left: what it wrote on the way out still counts
+        assert proc.wait(timeout=DEADLINE) == 0
+        assert proc.stderr.read() == b""
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+# --- real traffic --------------------------------------------------------------------------
+
+
+def connect_and_hello(port: int) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE)
+    sock.sendall(hello(program=b"live-view"))
+    return sock
+
+
+@pytest.mark.slow
+def test_tcpdump_piped_into_dissect_shows_a_mock_workers_traffic_live() -> None:
+    tcpdump = shutil.which("tcpdump")
+    if tcpdump is None:
+        pytest.skip("tcpdump is not installed")
+    with Server("mock-worker", "--port", "0") as worker:
+        capture = subprocess.Popen(
+            [tcpdump, "-i", "lo", "-U", "-w", "-", "tcp", "port", str(worker.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            started = capture.stderr.readline().decode()  # "listening on lo, ..." once it captures
+            if "listening on" not in started:
+                capture.kill()
+                pytest.skip(f"tcpdump cannot capture on lo here: {started.strip() or 'no output'}")
+            proc = subprocess.Popen(
+                [*COMMAND, "dissect", "-", "--format", "jsonl", "--port", str(worker.port)],
+                stdin=capture.stdout,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            capture.stdout.close()  # dissect holds the pipe now
+            lines = Lines(proc.stdout)
+            with connect_and_hello(worker.port):
+                got = lines.until(lambda r: r["type"] == "HELLO", "the connector's HELLO")
+                assert got["program_name"] == "live-view"
+                assert got["responder_port"] == worker.port
+                lines.until(lambda r: r["type"] == "OK", "the worker's OK")  # tcpdump still runs
+            assert capture.poll() is None
+            capture.send_signal(signal.SIGINT)
+            capture.wait(timeout=DEADLINE)
+            assert proc.wait(timeout=DEADLINE) == 0, proc.stderr.read()
+        finally:
+            capture.kill()
+            capture.wait()
