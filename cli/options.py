@@ -341,3 +341,21 @@ def quiet_broken_pipe(f: Callable) -> Callable:
             raise SystemExit(0) from None
 
     return command
+
+
+def record_option(help: str) -> Callable:
+    """``--record FILE``: every connection written to a pcap; ``-`` is stdout, a stream that
+    ``dissect -`` shows live, and the command's own text (ready line, summary) goes to stderr."""
+
+    def stdout_free(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value == "-":
+            sys.stdout = sys.stderr
+        return value
+
+    return click.option(
+        "--record",
+        type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+        default=None,
+        callback=stdout_free,
+        help=help + ' ("-": stdout, for `| wallaroo-proto dissect -`; the ready line goes to stderr).',
+    )

@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from support import COMMAND, Server, run_cli
+from support import COMMAND, READY, Server, run_cli
 from test_mock_worker import hello
 
 pytestmark = pytest.mark.timeout(300)
@@ -238,3 +238,37 @@ def test_tcpdump_piped_into_dissect_shows_a_mock_workers_traffic_live() -> None:
         finally:
             capture.kill()
             capture.wait()
+
+
+@pytest.mark.slow
+def test_a_mocks_record_to_stdout_piped_into_dissect_is_live() -> None:
+    worker = subprocess.Popen(
+        [*COMMAND, "mock-worker", "--port", "0", "--record", "-"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc = subprocess.Popen(
+        [*COMMAND, "dissect", "-", "--format", "jsonl"], stdin=worker.stdout, stdout=subprocess.PIPE
+    )
+    worker.stdout.close()  # dissect holds the pipe now
+    try:
+        errors = Lines(worker.stderr)
+        ready = READY.search(errors.next("the ready line on stderr").decode())
+        assert ready, "no ready line on stderr"
+        port = int(ready.group(2))
+        lines = Lines(proc.stdout)
+        with connect_and_hello(port):  # found on its port by its first bytes: no --port needed
+            got = lines.until(lambda r: r["type"] == "HELLO", "the connector's HELLO")
+            assert got["program_name"] == "live-view"
+            lines.until(lambda r: r["type"] == "OK", "the worker's OK")
+        assert worker.poll() is None  # the recorder still runs
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=DEADLINE) == 0
+        while b"mock-worker summary" not in errors.next("the summary on stderr"):
+            pass
+        assert proc.wait(timeout=DEADLINE) == 0  # the recording's end is the pipe's
+    finally:
+        worker.kill()
+        worker.wait()
+        proc.kill()
+        proc.wait()

@@ -4,6 +4,8 @@ A live peer sees only the byte stream, not the packets, so a recording is
 synthesised: Ethernet/IPv4/TCP with a three-way handshake, correct sequence and
 acknowledgement numbers, IP and TCP checksums, real timestamps, and a FIN
 exchange on close. Packets are written as they happen; nothing is buffered.
+The target ``-`` is standard output, so a recording piped into ``dissect -`` is
+a live view.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import struct
+import sys
 import time
 from typing import BinaryIO
 
@@ -39,7 +42,11 @@ class PcapWriter:
     """A pcap file open for appending packets (microsecond timestamps, Ethernet)."""
 
     def __init__(self, target: str | os.PathLike | BinaryIO, *, snaplen: int = 262_144) -> None:
-        if isinstance(target, (str, os.PathLike)):
+        if target == "-":
+            # The process's own stdout, even where the text ``sys.stdout`` was moved to stderr.
+            self._file = sys.__stdout__.buffer
+            self._owned = False
+        elif isinstance(target, (str, os.PathLike)):
             self._file: BinaryIO = open(target, "wb")  # noqa: SIM115 - closed by close()
             self._owned = True
         else:
