@@ -272,3 +272,36 @@ def test_a_mocks_record_to_stdout_piped_into_dissect_is_live() -> None:
         worker.wait()
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.slow
+def test_a_mock_whose_record_pipe_reader_left_keeps_serving() -> None:
+    worker = subprocess.Popen(
+        [*COMMAND, "mock-worker", "--port", "0", "--record", "-"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        errors = Lines(worker.stderr)
+        ready = READY.search(errors.next("the ready line on stderr").decode())
+        assert ready, "no ready line on stderr"
+        worker.stdout.close()  # the reader of the recording is gone
+        for _ in range(2):  # the first connection finds the pipe closed; the worker goes on serving
+            with connect_and_hello(int(ready.group(2))) as sock:
+                reply = b""
+                while len(reply) < 9:
+                    data = sock.recv(9 - len(reply))
+                    assert data, f"the worker closed the connection (got {reply!r})"
+                    reply += data
+                assert reply[:5] == b"\x00\x00\x00\x05\x01"  # OK: length 5, type 1, then the credits
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=DEADLINE) == 0
+        rest = []
+        while (line := errors.queue.get(timeout=DEADLINE)) is not None:
+            rest.append(line.decode())
+        text = "".join(rest)
+        assert "recording stopped: its pipe's reader went away" in text
+        assert "Traceback" not in text
+    finally:
+        worker.kill()
+        worker.wait()
