@@ -17,9 +17,9 @@ Every record is produced as soon as the packet completing it is read, so
 memory stays bounded by the reassembly and frame-size limits, never by the
 capture size. A capture read from a pipe (``tcpdump -U -w - | ...``) also hands
 out what it holds whenever the reader is about to wait for more bytes, so
-records come out as their packets arrive. A connection's summary is kept for ``summaries()`` (one small
-object per connection); ``keep_summaries=False``, as ``records.iter_records``
-uses, drops each connection entirely once it closes.
+records come out as their packets arrive. A connection's summary is kept for
+``summaries()`` (one small object per connection); ``keep_summaries=False``, as
+``records.iter_records`` uses, drops each connection entirely once it closes.
 """
 
 from __future__ import annotations
