@@ -305,3 +305,36 @@ def test_a_mock_whose_record_pipe_reader_left_keeps_serving() -> None:
     finally:
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.slow
+def test_the_dcp_producers_record_to_stdout_piped_into_dissect_is_live() -> None:
+    producer = subprocess.Popen(
+        [*COMMAND, "dcp", "mock-producer", "--port", "0", "--no-require-auth"]
+        + ["--vbuckets", "2", "--items", "3", "--record", "-"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc = subprocess.Popen(
+        [*COMMAND, "dissect", "-", "--format", "jsonl"], stdin=producer.stdout, stdout=subprocess.PIPE
+    )
+    producer.stdout.close()
+    try:
+        errors = Lines(producer.stderr)
+        ready = READY.search(errors.next("the ready line on stderr").decode())
+        assert ready, "no ready line on stderr"
+        lines = Lines(proc.stdout)
+        consumer = run_cli("dcp", "mock-consumer", "--connect", f"127.0.0.1:{ready.group(2)}", "--no-auth")
+        assert consumer.returncode == 0, consumer.stderr
+        # Found by its first bytes on the producer's port; shown while the producer still runs.
+        lines.until(lambda r: r["type"] == "DCP_MUTATION", "a mutation the producer sent")
+        lines.until(lambda r: r["type"] == "DCP_STREAM_END", "the end of a stream")
+        assert producer.poll() is None
+        producer.send_signal(signal.SIGTERM)
+        assert producer.wait(timeout=DEADLINE) == 0
+        assert proc.wait(timeout=DEADLINE) == 0
+    finally:
+        producer.kill()
+        producer.wait()
+        proc.kill()
+        proc.wait()
