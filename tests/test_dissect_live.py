@@ -4,7 +4,9 @@ generous deadlines, never on the clock."""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import queue
 import shutil
 import signal
@@ -15,8 +17,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import COMMAND, READY, Server, run_cli
 from test_mock_worker import hello
+
+from wallaroo_proto.capture.pcap import WAIT, read_segments
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -338,3 +344,54 @@ def test_the_dcp_producers_record_to_stdout_piped_into_dissect_is_live() -> None
         producer.wait()
         proc.kill()
         proc.wait()
+
+
+# --- the reader itself: a pipe in any chunking reads as the file does --------------------------
+
+
+class Pieces:
+    """A pipe whose reads return the capture in exactly the given pieces, as a writer that
+    pauses between them leaves it: ``read1`` gives the rest of the current piece at most,
+    ``read`` waits for the next pieces. Its descriptor is a real pipe's, so it is read as one."""
+
+    def __init__(self, data: bytes, cuts: list[int]) -> None:
+        bounds = [0, *sorted(cuts), len(data)]
+        self.pieces = [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+        self.read_end, self.write_end = os.pipe()  # never written: a reader would wait on it
+
+    def fileno(self) -> int:
+        return self.read_end
+
+    def read1(self, n: int) -> bytes:
+        if not self.pieces:
+            return b""
+        piece = self.pieces.pop(0)
+        if len(piece) > n:
+            self.pieces.insert(0, piece[n:])
+        return piece[:n]
+
+    def read(self, n: int = -1) -> bytes:
+        out = b""
+        while (n < 0 or len(out) < n) and self.pieces:
+            out += self.read1(n - len(out) if n >= 0 else len(self.pieces[0]))
+        return out
+
+    def close(self) -> None:
+        os.close(self.read_end)
+        os.close(self.write_end)
+
+
+@pytest.mark.parametrize("name", ["sink-2pc.pcap", "sink-2pc-ns.pcapng", "dcp-stream.pcap"])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_a_pipe_written_in_any_pieces_reads_as_the_file(name: str, data) -> None:
+    blob = (CAPTURES / name).read_bytes()
+    cuts = data.draw(st.lists(st.integers(0, len(blob)), max_size=40))
+    pipe = Pieces(blob, cuts)
+    try:
+        got = list(read_segments(pipe, waits=True))
+    finally:
+        pipe.close()
+    assert [seg for seg in got if not seg[4] & WAIT] == list(read_segments(io.BytesIO(blob)))
+    assert got[-1][4] & WAIT  # before the read that finds the end, a WAIT: nothing was there yet
+    assert not any(seg[4] & WAIT for seg in read_segments(io.BytesIO(blob), waits=True))  # a file: none

@@ -68,6 +68,8 @@ _PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 #: A record claiming more than this is damage, not a packet (pcap's own limit is 256 KiB).
 MAX_RECORD = 16 * 1024 * 1024
 _CHUNK = 1 << 20
+#: A pipe's reads: Linux pipes hold 64 KiB, and a larger buffer only costs its allocation.
+_PIPE_CHUNK = 1 << 16
 
 #: What a capture cut short (``CaptureError.cut``) still gives its reader.
 CUT_NOTE = "(the capture is cut short there; every packet before it was read)"
@@ -241,7 +243,7 @@ def _read_pcap(f: BinaryIO, magic: bytes, stats: dict, waits: bool) -> Iterator[
     live = type(f) is _Stream
     # Records are parsed out of 1 MiB chunks: one read per chunk, not two per packet. A pipe's
     # reads take what is there (at least the record under way), not wait for a whole chunk.
-    read = (lambda n, need: _read_more(f, n, need)) if live else (lambda n, need: f.read(n))
+    read = (lambda n, need: _read_more(f, min(n, _PIPE_CHUNK), need)) if live else (lambda n, need: f.read(n))
     waits = waits and live
     buf = b""
     pos = 0
