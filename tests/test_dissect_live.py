@@ -219,6 +219,7 @@ def test_tcpdump_piped_into_dissect_shows_a_mock_workers_traffic_live() -> None:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
+        proc = None
         try:
             started = capture.stderr.readline().decode()  # "listening on lo, ..." once it captures
             if "listening on" not in started:
@@ -244,6 +245,9 @@ def test_tcpdump_piped_into_dissect_shows_a_mock_workers_traffic_live() -> None:
         finally:
             capture.kill()
             capture.wait()
+            if proc is not None:
+                proc.kill()
+                proc.wait()
 
 
 @pytest.mark.slow
