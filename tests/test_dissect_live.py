@@ -133,12 +133,14 @@ def feed_one_by_one(head: bytes, pieces: list[bytes], expected: dict[int, int], 
         proc.wait()
 
 
+@pytest.mark.slow
 def test_pcap_on_a_pipe_prints_each_frame_as_its_packet_arrives() -> None:
     path = CAPTURES / "sink-2pc.pcap"
     head, pieces = pcap_pieces(path)
     feed_one_by_one(head, pieces, expected_by_packet(path))
 
 
+@pytest.mark.slow
 def test_pcapng_on_a_pipe_prints_each_frame_as_its_packet_arrives_filtered_too() -> None:
     # --connection sends the records through the filtering path, not the plain JSONL one.
     path = CAPTURES / "sink-2pc-ns.pcapng"
