@@ -31,6 +31,7 @@ from wallaroo_proto_cli.options import (
     os_reason,
     output_option,
     plural,
+    record_option,
     summary_format,
     usage_error,
     verbosity,
@@ -274,12 +275,7 @@ async def _serve(producer: MockProducer) -> bool:
     show_default=True,
     help="How many connections --drop-after drops.",
 )
-@click.option(
-    "--record",
-    type=click.Path(dir_okay=False, writable=True),
-    default=None,
-    help="Record every connection into this pcap.",
-)
+@record_option("Record every connection into this pcap")
 @write_timeout_option("a connection")
 @click.option(
     "--idle-timeout",

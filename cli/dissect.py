@@ -23,11 +23,12 @@ from wallaroo_proto_cli.options import (
     Command,
     CommandError,
     examples,
+    quiet_broken_pipe,
     verbosity,
 )
 
 from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError
+from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError, is_stream
 from wallaroo_proto.protocols import get_plugin, names, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import to_json
@@ -209,6 +210,7 @@ class _RichFrames:
         "wallaroo-proto dissect capture.pcap --summary",
         "wallaroo-proto dissect capture.pcap --type error --type restart -x",
         "wallaroo-proto dissect captures/*.pcap --format jsonl --strict > frames.jsonl",
+        "tcpdump -i lo -U -w - tcp port 7100 | wallaroo-proto dissect -",
     ),
 )
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, allow_dash=True))
@@ -265,6 +267,7 @@ class _RichFrames:
     quiet="No notes on stderr (a capture without protocol connections): errors only.",
     verbose="Also a line per capture on stderr: its connections and violations.",
 )
+@quiet_broken_pipe
 def command(
     files,
     ports,
@@ -283,6 +286,8 @@ def command(
 ):
     """Show, filter and validate the protocol frames in pcap/pcapng FILES ("-" is stdin).
 
+    A pipe or FIFO is read as it is written: frames are shown as their packets arrive.
+
     Exit 0 when read; 1 with violations under --strict or a capture cut short; 2 when a
     capture cannot be read (what came before the damage is still shown).
     """
@@ -297,6 +302,7 @@ def command(
     cut_short = False
     for path in files:
         source = sys.stdin.buffer if path == "-" else path
+        live = is_stream(source)  # a pipe: each batch is written out at once
         dissector = Dissector(
             path,
             ports=ports or None,
@@ -315,22 +321,33 @@ def command(
             elif jsonl and not filtering:
                 for batch in dissector.jsonl_batches(source):
                     lines += batch
-                    if len(lines) >= 2048:
+                    if len(lines) >= 2048 or live:
                         lines.append("")
                         out.write("\n".join(lines))
                         lines.clear()
+                        if live:
+                            out.flush()
             else:
-                for r in dissector.run(source):
-                    if filtering and not keep(r):
-                        continue
-                    if jsonl:
-                        lines.append(to_json(r))
-                        if len(lines) >= 1024:
+                for records in dissector.record_batches(source):
+                    for r in records:
+                        if filtering and not keep(r):
+                            continue
+                        if jsonl:
+                            lines.append(to_json(r))
+                            if len(lines) >= 1024:
+                                lines.append("")
+                                out.write("\n".join(lines))
+                                lines.clear()
+                        else:
+                            rich_out.add(r)
+                    if live:
+                        if lines:
                             lines.append("")
                             out.write("\n".join(lines))
                             lines.clear()
-                    else:
-                        rich_out.add(r)
+                        if rich_out is not None:
+                            rich_out.flush()
+                        out.flush()
         except CaptureError as err:
             if err.cut:
                 cut_short = True

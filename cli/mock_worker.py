@@ -31,6 +31,7 @@ from wallaroo_proto_cli.options import (
     os_reason,
     output_option,
     problem,
+    record_option,
     summary_format,
     usage_error,
     verbosity,
@@ -412,12 +413,7 @@ SECTIONS = {
     default=None,
 )
 @hidden_alias("--out", "output", type=click.Path(dir_okay=False, writable=True))
-@click.option(
-    "--record",
-    type=click.Path(dir_okay=False, writable=True),
-    default=None,
-    help="Record every connection into this pcap file.",
-)
+@record_option("Record every connection into this pcap file")
 @click.option(
     "--restart-after",
     type=click.IntRange(0),

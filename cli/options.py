@@ -6,6 +6,7 @@ import errno
 import functools
 import os
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -321,3 +322,40 @@ class Group(_OneLineUsage, click.Group):
         if args[0] not in names and not args[0].startswith("-") and not ctx.resilient_parsing:
             raise click.exceptions.NoSuchCommand(args[0], possibilities=names, ctx=ctx)
         return super().resolve_command(ctx, args)
+
+
+def quiet_broken_pipe(f: Callable) -> Callable:
+    """A command whose reader went away (``| head``) stops quietly with 0, as ``cat`` would:
+    no traceback, and nothing more written to the closed pipe at exit."""
+
+    @functools.wraps(f)
+    def command(*args: Any, **kw: Any) -> Any:
+        try:
+            return f(*args, **kw)
+        except BrokenPipeError:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())  # Python's own last flush goes nowhere
+            except (OSError, ValueError, AttributeError):  # stdout without a descriptor: in-process
+                pass
+            raise SystemExit(0) from None
+
+    return command
+
+
+def record_option(help: str) -> Callable:
+    """``--record FILE``: every connection written to a pcap; ``-`` is stdout, a stream that
+    ``dissect -`` shows live, and the command's own text (ready line, summary) goes to stderr."""
+
+    def stdout_free(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+        if value == "-":
+            sys.stdout = sys.stderr
+        return value
+
+    return click.option(
+        "--record",
+        type=click.Path(dir_okay=False, writable=True, allow_dash=True),
+        default=None,
+        callback=stdout_free,
+        help=help + ' ("-": stdout, for `| wallaroo-proto dissect -`; the ready line goes to stderr).',
+    )

@@ -4,13 +4,18 @@ A live peer sees only the byte stream, not the packets, so a recording is
 synthesised: Ethernet/IPv4/TCP with a three-way handshake, correct sequence and
 acknowledgement numbers, IP and TCP checksums, real timestamps, and a FIN
 exchange on close. Packets are written as they happen; nothing is buffered.
+The target ``-`` is standard output, so a recording piped into ``dissect -`` is
+a live view; when a pipe's reader goes away, recording stops (one warning) and
+the peer recorded carries on.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import struct
+import sys
 import time
 from typing import BinaryIO
 
@@ -39,7 +44,11 @@ class PcapWriter:
     """A pcap file open for appending packets (microsecond timestamps, Ethernet)."""
 
     def __init__(self, target: str | os.PathLike | BinaryIO, *, snaplen: int = 262_144) -> None:
-        if isinstance(target, (str, os.PathLike)):
+        if target == "-":
+            # The process's own stdout, even where the text ``sys.stdout`` was moved to stderr.
+            self._file = sys.__stdout__.buffer
+            self._owned = False
+        elif isinstance(target, (str, os.PathLike)):
             self._file: BinaryIO = open(target, "wb")  # noqa: SIM115 - closed by close()
             self._owned = True
         else:
@@ -47,26 +56,39 @@ class PcapWriter:
             self._owned = False
         self.snaplen = snaplen
         self.packets = 0
-        self._file.write(struct.pack("<IHHiIII", PCAP_MAGIC_USEC, 2, 4, 0, 0, snaplen, LINKTYPE_ETHERNET))
+        #: False once a pipe's reader went away: packets are no longer written.
+        self.recording = True
+        self._write(struct.pack("<IHHiIII", PCAP_MAGIC_USEC, 2, 4, 0, 0, snaplen, LINKTYPE_ETHERNET))
 
     def write_packet(self, frame: bytes, timestamp: float | None = None) -> None:
+        if not self.recording:
+            return
         ts = time.time() if timestamp is None else timestamp
         sec = int(ts)
         usec = min(int(round((ts - sec) * 1_000_000)), 999_999)
         captured = frame[: self.snaplen]
-        self._file.write(struct.pack("<IIII", sec, usec, len(captured), len(frame)) + captured)
-        # Each packet flushed whole as it is written (flush writes until all is out or raises):
-        # a recorder killed -9 leaves a capture that reads to the moment it died.
-        self._file.flush()
+        self._write(struct.pack("<IIII", sec, usec, len(captured), len(frame)) + captured)
         self.packets += 1
 
+    def _write(self, data: bytes) -> None:
+        try:
+            self._file.write(data)
+            # Each packet flushed whole as it is written (flush writes until all is out or raises):
+            # a recorder killed -9 leaves a capture that reads to the moment it died, a pipe's
+            # reader sees it at once.
+            self._file.flush()
+        except BrokenPipeError:
+            self.recording = False
+            logging.getLogger(__name__).warning("recording stopped: its pipe's reader went away")
+
     def flush(self) -> None:
-        self._file.flush()
+        if self.recording:
+            self._file.flush()
 
     def close(self) -> None:
         if self._owned:
             self._file.close()
-        else:
+        elif self.recording:
             self._file.flush()
 
     def __enter__(self) -> PcapWriter:

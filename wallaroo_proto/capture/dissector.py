@@ -15,9 +15,11 @@ so a capture starting mid-connection is still read; elsewhere it is skipped).
 
 Every record is produced as soon as the packet completing it is read, so
 memory stays bounded by the reassembly and frame-size limits, never by the
-capture size. A connection's summary is kept for ``summaries()`` (one small
-object per connection); ``keep_summaries=False``, as ``records.iter_records``
-uses, drops each connection entirely once it closes.
+capture size. A capture read from a pipe (``tcpdump -U -w - | ...``) also hands
+out what it holds whenever the reader is about to wait for more bytes, so
+records come out as their packets arrive. A connection's summary is kept for
+``summaries()`` (one small object per connection); ``keep_summaries=False``, as
+``records.iter_records`` uses, drops each connection entirely once it closes.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import ConnectionKey
 
 from .frame_block import FrameBlock
-from .pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, CaptureError, format_address, read_segments
+from .pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, WAIT, CaptureError, format_address, read_segments
 from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
 
 _CLOSING = TCP_FIN | TCP_RST
@@ -166,6 +168,22 @@ class Dissector:
                 else:
                     yield item
 
+    def record_batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list[dict]]:
+        """``run``'s records a list at a time; from a pipe, a list ends where the input pauses.
+
+        Each list is reused: consume it before asking for the next.
+        """
+        self.jsonl = False
+        records: list[dict] = []
+        for batch in self._batches(source):
+            for item in batch:
+                if type(item) is FrameBlock:
+                    records += item.records()
+                else:
+                    records.append(item)
+            yield records
+            records.clear()
+
     def frames(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict | FrameBlock]:
         """``run``'s records, with each plug-in's blocks of frames left as blocks."""
         self.jsonl = False
@@ -205,8 +223,11 @@ class Dissector:
         out = self._out
         new_flow = self._new_flow
         try:
-            for packet, ts, key, seq, flags, payload in read_segments(source, self.stats):
+            for packet, ts, key, seq, flags, payload in read_segments(source, self.stats, waits=True):
                 if not payload and not flags & _CONTROL:
+                    if flags & WAIT and out:  # a pipe with nothing more yet: out with what is made
+                        yield out
+                        out.clear()
                     continue  # a bare ACK: nothing for any flow state here
                 half = flows.get(key)
                 if half is None or (flags & TCP_SYN and not flags & TCP_ACK and self._reused(half, seq)):

@@ -7,7 +7,11 @@ tuple per TCP segment::
 
     (packet number, timestamp in ns, (src, sport, dst, dport), seq, flags, payload)
 
-where ``src``/``dst`` are packed addresses (4 or 16 bytes). pcapng is read with
+where ``src``/``dst`` are packed addresses (4 or 16 bytes). A pipe or FIFO
+(``tcpdump -U -w - | ...``) is read as its bytes come: each packet is handed
+over once its bytes are there, and ``waits=True`` marks with ``WAIT`` the
+moments the reader is about to wait for more, so a consumer can pass on what
+it holds. pcapng is read with
 scapy's ``RawPcapNgReader`` (blocks, interfaces, ``if_tsresol``); classic pcap
 with a small loop of our own, because scapy's ``RawPcapReader`` cuts packets at
 its MTU and turns a truncated file into a warning, and a dissector must say
@@ -21,6 +25,8 @@ import io
 import ipaddress
 import logging
 import os
+import select
+import stat
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,11 +68,17 @@ _PCAPNG_MAGIC = b"\x0a\x0d\x0d\x0a"
 #: A record claiming more than this is damage, not a packet (pcap's own limit is 256 KiB).
 MAX_RECORD = 16 * 1024 * 1024
 _CHUNK = 1 << 20
+#: A pipe's reads: Linux pipes hold 64 KiB, and a larger buffer only costs its allocation.
+_PIPE_CHUNK = 1 << 16
 
 #: What a capture cut short (``CaptureError.cut``) still gives its reader.
 CUT_NOTE = "(the capture is cut short there; every packet before it was read)"
 
 Segment = tuple[int, int, tuple[bytes, int, bytes, int], int, int, bytes]
+#: The flag of ``WAIT_SEGMENT``: above TCP's eight, so no segment carries it.
+WAIT = 0x100
+#: What ``read_segments(..., waits=True)`` yields before a live read that may block.
+WAIT_SEGMENT: Segment = (0, 0, (b"", 0, b"", 0), 0, WAIT, b"")
 
 
 class CaptureError(Exception):
@@ -117,6 +129,51 @@ def connection_ident(capture: str, protocol: str, index: int, client: tuple, ser
     }
 
 
+def is_stream(source: str | os.PathLike | BinaryIO) -> bool:
+    """Whether a capture is a pipe, FIFO or terminal, read as it is written, not a regular file."""
+    try:
+        if isinstance(source, (str, os.PathLike)):
+            mode = os.stat(source).st_mode
+        else:
+            mode = os.fstat(source.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # no such file, or no descriptor (BytesIO)
+        return False
+    return not stat.S_ISREG(mode)
+
+
+class _Stream:
+    """A capture read as it is written: reads count the offset (a pipe has no ``tell``).
+
+    ``read(n)`` waits for ``n`` bytes (fewer only at the end); ``read1(n)`` returns
+    what is there, waiting only when nothing is.
+    """
+
+    __slots__ = ("_file", "_fd", "offset")
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._file = f
+        self._fd = f.fileno()
+        self.offset = 0
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._file.read(n)
+        self.offset += len(data)
+        return data
+
+    def read1(self, n: int) -> bytes:
+        read1 = getattr(self._file, "read1", self._file.read)  # a raw file's read is a read1
+        data = read1(n)
+        self.offset += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self.offset
+
+    def ready(self) -> bool:
+        """Bytes are waiting in the pipe (a read will not block for long)."""
+        return bool(select.select([self._fd], [], [], 0)[0])
+
+
 @contextmanager
 def _open(source: str | os.PathLike | BinaryIO):
     if isinstance(source, (str, os.PathLike)):
@@ -125,18 +182,21 @@ def _open(source: str | os.PathLike | BinaryIO):
         except OSError as err:
             raise CaptureError(f"cannot open: {err.strerror}") from None
         try:
-            yield io.BufferedReader(f, 1 << 20) if not isinstance(f, io.BufferedReader) else f
+            yield _Stream(f) if is_stream(f) else f
         finally:
             f.close()
     else:
-        yield source
+        yield _Stream(source) if is_stream(source) else source
 
 
-def read_segments(source: str | os.PathLike | BinaryIO, stats: dict | None = None) -> Iterator[Segment]:
+def read_segments(
+    source: str | os.PathLike | BinaryIO, stats: dict | None = None, *, waits: bool = False
+) -> Iterator[Segment]:
     """Every TCP segment in a pcap or pcapng file or binary file object, in file order.
 
     ``stats`` (optional) is filled with counts: packets, tcp, skipped (non-TCP,
-    fragments), and the file format and link types.
+    fragments), and the file format and link types. With ``waits``, a pipe's
+    reader yields ``WAIT_SEGMENT`` whenever it is about to wait for bytes.
     """
     if stats is None:
         stats = {}
@@ -149,15 +209,27 @@ def read_segments(source: str | os.PathLike | BinaryIO, stats: dict | None = Non
             )
         if magic in _PCAP_MAGICS:
             stats["format"] = "pcap"
-            yield from _read_pcap(f, magic, stats)
+            yield from _read_pcap(f, magic, stats, waits)
         elif magic == _PCAPNG_MAGIC:
             stats["format"] = "pcapng"
-            yield from _read_pcapng(f, stats)
+            yield from _read_pcapng(f, stats, waits)
         else:
             raise CaptureError(f"not a pcap or pcapng capture (starts with bytes {magic.hex(' ')})", offset=0)
 
 
-def _read_pcap(f: BinaryIO, magic: bytes, stats: dict) -> Iterator[Segment]:
+def _read_more(f: _Stream, n: int, need: int) -> bytes:
+    """At least ``need`` bytes of a pipe (fewer only at its end), and up to ``n``: what is there."""
+    parts = []
+    while need > 0:
+        data = f.read1(n)
+        if not data:
+            break
+        parts.append(data)
+        need -= len(data)
+    return b"".join(parts)
+
+
+def _read_pcap(f: BinaryIO, magic: bytes, stats: dict, waits: bool) -> Iterator[Segment]:
     endian, ns_per_tick = _PCAP_MAGICS[magic]
     header = f.read(20)
     if len(header) < 20:
@@ -168,8 +240,11 @@ def _read_pcap(f: BinaryIO, magic: bytes, stats: dict) -> Iterator[Segment]:
     stats["linktypes"].add(linktype)
     record = struct.Struct(endian + "IIII").unpack_from
     ethernet = linktype == LINKTYPE_ETHERNET
-    read = f.read
-    # Records are parsed out of 1 MiB chunks: one read per chunk, not two per packet.
+    live = type(f) is _Stream
+    # Records are parsed out of 1 MiB chunks: one read per chunk, not two per packet. A pipe's
+    # reads take what is there (at least the record under way), not wait for a whole chunk.
+    read = (lambda n, need: _read_more(f, min(n, _PIPE_CHUNK), need)) if live else (lambda n, need: f.read(n))
+    waits = waits and live
     buf = b""
     pos = 0
     base = 24  # file offset of buf[0]
@@ -177,7 +252,9 @@ def _read_pcap(f: BinaryIO, magic: bytes, stats: dict) -> Iterator[Segment]:
     tcp = 0
     while True:
         if len(buf) - pos < 16:
-            buf = buf[pos:] + read(_CHUNK)
+            if waits:
+                yield WAIT_SEGMENT
+            buf = buf[pos:] + read(_CHUNK, 16 - (len(buf) - pos))
             base += pos
             pos = 0
             if len(buf) < 16:
@@ -199,7 +276,9 @@ def _read_pcap(f: BinaryIO, magic: bytes, stats: dict) -> Iterator[Segment]:
             )
         end = pos + 16 + caplen
         if end > len(buf):
-            buf = buf[pos:] + read(max(_CHUNK, 16 + caplen))
+            if waits:
+                yield WAIT_SEGMENT
+            buf = buf[pos:] + read(max(_CHUNK, 16 + caplen), end - len(buf))
             base += pos
             pos = 0
             end = 16 + caplen
@@ -258,13 +337,15 @@ def _quiet_scapy():
         logger.setLevel(level)
 
 
-def _read_pcapng(f: BinaryIO, stats: dict) -> Iterator[Segment]:
+def _read_pcapng(f: BinaryIO, stats: dict, waits: bool) -> Iterator[Segment]:
     from scapy.error import Scapy_Exception
     from scapy.utils import RawPcapNgReader
 
+    live = type(f) is _Stream
     try:
-        end = f.seek(0, io.SEEK_END)
-        f.seek(4)
+        end = None if live else f.seek(0, io.SEEK_END)
+        if not live:
+            f.seek(4)
     except (OSError, ValueError):
         end = None
     with _quiet_scapy():
@@ -277,12 +358,23 @@ def _read_pcapng(f: BinaryIO, stats: dict) -> Iterator[Segment]:
     parsers: dict[int, object] = {}
     number = 0
     tcp = 0
+    # A pipe's blocks are read one at a time as they come; before one not yet there, a WAIT.
+    waits = waits and live
     while True:
+        if waits and not f.ready():
+            yield WAIT_SEGMENT
         start = f.tell()
         try:
             with _quiet_scapy():
                 data, meta = reader._read_packet(size=MAX_RECORD)
         except EOFError:
+            if live and f.offset > start:
+                raise CaptureError(
+                    f"truncated or damaged pcapng block ({f.offset - start} bytes read of it)",
+                    packet=number + 1,
+                    offset=start,
+                    cut=True,
+                ) from None
             if end is not None and start < end:
                 raise CaptureError(
                     f"truncated or damaged pcapng block ({end - start} bytes left unread)",
