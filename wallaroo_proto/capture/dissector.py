@@ -13,15 +13,22 @@ other port, is probed: the first plug-in whose detector accepts the
 connection's first bytes takes it (on a given port, Wallaroo when none does,
 so a capture starting mid-connection is still read; elsewhere it is skipped).
 
-Every record is produced as soon as the packet completing it is read, so
-memory stays bounded by the reassembly and frame-size limits, never by the
-capture size. A connection's summary is kept for ``summaries()`` (one small
-object per connection); ``keep_summaries=False``, as ``records.iter_records``
-uses, drops each connection entirely once it closes.
+Records come out in capture order: sorted by ``packet``, the packet that
+completes each frame (a frame a late segment completes is shown at that
+segment, as Wireshark does), both directions and all connections interleaved.
+Every record is produced as soon as the packet completing it is read; only
+while a direction holds segments behind a hole are the records made meanwhile
+held back, since bytes after a hole declared lost keep their own, earlier
+packets. That hold lasts at most ``max_out_of_order`` bytes of capture (then
+the holes are declared lost), so memory stays bounded by the reassembly and
+frame-size limits, never by the capture size. A connection's summary is kept
+for ``summaries()`` (one small object per connection); ``keep_summaries=False``,
+as ``records.iter_records`` uses, drops each connection entirely once it closes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
@@ -30,7 +37,7 @@ from wallaroo_proto.protocols import ProtocolPlugin, get_plugin, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import ConnectionKey
 
-from .frame_block import FrameBlock
+from .frame_block import SHARED, FrameBlock
 from .pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, CaptureError, format_address, read_segments
 from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
 
@@ -149,6 +156,10 @@ class Dissector:
         self._flows: dict[tuple, Any] = {}
         self._live: dict[tuple, Any] = {}
         self._out: list = []
+        #: Directions holding segments behind a hole (see ``reassembly.HalfStream.holds``).
+        self._holding: dict[HalfStream, None] = {}
+        #: Payload bytes read since a direction started holding (records held back meanwhile).
+        self._held_bytes = 0
         self._count = 0
         #: Set by jsonl_batches: records go out as JSON text.
         self.jsonl = False
@@ -203,6 +214,7 @@ class Dissector:
         flows = self._flows
         out = self._out
         new_flow = self._new_flow
+        holding = self._holding
         try:
             for packet, ts, key, seq, flags, payload in read_segments(source, self.stats):
                 if not payload and not flags & _CONTROL:
@@ -213,6 +225,8 @@ class Dissector:
                 half.segment(seq, flags, payload, packet, ts)
                 if flags & _CLOSING and type(half) is HalfStream:
                     self._closing(half)
+                if holding and self._holding_back(len(payload), packet, ts):
+                    continue
                 if len(out) >= _BATCH:
                     yield out
                     out.clear()
@@ -221,11 +235,31 @@ class Dissector:
         for tracker in list(self._live.values()):
             tracker.finish()
         self._live.clear()
+        if holding:
+            holding.clear()
+            self._held_bytes = 0
+            in_packet_order(out)
         if out:
             yield out
             out.clear()
         if self.error is not None:
             raise self.error
+
+    def _holding_back(self, size: int, packet: int, ts: int) -> bool:
+        """Whether records wait for a hole to be filled or lost; when none does, sort what waited."""
+        holding = self._holding
+        for half in [h for h in holding if not h.pending]:
+            del holding[half]
+        if holding:
+            self._held_bytes += size
+            if self._held_bytes <= self.max_out_of_order:
+                return True
+            for half in holding:  # waited a whole window: those holes are lost
+                half.flush(packet, ts)
+            holding.clear()
+        self._held_bytes = 0
+        in_packet_order(self._out)
+        return False
 
     def violations(self) -> int:
         """Frames with a violation so far, over all connections."""
@@ -326,7 +360,7 @@ class Dissector:
         halves = {}
         for k, is_client in ((key, client_is_src), (reverse, not client_is_src)):
             direction = tracker.dirs[is_client]
-            half = direction.half = HalfStream(direction, self.max_out_of_order)
+            half = direction.half = HalfStream(direction, self.max_out_of_order, self._holding)
             self._flows[k] = halves[k] = half
         return halves[key]
 
@@ -372,6 +406,43 @@ class Dissector:
         self._promote(probe, key, seq, flags, payload, packet, ts, probe.fallback, fixed=False)
 
 
+def in_packet_order(items: list) -> None:
+    """Sort records (dicts, JSON lines, blocks) by packet, in place and stably.
+
+    A block whose rows span packets is cut into one block per run of rows of a
+    packet, so another record can go between them.
+    """
+    keyed: list[tuple[int, Any]] = []
+    for item in items:
+        if type(item) is FrameBlock:
+            keyed += _block_runs(item)
+        elif type(item) is str:
+            keyed.append((json.loads(item)["packet"], item))
+        else:
+            keyed.append((item["packet"], item))
+    if all(keyed[i][0] <= keyed[i + 1][0] for i in range(len(keyed) - 1)) and len(keyed) == len(items):
+        return
+    keyed.sort(key=lambda pair: pair[0])
+    items[:] = [item for _, item in keyed]
+
+
+def _block_runs(block: FrameBlock) -> list[tuple[int, FrameBlock]]:
+    """A block as (packet, block) runs of rows of one packet; the block itself when it has one."""
+    if "packet" in block.shared:
+        return [(block.shared["packet"], block)]
+    column = [name for name, kind in block.layout if kind != SHARED].index("packet")
+    rows = block.rows
+    runs: list[tuple[int, FrameBlock]] = []
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i][column] != rows[start][column]:
+            runs.append((rows[start][column], FrameBlock(block.layout, block.shared, rows[start:i])))
+            start = i
+    if len(runs) == 1:
+        return [(runs[0][0], block)]
+    return runs
+
+
 def dissect(
     source: str | os.PathLike | BinaryIO, *, ports: Iterable[int] | None = None, **kwargs: Any
 ) -> tuple[list[dict], Dissector]:
@@ -391,4 +462,5 @@ __all__ = [
     "CaptureError",
     "Dissector",
     "dissect",
+    "in_packet_order",
 ]
