@@ -126,6 +126,7 @@ class Dissector:
         max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER,
         with_raw: bool = False,
         keep_summaries: bool = True,
+        max_frames: int | None = None,
     ) -> None:
         self.capture_name = capture_name
         #: False (iter_records): forget a connection once it closed, so memory stays flat.
@@ -150,6 +151,8 @@ class Dissector:
         self.max_frame_size = max_frame_size
         self.max_out_of_order = max_out_of_order
         self.with_raw = with_raw
+        #: Stop reading after the packet that completes this many frames (its other frames included).
+        self.max_frames = max_frames
         self.trackers: list[Any] = []
         self.stats: dict[str, Any] = {}
         self.error: CaptureError | None = None
@@ -215,6 +218,8 @@ class Dissector:
         out = self._out
         new_flow = self._new_flow
         holding = self._holding
+        limit = self.max_frames
+        made = 0
         try:
             for packet, ts, key, seq, flags, payload in read_segments(source, self.stats):
                 if not payload and not flags & _CONTROL:
@@ -225,9 +230,13 @@ class Dissector:
                 half.segment(seq, flags, payload, packet, ts)
                 if flags & _CLOSING and type(half) is HalfStream:
                     self._closing(half)
+                if limit is not None and made + _frames_in(out) >= limit:
+                    break
                 if holding and self._holding_back(len(payload), packet, ts):
                     continue
                 if len(out) >= _BATCH:
+                    if limit is not None:
+                        made += _frames_in(out)
                     yield out
                     out.clear()
         except CaptureError as err:
@@ -404,6 +413,10 @@ class Dissector:
     ):
         """A connection on a given port that no detector knows: the first plug-in reads it anyway."""
         self._promote(probe, key, seq, flags, payload, packet, ts, probe.fallback, fixed=False)
+
+
+def _frames_in(items: list) -> int:
+    return sum(len(item) if type(item) is FrameBlock else 1 for item in items)
 
 
 def in_packet_order(items: list) -> None:
