@@ -165,3 +165,30 @@ def test_records_wait_for_a_hole_only_a_window_of_bytes():
     assert packets(records) == sorted(packets(records))
     assert [r["message_id"] for r in records if r["type"] == "MESSAGE"] == [2, 3]
     assert most <= 500 // len(ACK_1) + 64 + 2
+
+
+def test_frames_waiting_for_a_connections_use_keep_capture_order():
+    """A connection seen mid-stream holds its first frames until a MESSAGE tells its use; another
+    connection's frames meanwhile wait too, so the output stays in packet order."""
+    from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
+
+    def seg(port: int, from_worker: bool, seq: int, payload: bytes) -> bytes:
+        if from_worker:
+            return ether(ipv4(B4, A4, tcp_header(7100, port, seq, DATA, payload)))
+        return ether(ipv4(A4, B4, tcp_header(port, 7100, seq, DATA, payload)))
+
+    one, two = message(1, 5, b"first"), message(2, 9, b"second")
+    frames = [
+        seg(40001, True, 9000, ACK_1),  # connection 1: its use is not known yet
+        seg(40002, False, 5000, two),  # connection 2: a MESSAGE, a source at once
+        seg(40002, True, 7000, ACK_1),
+        seg(40001, False, 3000, one),  # connection 1 is a source too
+    ]
+    blob = pcap_file([(T + i * 1000, frame) for i, frame in enumerate(frames)])
+    records = list(Dissector("use").run(io.BytesIO(blob)))
+    assert [(r["packet"], r["conn_index"], r["type"]) for r in records] == [
+        (1, 1, "ACK"),
+        (2, 2, "MESSAGE"),
+        (3, 2, "ACK"),
+        (4, 1, "MESSAGE"),
+    ]

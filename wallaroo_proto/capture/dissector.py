@@ -17,7 +17,8 @@ Records come out in capture order: sorted by ``packet``, the packet that
 completes each frame (a frame a late segment completes is shown at that
 segment, as Wireshark does), both directions and all connections interleaved.
 Every record is produced as soon as the packet completing it is read; only
-while a direction holds segments behind a hole are the records made meanwhile
+while a direction holds segments behind a hole (or a tracker holds frames, as
+Wallaroo's until a connection's use is known) are the records made meanwhile
 held back, since bytes after a hole declared lost keep their own, earlier
 packets. That hold lasts at most ``max_out_of_order`` bytes of capture (then
 the holes are declared lost), so memory stays bounded by the reassembly and
@@ -159,8 +160,10 @@ class Dissector:
         self._flows: dict[tuple, Any] = {}
         self._live: dict[tuple, Any] = {}
         self._out: list = []
-        #: Directions holding segments behind a hole (see ``reassembly.HalfStream.holds``).
-        self._holding: dict[HalfStream, None] = {}
+        #: What holds back bytes or frames whose packets come before records made since: directions
+        #: with segments behind a hole (``reassembly.HalfStream.holds``), trackers holding frames.
+        #: Each has ``pending`` (still holding) and ``flush(packet, ts)`` (stop holding).
+        self._holding: dict[Any, None] = {}
         #: Payload bytes read since a direction started holding (records held back meanwhile).
         self._held_bytes = 0
         self._count = 0
@@ -255,16 +258,16 @@ class Dissector:
             raise self.error
 
     def _holding_back(self, size: int, packet: int, ts: int) -> bool:
-        """Whether records wait for a hole to be filled or lost; when none does, sort what waited."""
+        """Whether records wait for held bytes or frames; when nothing is held, sort what waited."""
         holding = self._holding
-        for half in [h for h in holding if not h.pending]:
-            del holding[half]
+        for done in [holder for holder in holding if not holder.pending]:
+            del holding[done]
         if holding:
             self._held_bytes += size
             if self._held_bytes <= self.max_out_of_order:
                 return True
-            for half in holding:  # waited a whole window: those holes are lost
-                half.flush(packet, ts)
+            for holder in holding:  # waited a whole window: holes are lost, frames go out
+                holder.flush(packet, ts)
             holding.clear()
         self._held_bytes = 0
         in_packet_order(self._out)
