@@ -192,3 +192,33 @@ def test_frames_waiting_for_a_connections_use_keep_capture_order():
         (3, 2, "ACK"),
         (4, 1, "MESSAGE"),
     ]
+
+
+def test_messages_after_a_lost_segment_interleave_with_the_acks_between_them():
+    """Message 1's segment is lost: messages 2 to 7 wait behind the hole until the FIN, and
+    come out (in one block of plain MESSAGEs, cut up) between the ACKs of packets 9 and 11."""
+    segs, base = opening()
+    msgs = [message(1, i, b"x%d" % i) for i in range(1, 8)]
+    size = len(msgs[0])
+    worker = 500 + 9 + 22
+    segs += [
+        (True, base + size, DATA, b"".join(msgs[1:3])),
+        (False, worker, DATA, ACK_1),
+        (True, base + 3 * size, DATA, b"".join(msgs[3:5])),
+        (False, worker + len(ACK_1), DATA, ACK_1),
+        (True, base + 5 * size, DATA, b"".join(msgs[5:7])),
+        (True, base + 7 * size, TCP_FIN | TCP_ACK, b""),
+    ]
+    blob = capture(segs)
+    records = list(Dissector("lost").run(io.BytesIO(blob)))
+    assert [(r["packet"], r["type"], r.get("message_id")) for r in records[4:]] == [
+        (8, "MESSAGE", 2),
+        (8, "MESSAGE", 3),
+        (9, "ACK", None),
+        (10, "MESSAGE", 4),
+        (10, "MESSAGE", 5),
+        (11, "ACK", None),
+        (12, "MESSAGE", 6),
+        (12, "MESSAGE", 7),
+    ]
+    assert [json.loads(line) for line in Dissector("lost").run_jsonl(io.BytesIO(blob))] == records
