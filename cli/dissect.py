@@ -82,11 +82,10 @@ class _Filter:
         self.until = until
         self.start: float | None = None
         self.active = any(v is not None for v in (self.streams, self.types, self.connections, since, until))
-        #: The options as given, for the note when nothing matches.
-        self.asked = ""
 
-    def describe(self, streams, types, connections, since, until) -> str:
-        """The filter's options as the command line gave them."""
+    @staticmethod
+    def describe(streams, types, connections, since, until) -> str:
+        """The filter's options as the command line gave them, for the note when nothing matches."""
         words = [f"--stream {s}" for s in streams] + [f"--type {t}" for t in types]
         words += [f"--connection {c}" for c in connections]
         words += [
