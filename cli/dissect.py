@@ -28,6 +28,7 @@ from wallaroo_proto_cli.options import (
 )
 
 from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.capture.frame_block import FrameBlock
 from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError, is_stream
 from wallaroo_proto.protocols import get_plugin, names, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
@@ -82,6 +83,16 @@ class _Filter:
         self.until = until
         self.start: float | None = None
         self.active = any(v is not None for v in (self.streams, self.types, self.connections, since, until))
+
+    @staticmethod
+    def describe(streams, types, connections, since, until) -> str:
+        """The filter's options as the command line gave them, for the note when nothing matches."""
+        words = [f"--stream {s}" for s in streams] + [f"--type {t}" for t in types]
+        words += [f"--connection {c}" for c in connections]
+        words += [
+            f"--{name} {value}" for name, value in (("since", since), ("until", until)) if value is not None
+        ]
+        return " ".join(words)
 
     def _bound(self, value: float | None) -> float | None:
         # Small numbers are relative to the first frame of the capture.
@@ -203,11 +214,12 @@ class _RichFrames:
     cls=Command,
     sections={
         "Which frames": ["ports", "protocol", "streams", "types", "connections", "since", "until"],
-        "What is shown": ["fmt", "hexdump", "summary"],
+        "What is shown": ["fmt", "hexdump", "summary", "count"],
     },
     epilog=examples(
         "wallaroo-proto dissect capture.pcap",
         "wallaroo-proto dissect capture.pcap --summary",
+        "wallaroo-proto dissect -c 20 captures/*.pcap",
         "wallaroo-proto dissect capture.pcap --type error --type restart -x",
         "wallaroo-proto dissect captures/*.pcap --format jsonl --strict > frames.jsonl",
         "tcpdump -i lo -U -w - tcp port 7100 | wallaroo-proto dissect -",
@@ -240,6 +252,14 @@ class _RichFrames:
 )
 @click.option("-x", "--hex", "hexdump", is_flag=True, help="Add a hex dump of each frame's bytes.")
 @click.option("--summary", is_flag=True, help="Per connection and stream summary instead of frames.")
+@click.option(
+    "-c",
+    "--count",
+    type=click.IntRange(1),
+    default=None,
+    metavar="N",
+    help="Stop after N frames shown, over all FILES (with --summary: summarise the first N frames read).",
+)
 @click.option("--stream", "streams", type=int, multiple=True, help="Only frames of this stream id (repeat).")
 @click.option(
     "--type",
@@ -275,6 +295,7 @@ def command(
     fmt,
     hexdump,
     summary,
+    count,
     streams,
     types,
     connections,
@@ -295,12 +316,17 @@ def command(
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
     filtering = keep.active
+    asked = keep.describe(streams, types, connections, since, until)
     jsonl = fmt == "jsonl"
+    left = count  # frames still to show (None: no limit)
+    read = shown = 0
     out = sys.stdout
     violations = 0
     unusable = False
     cut_short = False
     for path in files:
+        if left == 0:
+            break
         source = sys.stdin.buffer if path == "-" else path
         live = is_stream(source)  # a pipe: each batch is written out at once
         dissector = Dissector(
@@ -309,6 +335,8 @@ def command(
             protocol=protocol,
             max_frame_size=max_frame_size,
             with_raw=hexdump and not jsonl,
+            # Unfiltered, the N frames shown are the first N made: no need to read further.
+            max_frames=left if summary or not filtering else None,
         )
         rich_out = None if jsonl or summary else _RichFrames(console, hexdump)
         if rich_out is not None and len(files) > 1:
@@ -316,11 +344,20 @@ def command(
         lines: list[str] = []
         keep.start = None
         try:
-            if summary:
+            if summary and left is None:
                 dissector.drain(source)
+            elif summary:  # the frames are made, to be counted
+                for item in dissector.frames(source):
+                    left -= len(item) if type(item) is FrameBlock else 1
+                left = max(left, 0)
             elif jsonl and not filtering:
                 for batch in dissector.jsonl_batches(source):
+                    if left is not None:
+                        batch = batch[:left]
+                        left -= len(batch)
                     lines += batch
+                    if left == 0:
+                        break
                     if len(lines) >= 2048 or live:
                         lines.append("")
                         out.write("\n".join(lines))
@@ -330,8 +367,10 @@ def command(
             else:
                 for records in dissector.record_batches(source):
                     for r in records:
+                        read += 1
                         if filtering and not keep(r):
                             continue
+                        shown += 1
                         if jsonl:
                             lines.append(to_json(r))
                             if len(lines) >= 1024:
@@ -340,6 +379,10 @@ def command(
                                 lines.clear()
                         else:
                             rich_out.add(r)
+                        if left is not None:
+                            left -= 1
+                            if left == 0:
+                                break
                     if live:
                         if lines:
                             lines.append("")
@@ -348,6 +391,8 @@ def command(
                         if rich_out is not None:
                             rich_out.flush()
                         out.flush()
+                    if left == 0:
+                        break
         except CaptureError as err:
             if err.cut:
                 cut_short = True
@@ -384,6 +429,8 @@ def command(
                 f"{dissector.violations()} frame(s) with violations"
             )
         out.flush()
+    if filtering and not summary and not shown and verbosity >= 0:
+        errors.print(f"{NAME}: no frame matched {escape(asked)} ({read} frame(s) read)")
     if unusable:
         raise SystemExit(EXIT_UNUSABLE)
     if strict and violations:

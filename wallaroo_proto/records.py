@@ -65,9 +65,9 @@ CONNECTION_FIELDS: tuple[Field, ...] = (
 FRAME_FIELDS: tuple[Field, ...] = (
     ("sender", "string", "'connector' or 'worker': the side that sent the frame"),
     ("direction", "string", "'initiator>responder' or 'responder>initiator'"),
-    ("ts", "double", "capture timestamp of the packet where the frame ends, seconds since epoch"),
+    ("ts", "double", "capture timestamp of the packet completing the frame, seconds since epoch"),
     ("ts_ns", "long", "the same in nanoseconds (exact for pcapng/ns pcap)"),
-    ("packet", "long", "packet number (1-based) where the frame's last byte is"),
+    ("packet", "long", "packet number (1-based) completing the frame (see docs/dissect.md)"),
     ("offset", "long", "byte offset of the frame's length prefix in its direction's stream"),
     ("length", "long", "frame bytes on the wire, 4-byte length prefix included"),
     ("frame_index", "long", "frame number in the connection, 0-based, both directions"),

@@ -13,17 +13,26 @@ other port, is probed: the first plug-in whose detector accepts the
 connection's first bytes takes it (on a given port, Wallaroo when none does,
 so a capture starting mid-connection is still read; elsewhere it is skipped).
 
-Every record is produced as soon as the packet completing it is read, so
-memory stays bounded by the reassembly and frame-size limits, never by the
-capture size. A capture read from a pipe (``tcpdump -U -w - | ...``) also hands
-out what it holds whenever the reader is about to wait for more bytes, so
-records come out as their packets arrive. A connection's summary is kept for
-``summaries()`` (one small object per connection); ``keep_summaries=False``, as
-``records.iter_records`` uses, drops each connection entirely once it closes.
+Records come out in capture order: sorted by ``packet``, the packet that
+completes each frame (a frame a late segment completes is shown at that
+segment, as Wireshark does), both directions and all connections interleaved.
+Every record is produced as soon as the packet completing it is read; only
+while a direction holds segments behind a hole (or a tracker holds frames, as
+Wallaroo's until a connection's use is known) are the records made meanwhile
+held back, since bytes after a hole declared lost keep their own, earlier
+packets. That hold lasts at most ``max_out_of_order`` bytes of capture (then
+the holes are declared lost), so memory stays bounded by the reassembly and
+frame-size limits, never by the capture size. A capture read from a pipe
+(``tcpdump -U -w - | ...``) also hands out what it holds whenever the reader is
+about to wait for more bytes, so records come out as their packets arrive. A
+connection's summary is kept for ``summaries()`` (one small object per
+connection); ``keep_summaries=False``, as ``records.iter_records`` uses, drops
+each connection entirely once it closes.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
@@ -32,7 +41,7 @@ from wallaroo_proto.protocols import ProtocolPlugin, get_plugin, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import ConnectionKey
 
-from .frame_block import FrameBlock
+from .frame_block import SHARED, FrameBlock
 from .pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, WAIT, CaptureError, format_address, read_segments
 from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
 
@@ -122,6 +131,7 @@ class Dissector:
         max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER,
         with_raw: bool = False,
         keep_summaries: bool = True,
+        max_frames: int | None = None,
     ) -> None:
         self.capture_name = capture_name
         #: False (iter_records): forget a connection once it closed, so memory stays flat.
@@ -146,12 +156,20 @@ class Dissector:
         self.max_frame_size = max_frame_size
         self.max_out_of_order = max_out_of_order
         self.with_raw = with_raw
+        #: Stop reading after the packet that completes this many frames (its other frames included).
+        self.max_frames = max_frames
         self.trackers: list[Any] = []
         self.stats: dict[str, Any] = {}
         self.error: CaptureError | None = None
         self._flows: dict[tuple, Any] = {}
         self._live: dict[tuple, Any] = {}
         self._out: list = []
+        #: What holds back bytes or frames whose packets come before records made since: directions
+        #: with segments behind a hole (``reassembly.HalfStream.holds``), trackers holding frames.
+        #: Each has ``pending`` (still holding) and ``flush(packet, ts)`` (stop holding).
+        self._holding: dict[Any, None] = {}
+        #: Payload bytes read since a direction started holding (records held back meanwhile).
+        self._held_bytes = 0
         self._count = 0
         #: Set by jsonl_batches: records go out as JSON text.
         self.jsonl = False
@@ -222,10 +240,14 @@ class Dissector:
         flows = self._flows
         out = self._out
         new_flow = self._new_flow
+        holding = self._holding
+        limit = self.max_frames
+        made = 0
         try:
             for packet, ts, key, seq, flags, payload in read_segments(source, self.stats, waits=True):
                 if not payload and not flags & _CONTROL:
-                    if flags & WAIT and out:  # a pipe with nothing more yet: out with what is made
+                    # A pipe with nothing more yet: out with what is made (unless held back for order).
+                    if flags & WAIT and out and not holding:
                         yield out
                         out.clear()
                     continue  # a bare ACK: nothing for any flow state here
@@ -235,7 +257,13 @@ class Dissector:
                 half.segment(seq, flags, payload, packet, ts)
                 if flags & _CLOSING and type(half) is HalfStream:
                     self._closing(half)
+                if limit is not None and made + _frames_in(out) >= limit:
+                    break
+                if holding and self._holding_back(len(payload), packet, ts):
+                    continue
                 if len(out) >= _BATCH:
+                    if limit is not None:
+                        made += _frames_in(out)
                     yield out
                     out.clear()
         except CaptureError as err:
@@ -243,11 +271,31 @@ class Dissector:
         for tracker in list(self._live.values()):
             tracker.finish()
         self._live.clear()
+        if holding:
+            holding.clear()
+            self._held_bytes = 0
+            in_packet_order(out)
         if out:
             yield out
             out.clear()
         if self.error is not None:
             raise self.error
+
+    def _holding_back(self, size: int, packet: int, ts: int) -> bool:
+        """Whether records wait for held bytes or frames; when nothing is held, sort what waited."""
+        holding = self._holding
+        for done in [holder for holder in holding if not holder.pending]:
+            del holding[done]
+        if holding:
+            self._held_bytes += size
+            if self._held_bytes <= self.max_out_of_order:
+                return True
+            for holder in holding:  # waited a whole window: holes are lost, frames go out
+                holder.flush(packet, ts)
+            holding.clear()
+        self._held_bytes = 0
+        in_packet_order(self._out)
+        return False
 
     def violations(self) -> int:
         """Frames with a violation so far, over all connections."""
@@ -348,7 +396,7 @@ class Dissector:
         halves = {}
         for k, is_client in ((key, client_is_src), (reverse, not client_is_src)):
             direction = tracker.dirs[is_client]
-            half = direction.half = HalfStream(direction, self.max_out_of_order)
+            half = direction.half = HalfStream(direction, self.max_out_of_order, self._holding)
             self._flows[k] = halves[k] = half
         return halves[key]
 
@@ -394,6 +442,47 @@ class Dissector:
         self._promote(probe, key, seq, flags, payload, packet, ts, probe.fallback, fixed=False)
 
 
+def _frames_in(items: list) -> int:
+    return sum(len(item) if type(item) is FrameBlock else 1 for item in items)
+
+
+def in_packet_order(items: list) -> None:
+    """Sort records (dicts, JSON lines, blocks) by packet, in place and stably.
+
+    A block whose rows span packets is cut into one block per run of rows of a
+    packet, so another record can go between them.
+    """
+    keyed: list[tuple[int, Any]] = []
+    for item in items:
+        if type(item) is FrameBlock:
+            keyed += _block_runs(item)
+        elif type(item) is str:
+            keyed.append((json.loads(item)["packet"], item))
+        else:
+            keyed.append((item["packet"], item))
+    if all(keyed[i][0] <= keyed[i + 1][0] for i in range(len(keyed) - 1)) and len(keyed) == len(items):
+        return
+    keyed.sort(key=lambda pair: pair[0])
+    items[:] = [item for _, item in keyed]
+
+
+def _block_runs(block: FrameBlock) -> list[tuple[int, FrameBlock]]:
+    """A block as (packet, block) runs of rows of one packet; the block itself when it has one."""
+    if "packet" in block.shared:
+        return [(block.shared["packet"], block)]
+    column = [name for name, kind in block.layout if kind != SHARED].index("packet")
+    rows = block.rows
+    runs: list[tuple[int, FrameBlock]] = []
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i][column] != rows[start][column]:
+            runs.append((rows[start][column], FrameBlock(block.layout, block.shared, rows[start:i])))
+            start = i
+    if len(runs) == 1:
+        return [(runs[0][0], block)]
+    return runs
+
+
 def dissect(
     source: str | os.PathLike | BinaryIO, *, ports: Iterable[int] | None = None, **kwargs: Any
 ) -> tuple[list[dict], Dissector]:
@@ -413,4 +502,5 @@ __all__ = [
     "CaptureError",
     "Dissector",
     "dissect",
+    "in_packet_order",
 ]

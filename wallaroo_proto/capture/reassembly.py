@@ -8,7 +8,14 @@ bytes with a 64-bit stream offset, whatever the capture did to them:
 * out-of-order segments wait in a buffer bounded in bytes; when it is full, or
   the direction ends (FIN, RST, end of capture), the hole before the earliest
   waiting segment is declared lost: the consumer hears ``gap(offset, missing)``
-  and delivery carries on after it;
+  and delivery carries on after it, each waiting segment's bytes with its own
+  packet (nothing later completed them);
+* a late segment that fills a hole completes what waited behind it: those
+  bytes are delivered with the late segment's packet and time, as Wireshark
+  shows a reassembled frame at the packet completing it;
+* ``holds``, if given, is told (``holds[half] = None``) when a direction starts
+  holding segments, so a driver can keep its output in packet order while
+  some bytes may still be delivered under earlier packets;
 * sequence numbers wrap at 2**32 (all comparisons are modulo 2**32), stream
   offsets do not;
 * SYN fixes the initial sequence number; a direction whose first segment is
@@ -56,10 +63,17 @@ class HalfStream:
         "out_of_order",
         "lost_bytes",
         "gaps",
+        "holds",
     )
 
-    def __init__(self, consumer: Consumer, max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER) -> None:
+    def __init__(
+        self,
+        consumer: Consumer,
+        max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER,
+        holds: dict[HalfStream, None] | None = None,
+    ) -> None:
         self.consumer = consumer
+        self.holds = holds
         self.max_out_of_order = max_out_of_order
         self.next_seq = 0
         self.isn: int | None = None
@@ -107,7 +121,7 @@ class HalfStream:
             self.offset += size
             self.next_seq = (self.next_seq + size) & _MASK
             if self.pending:
-                self._drain()
+                self._drain(packet, ts)
         elif rel < 0:
             if rel + size <= 0:
                 self.retransmitted += 1
@@ -115,9 +129,11 @@ class HalfStream:
                 self.overlapped += 1
                 self._deliver(payload[-rel:], packet, ts)
                 if self.pending:
-                    self._drain()
+                    self._drain(packet, ts)
         else:
             self.out_of_order += 1
+            if not self.pending and self.holds is not None:
+                self.holds[self] = None
             key = self.offset + rel
             held = self.pending.get(key)
             if held is None or len(held[0]) < size:
@@ -141,7 +157,8 @@ class HalfStream:
         self.offset += size
         self.next_seq = (self.next_seq + size) & _MASK
 
-    def _drain(self) -> None:
+    def _drain(self, late_packet: int = -1, late_ts: int = 0) -> None:
+        """Deliver what waited and is now in order; ``late_packet``: the segment that filled the hole."""
         pending = self.pending
         while pending:
             first = min(pending)
@@ -149,6 +166,8 @@ class HalfStream:
                 return
             payload, packet, ts = pending.pop(first)
             self.pending_bytes -= len(payload)
+            if late_packet >= 0:
+                packet, ts = late_packet, late_ts
             skip = self.offset - first
             if skip < len(payload):
                 if skip:

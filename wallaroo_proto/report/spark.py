@@ -1,7 +1,7 @@
 """``spark-replay --report``: the report's content built on Spark, drawn on the driver.
 
 Each connection's frames meet in one task (repartitioned by connection, sorted
-by ``frame_index``); the task streams them through the same
+in capture order: by ``packet``, then ``frame_index``); the task streams them through the same
 ``model.ConnectionBuilder`` as ``report`` does and sends the driver only the
 bounded ``ConnectionReport`` as JSON. So the driver's memory depends on the
 number of connections and the report's limits, never on the frames.
@@ -23,7 +23,7 @@ _UNUSED = ("payload_b64", "cookie_b64")
 
 
 def _connection_reports(rows: Iterable, detailed: frozenset, limits: ReportLimits) -> Iterator[str]:
-    """One task's connections, each one's rows consecutive and in frame order, as JSON reports."""
+    """One task's connections, each one's rows consecutive and in capture order, as JSON reports."""
     builder = key = None
     for row in rows:
         record = row.asDict(recursive=True)
@@ -64,7 +64,7 @@ def build_report(
     ordered = (
         frames.select(*columns)
         .repartition("capture", "conn_index")
-        .sortWithinPartitions("capture", "conn_index", "frame_index")
+        .sortWithinPartitions("capture", "conn_index", "packet", "frame_index")
     )
     built = ordered.rdd.mapPartitions(lambda rows: _connection_reports(rows, detailed, limits))
     by_capture: dict[str, list[ConnectionReport]] = {name: [] for name in capture_names}

@@ -138,6 +138,8 @@ class _Tracker:
         self.use: Use | None = None
         #: Records waiting for the use, which decides their sender: (emitting method, its arguments).
         self.held: list[tuple[Callable[..., None], tuple]] = []
+        #: The dissector's waiting list: records of later packets wait while frames here do.
+        self.holds = dissector._holding
         self.midstream = False
         self.summary = ConnectionSummary(index, "")
         self._set_label()
@@ -267,8 +269,21 @@ class _Tracker:
         self._emit(direction, offset, body, frame, error, packet, ts, notes)
 
     def _hold(self, emit: Callable[..., None], args: tuple) -> None:
+        if not self.held:
+            self.holds[self] = None
         self.held.append((emit, args))
         if len(self.held) >= _HOLD_LIMIT:
+            self._settle(Use.SOURCE)
+
+    @property
+    def pending(self) -> bool:
+        """Frames wait for the connection's use (their packets come before others' shown since)."""
+        return bool(self.held)
+
+    def flush(self, packet: int, ts: int) -> None:
+        """The dissector waited a whole window: read the connection as a source, as after
+        ``_HOLD_LIMIT`` frames."""
+        if self.held:
             self._settle(Use.SOURCE)
 
     @staticmethod
