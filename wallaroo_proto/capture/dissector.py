@@ -192,15 +192,7 @@ class Dissector:
         Each list is reused: consume it before asking for the next.
         """
         self.jsonl = False
-        records: list[dict] = []
-        for batch in self._batches(source):
-            for item in batch:
-                if type(item) is FrameBlock:
-                    records += item.records()
-                else:
-                    records.append(item)
-            yield records
-            records.clear()
+        return self._flattened(source, FrameBlock.records)
 
     def frames(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict | FrameBlock]:
         """``run``'s records, with each plug-in's blocks of frames left as blocks."""
@@ -226,15 +218,19 @@ class Dissector:
         dict. Each list is reused: consume it before asking for the next.
         """
         self.jsonl = True
-        lines: list[str] = []
+        return self._flattened(source, FrameBlock.jsonl)
+
+    def _flattened(self, source: str | os.PathLike | BinaryIO, view: Callable) -> Iterator[list]:
+        """Each batch as one reused list, a block's frames given by ``view`` (records or lines)."""
+        flat: list = []
         for batch in self._batches(source):
             for item in batch:
                 if type(item) is FrameBlock:
-                    lines += item.jsonl()
+                    flat += view(item)
                 else:
-                    lines.append(item)
-            yield lines
-            lines.clear()
+                    flat.append(item)
+            yield flat
+            flat.clear()
 
     def _batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list]:
         flows = self._flows
