@@ -70,6 +70,7 @@ MAX_RECORD = 16 * 1024 * 1024
 _CHUNK = 1 << 20
 #: A pipe's reads: Linux pipes hold 64 KiB, and a larger buffer only costs its allocation.
 _PIPE_CHUNK = 1 << 16
+_SIGNAL_SLICE = 0.25  # seconds a pipe read waits before it looks for a pending signal
 
 #: What a capture cut short (``CaptureError.cut``) still gives its reader.
 CUT_NOTE = "(the capture is cut short there; every packet before it was read)"
@@ -145,32 +146,44 @@ class _Stream:
     """A capture read as it is written: reads count the offset (a pipe has no ``tell``).
 
     ``read(n)`` waits for ``n`` bytes (fewer only at the end); ``read1(n)`` returns
-    what is there, waiting only when nothing is.
+    what is there, waiting only when nothing is. The descriptor is read directly and
+    waited on in short ``select`` slices: a signal that lands just before a blocking
+    ``read`` would only mark its handler to run, and the read would wait for bytes
+    that may never come (Ctrl-C on ``dissect -`` fed by a writer that stays open).
     """
 
-    __slots__ = ("_file", "_fd", "offset")
+    __slots__ = ("_fd", "offset")
 
     def __init__(self, f: BinaryIO) -> None:
-        self._file = f
-        self._fd = f.fileno()
+        self._fd = f.fileno()  # the file object's own buffer is not used: it must be empty
         self.offset = 0
 
-    def read(self, n: int = -1) -> bytes:
-        data = self._file.read(n)
+    def _wait(self) -> None:
+        while not select.select([self._fd], [], [], _SIGNAL_SLICE)[0]:
+            pass  # each turn of the loop runs a pending signal's handler
+
+    def read1(self, n: int) -> bytes:
+        self._wait()
+        data = os.read(self._fd, n)
         self.offset += len(data)
         return data
 
-    def read1(self, n: int) -> bytes:
-        read1 = getattr(self._file, "read1", self._file.read)  # a raw file's read is a read1
-        data = read1(n)
-        self.offset += len(data)
-        return data
+    def read(self, n: int = -1) -> bytes:
+        parts = []
+        left = n if n >= 0 else float("inf")
+        while left > 0:
+            data = self.read1(int(min(left, _PIPE_CHUNK)))
+            if not data:
+                break
+            parts.append(data)
+            left -= len(data)
+        return b"".join(parts)
 
     def tell(self) -> int:
         return self.offset
 
     def ready(self) -> bool:
-        """Bytes are waiting in the pipe (a read will not block for long)."""
+        """Bytes are waiting (a read will not block for long)."""
         return bool(select.select([self._fd], [], [], 0)[0])
 
 
