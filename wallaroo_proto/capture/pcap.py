@@ -146,25 +146,26 @@ class _Stream:
     """A capture read as it is written: reads count the offset (a pipe has no ``tell``).
 
     ``read(n)`` waits for ``n`` bytes (fewer only at the end); ``read1(n)`` returns
-    what is there, waiting only when nothing is. The descriptor is read directly and
-    waited on in short ``select`` slices: a signal that lands just before a blocking
-    ``read`` would only mark its handler to run, and the read would wait for bytes
-    that may never come (Ctrl-C on ``dissect -`` fed by a writer that stays open).
+    what is there, waiting only when nothing is. A buffered file is read through its raw
+    file, and each read waits first in short ``select`` slices: a signal that lands just
+    before a blocking ``read`` would only mark its handler to run, and the read would wait
+    for bytes that may never come (Ctrl-C on ``dissect -`` fed by a writer that stays open).
     """
 
-    __slots__ = ("_fd", "offset")
+    __slots__ = ("_fd", "_raw", "_read1", "offset")
 
     def __init__(self, f: BinaryIO) -> None:
-        self._fd = f.fileno()  # the file object's own buffer is not used: it must be empty
+        self._fd = f.fileno()
+        # The buffered file's own buffer is passed by: nothing may have been read from it yet.
+        self._raw = f.raw if isinstance(f, io.BufferedReader) else None
+        self._read1 = self._raw.read if self._raw is not None else getattr(f, "read1", f.read)
         self.offset = 0
 
-    def _wait(self) -> None:
-        while not select.select([self._fd], [], [], _SIGNAL_SLICE)[0]:
-            pass  # each turn of the loop runs a pending signal's handler
-
     def read1(self, n: int) -> bytes:
-        self._wait()
-        data = os.read(self._fd, n)
+        if self._raw is not None:
+            while not select.select([self._fd], [], [], _SIGNAL_SLICE)[0]:
+                pass  # each turn of the loop runs a pending signal's handler
+        data = self._read1(n)
         self.offset += len(data)
         return data
 
