@@ -37,8 +37,9 @@ local DECISION = { [0] = "abort", [1] = "commit" }
 
 local f = wallaroo.fields
 f.length = ProtoField.uint32("wallaroo.length", "Length", base.DEC)
-f.type = ProtoField.uint8("wallaroo.type", "Type", base.DEC, FRAME_TYPES)
-f.type_name = ProtoField.string("wallaroo.type_name", "Type name")
+-- wallaroo.type and wallaroo.twopc carry names, as dissect's records do; *_code the numbers.
+f.type = ProtoField.string("wallaroo.type", "Type")
+f.type_code = ProtoField.uint8("wallaroo.type_code", "Type code", base.DEC, FRAME_TYPES)
 f.version = ProtoField.string("wallaroo.version", "Version")
 f.cookie = ProtoField.bytes("wallaroo.cookie", "Cookie")
 f.program_name = ProtoField.string("wallaroo.program_name", "Program name")
@@ -58,8 +59,8 @@ f.count = ProtoField.uint32("wallaroo.count", "Count", base.DEC)
 f.address = ProtoField.string("wallaroo.address", "Address")
 f.rtag = ProtoField.uint64("wallaroo.rtag", "Request tag", base.DEC)
 f.worker_name = ProtoField.string("wallaroo.worker_name", "Worker name")
-f.twopc = ProtoField.uint8("wallaroo.twopc", "2PC message", base.DEC, TWOPC_TAGS)
-f.twopc_name = ProtoField.string("wallaroo.twopc_name", "2PC message name")
+f.twopc = ProtoField.string("wallaroo.twopc", "2PC message")
+f.twopc_code = ProtoField.uint8("wallaroo.twopc_code", "2PC tag", base.DEC, TWOPC_TAGS)
 f.txn_id = ProtoField.string("wallaroo.txn_id", "Transaction id")
 f.start_por = ProtoField.uint64("wallaroo.start_por", "Start point of reference", base.DEC)
 f.end_por = ProtoField.uint64("wallaroo.end_por", "End point of reference", base.DEC)
@@ -112,8 +113,8 @@ local function dissect_twopc(c)
     if c.pos >= c.limit then return end
     local tag = c.tvb(c.pos, 1):uint()
     if TWOPC_TAGS[tag] == nil then return end
-    fixed(c, f.twopc, 1)
-    c.tree:add(f.twopc_name, TWOPC_TAGS[tag])
+    c.tree:add(f.twopc, c.tvb(c.pos, 1), TWOPC_TAGS[tag])
+    fixed(c, f.twopc_code, 1)
     c.info = TWOPC_TAGS[tag]
     if tag == 201 then
         fixed(c, f.rtag, 8)
@@ -153,13 +154,13 @@ local function dissect_frame(tvb, pinfo, tree)
         return length + 4
     end
     local t = tvb(4, 1):uint()
-    subtree:add(f.type, tvb(4, 1))
     local name = FRAME_TYPES[t]
+    if name ~= nil then subtree:add(f.type, tvb(4, 1), name) end
+    subtree:add(f.type_code, tvb(4, 1))
     if name == nil then
         subtree:add_proto_expert_info(e_unknown)
         return length + 4
     end
-    subtree:add(f.type_name, name)
     local c = { tvb = tvb, tree = subtree, pos = 5, limit = length + 4, bad = false, info = name }
     if t == 0 then
         short_bytes(c, f.version)
