@@ -181,3 +181,24 @@ def test_ambrosia_lb_message_with_an_overlong_varint_gets_the_malformed_expert(p
     theirs, experts = tshark_rows("ambrosia", plugins["ambrosia"], path, ["type"])
     assert [t for (t,) in theirs.values()] == [["InitialMessage"], []]
     assert experts == ["ZigZag varint longer than 5 bytes"]
+
+
+@pytest.mark.timeout(120)
+def test_kinesis_on_another_port_is_claimed_by_its_initialize_and_strings_keep_commas(plugins, tmp_path):
+    lua = tmp_path / "other.lua"
+    lua.write_text(generate("kinesis", ports=[9]))
+    keys = ["type", "shard_id", "sequence_number", "response_for"]
+    theirs, experts = tshark_rows("kinesis", str(lua), CAPTURES / "kinesis-session.pcap", keys)
+    assert experts == [] and theirs == dissect_rows(CAPTURES / "kinesis-session.pcap", keys)
+    # A checkpoint reply whose error holds a comma, a brace and an escaped quote.
+    path = tmp_path / "error.pcap"
+    reply = b'{"action":"checkpoint","sequenceNumber":"5","subSequenceNumber":null,'
+    reply += b'"error":"No, {\\"x\\"} here"}\n'
+    _kinesis_capture(path, [DAEMON[0], reply], [PROCESSOR[0], b"\n"], segment_size=65_000)
+    proc = subprocess.run(
+        [*tshark_command("kinesis", str(lua), str(path)), "-V"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert 'Checkpoint error: No, {\\"x\\"} here' in proc.stdout
+    assert "Sequence number: 5\n" in proc.stdout
+    assert "Subsequence number" not in proc.stdout.split("Action: checkpoint")[1]

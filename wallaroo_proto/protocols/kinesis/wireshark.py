@@ -65,16 +65,26 @@ local function line_length(tvb, offset)
     return stop
 end
 
--- The first value of "key" in the line: a string's text, or a bare number/null's text.
+-- The first (or last) value of "key" in the line: a string's text (escapes kept as written),
+-- or a number's text; nil for null or no such key.
 local function value(text, key, last)
-    local pattern = '"' .. key .. '"%s*:%s*("?)([^",}%]]*)'
-    local quote, found
-    for q, v in text:gmatch(pattern) do
-        quote, found = q, v
+    local found
+    for at in text:gmatch('"' .. key .. '"%s*:%s*()') do
+        local v
+        if text:sub(at, at) == '"' then
+            local stop = at + 1
+            while stop <= #text and text:sub(stop, stop) ~= '"' do
+                if text:sub(stop, stop) == "\\" then stop = stop + 1 end
+                stop = stop + 1
+            end
+            v = text:sub(at + 1, stop - 1)
+        else
+            v = text:match("^[^,}%]%s]+", at)
+            if v == "null" then v = nil end
+        end
+        found = v
         if not last then break end
     end
-    if found == nil or (quote == "" and found:match("^%s*null%s*$")) then return nil end
-    if quote == "" then found = found:match("^%s*(.-)%s*$") end
     return found
 end
 
