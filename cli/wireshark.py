@@ -1,6 +1,7 @@
 """``wallaroo-proto wireshark-dissector``: write the Lua plugin for Wireshark/tshark.
 
-Thin: the plugin text comes from ``wallaroo_proto.protocols.wallaroo.wireshark.generate``.
+Thin: the plugin text comes from ``wallaroo_proto.wireshark_lua.generate`` (each
+protocol's own ``wireshark`` module).
 """
 
 from __future__ import annotations
@@ -8,9 +9,8 @@ from __future__ import annotations
 import click
 from wallaroo_proto_cli.options import Command, examples, open_failure, output_option, usage_error, verbosity
 
-from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
-from wallaroo_proto.protocols.wallaroo.wireshark import generate
-from wallaroo_proto.records import DEFAULT_PORTS
+from wallaroo_proto.protocols import get_plugin
+from wallaroo_proto.wireshark_lua import PROTOCOLS, generate
 
 
 @click.command(
@@ -20,6 +20,7 @@ from wallaroo_proto.records import DEFAULT_PORTS
         "wallaroo-proto wireshark-dissector -o wallaroo.lua",
         "tshark -X lua_script:wallaroo.lua -r capture.pcap",
         "wallaroo-proto wireshark-dissector --port 9000 -o ~/.local/lib/wireshark/plugins/wallaroo.lua",
+        "wallaroo-proto wireshark-dissector --protocol kinesis -o kinesis.lua",
     ),
 )
 @output_option(
@@ -29,30 +30,40 @@ from wallaroo_proto.records import DEFAULT_PORTS
     show_default=True,
 )
 @click.option(
+    "--protocol",
+    type=click.Choice(PROTOCOLS),
+    default="wallaroo",
+    show_default=True,
+    help="Whose plugin (DCP and Tremor: tshark's own couchbase and websocket dissectors, see the README).",
+)
+@click.option(
     "--port",
     "ports",
     type=click.IntRange(1, 65535),
     multiple=True,
-    help="TCP ports to register on (repeat) [default: 7100 and 7200].",
+    help="TCP ports to register on (repeat) [default: the protocol's: wallaroo 7100 and 7200, "
+    "kinesis 7300, ambrosia 2000 and 2001].",
 )
 @click.option(
     "--max-frame-size",
     type=click.IntRange(1),
-    default=DEFAULT_MAX_FRAME_SIZE,
-    show_default=True,
-    help="The plugin marks a longer frame length prefix as malformed.",
+    help="The plugin marks a longer frame (Kinesis: line; AMBROSIA: record or message) as malformed "
+    "[default: wallaroo 4 MiB, kinesis and ambrosia 64 MiB].",
 )
 @verbosity(
     quiet="No 'wrote FILE' line.",
     verbose="Also the ports the plugin registers on.",
 )
-def command(output: str, ports: tuple[int, ...], max_frame_size: int, verbosity: int) -> None:
-    """Write a Lua dissector that decodes every frame type, 2PC included.
+def command(
+    output: str, protocol: str, ports: tuple[int, ...], max_frame_size: int | None, verbosity: int
+) -> None:
+    """Write a Lua dissector that decodes every frame type (Wallaroo: 2PC included).
 
     Use it with `tshark -X lua_script:FILE` or copy it to Wireshark's personal
     Lua plugins folder (Help > About > Folders).
     """
-    text = generate(ports or DEFAULT_PORTS, max_frame_size)
+    ports = ports or get_plugin(protocol).default_ports
+    text = generate(protocol, ports, max_frame_size)
     try:
         with click.open_file(output, "w", atomic=output != "-") as out:
             out.write(text)
@@ -61,5 +72,5 @@ def command(output: str, ports: tuple[int, ...], max_frame_size: int, verbosity:
     if output != "-" and verbosity >= 0:
         click.echo(f"wallaroo-proto wireshark-dissector: wrote {output}", err=True)
     if verbosity > 0:
-        shown = ", ".join(map(str, ports or DEFAULT_PORTS))
+        shown = ", ".join(map(str, ports))
         click.echo(f"wallaroo-proto wireshark-dissector: the plugin registers on TCP ports {shown}", err=True)

@@ -24,7 +24,7 @@ SAME = [
     "sink-2pc-ns.pcapng",
     "mock-source-tcpdump.pcap",
 ]
-FIELDS = ("frame.number", "wallaroo.type_name", "wallaroo.message_id", "wallaroo.twopc_name")
+FIELDS = ("frame.number", "wallaroo.type", "wallaroo.message_id", "wallaroo.twopc")
 
 
 @pytest.fixture(scope="module")
@@ -113,3 +113,44 @@ def test_an_output_path_through_a_file_is_one_line_and_quiet_writes_no_line(tmp_
     )
     quiet = run_cli("wireshark-dissector", "-o", str(tmp_path / "w.lua"), "-q")
     assert quiet.returncode == 0 and quiet.stderr == "" and (tmp_path / "w.lua").read_text().strip()
+
+
+# The frame types of the protocol spec, written out by hand (not read from the codec).
+SPEC_TYPES = {
+    "0": "HELLO",
+    "1": "OK",
+    "2": "ERROR",
+    "3": "NOTIFY",
+    "4": "NOTIFY_ACK",
+    "5": "MESSAGE",
+    "6": "ACK",
+    "7": "RESTART",
+    "8": "EOS_MESSAGE",
+    "9": "WORKERS_LEFT",
+}
+
+
+@pytest.mark.timeout(120)
+def test_type_fields_print_names_and_codes_and_filter_by_name(plugin):
+    capture = str(CAPTURES / "sink-2pc.pcap")
+    cmd = tshark_command(plugin, capture, "wallaroo.type", "wallaroo.type_code", "wallaroo.twopc")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    pairs = []
+    twopc = []
+    for line in proc.stdout.splitlines():
+        names, codes, tags = (line.split("\t") + ["", ""])[:3]
+        pairs += zip(codes.split(","), names.split(","), strict=True)
+        twopc += [t for t in tags.split(",") if t]
+    assert pairs and all(SPEC_TYPES[code] == name for code, name in pairs)
+    assert {"PHASE1", "REPLY", "PHASE2"} <= set(twopc)
+    # A name works in a display filter, as tshark users write them.
+    cmd = tshark_command(plugin, capture)
+    assert cmd[-2:] == ["-Y", "wallaroo"]
+    cmd[-1] = 'wallaroo.type == "NOTIFY"'
+    only = subprocess.run(
+        [*cmd, "-T", "fields", "-e", "frame.number"], capture_output=True, text=True, timeout=60
+    )
+    assert only.returncode == 0, only.stderr
+    ours = {n for n, (types, _, _) in dissect_frames(CAPTURES / "sink-2pc.pcap").items() if "NOTIFY" in types}
+    assert ours and {int(n) for n in only.stdout.split()} == ours
