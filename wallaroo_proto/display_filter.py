@@ -455,7 +455,7 @@ def spark_predicate(tree: Node):
             found = parts[0]
             for part in parts[1:]:
                 found = found | part
-            return found
+            return ~found if node.negate else found
         if node.op == "contains":
             return column.contains(F.lit(node.value))
         if node.op == "matches":
