@@ -32,7 +32,6 @@ from wallaroo_proto_cli.options import (
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.frame_block import FrameBlock
 from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError, is_stream
-from wallaroo_proto.display_filter import OPERATORS, FilterError, compile_filter
 from wallaroo_proto.protocols import get_plugin, names, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import to_json
@@ -278,7 +277,8 @@ class _RichFrames:
     "--display-filter",
     "display_filter",
     metavar="EXPR",
-    help=f"Only frames the expression matches, over the --format jsonl field names: {OPERATORS}.",
+    help="Only frames the expression matches, over the --format jsonl field names: == != < <= > >= "
+    "contains matches in {..} and or not ( ), e.g. 'type == MESSAGE and stream_id in {1 2}'.",
 )
 @click.option("--stream", "streams", type=int, multiple=True, help="Only frames of this stream id (repeat).")
 @click.option(
@@ -339,6 +339,8 @@ def command(
     filtering = keep.active
     asked = keep.describe(streams, types, connections, since, until)
     if display_filter is not None:
+        from wallaroo_proto.display_filter import FilterError, compile_filter  # only when asked: start-up
+
         try:
             matches = compile_filter(display_filter)
         except FilterError as err:

@@ -16,13 +16,12 @@ A bare field name tests presence. ``and`` binds tighter than ``or``.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from functools import cache
+from typing import Any, NamedTuple
 
 from . import records
 
@@ -44,8 +43,7 @@ class FilterError(ValueError):
         self.column = column
 
 
-@dataclass(frozen=True)
-class Field:
+class Field(NamedTuple):
     """A record field, or one key of a list of structs (``acks.stream_id``)."""
 
     name: str
@@ -58,37 +56,31 @@ class Field:
         return f"{self.name}.{self.sub}" if self.sub else self.name
 
 
-@dataclass(frozen=True)
-class Present:
+class Present(NamedTuple):
     field: Field
 
 
-@dataclass(frozen=True)
-class Compare:
+class Compare(NamedTuple):
     field: Field
     op: str  # one of COMPARISONS, "contains", "matches"
     value: Any
 
 
-@dataclass(frozen=True)
-class In:
+class In(NamedTuple):
     field: Field
     values: tuple  # plain values, and (low, high) tuples for ranges
     negate: bool
 
 
-@dataclass(frozen=True)
-class Not:
+class Not(NamedTuple):
     item: Any
 
 
-@dataclass(frozen=True)
-class And:
+class And(NamedTuple):
     items: tuple
 
 
-@dataclass(frozen=True)
-class Or:
+class Or(NamedTuple):
     items: tuple
 
 
@@ -96,19 +88,15 @@ Node = Present | Compare | In | Not | And | Or
 
 # ---------------------------------------------------------------- lexing
 
-_TOKEN = re.compile(
-    r"""(?P<space>\s+)
+_TOKEN_PATTERN = r"""(?P<space>\s+)
     |(?P<string>"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
     |(?P<op>==|!=|<=|>=|&&|\|\||\.\.|[<>!~(){},])
     |(?P<word>(?:[A-Za-z0-9_:/+\-]|\.(?!\.))+)
-    """,
-    re.VERBOSE,
-)
+    """
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", '"': '"', "'": "'"}
 
 
-@dataclass(frozen=True)
-class _Token:
+class _Token(NamedTuple):
     kind: str  # string, op, word, end
     text: str  # a string's value (unquoted), or the text as written
     column: int
@@ -134,10 +122,15 @@ def _unquote(raw: str, column: int) -> str:
     return "".join(out)
 
 
+@cache
+def _token() -> re.Pattern:
+    return re.compile(_TOKEN_PATTERN, re.VERBOSE)  # compiled on first use, not at every start-up
+
+
 def _tokens(text: str) -> list[_Token]:
     tokens, pos = [], 0
     while pos < len(text):
-        m = _TOKEN.match(text, pos)
+        m = _token().match(text, pos)
         if m is None:
             if text[pos] in "\"'":
                 raise FilterError(pos + 1, "a string without its closing quote")
@@ -160,6 +153,8 @@ def _field(token: _Token) -> Field:
     name, _, sub = token.text.partition(".")
     kind = types.get(name)
     if kind is None:
+        import difflib  # only for the message
+
         close = difflib.get_close_matches(token.text, types, n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise FilterError(token.column, f"unknown field {token.text!r}{hint}")
