@@ -497,3 +497,42 @@ def test_spark_predicate_selects_the_frames_the_python_filter_keeps(replayed):
         spark = [row[f"_f{i}"] for row in rows]
         assert any(python) and not all(python), text  # each filter keeps some frames and drops some
         assert spark == python, text
+
+
+@pytest.mark.timeout(480)
+def test_spark_replay_filters_the_frames_before_every_table(spark, capsys):
+    """spark-replay -Y: a --sql query over frames and the per-stream audit see the matching frames only."""
+    from rich.console import Console
+    from wallaroo_proto_cli import spark_replay
+
+    from wallaroo_proto.display_filter import compile_filter, parse
+    from wallaroo_proto.records import iter_records
+
+    sample = str(Path(__file__).resolve().parent.parent / "captures" / "source-session.pcap")
+    text = "stream_id == 11 and type != NOTIFY"
+    quiet = Console(quiet=True)
+    sql = "SELECT connection, frame_index FROM frames"
+    code = spark_replay._run(
+        spark,
+        quiet,
+        quiet,
+        [sample],
+        None,
+        False,
+        None,
+        "parquet",
+        sql,
+        None,
+        None,
+        [],
+        None,
+        quiet,
+        parse(text),
+    )
+    assert code == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = [r for r in iter_records(sample) if compile_filter(text)(r)]
+    got = sorted((r["connection"], r["frame_index"]) for r in rows if r["table"] == "sql")
+    assert got == sorted((r["connection"], r["frame_index"]) for r in expected)
+    assert len(got) == 8  # stream 11's NOTIFY_ACK and its 7 MESSAGEs
+    assert {r["stream_id"] for r in rows if r["table"] == "audit"} == {11}
