@@ -29,11 +29,6 @@ COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 _WORD_OPS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "~": "matches"}
 _NUMBER_KINDS = frozenset({"int", "long", "u64", "double"})
 
-#: One line for help texts: what an expression may use.
-OPERATORS = (
-    "== != < <= > >= (eq ne lt le gt ge), contains, matches (~), in {a b 1..5}, and or not (&& || !), ( )"
-)
-
 
 class FilterError(ValueError):
     """A bad expression: ``column N: what`` (1-based column of the offending token)."""
@@ -434,7 +429,10 @@ def spark_predicate(tree: Node):
     false = F.lit(False)
 
     def lit(field: Field, value: Any):
-        if field.kind == "u64" and not isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return F.lit(value)
+        if field.kind == "u64" or isinstance(value, int) and not -(2**63) <= value < 2**63:
+            # exact, as decimal(20,0) columns are; a long literal would overflow
             return F.lit(Decimal(repr(value)) if isinstance(value, float) else Decimal(value))
         return F.lit(value)
 
