@@ -4,8 +4,9 @@
     python benchmarks/dissect.py --case wallaroo [--packets 300000] [--large 900000] [--scapy-packets 30000]
     python benchmarks/dissect.py --case dcp [--dcp-vbuckets 16] [--dcp-items 12500] [--dcp-skip-large]
     python benchmarks/dissect.py --case samples [--samples-scale 1.0]
+    python benchmarks/dissect.py --case filter [--samples-scale 1.0] [--filter EXPR ...]
 
-The default, ``all``, runs the three cases one after the other. In each, every
+The default, ``all``, runs every case one after the other. In each, every
 tool runs --runs times (default 3) and the run with the least CPU time counts
 (the least disturbed on a shared machine); rates are given per CPU second (user
 + system time of the whole process) and per wall second. The new cases run
@@ -65,6 +66,14 @@ AMBROSIA by ``ambrosia mock-ic --record`` serving ``mock-lb``, Tremor by ``tremo
 mock-client --record`` against ``mock-node``. Prints records/s and µs per record
 (whole process: start-up included), per wall and per CPU second, and peak RSS;
 and the start-up alone (dissect of a 20-packet capture) to subtract.
+
+Case ``filter``: the cost of ``-Y``. On the Wallaroo workload of case samples,
+interleaved: ``dissect --format jsonl`` unfiltered, then per --filter expression
+(default: one keeping about half the frames, one keeping none) with ``-Y EXPR``
+and with the same selection in the older options (``--stream``/``--type``), so
+the rows differ by the filter alone. Prints µs a frame per CPU second and the
+filter's cost a frame (-Y minus the older options), and the compiled function's
+own time a record, measured in this process over the capture's records.
 """
 
 from __future__ import annotations
@@ -521,7 +530,66 @@ def samples_case(args: argparse.Namespace) -> None:
     print(f"load average {load_average()}")
 
 
-CASES = {"wallaroo": wallaroo_case, "dcp": dcp_case, "samples": samples_case}
+#: -Y expressions and the same selection in the older options: about half the frames, and none.
+FILTERS = {
+    "stream_id in {1001 1002} and type == MESSAGE": [
+        "--stream",
+        "1001",
+        "--stream",
+        "1002",
+        "--type",
+        "message",
+    ],
+    "type == RESTART": ["--type", "restart"],
+}
+
+
+def filter_case(args: argparse.Namespace) -> None:
+    """dissect -Y against the same selection by --stream/--type and against no filter, same run."""
+    from wallaroo_proto.display_filter import compile_filter
+    from wallaroo_proto.records import iter_records
+
+    print(f"== dissect -Y on the Wallaroo workload (load average {load_average()})")
+    filters = {expr: FILTERS.get(expr) for expr in args.filter or FILTERS}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "wallaroo.pcap")
+        wallaroo_workload(path, args.samples_scale)
+        records = list(iter_records(str(path)))
+        frames = len(records)
+        size_mb = path.stat().st_size / 1e6
+        print(f"wallaroo: {size_mb:.1f} MB, {frames:,} frames")
+        base = [*DISSECT, str(path), "--format", "jsonl"]
+        commands = {"no filter": base}
+        for i, (expr, options) in enumerate(filters.items(), 1):
+            kept = sum(map(compile_filter(expr), records))
+            print(f"[{i}] -Y {expr!r} keeps {kept:,} frames ({kept / frames:.0%}); options: {options}")
+            commands[f"[{i}] -Y"] = [*base, "-Y", expr]
+            if options:
+                commands[f"[{i}] the older options"] = [*base, *options]
+        best = best_interleaved(args.runs, commands)
+    print()
+    print_rows([(name, frames, size_mb, run) for name, run in best.items()])
+    print()
+    for i, (expr, options) in enumerate(filters.items(), 1):
+        keep = compile_filter(expr)
+        start = time.process_time()
+        for _ in range(5):
+            for record in records:
+                keep(record)
+        alone = (time.process_time() - start) / (5 * frames) * 1e9
+        with_y = best[f"[{i}] -Y"].cpu
+        line = f"[{i}] the compiled filter alone {alone:.0f} ns a record"
+        if options:
+            older = best[f"[{i}] the older options"].cpu
+            line += (
+                f"; -Y {(with_y - older) / frames * 1e6:+.2f} µs a frame against the older options"
+                f" ({with_y / older - 1:+.1%} CPU)"
+            )
+        print(line + f"; {with_y / best['no filter'].cpu - 1:+.1%} CPU against no filter")
+    print(f"load average {load_average()}")
+
+
+CASES = {"wallaroo": wallaroo_case, "dcp": dcp_case, "samples": samples_case, "filter": filter_case}
 
 
 def main() -> None:
@@ -544,6 +612,8 @@ def main() -> None:
     dcp.add_argument("--dcp-skip-large", action="store_true", help="No capture 4x bigger (memory check).")
     samples = parser.add_argument_group("case samples")
     samples.add_argument("--samples-scale", type=float, default=1.0, help="Size of every workload, x.")
+    filters = parser.add_argument_group("case filter")
+    filters.add_argument("--filter", action="append", metavar="EXPR", help="A -Y expression (repeat).")
     args = parser.parse_args()
     cases = list(CASES) if args.case == "all" else [args.case]
     if {"wallaroo", "dcp"} & set(cases) and not shutil.which("tshark"):

@@ -9,6 +9,7 @@ that could not be read (everything before the damage is still shown).
 from __future__ import annotations
 
 import base64
+import shlex
 import sys
 from datetime import UTC, datetime
 
@@ -24,6 +25,7 @@ from wallaroo_proto_cli.options import (
     CommandError,
     examples,
     quiet_broken_pipe,
+    usage_error,
     verbosity,
 )
 
@@ -213,7 +215,16 @@ class _RichFrames:
     name="dissect",
     cls=Command,
     sections={
-        "Which frames": ["ports", "protocol", "streams", "types", "connections", "since", "until"],
+        "Which frames": [
+            "ports",
+            "protocol",
+            "display_filter",
+            "streams",
+            "types",
+            "connections",
+            "since",
+            "until",
+        ],
         "What is shown": ["fmt", "hexdump", "summary", "count"],
     },
     epilog=examples(
@@ -221,6 +232,7 @@ class _RichFrames:
         "wallaroo-proto dissect capture.pcap --summary",
         "wallaroo-proto dissect -c 20 captures/*.pcap",
         "wallaroo-proto dissect capture.pcap --type error --type restart -x",
+        "wallaroo-proto dissect capture.pcap -Y 'type == MESSAGE and stream_id in {1 2}'",
         "wallaroo-proto dissect captures/*.pcap --format jsonl --strict > frames.jsonl",
         "tcpdump -i lo -U -w - tcp port 7100 | wallaroo-proto dissect -",
     ),
@@ -260,6 +272,14 @@ class _RichFrames:
     metavar="N",
     help="Stop after N frames shown, over all FILES (with --summary: summarise the first N frames read).",
 )
+@click.option(
+    "-Y",
+    "--display-filter",
+    "display_filter",
+    metavar="EXPR",
+    help="Only frames the expression matches, over the --format jsonl field names: == != < <= > >= "
+    "contains matches in {..} and or not ( ), e.g. 'type == MESSAGE and stream_id in {1 2}'.",
+)
 @click.option("--stream", "streams", type=int, multiple=True, help="Only frames of this stream id (repeat).")
 @click.option(
     "--type",
@@ -296,6 +316,7 @@ def command(
     hexdump,
     summary,
     count,
+    display_filter,
     streams,
     types,
     connections,
@@ -317,6 +338,18 @@ def command(
     keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
     filtering = keep.active
     asked = keep.describe(streams, types, connections, since, until)
+    if display_filter is not None:
+        from wallaroo_proto.display_filter import FilterError, compile_filter  # only when asked: start-up
+
+        try:
+            matches = compile_filter(display_filter)
+        except FilterError as err:
+            raise usage_error(f"-Y: {err}") from None
+        accept = matches if not filtering else (lambda r, options=keep: options(r) and matches(r))
+        filtering = True
+        asked = f"{asked} -Y {shlex.quote(display_filter)}".lstrip()
+    else:
+        accept = keep
     jsonl = fmt == "jsonl"
     left = count  # frames still to show (None: no limit)
     read = shown = 0
@@ -368,7 +401,7 @@ def command(
                 for records in dissector.record_batches(source):
                     for r in records:
                         read += 1
-                        if filtering and not keep(r):
+                        if filtering and not accept(r):
                             continue
                         shown += 1
                         if jsonl:

@@ -17,6 +17,7 @@ from rich.markup import escape
 from wallaroo_proto_cli.options import Command, examples, open_failure, output_option, usage_error, verbosity
 
 from wallaroo_proto.capture.pcap import CUT_NOTE
+from wallaroo_proto.display_filter import FilterError, compile_filter
 from wallaroo_proto.main_thread_signals import entered_without_signals
 from wallaroo_proto.protocols import names
 from wallaroo_proto.report.model import ReportLimits
@@ -33,6 +34,7 @@ EXIT_UNUSABLE = 2
         "wallaroo-proto report capture.pcap",
         "wallaroo-proto report captures/*.pcap -o run-42.html --title 'run 42'",
         "wallaroo-proto report sink.pcap --frames 50 --max-connections 5",
+        "wallaroo-proto report sink.pcap -Y 'stream_id == 1 or type in {RESTART ERROR}'",
     ),
 )
 @click.argument("captures", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
@@ -60,13 +62,22 @@ EXIT_UNUSABLE = 2
 @click.option("--max-connections", type=click.IntRange(0), default=20, show_default=True,
               help="Connections drawn; the rest get a row in the summary table.")  # fmt: skip
 @click.option(
+    "-Y",
+    "--display-filter",
+    "display_filter",
+    metavar="EXPR",
+    help="Draw only the frames the expression matches (as dissect -Y).",
+)
+@click.option(
     "--title", default="wallaroo-proto capture report", show_default=True, help="The report's heading."
 )
 @verbosity(
     quiet="No progress and no counts line: errors and the report's path.",
     verbose="Also a line per capture: its connections, frames and violations.",
 )
-def command(captures, output, ports, protocol, shown, max_frames, max_connections, title, verbosity) -> None:
+def command(
+    captures, output, ports, protocol, shown, max_frames, max_connections, display_filter, title, verbosity
+) -> None:
     """Draw pcap/pcapng CAPTURES as one HTML file that opens offline: a ladder diagram per
     connection, throughput and the protocol's signals over time, latency distributions,
     and the summary and violations tables. Prints the report's path.
@@ -78,10 +89,16 @@ def command(captures, output, ports, protocol, shown, max_frames, max_connection
     from wallaroo_proto.report.html import write_report
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        keep = None if display_filter is None else compile_filter(display_filter)
+    except FilterError as err:
+        raise usage_error(f"-Y: {err}") from None
     limits = ReportLimits(ladder_frames=max_frames, shown_frames=shown, connections=max_connections)
     status = console.status("dissecting…") if verbosity >= 0 else contextlib.nullcontext()
     with entered_without_signals(status):
-        report = build_report(captures, ports=ports or None, protocol=protocol, limits=limits, title=title)
+        report = build_report(
+            captures, ports=ports or None, protocol=protocol, limits=limits, title=title, keep=keep
+        )
     try:
         size = write_report(report, output)
     except OSError as err:

@@ -143,6 +143,7 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
         "wallaroo-proto spark-replay captures/ --sql 'SELECT type, count(*) AS n FROM frames GROUP BY type'",
         "wallaroo-proto spark-replay captures/*.pcap -o tables --output-format csv --format jsonl",
         "wallaroo-proto spark-replay captures/ --master spark://10.0.0.5:7077 --job jobs.keys:count_keys",
+        "wallaroo-proto spark-replay captures/ -Y 'protocol == dcp and vbucket in {0 1}'",
     ),
 )
 @click.argument("paths", nargs=-1)
@@ -175,6 +176,13 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
     "violations, connections and problems.",
 )
 @click.option("--job", "job", help="MODULE:FUNCTION taking the messages DataFrame and returning a DataFrame.")
+@click.option(
+    "-Y",
+    "--display-filter",
+    "display_filter",
+    metavar="EXPR",
+    help="Only the frames the expression matches (as dissect -Y), before every table and report.",
+)
 @click.option("--fail-fast", is_flag=True, help="Stop at the first unreadable or damaged capture.")
 @click.option(
     "--port",
@@ -208,6 +216,7 @@ def command(
     fmt: str,
     sql: str | None,
     job: str | None,
+    display_filter: str | None,
     fail_fast: bool,
     ports: tuple[int, ...],
     confs: tuple[str, ...],
@@ -234,10 +243,15 @@ def command(
 
     from py4j.protocol import Py4JJavaError
 
+    from wallaroo_proto.display_filter import FilterError, parse
     from wallaroo_proto.spark import frames as frames_mod
     from wallaroo_proto.spark import jobs
     from wallaroo_proto.spark.session import SparkStartError, build_session, spark_failure, stop_session
 
+    try:  # a bad expression is reported before Spark starts
+        tree = None if display_filter is None else parse(display_filter)
+    except FilterError as exc:
+        raise usage_error(f"-Y: {exc}") from None
     if job:
         try:
             jobs.load_job(job)  # a typo in --job is reported before Spark reads anything
@@ -277,6 +291,7 @@ def command(
             listing_problems,
             report_path,
             info,
+            tree,
         )
     except KeyboardInterrupt:
         err.print(f"[yellow]{NAME}: interrupted; stopping Spark[/yellow]")
@@ -304,6 +319,7 @@ def _run(
     listing_problems,
     report_path=None,
     info=None,
+    display_filter=None,
 ) -> int:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
@@ -315,6 +331,10 @@ def _run(
 
     info = info or err
     loaded = frames_mod.load_frames(spark, given, ports=ports, fail_fast=fail_fast)
+    if display_filter is not None:  # a parsed expression (display_filter.parse)
+        from wallaroo_proto.display_filter import spark_predicate
+
+        loaded.frames = loaded.frames.where(spark_predicate(display_filter))
     started = time.monotonic()
     try:
         with stage_progress(spark, "reading captures", info):

@@ -76,3 +76,17 @@ def test_wallaroo_case_still_compares_with_tshark_and_scapy():
     assert re.search(r"^frames: \d+ ", out, re.MULTILINE), out
     for line in ("dissect vs tshark -T json:", "dissect vs scapy:", "peak RSS: ", "load average"):
         assert line in out
+
+
+@pytest.mark.slow
+def test_filter_case_times_y_against_the_older_options_and_no_filter():
+    out = _bench("--case", "filter", "--samples-scale", "0.01")
+    frames = int(re.search(r"^wallaroo: [\d.]+ MB, ([\d,]+) frames", out, re.MULTILINE)[1].replace(",", ""))
+    half = re.search(r"^\[1\] -Y .* keeps ([\d,]+) frames \((\d+)%\)", out, re.MULTILINE)
+    assert half and 40 <= int(half[2]) <= 60, out
+    assert re.search(r"^\[2\] -Y 'type == RESTART' keeps 0 frames", out, re.MULTILINE), out
+    for row in ("no filter", "[1] -Y", "[1] the older options", "[2] -Y", "[2] the older options"):
+        assert _records(out, row) == frames
+    for i in (1, 2):
+        line = rf"^\[{i}\] the compiled filter alone \d+ ns a record; -Y [+-][\d.]+ µs a frame against"
+        assert re.search(line, out, re.MULTILINE), out

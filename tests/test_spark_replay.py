@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import socket
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -448,3 +449,91 @@ def test_the_older_words_are_still_taken(tmp_path):
         result = run_cli("spark-replay", nowhere, *old)
         assert result.returncode == 2, result.stderr
         assert result.stderr == f"wallaroo-proto spark-replay: capture {nowhere}: no such file or directory\n"
+
+
+#: Display filters over every kind of field: u64 past 2**63, lists, struct keys, absent fields.
+DISPLAY_FILTERS = [
+    "type == MESSAGE",
+    "stream_id != 11",
+    "not stream_id == 11",
+    "message_id >= 3 and message_id < 0xFFFFFFFFFFFFFFFF",
+    "stream_id > 9223372036854775808 or vbucket in {0, 2..5}",
+    "type not in {HELLO OK ACK}",
+    'type matches "^dcp_.*_req$" || stream_name contains "ord"',
+    "notes or violations",
+    'violations matches "connected"',
+    "acks.stream_id == 12",
+    "acks.stream_id != 12",
+    "commit == false",
+    "ts > 1.7e9 and !(protocol == wallaroo)",
+    'dcp_key >= "d" and length le 64',
+    "length < 99999999999999999999 and type == ACK",  # past a long: compared exactly
+]
+
+
+def _plain(value):
+    """A Spark value as the dissector's record holds it: u64 as int, structs as dicts."""
+    if isinstance(value, Decimal):
+        return int(value)
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.timeout(480)
+def test_spark_predicate_selects_the_frames_the_python_filter_keeps(replayed):
+    """Each filter, as a Spark column and as the Python function, on the same rows of the frames table."""
+    from wallaroo_proto.display_filter import compile_filter, parse, spark_predicate
+
+    _, loaded, _ = replayed
+    columns = loaded.frames.columns
+    tests = [spark_predicate(parse(text)).alias(f"_f{i}") for i, text in enumerate(DISPLAY_FILTERS)]
+    rows = [row.asDict(recursive=True) for row in loaded.frames.select(*columns, *tests).collect()]
+    records = [{name: _plain(row[name]) for name in columns} for row in rows]
+    for i, text in enumerate(DISPLAY_FILTERS):
+        keep = compile_filter(text)
+        python = [keep(record) for record in records]
+        spark = [row[f"_f{i}"] for row in rows]
+        assert any(python) and not all(python), text  # each filter keeps some frames and drops some
+        assert spark == python, text
+
+
+@pytest.mark.timeout(480)
+def test_spark_replay_filters_the_frames_before_every_table(spark, capsys):
+    """spark-replay -Y: a --sql query over frames and the per-stream audit see the matching frames only."""
+    from rich.console import Console
+    from wallaroo_proto_cli import spark_replay
+
+    from wallaroo_proto.display_filter import compile_filter, parse
+    from wallaroo_proto.records import iter_records
+
+    sample = str(Path(__file__).resolve().parent.parent / "captures" / "source-session.pcap")
+    text = "stream_id == 11 and type != NOTIFY"
+    quiet = Console(quiet=True)
+    sql = "SELECT connection, frame_index FROM frames"
+    code = spark_replay._run(
+        spark,
+        quiet,
+        quiet,
+        [sample],
+        None,
+        False,
+        None,
+        "parquet",
+        sql,
+        None,
+        None,
+        [],
+        None,
+        quiet,
+        parse(text),
+    )
+    assert code == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = [r for r in iter_records(sample) if compile_filter(text)(r)]
+    got = sorted((r["connection"], r["frame_index"]) for r in rows if r["table"] == "sql")
+    assert got == sorted((r["connection"], r["frame_index"]) for r in expected)
+    assert len(got) == 8  # stream 11's NOTIFY_ACK and its 7 MESSAGEs
+    assert {r["stream_id"] for r in rows if r["table"] == "audit"} == {11}

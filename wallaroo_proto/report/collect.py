@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import CaptureError
@@ -18,11 +18,13 @@ def build_report(
     protocol: str | None = None,
     limits: ReportLimits | None = None,
     title: str | None = None,
+    keep: Callable[[dict], bool] | None = None,
 ) -> Report:
     """Dissect each capture once, streaming: memory stays within ``limits`` whatever the sizes.
 
     A capture that cannot be read to its end keeps what came before the damage,
-    and its error is shown in the report.
+    and its error is shown in the report. ``keep`` (a display filter) picks the
+    frames drawn; the others are read and left out.
     """
     limits = limits or ReportLimits()
     builder = ReportBuilder(limits)
@@ -33,7 +35,8 @@ def build_report(
         dissector = Dissector(name, ports=ports, protocol=protocol, keep_summaries=False)
         try:
             for record in dissector.run(name):
-                builder.feed(record)
+                if keep is None or keep(record):
+                    builder.feed(record)
         except CaptureError as err:
             capture.error = str(err)
             capture.cut = err.cut
