@@ -132,6 +132,7 @@ class TcpSession:
         self._seq = {True: client_isn, False: server_isn}
         self._ip_id = {True: 1, False: 1}
         self.closed = False
+        self._fins: set[bool] = set()
         self._segment(True, _TCP_SYN, b"", timestamp)
         self._seq[True] += 1
         self._segment(False, _TCP_SYN | _TCP_ACK, b"", timestamp)
@@ -163,6 +164,16 @@ class TcpSession:
         self._seq[not from_client] += 1
         self._segment(from_client, _TCP_ACK, b"", timestamp)
         self.closed = True
+
+    def fin(self, from_client: bool, timestamp: float | None = None) -> None:
+        """Record one side's half-close (its FIN, acknowledged); the session ends once both sent one."""
+        if self.closed or from_client in self._fins:
+            return
+        self._segment(from_client, _TCP_FIN | _TCP_ACK, b"", timestamp)
+        self._seq[from_client] += 1
+        self._segment(not from_client, _TCP_ACK, b"", timestamp)
+        self._fins.add(from_client)
+        self.closed = len(self._fins) == 2
 
     def reset(self, from_client: bool = True, timestamp: float | None = None) -> None:
         """Record an abortive close (RST), as when a peer dies."""
