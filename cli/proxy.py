@@ -34,13 +34,10 @@ NAME = "wallaroo-proto proxy"
 
 
 def _violation_line(r: dict) -> str:
-    side = "client→upstream" if r.get("sender") in _CLIENT_SENDERS else "upstream→client"
+    """One violation as it happens: the client is always the connection's initiator."""
+    side = "client→upstream" if r["direction"].startswith("initiator") else "upstream→client"
     reasons = "; ".join(r["violations"])
     return f"{NAME}: connection #{r['conn_index']} {side} frame {r['frame_index']} {r['type']}: {reasons}"
-
-
-#: Who opens a connection, by each protocol's sender names (the rest are the upstream's).
-_CLIENT_SENDERS = frozenset({"connector", "processor", "consumer", "lb", "client", "initiator"})
 
 
 async def _serve(relay: Relay) -> None:
