@@ -92,12 +92,12 @@ def command(listen, upstream, protocol, record, summary, verbosity) -> None:
     """
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
-    def on_record(r: dict) -> None:
-        if r.get("violations") and verbosity >= 0:
+    def on_violation(r: dict) -> None:
+        if verbosity >= 0:
             errors.print(escape(_violation_line(r)))
 
     try:
-        watch = Watch(record=record, protocol=protocol, ports=(upstream[1],), on_record=on_record)
+        watch = Watch(record=record, protocol=protocol, ports=(upstream[1],), on_violation=on_violation)
     except OSError as err:
         raise usage_error(f"--record {record}: {os_reason(err)}") from err
     relay = Relay(listen, upstream, watch)
@@ -106,10 +106,10 @@ def command(listen, upstream, protocol, record, summary, verbosity) -> None:
     finally:
         watch.close()
     if watch.error is not None:
-        errors.print(f"[bold red]{NAME}:[/] the live dissector stopped: {escape(str(watch.error))}")
+        errors.print(f"[bold red]{NAME}:[/] the live checker stopped early: {escape(watch.error)}")
     out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
     if summary:
-        for s in watch.summaries():
+        for s in watch.summaries:
             get_plugin(s.get("protocol", "wallaroo")).print_summary(out, s)
     stats = relay.stats
     if verbosity > 0:

@@ -1,30 +1,32 @@
-"""What a proxy sees, recorded and dissected as it passes.
+"""What a proxy sees, recorded and checked as it passes.
 
 The relayed bytes are written as a pcap (``pcap_writer``: the same synthesised
-packets as a mock's ``--record``) to the recording file if asked, and always into a
-pipe read by the capture ``Dissector`` on a thread of its own. So the live checks,
-the violations and the summary are ``dissect``'s of that very recording, rule for
-rule: a proxy run and ``dissect`` of its recording cannot disagree. The pipe is
-bounded: a dissector that falls behind slows the relay, memory stays flat.
+packets as a mock's ``--record``) to the recording file if asked, and always into
+the pipe of a checker process (``proxy.checker``) that runs the capture
+``Dissector`` over it. So the live checks, the violations and the summary are
+``dissect``'s of that very recording, rule for rule: a proxy run and ``dissect`` of
+its recording cannot disagree. The pipe is bounded: a checker that falls behind
+slows the relay, and memory stays flat.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable
 
-from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.frame_block import FrameBlock
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 
 
 class Watch:
-    """A ``relay.Tap``: records every connection and dissects it live.
+    """A ``relay.Tap``: records every connection and checks it live.
 
-    ``on_record(record)`` is called on the dissector's thread for each frame
-    (violations in ``record["violations"]``); ``close()`` ends the recording
-    and waits for the dissector, then ``summaries()`` are ``dissect --summary``'s.
+    ``on_violation(record)`` is called on a reader thread for each frame with a
+    violation (``record["violations"]``); ``close()`` ends the recording and waits
+    for the checker, then ``summaries`` are ``dissect --summary``'s.
     """
 
     def __init__(
@@ -32,35 +34,36 @@ class Watch:
         *,
         record: str | None = None,
         protocol: str | None = None,
-        ports: Iterable[int] | None = None,
-        on_record: Callable[[dict], None] | None = None,
+        ports: Iterable[int] = (),
+        on_violation: Callable[[dict], None] | None = None,
     ) -> None:
         self._writers: list[PcapWriter] = []
         if record is not None:
             self._writers.append(PcapWriter(record))
-        read_end, write_end = os.pipe()
-        self._pipe = PcapWriter(os.fdopen(write_end, "wb"))
-        self._writers.append(self._pipe)
-        self._pipe_file = self._pipe._file
-        self.dissector = Dissector(record or "proxy", protocol=protocol, ports=ports)
-        self._on_record = on_record
-        self._sessions: dict[int, list[TcpSession]] = {}
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(
-            target=self._dissect, args=(os.fdopen(read_end, "rb"),), name="proxy-dissect", daemon=True
+        self._checker = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
+                *(record or "proxy", protocol or "-", ",".join(map(str, ports))),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
         )
-        self._thread.start()
+        self._writers.append(PcapWriter(self._checker.stdin))
+        self._on_violation = on_violation
+        self._sessions: dict[int, list[TcpSession]] = {}
+        self.summaries: list[dict] = []
+        self.error: str | None = None
+        self._reader = threading.Thread(target=self._read, name="proxy-checker", daemon=True)
+        self._reader.start()
 
-    def _dissect(self, source) -> None:
-        try:
-            with source:
-                for item in self.dissector.frames(source):
-                    if self._on_record is None:
-                        continue
-                    for r in item.records() if type(item) is FrameBlock else (item,):
-                        self._on_record(r)
-        except BaseException as err:  # reported by close(): the relay must not die of it
-            self.error = err
+    def _read(self) -> None:
+        for line in self._checker.stdout:
+            item = json.loads(line)
+            if "summaries" in item:
+                self.summaries = item["summaries"]
+                self.error = item["error"]
+            elif self._on_violation is not None:
+                self._on_violation(item)
 
     # relay.Tap -------------------------------------------------------------------------
 
@@ -84,11 +87,10 @@ class Watch:
     # the end ------------------------------------------------------------------------------
 
     def close(self, timeout: float | None = None) -> None:
-        """End the recording (open connections stay open in it) and let the dissector finish."""
+        """End the recording (open connections stay open in it) and let the checker finish."""
         for writer in self._writers:
             writer.close()
-        self._pipe_file.close()
-        self._thread.join(timeout)
-
-    def summaries(self) -> list[dict]:
-        return self.dissector.summaries()
+        with contextlib.suppress(BrokenPipeError):
+            self._checker.stdin.close()
+        self._reader.join(timeout)
+        self._checker.wait(timeout)
