@@ -26,6 +26,7 @@ def main(argv: list[str]) -> int:
         protocol=None if protocol == "-" else protocol,
         ports=[int(p) for p in ports.split(",") if p],
     )
+    dissector.want_records = False  # as for --summary: no record where a plug-in can avoid one
     out = sys.stdout
     error = None
     try:
