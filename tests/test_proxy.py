@@ -210,3 +210,30 @@ def test_a_port_in_use_is_a_clear_error() -> None:
         busy.close()
     assert result.returncode == 2
     assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_dcp_consumer_through_the_proxy_streams_every_item_and_the_proxy_sees_no_violation(
+    tmp_path: Path,
+) -> None:
+    recording = tmp_path / "dcp.pcap"
+    with Server(
+        "dcp", "mock-producer", "--port", "0", "--vbuckets", "4", "--items", "500", "--keys", str(10**9)
+    ) as producer:
+        with Server(
+            "proxy", "--listen", "127.0.0.1:0", "--upstream", producer.address, "--record", str(recording)
+        ) as proxy:
+            consumer = run_cli(
+                "dcp", "mock-consumer", "--connect", proxy.address, "--format", "json", timeout=90
+            )
+            assert consumer.returncode == 0, consumer.stdout + consumer.stderr
+            code, stdout, stderr = proxy.stop()
+        producer.stop()
+    assert code == 0, stderr
+    assert json.loads(consumer.stdout.splitlines()[-1])["items_received"] == 4 * 500
+    assert "violation" not in stderr.lower()
+    summary = run_cli("dissect", str(recording), "--port", str(producer.port), "--summary")
+    assert stdout.split("\n", 1)[1].strip() == summary.stdout.strip()
+    frames = run_cli("dissect", str(recording), "--port", str(producer.port), "--format", "jsonl").stdout
+    items = {"DCP_MUTATION", "DCP_DELETION", "DCP_EXPIRATION"}
+    assert sum(json.loads(line)["type"] in items for line in frames.splitlines()) == 4 * 500
