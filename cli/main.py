@@ -37,6 +37,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dcp": ("dcp", "Couchbase DCP: a mock producer and a mock consumer."),
     "ambrosia": ("ambrosia", "AMBROSIA IC <-> language binding: a mock IC and a mock language binding."),
     "tremor": ("tremor", "Tremor network protocol (WebSocket): a mock node and a mock client."),
+    "proxy": ("proxy", "Stand between two real peers: forward, record and check their conversation live."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }
 

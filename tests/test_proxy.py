@@ -1,0 +1,239 @@
+"""``proxy`` between real processes over loopback: forwarding, half-close and reset, live checks.
+
+The ground truth is what each end saw (the worker's ``--out``, the bytes a socket
+received), and ``dissect`` of the proxy's own recording.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from support import Server, run_cli
+
+from wallaroo_proto.protocols.wallaroo.codec import encode
+from wallaroo_proto.protocols.wallaroo.frames import Hello, Message
+from wallaroo_proto.protocols.wallaroo.inputs import stream_id_for
+
+DEADLINE = 60
+
+
+def delivered(out: Path) -> dict[int, list[tuple[int, str]]]:
+    per_stream: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for line in out.read_text().splitlines():
+        record = json.loads(line)
+        per_stream[record["stream_id"]].append((record["message_id"], record["payload"]))
+    return per_stream
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class Upstream:
+    """A one-connection TCP server run by the test: ``script(conn)`` plays the real peer."""
+
+    def __init__(self, script) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, args=(script,), daemon=True)
+        self.thread.start()
+
+    def _serve(self, script) -> None:
+        try:
+            self.sock.settimeout(DEADLINE)
+            conn, _ = self.sock.accept()
+            conn.settimeout(DEADLINE)
+            script(conn)
+        except BaseException as err:
+            self.error = err
+
+    def join(self) -> None:
+        self.thread.join(DEADLINE)
+        self.sock.close()
+        assert self.error is None, self.error
+
+
+def read_all(sock: socket.socket) -> bytes:
+    parts = []
+    while chunk := sock.recv(65536):
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+@pytest.mark.slow
+def test_a_source_through_the_proxy_reaches_the_worker_exactly_once_and_the_recording_is_dissects(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out.jsonl"
+    recording = tmp_path / "proxy.pcap"
+    with Server(
+        "mock-worker", "--port", "0", "--out", str(out), "--checkpoint-ms", "20", "--no-live"
+    ) as worker:
+        with Server(
+            "proxy", "--listen", "127.0.0.1:0", "--upstream", worker.address, "--record", str(recording)
+        ) as proxy:
+            source = run_cli(
+                *("mock-source", "--connect", proxy.address, "--format", "json", "-q"),
+                *("--streams", "6", "--count", "200", "--payload-size", "40"),
+                timeout=90,
+            )
+            assert source.returncode == 0, source.stderr
+            code, stdout, stderr = proxy.stop()
+        worker.stop()
+    assert code == 0, stderr
+    per_stream = delivered(out)
+    for i in range(6):
+        name = f"stream-{i}"
+        got = per_stream[stream_id_for(name)]
+        assert [n for n, _ in got] == list(range(1, 201))
+        assert all(payload.startswith(f"{name}:{n}:") for n, payload in got)
+    assert json.loads(source.stdout.splitlines()[-1])["acknowledged"] == 1200
+    # The proxy's own summary is dissect's of its recording, line for line.
+    summary = run_cli("dissect", str(recording), "--summary")
+    assert summary.returncode == 0, summary.stderr
+    shown = stdout.split("\n", 1)[1]  # after the ready line
+    assert shown.strip() == summary.stdout.strip()
+    frames = [
+        json.loads(line)
+        for line in run_cli("dissect", str(recording), "--format", "jsonl").stdout.splitlines()
+    ]
+    assert sum(1 for r in frames if r["type"] == "MESSAGE") == 1200
+    assert not any(r.get("violations") for r in frames)
+    assert "violation" not in stderr.lower()
+
+
+@pytest.mark.slow
+def test_a_violation_is_reported_while_the_proxy_runs() -> None:
+    with Server("mock-worker", "--port", "0", "--no-live") as worker:
+        with Server(
+            "proxy",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            worker.address,
+            "--protocol",
+            "wallaroo",
+            "--no-summary",
+        ) as proxy:
+            client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+            # A HELLO, then a MESSAGE on a stream never notified: a violation the worker answers.
+            client.sendall(encode(Hello("v0.0.1", b"", "proxy-test", "i1")))
+            client.sendall(encode(Message(7, 1, 0, b"", b"not notified")))
+            wait_for(lambda: "client→upstream" in proxy.stderr(), "the violation line")
+            line = next(x for x in proxy.stderr().splitlines() if "client→upstream" in x)
+            assert line.startswith("wallaroo-proto proxy: connection #1 client→upstream frame 1 MESSAGE: ")
+            assert proxy.proc.poll() is None  # reported live, while it serves
+            client.close()
+            code, _, stderr = proxy.stop()
+        worker.stop()
+    assert code == 0, stderr
+
+
+@pytest.mark.slow
+def test_half_close_is_passed_on_and_the_other_way_keeps_flowing() -> None:
+    def peer(conn: socket.socket) -> None:
+        got = read_all(conn)  # until the client's half-close arrives through the proxy
+        conn.sendall(b"you sent " + str(len(got)).encode())
+        conn.close()
+
+    upstream = Upstream(peer)
+    with Server(
+        "proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{upstream.port}", "-q"
+    ) as proxy:
+        client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+        client.sendall(b"x" * 300_000)
+        client.shutdown(socket.SHUT_WR)
+        assert read_all(client) == b"you sent 300000"
+        client.close()
+        upstream.join()
+        code, _, stderr = proxy.stop()
+    assert code == 0, stderr
+
+
+@pytest.mark.slow
+def test_a_reset_is_passed_on_as_a_reset() -> None:
+    def peer(conn: socket.socket) -> None:
+        assert conn.recv(5) == b"hello"
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # an abortive close: RST
+
+    upstream = Upstream(peer)
+    with Server(
+        "proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{upstream.port}", "-q"
+    ) as proxy:
+        client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+        client.sendall(b"hello")
+        upstream.join()
+        with pytest.raises(ConnectionResetError):
+            read_all(client)
+        client.close()
+        code, _, stderr = proxy.stop()
+    assert code == 0, stderr
+
+
+@pytest.mark.slow
+def test_an_upstream_that_refuses_is_a_refused_client_and_the_proxy_serves_on() -> None:
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    with Server("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{port}", "-v") as proxy:
+        for _ in range(2):
+            client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+            with pytest.raises((ConnectionResetError, ConnectionAbortedError)):
+                client.sendall(b"x")
+                read_all(client)
+            client.close()
+        code, _, stderr = proxy.stop()
+    assert code == 0, stderr
+    assert "2 refused by the upstream" in stderr
+
+
+def test_a_port_in_use_is_a_clear_error() -> None:
+    busy = socket.create_server(("127.0.0.1", 0))
+    try:
+        result = run_cli(
+            "proxy", "--listen", f"127.0.0.1:{busy.getsockname()[1]}", "--upstream", "127.0.0.1:9"
+        )
+    finally:
+        busy.close()
+    assert result.returncode == 2
+    assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_dcp_consumer_through_the_proxy_streams_every_item_and_the_proxy_sees_no_violation(
+    tmp_path: Path,
+) -> None:
+    recording = tmp_path / "dcp.pcap"
+    with Server(
+        "dcp", "mock-producer", "--port", "0", "--vbuckets", "4", "--items", "500", "--keys", str(10**9)
+    ) as producer:
+        with Server(
+            "proxy", "--listen", "127.0.0.1:0", "--upstream", producer.address, "--record", str(recording)
+        ) as proxy:
+            consumer = run_cli(
+                "dcp", "mock-consumer", "--connect", proxy.address, "--format", "json", timeout=90
+            )
+            assert consumer.returncode == 0, consumer.stdout + consumer.stderr
+            code, stdout, stderr = proxy.stop()
+        producer.stop()
+    assert code == 0, stderr
+    assert json.loads(consumer.stdout.splitlines()[-1])["items_received"] == 4 * 500
+    assert "violation" not in stderr.lower()
+    summary = run_cli("dissect", str(recording), "--port", str(producer.port), "--summary")
+    assert stdout.split("\n", 1)[1].strip() == summary.stdout.strip()
+    frames = run_cli("dissect", str(recording), "--port", str(producer.port), "--format", "jsonl").stdout
+    items = {"DCP_MUTATION", "DCP_DELETION", "DCP_EXPIRATION"}
+    assert sum(json.loads(line)["type"] in items for line in frames.splitlines()) == 4 * 500

@@ -1,0 +1,96 @@
+"""What a proxy sees, recorded and checked as it passes.
+
+The relayed bytes are written as a pcap (``pcap_writer``: the same synthesised
+packets as a mock's ``--record``) to the recording file if asked, and always into
+the pipe of a checker process (``proxy.checker``) that runs the capture
+``Dissector`` over it. So the live checks, the violations and the summary are
+``dissect``'s of that very recording, rule for rule: a proxy run and ``dissect`` of
+its recording cannot disagree. The pipe is bounded: a checker that falls behind
+slows the relay, and memory stays flat.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable
+
+from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
+
+
+class Watch:
+    """A ``relay.Tap``: records every connection and checks it live.
+
+    ``on_violation(record)`` is called on a reader thread for each frame with a
+    violation (``record["violations"]``); ``close()`` ends the recording and waits
+    for the checker, then ``summaries`` are ``dissect --summary``'s.
+    """
+
+    def __init__(
+        self,
+        *,
+        record: str | None = None,
+        protocol: str | None = None,
+        ports: Iterable[int] = (),
+        on_violation: Callable[[dict], None] | None = None,
+    ) -> None:
+        self._writers: list[PcapWriter] = []
+        if record is not None:
+            self._writers.append(PcapWriter(record))
+        self._checker = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
+                *(record or "proxy", protocol or "-", ",".join(map(str, ports))),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self._writers.append(PcapWriter(self._checker.stdin))
+        self._on_violation = on_violation
+        self._sessions: dict[int, list[TcpSession]] = {}
+        self.summaries: list[dict] = []
+        self.error: str | None = None
+        self._reader = threading.Thread(target=self._read, name="proxy-checker", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self._checker.stdout:
+            item = json.loads(line)
+            if "summaries" in item:
+                self.summaries = item["summaries"]
+                self.error = item["error"]
+            elif self._on_violation is not None:
+                self._on_violation(item)
+
+    # relay.Tap -------------------------------------------------------------------------
+
+    def opened(self, conn: int, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
+        self._sessions[conn] = [w.tcp_session(client, server, timestamp=when) for w in self._writers]
+
+    def data(self, conn: int, from_client: bool, data: bytes, when: float) -> None:
+        for session in self._sessions.get(conn, ()):
+            session.send(from_client, data, when)
+
+    def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None:
+        sessions = self._sessions.get(conn, ())
+        for session in sessions:
+            if reset:
+                session.reset(from_client, when)
+            else:
+                session.fin(from_client, when)
+        if sessions and sessions[0].closed:
+            del self._sessions[conn]
+
+    # the end ------------------------------------------------------------------------------
+
+    def close(self, timeout: float | None = None) -> None:
+        """End the recording (open connections stay open in it) and let the checker finish."""
+        for writer in self._writers:
+            writer.close()
+        with contextlib.suppress(BrokenPipeError):
+            self._checker.stdin.close()
+        self._reader.join(timeout)
+        self._checker.wait(timeout)
