@@ -134,6 +134,33 @@ def test_plain_session_reads_the_format_with_its_options(spark, captures):
     assert spark_rows(split) == dissector_rows(captures["source"])
 
 
+AMBROSIA_FIRST_START = Path(__file__).resolve().parent.parent / "captures" / "ambrosia-first-start.pcap"
+
+
+def present(fields: dict) -> dict:
+    """A record's or a row's fields that hold a value, u64 decimals as ints."""
+    return {
+        k: int(v) if isinstance(v, Decimal) else v
+        for k, v in fields.items()
+        if v is not None and not k.startswith("_")
+    }
+
+
+@pytest.mark.timeout(480)
+def test_split_ambrosia_capture_frames_equal_the_dissector(spark):
+    """An LB's receive and send sockets, judged together, stay so when the capture is split in tasks."""
+    name = str(AMBROSIA_FIRST_START)
+    split = (
+        spark.read.format("wallaroo-capture").option("splitBytes", "1").option("parallelism", "2").load(name)
+    )
+    assert split.rdd.getNumPartitions() == 2
+    rows = [present(row.asDict(recursive=True)) for row in split.collect()]
+    expected = [present(r) for r in records.iter_records(name, capture_name=name)]
+    key = lambda r: (r["packet"], r["conn_index"], r["frame_index"])  # noqa: E731
+    assert sorted(rows, key=key) == sorted(expected, key=key)
+    assert not [r for r in rows if r.get("violations")]
+
+
 @pytest.mark.timeout(480)
 def test_damaged_and_missing_captures_by_mode(spark, captures):
     damaged, missing = str(captures["damaged"]), str(captures["damaged"].with_name("missing.pcap"))

@@ -15,8 +15,11 @@ objects with those keys, e.g. ``"acks": [{"stream_id": 1, "point_of_ref": 9}]``)
 
 ``iter_records`` streams a capture's records with bounded memory; its
 ``connection_filter`` lets N Spark tasks each reassemble 1/N of one capture's
-connections: ``connection_filter=lambda key: flow_hash(key) % n == i``. Use
-``flow_hash``, not ``hash()``: Python's string hash differs per process.
+connections: ``connection_filter=lambda key: flow_hash(key) % n == i``. The
+filter is given each connection's part key (``ProtocolPlugin.part_key``: its
+``ConnectionKey``, unless its plug-in groups connections whose dissection
+shares state), so a group is kept or left whole. Use ``flow_hash``, not
+``hash()``: Python's string hash differs per process.
 """
 
 from __future__ import annotations
@@ -170,9 +173,9 @@ class ConnectionKey(NamedTuple):
     port_b: int
 
 
-def flow_hash(key: ConnectionKey) -> int:
-    """A hash of a connection that is the same in every process (for splitting work)."""
-    return zlib.crc32(f"{key.addr_a}|{key.port_a}|{key.addr_b}|{key.port_b}".encode())
+def flow_hash(key: tuple) -> int:
+    """A hash of a connection's part key (str and int values) that is the same in every process."""
+    return zlib.crc32("|".join(map(str, key)).encode())
 
 
 def _exact(value: Any) -> Any:
@@ -246,7 +249,7 @@ def iter_records(
     *,
     ports: Iterable[int] | None = None,
     protocol: str | None = None,
-    connection_filter: Callable[[ConnectionKey], bool] | None = None,
+    connection_filter: Callable[[tuple], bool] | None = None,
     capture_name: str | None = None,
     max_frame_size: int | None = None,
     blocks: bool = False,
@@ -254,7 +257,8 @@ def iter_records(
     """Stream the frame records of one capture, in packet order, with bounded memory.
 
     Raises ``capture.CaptureError`` after yielding every record before the damage.
-    ``connection_filter`` picks the connections to reassemble (all by default).
+    ``connection_filter`` picks the connections to reassemble (all by default) by their
+    part keys; connections are numbered alike whatever it keeps.
     ``blocks``: runs of frames come as ``capture.frame_block.FrameBlock`` (rows, not
     dicts) where a plug-in makes them, for readers that take columns.
     """

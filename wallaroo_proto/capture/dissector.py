@@ -56,10 +56,9 @@ _BATCH = 64
 
 
 class _Skipped:
-    """A connection not dissected here (not ours, or another task's share of the capture).
+    """A connection not dissected here: not ours, or over.
 
-    It remembers just enough to notice a new connection on the same 4-tuple, so
-    that connection numbers are the same whatever ``connection_filter`` keeps.
+    It remembers just enough to notice a new connection on the same 4-tuple.
     """
 
     __slots__ = ("isn", "closed")
@@ -74,6 +73,42 @@ class _Skipped:
                 self.isn = seq
         elif flags & (TCP_FIN | TCP_RST):
             self.closed = True
+
+
+class _Unread:
+    """One direction of a connection another task of a split capture dissects (``connection_filter``).
+
+    It keeps what the flow table asks of a dissected direction, taken as
+    ``HalfStream`` takes it, so that a new connection on its 4-tuple is found
+    exactly where the whole capture's dissector finds one and connections are
+    numbered alike in every task.
+    """
+
+    __slots__ = ("started", "isn", "fin_seen", "rst_seen", "other")
+
+    def __init__(self) -> None:
+        self.started = self.fin_seen = self.rst_seen = False
+        self.isn: int | None = None
+        self.other: _Unread = self
+
+    def segment(self, seq: int, flags: int, payload: bytes, packet: int, ts: int) -> None:
+        if flags & TCP_SYN:
+            if not self.started:
+                self.started = True
+                self.isn = seq
+            return
+        if flags & TCP_RST:
+            self.rst_seen = True
+        if flags & TCP_FIN:
+            self.fin_seen = True
+        if payload:
+            self.started = True
+
+    @property
+    def over(self) -> bool:
+        """As a dissected connection ends: a RST, or FINs both ways."""
+        other = self.other
+        return self.rst_seen or other.rst_seen or (self.fin_seen and other.fin_seen)
 
 
 class _Probe:
@@ -126,7 +161,7 @@ class Dissector:
         *,
         ports: Iterable[int] | None = None,
         protocol: str | None = None,
-        connection_filter: Callable[[ConnectionKey], bool] | None = None,
+        connection_filter: Callable[[tuple], bool] | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER,
         with_raw: bool = False,
@@ -251,8 +286,11 @@ class Dissector:
                 if half is None or (flags & TCP_SYN and not flags & TCP_ACK and self._reused(half, seq)):
                     half = new_flow(key, flags)
                 half.segment(seq, flags, payload, packet, ts)
-                if flags & _CLOSING and type(half) is HalfStream:
-                    self._closing(half)
+                if flags & _CLOSING:
+                    if type(half) is HalfStream:
+                        self._closing(half)
+                    elif type(half) is _Unread and half.over:
+                        self._skip(key).closed = True
                 if limit is not None and made + _frames_in(out) >= limit:
                     break
                 if holding and self._holding_back(len(payload), packet, ts):
@@ -318,7 +356,7 @@ class Dissector:
 
     def _reused(self, half: Any, seq: int) -> bool:
         """A SYN on a known 4-tuple starts a new connection unless it repeats the known one's."""
-        if isinstance(half, HalfStream):
+        if isinstance(half, (HalfStream, _Unread)):
             if not half.started:
                 return False
             return half.fin_seen or half.rst_seen or half.isn is None or seq != half.isn
@@ -330,17 +368,26 @@ class Dissector:
         src, sport, dst, dport = key
         return key if (src, sport) <= (dst, dport) else (dst, dport, src, sport)
 
-    def _wanted(self, canon: tuple) -> bool:
+    def _wanted(self, canon: tuple, plugin: ProtocolPlugin) -> bool:
+        """Whether ``connection_filter`` keeps the connection: it is given the plug-in's part key."""
         if self.connection_filter is None:
             return True
         a, pa, b, pb = canon
-        return bool(self.connection_filter(ConnectionKey(format_address(a), pa, format_address(b), pb)))
+        key = ConnectionKey(format_address(a), pa, format_address(b), pb)
+        return bool(self.connection_filter(plugin.part_key(key)))
 
     def _skip(self, key: tuple, isn: int | None = None) -> _Skipped:
         src, sport, dst, dport = key
         skipped = _Skipped(isn)
         self._flows[key] = self._flows[(dst, dport, src, sport)] = skipped
         return skipped
+
+    def _unread(self, key: tuple, reverse: tuple) -> _Unread:
+        """Another task's connection: both directions followed only for the flow table."""
+        half, back = _Unread(), _Unread()
+        half.other, back.other = back, half
+        self._flows[key], self._flows[reverse] = half, back
+        return half
 
     def _new_flow(self, key: tuple, flags: int) -> Any:
         canon = self._canonical(key)
@@ -354,8 +401,8 @@ class Dissector:
         if plugin is not None:
             # Numbered before filtering, so every task of a split capture numbers alike.
             self._count += 1
-            if not self._wanted(canon):
-                return self._skip(key)
+            if not self._wanted(canon, plugin):
+                return self._unread(key, reverse)
             client_known = bool(flags & TCP_SYN)
             client_is_src = not (flags & TCP_ACK) if client_known else True
             return self._track(key, reverse, canon, client_is_src, client_known, plugin)
@@ -415,18 +462,17 @@ class Dissector:
     ):
         """A probed connection a plug-in knows: track it, its first sender being the initiator."""
         self._count += 1
-        if not self._wanted(probe.key):
-            self._ignore(probe)
-            return
         src, sport, dst, dport = key
         reverse = (dst, dport, src, sport)
-        client_is_src, known = True, fixed
-        if not fixed:  # a fallback: the SYN, if seen, tells the initiator
-            syn = next((k for k, (_, f) in probe.syns.items() if not f & TCP_ACK), None)
-            client_is_src, known = (syn is None or syn == key), syn is not None
-        self._track(key, reverse, probe.key, client_is_src, known, plugin)
-        tracker = self._live[probe.key]
-        tracker.initiator_fixed = fixed
+        if not self._wanted(probe.key, plugin):
+            self._unread(key, reverse)
+        else:
+            client_is_src, known = True, fixed
+            if not fixed:  # a fallback: the SYN, if seen, tells the initiator
+                syn = next((k for k, (_, f) in probe.syns.items() if not f & TCP_ACK), None)
+                client_is_src, known = (syn is None or syn == key), syn is not None
+            self._track(key, reverse, probe.key, client_is_src, known, plugin)
+            self._live[probe.key].initiator_fixed = fixed
         for k, (syn_seq, syn_flags) in probe.syns.items():
             self._flows[k].segment(syn_seq, syn_flags, b"", packet, ts)
         self._flows[key].segment(seq, flags, payload, packet, ts)

@@ -18,6 +18,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+
+def own_connection(key: Any) -> tuple:
+    """The default ``part_key``: a connection's dissection needs no other connection's."""
+    return key
+
+
 #: The registry, in detection order: a connection's first bytes go to each detector in turn.
 _PLUGIN_MODULES = (
     "wallaroo_proto.protocols.wallaroo.plugin",
@@ -72,6 +78,11 @@ class ProtocolPlugin:
     #: Optional: fields about the whole connection, as ``record_fields``, but joined among
     #: ``records.CONNECTION_FIELDS`` (columns after the endpoints, before the frame fields).
     connection_fields: tuple[tuple[str, str, str], ...] = ()
+    #: Optional: ``part_key(records.ConnectionKey) -> tuple`` of str and int. A capture split
+    #: across tasks keeps connections with one part key in one task, so a plug-in whose
+    #: dissection of one connection reads another's state gives them one key (default: each
+    #: connection its own).
+    part_key: Callable[[Any], tuple] = own_connection
 
 
 @cache
@@ -104,4 +115,4 @@ def table_name(protocol: str, table: str) -> str:
     return table if protocol == "wallaroo" else f"{protocol}_{table}"
 
 
-__all__ = ["ProtocolPlugin", "get_plugin", "names", "plugins", "table_name"]
+__all__ = ["ProtocolPlugin", "get_plugin", "names", "own_connection", "plugins", "table_name"]

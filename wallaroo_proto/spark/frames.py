@@ -6,7 +6,8 @@ with the dissector's own ``records.iter_records`` (the ``wallaroo-capture``
 data source, ``datasource``, does the reading). A capture larger than its
 share of the cluster is split into ``nparts`` tasks that each read the file but
 reassemble only the connections whose ``flow_hash`` falls in their part, so one
-big capture's connections are decoded in parallel. Rows follow
+big capture's connections are decoded in parallel (connections whose dissection
+shares state, as an AMBROSIA LB's two sockets, have one part key and one task). Rows follow
 ``records.spark_schema()``: the same fields as ``dissect --format jsonl``.
 
 A capture that cannot be read (missing, not a capture, truncated, damaged) does
@@ -123,7 +124,7 @@ def plan_tasks(
 
 
 class PartFilter:
-    """Picklable connection filter: this part's share of a capture's connections."""
+    """Picklable connection filter: this part's share of a capture's connections, by part key."""
 
     __slots__ = ("part", "nparts")
 
@@ -131,7 +132,7 @@ class PartFilter:
         self.part = part
         self.nparts = nparts
 
-    def __call__(self, key: records.ConnectionKey) -> bool:
+    def __call__(self, key: tuple) -> bool:
         return records.flow_hash(key) % self.nparts == self.part
 
 

@@ -6,8 +6,8 @@ messages from the initiator on the receive port. The two sockets of one LB
 (same LB and IC addresses, opened in turn) share one ``Session``, so rules
 that span them (no record while a checkpoint is asked for, InitialMessage
 before the first checkpoint) are judged in the order the packets came. A
-socket whose partner is not in the capture (or in another task's share of
-it) is judged alone.
+socket whose partner is not in the capture is judged alone; a capture split
+across tasks keeps an LB's two sockets in one task (``pair_key``).
 
 Every log record and every LB message is a row; so is each checkpoint's raw
 bytes (``CheckpointBytes``), which are skipped, never read as messages.
@@ -93,6 +93,15 @@ class _Pair:
 
 #: Per dissector: (LB address, IC address) -> pairs still missing a socket, oldest first.
 _OPEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def pair_key(key: Any) -> tuple[str, str]:
+    """A split capture's part key: the two hosts, as ``_join`` pairs sockets by their LB and IC addresses.
+
+    ``key`` is the connection's ``records.ConnectionKey`` (addresses in a fixed
+    order, whichever side is the LB), so both sockets of one LB get one key.
+    """
+    return (key.addr_a, key.addr_b)
 
 
 def _join(dissector: Any, lb_addr: str, ic_addr: str, role: str, ic_port: int) -> _Pair:
@@ -430,4 +439,4 @@ def _batch_count(msg) -> int:
         return 0
 
 
-__all__ = ["PORTS", "AmbrosiaTracker", "looks_like_ambrosia"]
+__all__ = ["PORTS", "AmbrosiaTracker", "looks_like_ambrosia", "pair_key"]

@@ -14,7 +14,7 @@ from wallaroo_proto.protocols import ProtocolPlugin
 from .codec import TYPE_NAMES as MESSAGE_TYPES
 from .codec import RecordSplitter, read_header
 from .core import Session
-from .dissect import PORTS, AmbrosiaTracker, looks_like_ambrosia
+from .dissect import PORTS, AmbrosiaTracker, looks_like_ambrosia, pair_key
 from .report import AmbrosiaSignals
 
 #: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
@@ -129,4 +129,5 @@ PLUGIN = ProtocolPlugin(
     spark_reports=_spark_reports,
     report_titles=TITLES,
     report_signals=AmbrosiaSignals,
+    part_key=pair_key,
 )
