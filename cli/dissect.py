@@ -35,6 +35,7 @@ from wallaroo_proto.capture.views import (
     FieldRows,
     JsonArray,
     PacketExport,
+    StreamNames,
     TimeFormat,
     UsageError,
     check_fields,
@@ -88,7 +89,10 @@ def _parse_time(value: str | None) -> float | None:
 
 class _Filter:
     def __init__(self, streams, types, connections, since, until) -> None:
-        self.streams = set(streams) or None
+        self.stream_names = {s for s in streams if not s.isdigit()}
+        #: Where names asked for are learnt (set by the command when they are).
+        self.names: StreamNames | None = None
+        self.streams = {int(s) for s in streams if s.isdigit()} if streams else None
         self.types = {t.upper() for t in types} or None
         self.connections = list(connections) or None
         self.since = since
@@ -126,7 +130,11 @@ class _Filter:
             and r.get("twopc") not in self.types
         ):
             return False
-        if self.streams is not None and r.get("stream_id") not in self.streams:
+        if (
+            self.streams is not None
+            and r.get("stream_id") not in self.streams
+            and not (self.stream_names and self.names.name(r) in self.stream_names)
+        ):
             return False
         if self.connections is not None and not self.match_connection(r["conn_index"], r["connection"]):
             return False
@@ -147,7 +155,7 @@ def _fields(r: dict) -> str:
     return get_plugin(r.get("protocol") or "wallaroo").describe(r)
 
 
-def _line(r: dict, clock: TimeFormat, hexdump: bool) -> str:
+def _line(r: dict, clock: TimeFormat, hexdump: bool, names: StreamNames) -> str:
     """A frame on one line, for scripts: columns between tabs, never wrapped or cut.
 
     Notes and violations follow as columns of their own (``note: ...``, ``VIOLATION: ...``),
@@ -163,7 +171,7 @@ def _line(r: dict, clock: TimeFormat, hexdump: bool) -> str:
         f"#{r['conn_index']}",
         _ARROWS.get(r.get("sender"), "?"),
         r.get("twopc") or t,
-        field_text(_fields(r)),
+        field_text(_fields(names.labelled(r))),
         payload,
     ]
     columns += [f"note: {field_text(note)}" for note in r.get("notes") or ()]
@@ -185,9 +193,10 @@ def _hexdump(data: bytes) -> str:
 class _RichFrames:
     """Streams rows in small fixed-width tables, so a huge capture prints with flat memory."""
 
-    def __init__(self, console: Console, hexdump: bool, clock: TimeFormat) -> None:
+    def __init__(self, console: Console, hexdump: bool, clock: TimeFormat, names: StreamNames) -> None:
         self.console = console
         self.clock = clock
+        self.names = names
         self.hexdump = hexdump
         self.rows: list[dict] = []
         self.header = True
@@ -226,7 +235,7 @@ class _RichFrames:
                 f"#{r['conn_index']}",
                 arrow,
                 Text(label, style=style),
-                _fields(r),
+                _fields(self.names.labelled(r)),
                 payload,
             )
             for note in r.get("notes") or ():
@@ -335,7 +344,12 @@ class _RichFrames:
     metavar="N",
     help="Stop after N frames shown, over all FILES (with --summary: summarise the first N frames read).",
 )
-@click.option("--stream", "streams", type=int, multiple=True, help="Only frames of this stream id (repeat).")
+@click.option(
+    "--stream",
+    "streams",
+    multiple=True,
+    help="Only frames of this stream (repeat): its id, or its name (Wallaroo's NOTIFY names it).",
+)
 @click.option(
     "--type",
     "types",
@@ -405,9 +419,12 @@ def command(
     json_array = JsonArray(sys.stdout) if as_json else None
     # Lines for scripts (jsonl, fields, text on a pipe), or None: rich tables.
     line_of = {"jsonl": to_json, "fields": field_rows and field_rows.record}.get(fmt)
-    if fmt == "text" and not sys.stdout.isatty():
-        line_of = lambda r: _line(r, clock, hexdump)  # noqa: E731
+    if fmt == "text" and not console.is_terminal:
+        line_of = lambda r: _line(r, clock, hexdump, names)  # noqa: E731
     keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
+    # Stream names, learnt from the frames that give them: for the text's fields and --stream NAME.
+    names = StreamNames() if fmt == "text" or keep.stream_names else None
+    keep.names = names
     filtering = keep.active
     asked = keep.describe(streams, types, connections, since, until)
     jsonl = fmt == "jsonl"
@@ -442,7 +459,7 @@ def command(
             # Unfiltered, the N frames shown are the first N made: no need to read further.
             max_frames=left if summary or not filtering else None,
         )
-        rich_out = None if line_of or summary or export else _RichFrames(console, hexdump, clock)
+        rich_out = None if line_of or summary or export else _RichFrames(console, hexdump, clock, names)
         if rich_out is not None and len(files) > 1:
             console.rule(path)
         elif fmt == "text" and len(files) > 1 and not summary and not export:
@@ -450,6 +467,8 @@ def command(
         lines: list[str] = []
         keep.start = None
         clock.start_capture()
+        if names is not None:
+            names.new_capture()
         if export is not None:
             export.new_capture()
             dissector.tap = export
@@ -491,6 +510,8 @@ def command(
                         read += 1
                         if clock.first is None:
                             clock.first = r["ts_ns"]
+                        if names is not None:
+                            names.learn(r)
                         if filtering and not keep(r):
                             if export is not None:
                                 export.record(r["packet"], False)

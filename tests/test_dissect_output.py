@@ -45,14 +45,14 @@ def test_piped_text_is_one_line_a_frame_that_greps_whole():
     assert sum(1 for line in out.splitlines() if "txn=sink-out:c_id" in line) == expected
     assert len(out.splitlines()) == len(records(SINK))
     assert "12\t04:40:00.009999\t#1\tW→C\tPHASE1\ttxn=sink-out:c_id=1 where=1:0-28\t" in out.splitlines()
-    assert "8\t04:40:00.006000\t#1\tW→C\tMESSAGE\tstream=1 id=0 t=0\tline 0." in out.splitlines()
+    assert "8\t04:40:00.006000\t#1\tW→C\tMESSAGE\tstream=sink-out (1) id=0 t=0\tline 0." in out.splitlines()
 
 
 def test_piped_text_keeps_long_type_names_and_puts_notes_on_the_frame_line():
     assert any(line.split("\t")[4] == "DCP_STREAM_REQ_RESPONSE" for line in dissect(DCP).splitlines())
     [line] = [line for line in dissect(LOST).splitlines() if "\tpayload 07\t" in line]
     columns = line.split("\t")
-    assert columns[4:7] == ["MESSAGE", "stream=1 id=7 t=7 key=k", "payload 07"]
+    assert columns[4:7] == ["MESSAGE", "stream=lossy (1) id=7 t=7 key=k", "payload 07"]
     assert columns[7].startswith("note: 120 bytes missing at stream offset 187")
     assert columns[8] == "note: resynced at stream offset 319, 12 bytes skipped"
 
@@ -203,3 +203,30 @@ def test_write_from_a_pipe_keeps_nanoseconds(tmp_path):
 def test_write_with_summary_is_a_usage_error(tmp_path):
     proc = run_cli("dissect", SINK, "--summary", "-w", str(tmp_path / "x.pcap"))
     assert proc.returncode == 2 and "-w" in proc.stderr
+
+
+# --- stream names -------------------------------------------------------------------------
+
+
+def test_stream_names_beside_ids_and_as_stream_filter():
+    # source-session.pcap: NOTIFY names stream 11 "orders" and 12 "payments" (packet 6).
+    lines = dissect(SOURCE).splitlines()
+    assert (
+        "14\t04:40:00.018999\t#1\tC→W\tMESSAGE\tstream=payments (12) id=101 t=1763700000017998592\t"
+        in "\n".join(lines)
+    )
+    assert any("\tNOTIFY_ACK\tsuccess=True stream_id=orders (11) " in line for line in lines)
+    by_name = dissect(SOURCE, "--stream", "payments", "-T", "fields", "-e", "packet", "-e", "type")
+    assert by_name.splitlines() == [
+        "6\tNOTIFY",
+        "7\tNOTIFY_ACK",
+        "14\tMESSAGE",
+        "15\tMESSAGE",
+        "17\tEOS_MESSAGE",
+    ]
+    assert dissect(SOURCE, "--stream", "12", "-T", "fields", "-e", "packet", "-e", "type") == by_name
+    # A hashed 20-digit id gets its name too.
+    out = dissect(
+        str(CAPTURES / "mock-source-tcpdump.pcap"), "--stream", "stream-0", "--type", "message", "-c", "1"
+    )
+    assert "\tstream=stream-0 (6318646386196972352) id=" in out

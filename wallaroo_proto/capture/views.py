@@ -289,3 +289,39 @@ class PacketExport:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+# --- stream names -----------------------------------------------------------------------
+
+
+class StreamNames:
+    """Stream names a connection's frames gave (Wallaroo's NOTIFY), to show beside the ids of
+    its later frames, whose records hold only the id (a 20-digit hash, for a named stream)."""
+
+    #: Names remembered at most (per capture): a stream is named once per connection.
+    MAX = 100_000
+
+    def __init__(self) -> None:
+        self._names: dict[tuple[int, int], str] = {}
+
+    def new_capture(self) -> None:
+        self._names.clear()
+
+    def learn(self, r: dict) -> None:
+        name = r.get("stream_name")
+        if name is not None and r.get("stream_id") is not None and len(self._names) < self.MAX:
+            self._names[(r["conn_index"], r["stream_id"])] = name
+
+    def name(self, r: dict) -> str | None:
+        """The name of the record's stream, if its connection gave one."""
+        sid = r.get("stream_id")
+        if sid is None:
+            return None
+        return r.get("stream_name") or self._names.get((r["conn_index"], sid))
+
+    def labelled(self, r: dict) -> dict:
+        """The record with its stream id shown as ``name (id)`` where only the id is in it."""
+        if "stream_name" in r:
+            return r
+        name = self.name(r)
+        return r if name is None else {**r, "stream_id": f"{name} ({r['stream_id']})"}
