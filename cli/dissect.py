@@ -552,7 +552,6 @@ def command(
         finally:
             if lines:
                 emit(lines)
-
             if rich_out is not None:
                 rich_out.flush()
             out.flush()

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
 import pytest
 from support import TABLE, run_cli
+
+from wallaroo_proto.capture.views import PacketExport
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 SINK = str(CAPTURES / "sink-2pc.pcap")
@@ -230,3 +234,21 @@ def test_stream_names_beside_ids_and_as_stream_filter():
         str(CAPTURES / "mock-source-tcpdump.pcap"), "--stream", "stream-0", "--type", "message", "-c", "1"
     )
     assert "\tstream=stream-0 (6318646386196972352) id=" in out
+
+
+def test_packet_export_holds_only_what_later_records_may_need():
+    target = io.BytesIO()
+    export = PacketExport(target, max_bytes=1000)
+    export.new_capture()
+    export.begin(1, False)
+    for number in range(1, 101):  # 100 packets of 100 bytes; records lag behind the reading
+        export.packet(number, number * 1000, bytes([number]) * 100)
+        if number % 10 == 0:
+            export.record(number - 5, kept=number == 50)  # packet 45's frame is the one kept
+        assert export._bytes <= 1000
+    export.record(100, kept=True)
+    export.record(100, kept=True)  # a second frame of the same packet: the packet goes once
+    data = target.getvalue()
+    # 24-byte header, then two records of 16 + 100 bytes: packets 45 and 100 (their first byte).
+    assert len(data) == 24 + 2 * 116 and data[24 + 16] == 45 and data[24 + 116 + 16] == 100
+    assert struct.unpack_from("<II", data, 24) == (0, 45)  # 45,000 ns: 45 us
