@@ -157,7 +157,6 @@ class FieldRows:
         self.quote = options["quote"]
         self.header = options["header"] == "y"
         self.clock = clock
-        self.timed = TIME_FIELD in names
         self._kinds = [records.FIELD_TYPES.get(name, "string") for name in names]
 
     def header_line(self) -> str:
