@@ -32,6 +32,18 @@ from wallaroo_proto_cli.options import (
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.frame_block import FrameBlock
 from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError, is_stream
+from wallaroo_proto.capture.views import (
+    TIME_FORMATS,
+    FieldRows,
+    JsonArray,
+    PacketExport,
+    StreamNames,
+    TimeFormat,
+    UsageError,
+    check_fields,
+    field_text,
+    parse_options,
+)
 from wallaroo_proto.protocols import get_plugin, names, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import to_json
@@ -56,6 +68,7 @@ STYLES = {
 }
 _ARROWS = {"connector": "C→W", "worker": "W→C", "daemon": "D→P", "processor": "P→D"}
 _ARROWS |= {"consumer": "C→P", "producer": "P→C", "lb": "L→I", "ic": "I→L", "client": "C→N", "server": "N→C"}
+_TIME_WIDTHS = {"u": 15, "a": 15, "ud": 26, "ad": 26}
 _TYPE_CHOICES = sorted({name.lower() for plugin in plugins() for name in plugin.type_names})
 
 
@@ -78,7 +91,10 @@ def _parse_time(value: str | None) -> float | None:
 
 class _Filter:
     def __init__(self, streams, types, connections, since, until) -> None:
-        self.streams = set(streams) or None
+        self.stream_names = {s for s in streams if not s.isdigit()}
+        #: Where names asked for are learnt (set by the command when they are).
+        self.names: StreamNames | None = None
+        self.streams = {int(s) for s in streams if s.isdigit()} if streams else None
         self.types = {t.upper() for t in types} or None
         self.connections = list(connections) or None
         self.since = since
@@ -116,7 +132,11 @@ class _Filter:
             and r.get("twopc") not in self.types
         ):
             return False
-        if self.streams is not None and r.get("stream_id") not in self.streams:
+        if (
+            self.streams is not None
+            and r.get("stream_id") not in self.streams
+            and not (self.stream_names and self.names.name(r) in self.stream_names)
+        ):
             return False
         if self.connections is not None and not self.match_connection(r["conn_index"], r["connection"]):
             return False
@@ -137,12 +157,31 @@ def _fields(r: dict) -> str:
     return get_plugin(r.get("protocol") or "wallaroo").describe(r)
 
 
-def _clock(ns: int) -> str:
-    """UTC time of day, HH:MM:SS.micro, by arithmetic: a damaged capture's timestamp may lie
-    far outside the years datetime can show."""
-    seconds, fraction = divmod(ns, 1_000_000_000)
-    minutes, second = divmod(seconds % 86400, 60)
-    return f"{minutes // 60:02d}:{minutes % 60:02d}:{second:02d}.{fraction // 1000:06d}"
+def _line(r: dict, clock: TimeFormat, hexdump: bool, names: StreamNames) -> str:
+    """A frame on one line, for scripts: columns between tabs, never wrapped or cut.
+
+    Notes and violations follow as columns of their own (``note: ...``, ``VIOLATION: ...``),
+    so each line is one frame: ``grep -c`` counts frames, ``grep VIOLATION`` shows them whole.
+    """
+    t = r["type"]
+    payload = ""
+    if t == "MESSAGE" and not r.get("twopc") and r.get("payload_b64") is not None:
+        payload = _preview(base64.b64decode(r["payload_b64"]))
+    columns = [
+        str(r["packet"]),
+        clock(r["ts_ns"]),
+        f"#{r['conn_index']}",
+        _ARROWS.get(r.get("sender"), "?"),
+        r.get("twopc") or t,
+        field_text(_fields(names.labelled(r))),
+        payload,
+    ]
+    columns += [f"note: {field_text(note)}" for note in r.get("notes") or ()]
+    columns += [f"VIOLATION: {field_text(v)}" for v in r.get("violations") or ()]
+    line = "\t".join(columns)
+    if hexdump and "_raw" in r:
+        line += "\n" + _hexdump(r["_raw"])
+    return line
 
 
 def _hexdump(data: bytes) -> str:
@@ -156,8 +195,10 @@ def _hexdump(data: bytes) -> str:
 class _RichFrames:
     """Streams rows in small fixed-width tables, so a huge capture prints with flat memory."""
 
-    def __init__(self, console: Console, hexdump: bool) -> None:
+    def __init__(self, console: Console, hexdump: bool, clock: TimeFormat, names: StreamNames) -> None:
         self.console = console
+        self.clock = clock
+        self.names = names
         self.hexdump = hexdump
         self.rows: list[dict] = []
         self.header = True
@@ -173,7 +214,7 @@ class _RichFrames:
         table = Table(show_header=self.header, box=None, pad_edge=False, header_style="bold")
         self.header = False
         table.add_column("pkt", justify="right", width=7)
-        table.add_column("time", width=15)
+        table.add_column("time", width=_TIME_WIDTHS.get(self.clock.kind))
         table.add_column("conn", justify="right", width=4)
         table.add_column("dir", width=4)
         table.add_column("type", width=17)
@@ -184,7 +225,7 @@ class _RichFrames:
             style = STYLES.get(t, "white")
             if r.get("twopc"):
                 style = "bold green" if r["twopc"] != "PHASE2" or r.get("commit") else "bold red"
-            when = _clock(r["ts_ns"])
+            when = self.clock(r["ts_ns"])
             arrow = _ARROWS.get(r.get("sender"), "?")
             payload = ""
             if t == "MESSAGE" and not r.get("twopc") and r.get("payload_b64") is not None:
@@ -196,7 +237,7 @@ class _RichFrames:
                 f"#{r['conn_index']}",
                 arrow,
                 Text(label, style=style),
-                _fields(r),
+                _fields(self.names.labelled(r)),
                 payload,
             )
             for note in r.get("notes") or ():
@@ -225,7 +266,16 @@ class _RichFrames:
             "since",
             "until",
         ],
-        "What is shown": ["fmt", "hexdump", "summary", "count"],
+        "What is shown": [
+            "fmt",
+            "fields",
+            "field_options",
+            "time_format",
+            "hexdump",
+            "summary",
+            "count",
+            "write",
+        ],
     },
     epilog=examples(
         "wallaroo-proto dissect capture.pcap",
@@ -255,12 +305,46 @@ class _RichFrames:
     "[default: detected per connection, by port, then first bytes].",
 )
 @click.option(
+    "-T",
     "--format",
     "fmt",
-    type=AliasChoice(["text", "jsonl"], aliases={"rich": "text"}),
+    type=AliasChoice(["text", "jsonl", "json", "fields"], aliases={"rich": "text"}),
     default="text",
     show_default=True,
-    help="text: tables for people; jsonl: one JSON object a frame (or a summary with --summary).",
+    help="text: tables on a terminal, one line a frame otherwise; jsonl: one JSON object a frame "
+    "(or a summary with --summary); json: the same as one JSON array; fields: the -e fields.",
+)
+@click.option(
+    "-e",
+    "fields",
+    multiple=True,
+    metavar="FIELD",
+    help="With -T fields: a field to write (repeat), named as in jsonl; 'time' is the time column.",
+)
+@click.option(
+    "-E",
+    "field_options",
+    multiple=True,
+    metavar="OPT=V",
+    help="With -T fields: separator=,|/t|/s (tab by default), header=y, quote=d|s|n.",
+)
+@click.option(
+    "-t",
+    "time_format",
+    type=click.Choice(TIME_FORMATS),
+    default="u",
+    show_default=True,
+    help="Time column: a/ad local time (d: with date), u/ud UTC, e epoch seconds, r seconds since "
+    "the first frame, d since the previous frame shown.",
+)
+@click.option(
+    "-w",
+    "write",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    default=None,
+    metavar="FILE",
+    help="Write the packets of the frames shown (each frame's completing packet) as a pcap, "
+    "instead of showing them ('-': stdout).",
 )
 @click.option("-x", "--hex", "hexdump", is_flag=True, help="Add a hex dump of each frame's bytes.")
 @click.option("--summary", is_flag=True, help="Per connection and stream summary instead of frames.")
@@ -280,7 +364,12 @@ class _RichFrames:
     help="Only frames the expression matches, over the --format jsonl field names: == != < <= > >= "
     "contains matches in {..} and or not ( ), e.g. 'type == MESSAGE and stream_id in {1 2}'.",
 )
-@click.option("--stream", "streams", type=int, multiple=True, help="Only frames of this stream id (repeat).")
+@click.option(
+    "--stream",
+    "streams",
+    multiple=True,
+    help="Only frames of this stream (repeat): its id, or its name (Wallaroo's NOTIFY names it).",
+)
 @click.option(
     "--type",
     "types",
@@ -313,6 +402,10 @@ def command(
     ports,
     protocol,
     fmt,
+    fields,
+    field_options,
+    time_format,
+    write,
     hexdump,
     summary,
     count,
@@ -335,7 +428,24 @@ def command(
     """
     console = Console(highlight=False, soft_wrap=False)
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
+    clock = TimeFormat(time_format)
+    try:
+        field_rows = _field_rows(fmt, fields, field_options, summary, write, clock)
+    except UsageError as err:
+        raise CommandError(str(err), EXIT_UNUSABLE) from None
+    export = PacketExport(write) if write is not None else None
+    as_json = fmt == "json"
+    if as_json:
+        fmt = "jsonl"  # the same lines, written as one array
+    json_array = JsonArray(sys.stdout) if as_json else None
+    # Lines for scripts (jsonl, fields, text on a pipe), or None: rich tables.
+    line_of = {"jsonl": to_json, "fields": field_rows and field_rows.record}.get(fmt)
+    if fmt == "text" and not console.is_terminal:
+        line_of = lambda r: _line(r, clock, hexdump, names)  # noqa: E731
     keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
+    # Stream names, learnt from the frames that give them: for the text's fields and --stream NAME.
+    names = StreamNames() if fmt == "text" or keep.stream_names else None
+    keep.names = names
     filtering = keep.active
     asked = keep.describe(streams, types, connections, since, until)
     if display_filter is not None:
@@ -354,6 +464,17 @@ def command(
     left = count  # frames still to show (None: no limit)
     read = shown = 0
     out = sys.stdout
+
+    def emit(lines: list[str]) -> None:
+        if json_array is not None:
+            json_array.write(lines)
+        else:
+            lines.append("")
+            out.write("\n".join(lines))
+        lines.clear()
+
+    if field_rows is not None and field_rows.header:
+        out.write(field_rows.header_line() + "\n")
     violations = 0
     unusable = False
     cut_short = False
@@ -367,15 +488,23 @@ def command(
             ports=ports or None,
             protocol=protocol,
             max_frame_size=max_frame_size,
-            with_raw=hexdump and not jsonl,
+            with_raw=hexdump and fmt == "text",
             # Unfiltered, the N frames shown are the first N made: no need to read further.
             max_frames=left if summary or not filtering else None,
         )
-        rich_out = None if jsonl or summary else _RichFrames(console, hexdump)
+        rich_out = None if line_of or summary or export else _RichFrames(console, hexdump, clock, names)
         if rich_out is not None and len(files) > 1:
             console.rule(path)
+        elif fmt == "text" and len(files) > 1 and not summary and not export:
+            out.write(f"# {path}\n")
         lines: list[str] = []
         keep.start = None
+        clock.start_capture()
+        if names is not None:
+            names.new_capture()
+        if export is not None:
+            export.new_capture()
+            dissector.tap = export
         try:
             if summary and left is None:
                 dissector.drain(source)
@@ -383,7 +512,20 @@ def command(
                 for item in dissector.frames(source):
                     left -= len(item) if type(item) is FrameBlock else 1
                 left = max(left, 0)
-            elif jsonl and not filtering:
+            elif field_rows is not None and not filtering and export is None:
+                for item in dissector.frames(source):
+                    batch = field_rows.block(item) if type(item) is FrameBlock else [field_rows.record(item)]
+                    if left is not None:
+                        batch = batch[:left]
+                        left -= len(batch)
+                    lines += batch
+                    if left == 0:
+                        break
+                    if len(lines) >= 2048 or live:
+                        emit(lines)
+                        if live:
+                            out.flush()
+            elif jsonl and not filtering and export is None:
                 for batch in dissector.jsonl_batches(source):
                     if left is not None:
                         batch = batch[:left]
@@ -392,24 +534,28 @@ def command(
                     if left == 0:
                         break
                     if len(lines) >= 2048 or live:
-                        lines.append("")
-                        out.write("\n".join(lines))
-                        lines.clear()
+                        emit(lines)
                         if live:
                             out.flush()
             else:
                 for records in dissector.record_batches(source):
                     for r in records:
                         read += 1
+                        if clock.first is None:
+                            clock.first = r["ts_ns"]
+                        if names is not None:
+                            names.learn(r)
                         if filtering and not accept(r):
+                            if export is not None:
+                                export.record(r["packet"], False)
                             continue
                         shown += 1
-                        if jsonl:
-                            lines.append(to_json(r))
+                        if export is not None:
+                            export.record(r["packet"], True)
+                        elif line_of is not None:
+                            lines.append(line_of(r))
                             if len(lines) >= 1024:
-                                lines.append("")
-                                out.write("\n".join(lines))
-                                lines.clear()
+                                emit(lines)
                         else:
                             rich_out.add(r)
                         if left is not None:
@@ -418,9 +564,7 @@ def command(
                                 break
                     if live:
                         if lines:
-                            lines.append("")
-                            out.write("\n".join(lines))
-                            lines.clear()
+                            emit(lines)
                         if rich_out is not None:
                             rich_out.flush()
                         out.flush()
@@ -433,14 +577,14 @@ def command(
             else:
                 unusable = True
                 errors.print(f"[bold red]{NAME}:[/] {escape(path)}: {escape(str(err))}", markup=True)
+        except UsageError as err:
+            raise CommandError(str(err), EXIT_UNUSABLE) from None
         except KeyboardInterrupt:
             out.flush()
             raise CommandError("interrupted", EXIT_INTERRUPTED) from None
         finally:
             if lines:
-                lines.append("")
-                out.write("\n".join(lines))
-                lines.clear()
+                emit(lines)
             if rich_out is not None:
                 rich_out.flush()
             out.flush()
@@ -450,10 +594,10 @@ def command(
                 if not keep.match_connection(s["conn_index"], s["connection"]):
                     continue
                 if jsonl:
-                    out.write(to_json({"capture": path, "summary": s}) + "\n")
+                    emit([to_json({"capture": path, "summary": s})])
                 else:
                     get_plugin(s.get("protocol", "wallaroo")).print_summary(console, s)
-        elif not jsonl and dissector.trackers == [] and not unusable and verbosity >= 0:
+        elif fmt == "text" and dissector.trackers == [] and not unusable and verbosity >= 0:
             ports_read = ", ".join(map(str, sorted(dissector.ports)))
             errors.print(f"{NAME}: {escape(path)}: no protocol connections found (ports {ports_read})")
         if verbosity > 0:
@@ -462,6 +606,10 @@ def command(
                 f"{dissector.violations()} frame(s) with violations"
             )
         out.flush()
+    if json_array is not None:
+        json_array.close()
+    if export is not None:
+        export.close()
     if filtering and not summary and not shown and verbosity >= 0:
         errors.print(f"{NAME}: no frame matched {escape(asked)} ({read} frame(s) read)")
     if unusable:
@@ -471,3 +619,20 @@ def command(
         raise SystemExit(EXIT_VIOLATIONS)
     if cut_short:
         raise SystemExit(EXIT_VIOLATIONS)
+
+
+def _field_rows(fmt, fields, field_options, summary, write, clock) -> FieldRows | None:
+    """``-T fields``' writer, or None; the options that only go with it, checked (as tshark)."""
+    if fmt != "fields":
+        if fields:
+            raise UsageError("-e needs -T fields")
+        if field_options:
+            raise UsageError("-E needs -T fields")
+        if summary and write:
+            raise UsageError("-w writes frames: not with --summary")
+        return None
+    if summary or write:
+        raise UsageError(f"-T fields writes frames: not with {'--summary' if summary else '-w'}")
+    if not fields:
+        raise UsageError("-T fields needs at least one -e FIELD")
+    return FieldRows(check_fields(fields), parse_options(field_options), clock)

@@ -13,6 +13,9 @@ import time
 
 READY = re.compile(r"listening on (\S+):(\d+)")
 COMMAND = [sys.executable, "-m", "wallaroo_proto_cli"]
+#: Environment for a command's output as on a wide terminal without colours (rich's TTY_COMPATIBLE):
+#: ``dissect`` writes one line a frame to a pipe, its tables only to a terminal.
+TABLE = {"TTY_COMPATIBLE": "1", "TERM": "dumb", "COLUMNS": "200"}
 
 
 def run_cli(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:

@@ -42,6 +42,7 @@ def test_dcp_case_measures_tshark_and_dissect_on_the_same_packets():
     assert _records(out, "tshark -T fields (2 fields)") == records
     assert _records(out, "dissect --format jsonl") == records
     assert _records(out, "dissect --summary") == records
+    assert _records(out, "dissect -T fields (2 fields)") == records
     assert _records(out, "dissect --format jsonl, 4x") > 4 * 100
     assert re.search(r"dissect --format jsonl vs tshark: +[\d.]+x per CPU second.*target >= 1x", out)
     assert re.search(r"dissect --summary vs tshark: +[\d.]+x per CPU second.*target >= 2x", out)

@@ -56,6 +56,8 @@ def problems(path: str, command: click.Command, ctx: click.Context) -> list[str]
             found.append(f"{flag} is not HOST:PORT")
     if "--format" in shown:
         choices = set(getattr(shown["--format"].type, "choices", ()))
+        if path == "dissect":
+            choices.discard("fields")  # tshark's -T fields: the one command that writes chosen fields
         if not choices or not choices <= FORMATS:
             found.append(f"--format offers {sorted(choices)}, not within text|json|jsonl")
     found += [f"shows {flag} (write with -o/--output)" for flag in OLD_OUTPUT_WORDS & set(shown)]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import run_cli
+from support import TABLE, run_cli
 from test_capture import A4, B4, T, ether, ipv4, pcap_file, pcapng_file, tcp_header
 from test_reassembly import DATA, NOTIFY_1, OK_20, capture, hello, message, opening
 
@@ -287,7 +287,7 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 )
 def test_damaged_frame_before_the_use_is_known_is_shown_with_its_sender(name, code, packet, sender, arrow):
     path = str(DATA_DIR / name)
-    wide = {**os.environ, "COLUMNS": "200"}
+    wide = {**os.environ, **TABLE}
     for args in ((), ("-x",)):
         table = run_cli("dissect", *args, path, env=wide)
         assert table.returncode == code and "Traceback" not in table.stderr, table.stderr
@@ -308,10 +308,13 @@ def test_table_shows_a_timestamp_beyond_the_calendar(tmp_path):
     packets = [(seconds * 1_000_000_000, ether(ipv4(A4, B4, tcp))) for tcp in (syn, data)]
     path = tmp_path / "far.pcapng"
     path.write_bytes(pcapng_file(packets, tsresol=0))
-    result = run_cli("dissect", str(path), env={**os.environ, "COLUMNS": "200"})
+    result = run_cli("dissect", str(path), env={**os.environ, **TABLE})
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
     [row] = [line for line in result.stdout.splitlines() if " HELLO " in line]
     assert row.split()[:2] == ["2", "01:01:01.000000"]
+    piped = run_cli("dissect", str(path))
+    [line] = [line for line in piped.stdout.splitlines() if "\tHELLO\t" in line]
+    assert line.split("\t")[:2] == ["2", "01:01:01.000000"]
 
 
 def test_framing_error_waits_for_the_use_like_a_frame():

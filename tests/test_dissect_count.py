@@ -7,12 +7,12 @@ import os
 import re
 from pathlib import Path
 
-from support import run_cli
+from support import TABLE, run_cli
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 #: 13 frames, then 18.
 LOST, SOURCE = str(CAPTURES / "lost-segment.pcap"), str(CAPTURES / "source-session.pcap")
-WIDE = {**os.environ, "COLUMNS": "200"}
+WIDE = {**os.environ, **TABLE}
 
 
 def jsonl(*args: str) -> list[dict]:

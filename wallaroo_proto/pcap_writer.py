@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 LINKTYPE_ETHERNET = 1
 PCAP_MAGIC_USEC = 0xA1B2C3D4
+PCAP_MAGIC_NSEC = 0xA1B23C4D
 #: Largest TCP payload per synthesised segment (what loopback's 64 KiB MTU allows).
 DEFAULT_SEGMENT_SIZE = 65_000
 
@@ -44,9 +45,16 @@ def _mac(ip: bytes) -> bytes:
 
 
 class PcapWriter:
-    """A pcap file open for appending packets (microsecond timestamps, Ethernet)."""
+    """A pcap file open for appending packets (Ethernet and microsecond timestamps unless told)."""
 
-    def __init__(self, target: str | os.PathLike | BinaryIO, *, snaplen: int = 262_144) -> None:
+    def __init__(
+        self,
+        target: str | os.PathLike | BinaryIO,
+        *,
+        snaplen: int = 262_144,
+        linktype: int = LINKTYPE_ETHERNET,
+        nanoseconds: bool = False,
+    ) -> None:
         if target == "-":
             # The process's own stdout, even where the text ``sys.stdout`` was moved to stderr.
             self._file = sys.__stdout__.buffer
@@ -61,7 +69,9 @@ class PcapWriter:
         self.packets = 0
         #: False once a pipe's reader went away: packets are no longer written.
         self.recording = True
-        self._write(struct.pack("<IHHiIII", PCAP_MAGIC_USEC, 2, 4, 0, 0, snaplen, LINKTYPE_ETHERNET))
+        self.nanoseconds = nanoseconds
+        magic = PCAP_MAGIC_NSEC if nanoseconds else PCAP_MAGIC_USEC
+        self._write(struct.pack("<IHHiIII", magic, 2, 4, 0, 0, snaplen, linktype))
 
     def write_packet(self, frame: bytes, timestamp: float | None = None) -> None:
         if not self.recording:
@@ -71,6 +81,17 @@ class PcapWriter:
         usec = min(int(round((ts - sec) * 1_000_000)), 999_999)
         captured = frame[: self.snaplen]
         self._write(struct.pack("<IIII", sec, usec, len(captured), len(frame)) + captured)
+        self.packets += 1
+
+    def write_raw(self, packet: bytes, ts_ns: int) -> None:
+        """A packet as read from another capture (its link type the file's), timestamp in ns."""
+        if not self.recording:
+            return
+        sec, fraction = divmod(ts_ns, 1_000_000_000)
+        if not self.nanoseconds:
+            fraction //= 1000
+        captured = packet[: self.snaplen]
+        self._write(struct.pack("<IIII", sec, fraction, len(captured), len(packet)) + captured)
         self.packets += 1
 
     def _write(self, data: bytes) -> None:

@@ -42,7 +42,17 @@ from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import ConnectionKey
 
 from .frame_block import SHARED, FrameBlock
-from .pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, WAIT, CaptureError, format_address, read_segments
+from .pcap import (
+    TCP_ACK,
+    TCP_FIN,
+    TCP_RST,
+    TCP_SYN,
+    WAIT,
+    CaptureError,
+    PacketTap,
+    format_address,
+    read_segments,
+)
 from .reassembly import DEFAULT_MAX_OUT_OF_ORDER, HalfStream
 
 _CLOSING = TCP_FIN | TCP_RST
@@ -210,6 +220,8 @@ class Dissector:
         self.jsonl = False
         #: Cleared by drain: plug-ins count frames without making their records.
         self.want_records = True
+        #: Given every packet as read (``pcap.PacketTap``): ``dissect -w`` keeps the ones it writes.
+        self.tap: PacketTap | None = None
 
     def run(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict]:
         """Every frame record, in the order the packets completing them appear."""
@@ -275,7 +287,9 @@ class Dissector:
         limit = self.max_frames
         made = 0
         try:
-            for packet, ts, key, seq, flags, payload in read_segments(source, self.stats, waits=True):
+            for packet, ts, key, seq, flags, payload in read_segments(
+                source, self.stats, waits=True, tap=self.tap
+            ):
                 if not payload and not flags & _CONTROL:
                     # A pipe with nothing more yet: out with what is made (unless held back for order).
                     if flags & WAIT and out and not holding:

@@ -30,7 +30,7 @@ import stat
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 #: Link types we decode (pcap LINKTYPE_* values).
 LINKTYPE_NULL = 0
@@ -80,6 +80,14 @@ Segment = tuple[int, int, tuple[bytes, int, bytes, int], int, int, bytes]
 WAIT = 0x100
 #: What ``read_segments(..., waits=True)`` yields before a live read that may block.
 WAIT_SEGMENT: Segment = (0, 0, (b"", 0, b"", 0), 0, WAIT, b"")
+
+
+class PacketTap(Protocol):
+    """What ``read_segments`` hands every packet read, whole (for writing some of them out)."""
+
+    def begin(self, linktype: int, nanoseconds: bool) -> None: ...
+
+    def packet(self, number: int, ts_ns: int, data: bytes) -> None: ...
 
 
 class CaptureError(Exception):
@@ -204,13 +212,18 @@ def _open(source: str | os.PathLike | BinaryIO):
 
 
 def read_segments(
-    source: str | os.PathLike | BinaryIO, stats: dict | None = None, *, waits: bool = False
+    source: str | os.PathLike | BinaryIO,
+    stats: dict | None = None,
+    *,
+    waits: bool = False,
+    tap: PacketTap | None = None,
 ) -> Iterator[Segment]:
     """Every TCP segment in a pcap or pcapng file or binary file object, in file order.
 
     ``stats`` (optional) is filled with counts: packets, tcp, skipped (non-TCP,
     fragments), and the file format and link types. With ``waits``, a pipe's
-    reader yields ``WAIT_SEGMENT`` whenever it is about to wait for bytes.
+    reader yields ``WAIT_SEGMENT`` whenever it is about to wait for bytes. ``tap`` is
+    given every packet's bytes as read (``begin`` first, and whenever the link type changes).
     """
     if stats is None:
         stats = {}
@@ -223,10 +236,10 @@ def read_segments(
             )
         if magic in _PCAP_MAGICS:
             stats["format"] = "pcap"
-            yield from _read_pcap(f, magic, stats, waits)
+            yield from _read_pcap(f, magic, stats, waits, tap)
         elif magic == _PCAPNG_MAGIC:
             stats["format"] = "pcapng"
-            yield from _read_pcapng(f, stats, waits)
+            yield from _read_pcapng(f, stats, waits, tap)
         else:
             raise CaptureError(f"not a pcap or pcapng capture (starts with bytes {magic.hex(' ')})", offset=0)
 
@@ -243,7 +256,9 @@ def _read_more(f: _Stream, n: int, need: int) -> bytes:
     return b"".join(parts)
 
 
-def _read_pcap(f: BinaryIO, magic: bytes, stats: dict, waits: bool) -> Iterator[Segment]:
+def _read_pcap(
+    f: BinaryIO, magic: bytes, stats: dict, waits: bool, tap: PacketTap | None
+) -> Iterator[Segment]:
     endian, ns_per_tick = _PCAP_MAGICS[magic]
     header = f.read(20)
     if len(header) < 20:
@@ -252,6 +267,9 @@ def _read_pcap(f: BinaryIO, magic: bytes, stats: dict, waits: bool) -> Iterator[
     linktype &= 0x0FFFFFFF  # the upper bits may carry FCS information
     parse = _link_parser(linktype, packet=None, offset=20)
     stats["linktypes"].add(linktype)
+    tapped = tap.packet if tap is not None else None
+    if tap is not None:
+        tap.begin(linktype, ns_per_tick == 1)
     record = struct.Struct(endian + "IIII").unpack_from
     ethernet = linktype == LINKTYPE_ETHERNET
     live = type(f) is _Stream
@@ -305,6 +323,8 @@ def _read_pcap(f: BinaryIO, magic: bytes, stats: dict, waits: bool) -> Iterator[
                 )
         b = pos + 16  # the packet's first byte
         pos = end
+        if tapped is not None:
+            tapped(number, sec * 1_000_000_000 + frac * ns_per_tick, buf[b:end])
         if (
             ethernet
             and caplen >= 54
@@ -351,7 +371,7 @@ def _quiet_scapy():
         logger.setLevel(level)
 
 
-def _read_pcapng(f: BinaryIO, stats: dict, waits: bool) -> Iterator[Segment]:
+def _read_pcapng(f: BinaryIO, stats: dict, waits: bool, tap: PacketTap | None) -> Iterator[Segment]:
     from scapy.error import Scapy_Exception
     from scapy.utils import RawPcapNgReader
 
@@ -405,12 +425,17 @@ def _read_pcapng(f: BinaryIO, stats: dict, waits: bool) -> Iterator[Segment]:
         if parse is None:
             parse = parsers[linktype] = _link_parser(linktype, packet=number, offset=start)
             stats["linktypes"].add(linktype)
+            if tap is not None:
+                tap.begin(linktype, meta.tsresol > 1_000_000)
         seg = parse(data)
-        if seg is not None:
-            tcp += 1
+        if seg is not None or tap is not None:
             ticks = (meta.tshigh << 32) | meta.tslow
             ts_ns = ticks * 1_000_000_000 // meta.tsresol
-            yield (number, ts_ns, *seg)
+            if tap is not None:
+                tap.packet(number, ts_ns, data)
+            if seg is not None:
+                tcp += 1
+                yield (number, ts_ns, *seg)
     stats["packets"] = number
     stats["tcp"] = tcp
     stats["skipped"] = number - tcp
