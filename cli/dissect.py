@@ -512,21 +512,16 @@ def command(
                 for item in dissector.frames(source):
                     left -= len(item) if type(item) is FrameBlock else 1
                 left = max(left, 0)
-            elif field_rows is not None and not filtering and export is None:
-                for item in dissector.frames(source):
-                    batch = field_rows.block(item) if type(item) is FrameBlock else [field_rows.record(item)]
-                    if left is not None:
-                        batch = batch[:left]
-                        left -= len(batch)
-                    lines += batch
-                    if left == 0:
-                        break
-                    if len(lines) >= 2048 or live:
-                        emit(lines)
-                        if live:
-                            out.flush()
-            elif jsonl and not filtering and export is None:
-                for batch in dissector.jsonl_batches(source):
+            elif (field_rows is not None or jsonl) and not filtering and export is None:
+                if field_rows is not None:  # taken from the blocks' rows: no dict a frame
+                    rows = field_rows
+                    batches = (
+                        rows.block(item) if type(item) is FrameBlock else [rows.record(item)]
+                        for item in dissector.frames(source)
+                    )
+                else:
+                    batches = dissector.jsonl_batches(source)
+                for batch in batches:
                     if left is not None:
                         batch = batch[:left]
                         left -= len(batch)

@@ -30,6 +30,18 @@ def lua_ports(ports: Iterable[int]) -> str:
 #: ``pdu_length(tvb, offset)`` returns the PDU's length in bytes; nil when more bytes are
 #: needed to tell; or false and a reason when the bytes at ``offset`` cannot start a PDU
 #: (``malformed(range, pinfo, tree, reason)`` then shows them, and the rest is not read).
+def lua_registration(proto: str, ports: Iterable[int]) -> str:
+    """The Lua that hands ``proto`` the TCP ``ports`` and lets it claim other ports by a
+    ``heuristic`` (the plugin's local function of that name)."""
+    return (
+        'local tcp_port = DissectorTable.get("tcp.port")\n'
+        f"for _, port in ipairs({{ {lua_ports(ports)} }}) do\n"
+        f"    tcp_port:add(port, {proto})\n"
+        "end\n"
+        f'{proto}:register_heuristic("tcp", heuristic)'
+    )
+
+
 PDU_LOOP = r"""
 local function each_pdu(tvb, pinfo, tree, pdu_length, dissect_pdu, malformed)
     local offset, total = 0, tvb:len()

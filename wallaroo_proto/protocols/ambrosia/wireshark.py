@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from wallaroo_proto.wireshark_lua import PDU_LOOP, lua_ports, lua_table
+from wallaroo_proto.wireshark_lua import PDU_LOOP, lua_registration, lua_table
 
 from .codec import (
     CHECKPOINT,
@@ -307,11 +307,7 @@ local function heuristic(tvb, pinfo, tree)
     return true
 end
 
-local tcp_port = DissectorTable.get("tcp.port")
-for _, port in ipairs({ @PORTS@ }) do
-    tcp_port:add(port, ambrosia)
-end
-ambrosia:register_heuristic("tcp", heuristic)
+@REGISTER@
 """
 
 
@@ -334,7 +330,7 @@ def generate(ports: Iterable[int] = PORTS, max_frame_size: int = DEFAULT_MAX_REC
         "@RPC_BATCH@": str(RPC_BATCH),
         "@CHECKPOINT@": str(CHECKPOINT),
         "@MAX@": str(int(max_frame_size)),
-        "@PORTS@": lua_ports(ports),
+        "@REGISTER@": lua_registration("ambrosia", ports),
     }
     text = _TEMPLATE
     for key, value in values.items():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from wallaroo_proto.wireshark_lua import PDU_LOOP, lua_ports
+from wallaroo_proto.wireshark_lua import PDU_LOOP, lua_registration
 
 from .dissect import PORTS
 
@@ -156,11 +156,7 @@ local function heuristic(tvb, pinfo, tree)
     return true
 end
 
-local tcp_port = DissectorTable.get("tcp.port")
-for _, port in ipairs({ @PORTS@ }) do
-    tcp_port:add(port, kinesis)
-end
-kinesis:register_heuristic("tcp", heuristic)
+@REGISTER@
 """
 
 
@@ -169,5 +165,5 @@ def generate(ports: Iterable[int] = PORTS, max_frame_size: int = DEFAULT_MAX_LIN
     return (
         _TEMPLATE.replace("@PDU_LOOP@", PDU_LOOP.strip())
         .replace("@MAX@", str(int(max_frame_size)))
-        .replace("@PORTS@", lua_ports(ports))
+        .replace("@REGISTER@", lua_registration("kinesis", ports))
     )

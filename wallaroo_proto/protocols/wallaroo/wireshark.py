@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from wallaroo_proto import wireshark_lua
 from wallaroo_proto.records import DEFAULT_PORTS
-from wallaroo_proto.wireshark_lua import lua_ports, lua_table
+from wallaroo_proto.wireshark_lua import lua_registration, lua_table
 
 from .frames import DEFAULT_MAX_FRAME_SIZE, FrameType
 from .twopc import TWOPC_STREAM, TwoPCTag
@@ -238,11 +238,7 @@ local function heuristic(tvb, pinfo, tree)
     return true
 end
 
-local tcp_port = DissectorTable.get("tcp.port")
-for _, port in ipairs({ @PORTS@ }) do
-    tcp_port:add(port, wallaroo)
-end
-wallaroo:register_heuristic("tcp", heuristic)
+@REGISTER@
 """
 
 
@@ -253,7 +249,7 @@ def generate(ports: Iterable[int] = DEFAULT_PORTS, max_frame_size: int = DEFAULT
         .replace("@TWOPC_TAGS@", lua_table((int(t), t.name) for t in TwoPCTag))
         .replace("@MAX@", str(int(max_frame_size)))
         .replace("@TWOPC@", str(TWOPC_STREAM))
-        .replace("@PORTS@", lua_ports(ports))
+        .replace("@REGISTER@", lua_registration("wallaroo", ports))
     )
 
 
