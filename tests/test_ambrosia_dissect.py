@@ -24,11 +24,17 @@ SELF_RPC = H("0e 00 00 00 06 01 7b7d")
 RECORD_1_BAD = H("78563412 26000000 fe60ab7cdfe89248 0100000000000000 0c000006017b7d 0c000006017b7d")
 
 
-def hand_written(path: Path, rport: int = 40000, sport: int = 40001, *, bad: bool = False) -> Path:
+def hand_written(
+    path: Path, rport: int = 40000, sport: int = 40001, *, bad: bool = False, segment_size: int = 65_000
+) -> Path:
     with PcapWriter(path) as w:
         t = 1_763_700_000.0
-        rsock = w.tcp_session(("127.0.0.1", 51000), ("127.0.0.1", rport), timestamp=t)
-        ssock = w.tcp_session(("127.0.0.1", 51001), ("127.0.0.1", sport), timestamp=t + 0.001)
+        rsock = w.tcp_session(
+            ("127.0.0.1", 51000), ("127.0.0.1", rport), timestamp=t, segment_size=segment_size
+        )
+        ssock = w.tcp_session(
+            ("127.0.0.1", 51001), ("127.0.0.1", sport), timestamp=t + 0.001, segment_size=segment_size
+        )
         ssock.send(False, TBPC, t + 0.002)
         rsock.send(True, INITIAL, t + 0.003)
         rsock.send(True, CHECKPOINT_3, t + 0.004)
@@ -80,6 +86,18 @@ def test_a_wrong_check_byte_is_a_violation(tmp_path):
 def test_the_node_default_ports_need_no_detection(tmp_path):
     records, _ = dissect(hand_written(tmp_path / "c.pcap", 2000, 2001))
     assert len(records) == 6 and {r["protocol"] for r in records} == {"ambrosia"}
+
+
+@pytest.mark.parametrize("ports", [(2000, 2001), (40000, 40001)], ids=["default-ports", "any-ports"])
+@pytest.mark.parametrize("segment_size", [1, 5, 25])
+def test_the_pair_in_tiny_segments_reads_as_in_whole_ones(tmp_path, ports, segment_size):
+    """Which socket a connection is, and its protocol, wait for enough bytes, however they are cut."""
+    whole, _ = dissect(hand_written(tmp_path / "w.pcap", *ports, bad=True))
+    cut, dissector = dissect(hand_written(tmp_path / "c.pcap", *ports, bad=True, segment_size=segment_size))
+    assert by_type(cut) == by_type(whole)
+    assert [r["ambrosia_socket"] for r in cut] == [r["ambrosia_socket"] for r in whole]
+    assert [r.get("violations") for r in cut] == [r.get("violations") for r in whole]
+    assert dissector.violations() == 1  # the wrong check byte, nothing else
 
 
 def test_sample_first_start():

@@ -208,16 +208,31 @@ class TcpSession:
     def _segment(self, from_client: bool, flags: int, payload: bytes, timestamp: float | None) -> None:
         src_ip, src_port = self._ends[from_client]
         dst_ip, dst_port = self._ends[not from_client]
-        seq = self._seq[from_client]
         ack = self._seq[not from_client] if flags & _TCP_ACK else 0
-        tcp = struct.pack("!HHIIBBHHH", src_port, dst_port, seq, ack, 5 << 4, flags, 65535, 0, 0)
-        pseudo = src_ip + dst_ip + struct.pack("!BBH", 0, 6, len(tcp) + len(payload))
-        checksum = _checksum(pseudo + tcp + payload)
-        tcp = tcp[:16] + struct.pack("!H", checksum) + tcp[18:]
-        total = 20 + len(tcp) + len(payload)
         ip_id = self._ip_id[from_client]
         self._ip_id[from_client] = (ip_id + 1) & 0xFFFF
-        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, total, ip_id, 0x4000, 64, 6, 0, src_ip, dst_ip)
-        ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
-        ether = _mac(dst_ip) + _mac(src_ip) + b"\x08\x00"
-        self.writer.write_packet(ether + ip + tcp + payload, timestamp)
+        frame = tcp_frame(
+            (src_ip, src_port), (dst_ip, dst_port), self._seq[from_client], ack, flags, payload, ip_id
+        )
+        self.writer.write_packet(frame, timestamp)
+
+
+def tcp_frame(
+    src: tuple[bytes, int],
+    dst: tuple[bytes, int],
+    seq: int,
+    ack: int,
+    flags: int,
+    payload: bytes,
+    ip_id: int = 1,
+) -> bytes:
+    """One Ethernet/IPv4/TCP packet (packed IPv4 addresses) with correct checksums."""
+    (src_ip, src_port), (dst_ip, dst_port) = src, dst
+    tcp = struct.pack("!HHIIBBHHH", src_port, dst_port, seq, ack, 5 << 4, flags, 65535, 0, 0)
+    pseudo = src_ip + dst_ip + struct.pack("!BBH", 0, 6, len(tcp) + len(payload))
+    checksum = _checksum(pseudo + tcp + payload)
+    tcp = tcp[:16] + struct.pack("!H", checksum) + tcp[18:]
+    total = 20 + len(tcp) + len(payload)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, total, ip_id, 0x4000, 64, 6, 0, src_ip, dst_ip)
+    ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
+    return _mac(dst_ip) + _mac(src_ip) + b"\x08\x00" + ip + tcp + payload

@@ -122,18 +122,44 @@ class _Unread:
 
 
 class _Probe:
-    """A connection whose protocol its first bytes decide; ``fallback`` takes it when none does."""
+    """A connection whose protocol its first bytes decide; ``fallback`` takes it when none does.
 
-    __slots__ = ("dissector", "key", "syns", "fallback")
+    The first sender's segments are held until the detectors can tell (however
+    few bytes each segment carries), so the answer does not depend on how the
+    stream was cut; while held, the driver holds back later records for order.
+    """
+
+    __slots__ = ("dissector", "key", "syns", "fallback", "side", "held", "data", "next_seq")
 
     def __init__(self, dissector: Dissector, key: tuple, fallback: ProtocolPlugin | None) -> None:
         self.dissector = dissector
         self.key = key
         self.syns: dict[tuple, tuple[int, int]] = {}  # directional key -> (seq, flags)
         self.fallback = fallback
+        self.side: tuple | None = None  # the first sender's directional key
+        self.held: list[tuple[int, int, bytes, int, int]] = []  # (seq, flags, payload, packet, ts)
+        self.data = bytearray()
+        self.next_seq = 0
 
     def for_key(self, key: tuple) -> _ProbeSide:
         return _ProbeSide(self, key)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.held)
+
+    def hold(self, key: tuple, seq: int, flags: int, payload: bytes, packet: int, ts: int) -> None:
+        if not self.held:
+            self.side = key
+            self.dissector._holding[self] = None
+        self.held.append((seq, flags, payload, packet, ts))
+        self.data += payload
+        self.next_seq = (seq + len(payload)) & 0xFFFF_FFFF
+
+    def flush(self, packet: int = 0, ts: int = 0) -> None:
+        """No more bytes to wait for: decide on what is held."""
+        if self.held:
+            self.dissector._decide(self, final=True)
 
 
 class _ProbeSide:
@@ -148,18 +174,23 @@ class _ProbeSide:
         if flags & TCP_SYN:
             probe.syns[self.key] = (seq, flags)
             return
+        d = probe.dissector
+        if probe.held:
+            if payload and self.key == probe.side and seq == probe.next_seq and not flags & _CLOSING:
+                probe.hold(self.key, seq, flags, payload, packet, ts)
+                d._decide(probe, final=False)
+                return
+            # Anything else (the other side speaking, a close, a segment out of order) ends the wait.
+            probe.flush()
+            d._flows[self.key].segment(seq, flags, payload, packet, ts)
+            return
         if not payload:
             return
         syn = probe.syns.get(self.key)
         at_start = syn is None or ((syn[0] + 1) & 0xFFFF_FFFF) == seq
-        d = probe.dissector
-        plugin = d._detect(payload) if at_start else None
-        if plugin is not None:
-            d._promote(probe, self.key, seq, flags, payload, packet, ts, plugin)
-        elif probe.fallback is not None:
-            d._fall_back(probe, self.key, seq, flags, payload, packet, ts)
-        else:
-            d._ignore(probe)
+        probe.hold(self.key, seq, flags, payload, packet, ts)
+        # Mid-connection bytes open nothing: only a fallback reads them.
+        d._decide(probe, final=not at_start or bool(flags & _CLOSING), detect=at_start)
 
 
 class Dissector:
@@ -316,6 +347,8 @@ class Dissector:
                     out.clear()
         except CaptureError as err:
             self.error = err
+        for probe in [holder for holder in holding if type(holder) is _Probe]:
+            probe.flush()
         for tracker in list(self._live.values()):
             tracker.finish()
         self._live.clear()
@@ -338,7 +371,7 @@ class Dissector:
             self._held_bytes += size
             if self._held_bytes <= self.max_out_of_order:
                 return True
-            for holder in holding:  # waited a whole window: holes are lost, frames go out
+            for holder in list(holding):  # waited a whole window: holes are lost, frames go out
                 holder.flush(packet, ts)
             holding.clear()
         self._held_bytes = 0
@@ -428,12 +461,24 @@ class Dissector:
         self._flows[reverse] = probe.for_key(reverse)
         return self._flows[key]
 
-    def _detect(self, payload: bytes) -> ProtocolPlugin | None:
-        """The first plug-in whose detector takes a connection's first bytes."""
-        for plugin in self.plugins:
-            if plugin.detect(payload, self.max_frame_size):
-                return plugin
-        return None
+    def _decide(self, probe: _Probe, final: bool, detect: bool = True) -> None:
+        """Give a probed connection its plug-in once the first sender's bytes tell (``final``: they must)."""
+        plugin = None
+        for candidate in self.plugins if detect else ():
+            answer = candidate.detect(bytes(probe.data), self.max_frame_size, final)
+            if answer is None:  # an earlier plug-in may yet claim these bytes
+                return
+            if answer:
+                plugin = candidate
+                break
+        held, probe.held, probe.data = probe.held, [], bytearray()
+        self._holding.pop(probe, None)
+        if plugin is not None:
+            self._promote(probe, probe.side, held, plugin)
+        elif probe.fallback is not None:
+            self._promote(probe, probe.side, held, probe.fallback, fixed=False)
+        else:
+            self._ignore(probe)
 
     def _track(
         self,
@@ -466,15 +511,15 @@ class Dissector:
         self,
         probe: _Probe,
         key: tuple,
-        seq: int,
-        flags: int,
-        payload: bytes,
-        packet: int,
-        ts: int,
+        held: list[tuple[int, int, bytes, int, int]],
         plugin: ProtocolPlugin,
         fixed: bool = True,
     ):
-        """A probed connection a plug-in knows: track it, its first sender being the initiator."""
+        """A probed connection a plug-in knows: track it, its first sender being the initiator.
+
+        ``fixed`` False: a fallback, whose initiator the SYN tells if seen. The
+        held segments of the first sender then go to the tracker in order.
+        """
         self._count += 1
         src, sport, dst, dport = key
         reverse = (dst, dport, src, sport)
@@ -487,15 +532,12 @@ class Dissector:
                 client_is_src, known = (syn is None or syn == key), syn is not None
             self._track(key, reverse, probe.key, client_is_src, known, plugin)
             self._live[probe.key].initiator_fixed = fixed
+        _, _, _, packet, ts = held[0]
         for k, (syn_seq, syn_flags) in probe.syns.items():
             self._flows[k].segment(syn_seq, syn_flags, b"", packet, ts)
-        self._flows[key].segment(seq, flags, payload, packet, ts)
-
-    def _fall_back(
-        self, probe: _Probe, key: tuple, seq: int, flags: int, payload: bytes, packet: int, ts: int
-    ):
-        """A connection on a given port that no detector knows: the first plug-in reads it anyway."""
-        self._promote(probe, key, seq, flags, payload, packet, ts, probe.fallback, fixed=False)
+        half = self._flows[key]
+        for seq, flags, payload, packet, ts in held:
+            half.segment(seq, flags, payload, packet, ts)
 
 
 def _frames_in(items: list) -> int:

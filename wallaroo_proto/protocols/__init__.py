@@ -49,8 +49,10 @@ class ProtocolPlugin:
     name: str
     #: Connections on these ports are this protocol's without looking at their bytes.
     default_ports: tuple[int, ...]
-    #: ``detect(first_bytes, max_frame_size)``: do a connection's first bytes open this protocol?
-    detect: Callable[[bytes, int], bool]
+    #: ``detect(first_bytes, max_frame_size, final)``: do a connection's first bytes open this
+    #: protocol? ``None`` (only when not ``final``): these bytes cannot tell yet, more may.
+    #: The driver waits for more bytes rather than decide on a short first segment.
+    detect: Callable[[bytes, int, bool], bool | None]
     #: One direction's splitter: ``feed(bytes)`` gives frames, ``gap(n)`` resyncs after lost bytes.
     framer: Callable[..., Any]
     #: A frame's bytes to its value.

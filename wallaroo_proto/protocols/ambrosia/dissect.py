@@ -55,21 +55,48 @@ if TYPE_CHECKING:
 PORTS = (2000, 2001)
 RECEIVE, SEND = "receive", "send"
 _KEEP = 1000
+#: An LB's first message longer than this is not waited for whole: the connection is not taken.
+_DETECT_LIMIT = 64 * 1024
 
 
-def looks_like_ambrosia(payload: bytes, max_frame_size: int = 0) -> bool:
-    """A connection's first bytes: the IC's first record (-1 or -2), or an LB's first whole message."""
-    if len(payload) >= HEADER_SIZE + 2:
+def _opens_records(prefix: bytes) -> bool | None:
+    """Do these first bytes start the IC's first record: a short record numbered -1 or -2?
+
+    Its size (bytes 4 to 8) is 26 to 40 and its sequence id (16 to 24) -1 or
+    -2, so a few bytes often rule it out; ``None``: a header's start, more may tell.
+    """
+    size = prefix[4:8]
+    if size and (not HEADER_SIZE + 2 <= size[0] <= HEADER_SIZE + 16 or any(size[1:])):
+        return False
+    seq = prefix[16:24]
+    if (seq and seq[0] not in (0xFF, 0xFE)) or any(b != 0xFF for b in seq[1:]):
+        return False
+    return True if len(prefix) >= HEADER_SIZE else None
+
+
+def looks_like_ambrosia(payload: bytes, max_frame_size: int = 0, final: bool = True) -> bool | None:
+    """A connection's first bytes: the IC's first record (-1 or -2), or an LB's first whole message.
+
+    Not ``final``, ``None`` while the bytes could still be either, or a message
+    cut short cannot say its type yet.
+    """
+    records = _opens_records(payload)
+    if records is None and not final:
+        return None
+    if records:
         header = read_header(payload)
-        if header.seq in (CONTROL_SEQ, CHECKPOINT_SEQ) and HEADER_SIZE + 2 <= header.size <= HEADER_SIZE + 16:
-            try:
-                msg, _ = read_message(payload, HEADER_SIZE, header.size)
-            except (Incomplete, MalformedError):
-                return False
-            return msg.type in CONTROL if header.seq == CONTROL_SEQ else msg.type == CHECKPOINT
+        try:
+            msg, _ = read_message(payload, HEADER_SIZE, min(header.size, len(payload)))
+        except Incomplete:
+            return False if final else None
+        except MalformedError:
+            return False
+        return msg.type in CONTROL if header.seq == CONTROL_SEQ else msg.type == CHECKPOINT
     try:
         msg, _ = read_message(payload, 0, len(payload))
-    except (Incomplete, MalformedError):
+    except Incomplete:
+        return False if final or len(payload) >= _DETECT_LIMIT else None
+    except MalformedError:
         return False
     return msg.type in FROM_LB
 
@@ -187,6 +214,8 @@ class AmbrosiaTracker:
         self.first_packet = self.last_packet = 0
         self.first_ts = self.last_ts = 0.0
         self.closed = "open at end of capture"
+        #: The first sender's segments until a record header's worth of bytes tells the socket.
+        self._early: list[tuple[_Direction, bytes, int, int]] = []
         self.ident = {
             "capture": dissector.capture_name,
             "protocol": "ambrosia",
@@ -214,7 +243,7 @@ class AmbrosiaTracker:
         The first sender is not always the TCP initiator here (a capture without
         the handshake makes it so), so the bytes decide, not the side.
         """
-        records = len(payload) >= HEADER_SIZE and read_header(payload).seq in (CONTROL_SEQ, CHECKPOINT_SEQ)
+        records = bool(_opens_records(payload))
         self.role = SEND if records else RECEIVE
         self.ic_is_client = direction.client if records else not direction.client
         ic_addr, ic_port = self.addrs[self.ic_is_client]
@@ -227,7 +256,32 @@ class AmbrosiaTracker:
 
     def data(self, direction: _Direction, payload: bytes, packet: int, ts: int) -> None:
         if self.role is None:
-            self._settle(direction, payload)
+            early = self._early
+            if not early or early[0][0] is direction:
+                early.append((direction, payload, packet, ts))
+                if _opens_records(b"".join(item[1] for item in early)[:HEADER_SIZE]) is None:
+                    self.dissector._holding[self] = None  # later records wait, for packet order
+                    return
+                self.flush()
+                return
+            self.flush()  # the other side speaks: the first sender's bytes so far decide
+        self._feed(direction, payload, packet, ts)
+
+    @property
+    def pending(self) -> bool:
+        """Whether the first bytes are held, the socket not known yet."""
+        return bool(self._early)
+
+    def flush(self, packet: int = 0, ts: int = 0) -> None:
+        """Decide the socket on the bytes held (no more are coming first), then read them."""
+        early, self._early = self._early, []
+        if not early:
+            return
+        self._settle(early[0][0], b"".join(item[1] for item in early))
+        for direction, payload, packet, ts in early:
+            self._feed(direction, payload, packet, ts)
+
+    def _feed(self, direction: _Direction, payload: bytes, packet: int, ts: int) -> None:
         splitter = direction.splitter
         if splitter is None:
             record = self._row(
@@ -371,6 +425,7 @@ class AmbrosiaTracker:
             half = direction.half
             if half is not None:
                 half.flush(self.last_packet, int(self.last_ts * 1e9))
+        self.flush()
         halves = [d.half for d in self.dirs.values() if d.half is not None]
         for direction in self.dirs.values():
             half, splitter = direction.half, direction.splitter

@@ -37,12 +37,17 @@ _CLIENT_FIRST = frozenset(
 ) | {codec.GET_ERROR_MAP, codec.GET_CLUSTER_CONFIG, codec.CONTROL, codec.STREAM_REQ, codec.GET_ALL_VB_SEQNOS}
 
 
-def looks_like_dcp(payload: bytes, max_frame_size: int = 0) -> bool:
-    """Do a connection's first bytes open a memcached-protocol session a DCP client starts?"""
-    if len(payload) < HEADER_SIZE or payload[0] not in (codec.REQ, codec.ALT_REQ):
+def looks_like_dcp(payload: bytes, max_frame_size: int = 0, final: bool = True) -> bool | None:
+    """Do a connection's first bytes open a memcached-protocol session a DCP client starts?
+
+    ``None`` when not ``final`` and a whole header has not come yet.
+    """
+    if payload[:1] and payload[0] not in (codec.REQ, codec.ALT_REQ):
         return False
-    if payload[1] not in _CLIENT_FIRST:
+    if payload[1:2] and payload[1] not in _CLIENT_FIRST:
         return False
+    if len(payload) < HEADER_SIZE:
+        return False if final else None
     return codec.find_header(payload[:HEADER_SIZE], 0, max_frame_size or 20 * 1024 * 1024) == 0
 
 

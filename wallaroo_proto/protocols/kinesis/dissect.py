@@ -44,13 +44,21 @@ PORTS = (7300,)
 #: Per-connection cap on stored violations (the count stays exact).
 
 
-def looks_like_mld(payload: bytes, max_frame_size: int = 0) -> bool:
-    """Do a connection's first bytes open an MLD conversation (the daemon's initialize line)?"""
+def looks_like_mld(payload: bytes, max_frame_size: int = 0, final: bool = True) -> bool | None:
+    """Do a connection's first bytes open an MLD conversation (the daemon's initialize line)?
+
+    ``None`` when not ``final`` and the bytes stop before the answer shows.
+    """
     head = payload[:256].lstrip(b"\r\n \t")
-    if not head.startswith(b"{"):
+    if head and not head.startswith(b"{"):
         return False
     action = head.find(b'"action"')
-    return 0 < action < 16 and b'"initialize"' in head[action : action + 32]
+    if 0 < action < 16 and b'"initialize"' in head[action : action + 32]:
+        return True
+    if final or len(payload) >= 256 or b"\n" in head:
+        return False
+    cut_short = action < 0 and len(head) < 16 + 8 or 0 < action < 16 and len(head) < action + 32
+    return None if not head or cut_short else False
 
 
 def percentile(values: list[float], p: float) -> float | None:

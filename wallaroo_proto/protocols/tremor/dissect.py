@@ -42,9 +42,16 @@ _MAX_HEAD = 64 * 1024
 _MAX_JSON_FIELD = 4096
 
 
-def detect(payload: bytes, max_frame_size: int = 0) -> bool:
-    """A connection opening with a WebSocket upgrade request."""
-    return looks_like_upgrade(payload)
+def detect(payload: bytes, max_frame_size: int = 0, final: bool = True) -> bool | None:
+    """A connection opening with a WebSocket upgrade request.
+
+    ``None`` when not ``final`` and the request's head may still be coming.
+    """
+    if looks_like_upgrade(payload):
+        return True
+    if final or len(payload) >= 4096 or b"\r\n\r\n" in payload:
+        return False
+    return None if b"GET ".startswith(payload[:4]) else False
 
 
 class _Direction:

@@ -774,18 +774,28 @@ class _Tracker:
             direction.block = None  # handed out: a finished tracker kept for its summary holds no rows
 
 
-def looks_like_hello(payload: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> bool:
-    """Do these bytes start with a plausible HELLO frame (length, type 0, short version)?"""
+def looks_like_hello(
+    payload: bytes, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, final: bool = True
+) -> bool | None:
+    """Do these bytes start with a plausible HELLO frame (length, type 0, short version)?
+
+    ``None`` when not ``final`` and the bytes end before the version does.
+    """
+    if len(payload) >= 4:
+        (length,) = U32.unpack_from(payload, 0)
+        if not 9 <= length <= max_frame_size:
+            return False
+    if len(payload) >= 5 and payload[4] != 0:
+        return False
     if len(payload) < 7:
-        return False
-    (length,) = U32.unpack_from(payload, 0)
-    if not 9 <= length <= max_frame_size or payload[4] != 0:
-        return False
+        return False if final else None
     version_len = (payload[5] << 8) | payload[6]
     if version_len > 64 or version_len + 2 > length - 1:
         return False
     version = payload[7 : 7 + version_len]
-    return all(32 <= b < 127 for b in version)
+    if not all(32 <= b < 127 for b in version):
+        return False
+    return True if final or len(version) == version_len else None
 
 
 __all__ = ["looks_like_hello"]
