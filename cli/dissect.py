@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from wallaroo_proto_cli.dissect_stats import check_stats, print_stats
 from wallaroo_proto_cli.options import (
     EXIT_INTERRUPTED,
     AliasChoice,
@@ -30,6 +31,8 @@ from wallaroo_proto_cli.options import (
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.frame_block import FrameBlock
 from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError, is_stream
+from wallaroo_proto.capture.stats import StatsError, feed
+from wallaroo_proto.capture.stats import make as make_stats
 from wallaroo_proto.protocols import get_plugin, names, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import to_json
@@ -214,13 +217,14 @@ class _RichFrames:
     cls=Command,
     sections={
         "Which frames": ["ports", "protocol", "streams", "types", "connections", "since", "until"],
-        "What is shown": ["fmt", "hexdump", "summary", "count"],
+        "What is shown": ["fmt", "hexdump", "summary", "stats", "count"],
     },
     epilog=examples(
         "wallaroo-proto dissect capture.pcap",
         "wallaroo-proto dissect capture.pcap --summary",
         "wallaroo-proto dissect -c 20 captures/*.pcap",
         "wallaroo-proto dissect capture.pcap --type error --type restart -x",
+        "wallaroo-proto dissect -q --stats io,1 --stats conv capture.pcap",
         "wallaroo-proto dissect captures/*.pcap --format jsonl --strict > frames.jsonl",
         "tcpdump -i lo -U -w - tcp port 7100 | wallaroo-proto dissect -",
     ),
@@ -252,6 +256,16 @@ class _RichFrames:
 )
 @click.option("-x", "--hex", "hexdump", is_flag=True, help="Add a hex dump of each frame's bytes.")
 @click.option("--summary", is_flag=True, help="Per connection and stream summary instead of frames.")
+@click.option(
+    "--stats",
+    "stats",
+    multiple=True,
+    metavar="io,SECONDS|conv",
+    callback=check_stats,
+    help="After each capture's frames (instead of them with -q), a table (repeat): io,SECONDS: frames "
+    "and bytes per interval (io,0: the whole capture); conv: one row per connection. Over the frames "
+    "shown (the filters and -c apply); as JSON objects with --format jsonl.",
+)
 @click.option(
     "-c",
     "--count",
@@ -295,6 +309,7 @@ def command(
     fmt,
     hexdump,
     summary,
+    stats,
     count,
     streams,
     types,
@@ -314,6 +329,9 @@ def command(
     """
     console = Console(highlight=False, soft_wrap=False)
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
+    if stats and summary:
+        raise click.UsageError("--stats and --summary exclude each other")
+    stats_only = bool(stats) and verbosity < 0  # as tshark's -q with -z: the tables, no frames
     keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
     filtering = keep.active
     asked = keep.describe(streams, types, connections, since, until)
@@ -338,7 +356,8 @@ def command(
             # Unfiltered, the N frames shown are the first N made: no need to read further.
             max_frames=left if summary or not filtering else None,
         )
-        rich_out = None if jsonl or summary else _RichFrames(console, hexdump)
+        accs = [make_stats(value) for value in stats]
+        rich_out = None if jsonl or summary or stats_only else _RichFrames(console, hexdump)
         if rich_out is not None and len(files) > 1:
             console.rule(path)
         lines: list[str] = []
@@ -350,7 +369,11 @@ def command(
                 for item in dissector.frames(source):
                     left -= len(item) if type(item) is FrameBlock else 1
                 left = max(left, 0)
-            elif jsonl and not filtering:
+            elif stats_only and not filtering:  # FrameBlocks straight into the counts
+                fed = feed(accs, dissector.frames(source), left)
+                shown += fed
+                left = None if left is None else left - fed
+            elif jsonl and not filtering and not accs:
                 for batch in dissector.jsonl_batches(source):
                     if left is not None:
                         batch = batch[:left]
@@ -366,12 +389,19 @@ def command(
                             out.flush()
             else:
                 for records in dissector.record_batches(source):
+                    if accs and records and accs[0].origin_ns is None:  # times from the capture's start
+                        for acc in accs:
+                            acc.origin_ns = records[0]["ts_ns"]
                     for r in records:
                         read += 1
                         if filtering and not keep(r):
                             continue
                         shown += 1
-                        if jsonl:
+                        for acc in accs:
+                            acc.add(r)
+                        if stats_only:
+                            pass
+                        elif jsonl:
                             lines.append(to_json(r))
                             if len(lines) >= 1024:
                                 lines.append("")
@@ -412,6 +442,17 @@ def command(
                 rich_out.flush()
             out.flush()
         violations += dissector.violations()
+        for acc in accs:
+            try:
+                result = acc.result()
+            except StatsError as err:
+                unusable = True
+                errors.print(f"[bold red]{NAME}:[/] {escape(path)}: {escape(str(err))}", markup=True)
+                continue
+            if jsonl:
+                out.write(to_json({"stats": result.pop("stats"), "capture": path, **result}) + "\n")
+            else:
+                print_stats(console, result, path)
         if summary:
             for s in dissector.summaries():
                 if not keep.match_connection(s["conn_index"], s["connection"]):
