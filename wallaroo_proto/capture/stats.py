@@ -152,11 +152,11 @@ class IoStats:
         """``{"stats": "io", "interval": seconds, "rows": [...]}``, every interval from the first
         frame's to the last's, empty ones included (``StatsError`` when there are too many)."""
         if self._too_long:
-            span = (self._last_ns - min(self._first_ns, self.origin_ns)) / _NS
+            span = (max(self._last_ns, self.origin_ns) - min(self._first_ns, self.origin_ns)) / _NS
             raise StatsError(
                 f"io,{self.seconds:g}: the frames span {span:,.3f} s, more than {self.max_intervals:,} "
                 f"intervals of {self.seconds:g} s; give an interval of at least "
-                f"{_round_up(span / (self.max_intervals - 1)):.6g} s"
+                f"{_round_up(span / max(self.max_intervals - 1, 1)):.6g} s"
             )
         rows = []
         if self._rows:
