@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from functools import cache
-from itertools import repeat
 from typing import Any
 
 from .frame_block import SHARED, FrameBlock
@@ -73,13 +72,13 @@ def _columns(layout: tuple[tuple[str, str], ...]) -> dict[str, int]:
     return {name: i for i, name in enumerate(names)}
 
 
-def _values(block: FrameBlock, name: str) -> Iterable[Any]:
+def _values(block: FrameBlock, name: str) -> list[Any] | tuple[Any, ...]:
     """One field's value for each row of a block (``None`` where a frame lacks it)."""
     if name in block.shared:
-        return repeat(block.shared[name], len(block.rows))
+        return (block.shared[name],) * len(block.rows)
     i = _columns(block.layout).get(name)
     if i is None:
-        return repeat(None, len(block.rows))
+        return (None,) * len(block.rows)
     return [row[i] for row in block.rows]
 
 
@@ -87,11 +86,6 @@ def _round_up(x: float) -> float:
     """``x`` rounded up to two significant digits, for a suggestion a person types."""
     scale = 10.0 ** (math.floor(math.log10(x)) - 1)
     return math.ceil(x / scale) * scale
-
-
-def _label(record: dict) -> str:
-    """The frame's name as dissect's type column shows it (a 2PC message by its phase)."""
-    return record.get("twopc") or record["type"]
 
 
 class IoStats:
@@ -106,61 +100,85 @@ class IoStats:
         self.origin_ns: int | None = None
         #: interval number -> [frames, bytes, {type: frames}], only for intervals with frames.
         self._rows: dict[int, list] = {}
+        #: The interval numbers the rows run from and to (the origin's, 0, always among them).
         self._low = self._high = 0
-        self._first_ns: int | None = None
-        self._last_ns = 0
-        self._too_long = False
+        #: The last row used and its interval, [start, end) in ns: most frames fall in it.
+        self._current: list = []
+        self._start = self._end = 0
+        #: The first and last frame's times, for the whole-capture row.
+        self._first_ns = self._last_ns = 0
 
     def _row(self, ts_ns: int) -> list:
+        """The row of the interval holding ``ts_ns``, made the current one (the slow path)."""
         if self.origin_ns is None:
             self.origin_ns = ts_ns
-        if self._first_ns is None:
-            self._first_ns = ts_ns
-        first, last = min(self._first_ns, ts_ns), max(self._last_ns, ts_ns)
-        self._first_ns, self._last_ns = first, last
-        index = (ts_ns - self.origin_ns) // self.step if self.step else 0
+        step = self.step
+        if not step:
+            if not self._rows:
+                self._first_ns = self._last_ns = ts_ns
+            self._first_ns, self._last_ns = min(self._first_ns, ts_ns), max(self._last_ns, ts_ns)
+            return self._rows.setdefault(0, [0, 0, {}])
+        index = (ts_ns - self.origin_ns) // step
         row = self._rows.get(index)
         if row is None:
-            low, high = min(self._low, index), max(self._high, index)
-            if high - low >= self.max_intervals or self._too_long:
-                self._too_long = True  # keep only the span, for the message
-                self._rows.clear()
-                return [0, 0, {}]
-            self._low, self._high = low, high
-            row = self._rows[index] = [0, 0, {}]
+            self._low, self._high = min(self._low, index), max(self._high, index)
+            row = [0, 0, {}]
+            if self._high - self._low >= self.max_intervals:
+                self._rows.clear()  # too long: only the span is kept, for the message
+                return row
+            self._rows[index] = row
+        self._current = row
+        self._start = self.origin_ns + index * step
+        self._end = self._start + step
         return row
 
     def add(self, record: dict) -> None:
-        row = self._row(record["ts_ns"])
+        ts_ns = record["ts_ns"]
+        row = self._current if self._start <= ts_ns < self._end else self._row(ts_ns)
         row[0] += 1
         row[1] += record.get("length") or 0
         types = row[2]
-        name = _label(record)
+        name = record.get("twopc") or record["type"]  # as the type column shows it
         types[name] = types.get(name, 0) + 1
 
     def add_block(self, block: FrameBlock) -> None:
-        columns = zip(_values(block, "ts_ns"), _values(block, "length"), _values(block, "type"), strict=True)
+        if not block.rows:
+            return
+        times = _values(block, "ts_ns")
+        row = self._current
+        if self._start <= min(times) and max(times) < self._end:  # the usual: all in the current interval
+            row[0] += len(block.rows)
+            row[1] += sum(length or 0 for length in _values(block, "length"))
+            types = row[2]
+            if "type" in block.shared:
+                name = block.shared["type"]
+                types[name] = types.get(name, 0) + len(block.rows)
+            else:
+                for name in _values(block, "type"):
+                    types[name] = types.get(name, 0) + 1
+            return
+        columns = zip(times, _values(block, "length"), _values(block, "type"), strict=True)
         row_of = self._row
         for ts_ns, length, name in columns:
-            row = row_of(ts_ns)
+            row = self._current if self._start <= ts_ns < self._end else row_of(ts_ns)
             row[0] += 1
             row[1] += length or 0
             types = row[2]
             types[name] = types.get(name, 0) + 1
 
     def result(self) -> dict:
-        """``{"stats": "io", "interval": seconds, "rows": [...]}``, every interval from the first
-        frame's to the last's, empty ones included (``StatsError`` when there are too many)."""
-        if self._too_long:
-            span = (max(self._last_ns, self.origin_ns) - min(self._first_ns, self.origin_ns)) / _NS
+        """``{"stats": "io", "interval": seconds, "rows": [...]}``, every interval from the origin's
+        to the last frame's, empty ones included (``StatsError`` when there are too many)."""
+        needed = self._high - self._low + 1
+        if needed > self.max_intervals:
             raise StatsError(
-                f"io,{self.seconds:g}: the frames span {span:,.3f} s, more than {self.max_intervals:,} "
-                f"intervals of {self.seconds:g} s; give an interval of at least "
-                f"{_round_up(span / max(self.max_intervals - 1, 1)):.6g} s"
+                f"io,{self.seconds:g}: the frames span {needed:,} intervals of {self.seconds:g} s, "
+                f"more than the {self.max_intervals:,} an io table may have; give an interval of at least "
+                f"{_round_up(self.seconds * needed / self.max_intervals):.6g} s"
             )
         rows = []
         if self._rows:
-            for index in range(self._low, self._high + 1) if self.step else range(1):
+            for index in range(self._low, self._high + 1):
                 frames, size, types = self._rows.get(index) or (0, 0, {})
                 if self.step:
                     start, end = index * self.step, (index + 1) * self.step
@@ -178,6 +196,11 @@ class IoStats:
         return {"stats": "io", "interval": self.seconds, "rows": rows}
 
 
+#: A conversation's counters: frames and bytes initiator to responder, then back; first and last
+#: frame's time; frames with violations.
+_FRAMES_AB, _BYTES_AB, _FRAMES_BA, _BYTES_BA, _FIRST, _LAST, _VIOLATIONS = range(7)
+
+
 class ConvStats:
     """One row per connection: endpoints, frames and bytes each way, start, duration, violations."""
 
@@ -185,75 +208,78 @@ class ConvStats:
 
     def __init__(self) -> None:
         self.origin_ns: int | None = None
-        #: conn_index -> the row being counted, with first and last ts_ns.
-        self._rows: dict[int, dict] = {}
+        #: conn_index -> (what the connection is, its counters).
+        self._rows: dict[int, tuple[dict, list[int]]] = {}
 
-    def _row(self, conn_index: int, connection: str, protocol: str | None, ts_ns: int) -> dict:
+    def _new(self, conn_index: int, connection: str, protocol: str | None, ts_ns: int) -> list[int]:
         if self.origin_ns is None:
             self.origin_ns = ts_ns
-        row = self._rows.get(conn_index)
-        if row is None:
-            a, _, b = connection.partition(" > ")
-            row = self._rows[conn_index] = {
-                "conn_index": conn_index,
-                "protocol": protocol,
-                "a": a,
-                "b": b,
-                "frames_ab": 0,
-                "bytes_ab": 0,
-                "frames_ba": 0,
-                "bytes_ba": 0,
-                "first_ns": ts_ns,
-                "last_ns": ts_ns,
-                "violations": 0,
-            }
-        elif ts_ns < row["first_ns"]:
-            row["first_ns"] = ts_ns
-        elif ts_ns > row["last_ns"]:
-            row["last_ns"] = ts_ns
-        return row
+        a, _, b = connection.partition(" > ")
+        about = {"conn_index": conn_index, "protocol": protocol, "a": a, "b": b}
+        counts = [0, 0, 0, 0, ts_ns, ts_ns, 0]
+        self._rows[conn_index] = (about, counts)
+        return counts
 
     def add(self, record: dict) -> None:
-        row = self._row(record["conn_index"], record["connection"], record.get("protocol"), record["ts_ns"])
-        way = "ab" if record["direction"] == "initiator>responder" else "ba"
-        row["frames_" + way] += 1
-        row["bytes_" + way] += record.get("length") or 0
-        if record.get("violations"):
-            row["violations"] += 1
+        known = self._rows.get(record["conn_index"])
+        ts_ns = record["ts_ns"]
+        if known is None:
+            counts = self._new(record["conn_index"], record["connection"], record.get("protocol"), ts_ns)
+        else:
+            counts = known[1]
+        way = 0 if record["direction"] == "initiator>responder" else 2
+        counts[way] += 1
+        counts[way + 1] += record.get("length") or 0
+        if ts_ns > counts[_LAST]:
+            counts[_LAST] = ts_ns
+        elif ts_ns < counts[_FIRST]:
+            counts[_FIRST] = ts_ns
+        if "violations" in record and record["violations"]:
+            counts[_VIOLATIONS] += 1
 
     def add_block(self, block: FrameBlock) -> None:
-        columns = zip(
-            _values(block, "conn_index"),
-            _values(block, "connection"),
-            _values(block, "protocol"),
-            _values(block, "direction"),
-            _values(block, "ts_ns"),
-            _values(block, "length"),
-            _values(block, "violations"),
-            strict=True,
-        )
-        for conn_index, connection, protocol, direction, ts_ns, length, violations in columns:
-            row = self._row(conn_index, connection, protocol, ts_ns)
-            way = "ab" if direction == "initiator>responder" else "ba"
-            row["frames_" + way] += 1
-            row["bytes_" + way] += length or 0
-            if violations:
-                row["violations"] += 1
+        shared = block.shared
+        if not block.rows:
+            return
+        if "conn_index" in shared and "direction" in shared:  # as every plug-in's blocks are
+            known = self._rows.get(shared["conn_index"])
+            times = _values(block, "ts_ns")
+            if known is None:
+                first = next(iter(times))
+                counts = self._new(shared["conn_index"], shared["connection"], shared.get("protocol"), first)
+            else:
+                counts = known[1]
+            way = 0 if shared["direction"] == "initiator>responder" else 2
+            counts[way] += len(block.rows)
+            counts[way + 1] += sum(length or 0 for length in _values(block, "length"))
+            counts[_FIRST] = min(counts[_FIRST], *times)
+            counts[_LAST] = max(counts[_LAST], *times)
+            counts[_VIOLATIONS] += sum(1 for v in _values(block, "violations") if v)
+            return
+        for record in block.records():
+            self.add(record)
 
     def result(self) -> dict:
         """``{"stats": "conv", "rows": [...]}``, a row per connection in capture order; ``a`` is the
         initiator, ``b`` the responder; ``start`` and ``duration`` in seconds."""
         rows = []
         for conn_index in sorted(self._rows):
-            row = dict(self._rows[conn_index])
-            first, last = row.pop("first_ns"), row.pop("last_ns")
-            violations = row.pop("violations")
-            row["frames"] = row["frames_ab"] + row["frames_ba"]
-            row["bytes"] = row["bytes_ab"] + row["bytes_ba"]
-            row["start"] = (first - self.origin_ns) / _NS
-            row["duration"] = (last - first) / _NS
-            row["violations"] = violations
-            rows.append(row)
+            about, counts = self._rows[conn_index]
+            frames_ab, bytes_ab, frames_ba, bytes_ba, first, last, violations = counts
+            rows.append(
+                {
+                    **about,
+                    "frames_ab": frames_ab,
+                    "bytes_ab": bytes_ab,
+                    "frames_ba": frames_ba,
+                    "bytes_ba": bytes_ba,
+                    "frames": frames_ab + frames_ba,
+                    "bytes": bytes_ab + bytes_ba,
+                    "start": (first - self.origin_ns) / _NS,
+                    "duration": (last - first) / _NS,
+                    "violations": violations,
+                }
+            )
         return {"stats": "conv", "rows": rows}
 
 
