@@ -298,7 +298,8 @@ class _RichFrames:
     help="A longer frame length prefix is a violation (and the connection is read no further).",
 )
 @verbosity(
-    quiet="No notes on stderr (a capture without protocol connections): errors only.",
+    quiet="No notes on stderr (a capture without protocol connections): errors only. "
+    "With --stats: the tables alone, no frames (as tshark's -q).",
     verbose="Also a line per capture on stderr: its connections and violations.",
 )
 @quiet_broken_pipe
