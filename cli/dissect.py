@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from wallaroo_proto_cli.dissect_stats import check_stats, print_stats
 from wallaroo_proto_cli.options import (
     EXIT_INTERRUPTED,
     AliasChoice,
@@ -32,6 +33,8 @@ from wallaroo_proto_cli.options import (
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.frame_block import FrameBlock
 from wallaroo_proto.capture.pcap import CUT_NOTE, CaptureError, is_stream
+from wallaroo_proto.capture.stats import StatsError, feed
+from wallaroo_proto.capture.stats import make as make_stats
 from wallaroo_proto.capture.views import (
     TIME_FORMATS,
     FieldRows,
@@ -273,6 +276,7 @@ class _RichFrames:
             "time_format",
             "hexdump",
             "summary",
+            "stats",
             "count",
             "write",
         ],
@@ -283,6 +287,7 @@ class _RichFrames:
         "wallaroo-proto dissect -c 20 captures/*.pcap",
         "wallaroo-proto dissect capture.pcap --type error --type restart -x",
         "wallaroo-proto dissect capture.pcap -Y 'type == MESSAGE and stream_id in {1 2}'",
+        "wallaroo-proto dissect -q --stats io,1 --stats conv capture.pcap",
         "wallaroo-proto dissect captures/*.pcap --format jsonl --strict > frames.jsonl",
         "tcpdump -i lo -U -w - tcp port 7100 | wallaroo-proto dissect -",
     ),
@@ -349,6 +354,16 @@ class _RichFrames:
 @click.option("-x", "--hex", "hexdump", is_flag=True, help="Add a hex dump of each frame's bytes.")
 @click.option("--summary", is_flag=True, help="Per connection and stream summary instead of frames.")
 @click.option(
+    "--stats",
+    "stats",
+    multiple=True,
+    metavar="io,SECONDS|conv",
+    callback=check_stats,
+    help="After each capture's frames (instead of them with -q), a table (repeat): io,SECONDS: frames "
+    "and bytes per interval (io,0: the whole capture); conv: one row per connection. Over the frames "
+    "shown (the filters and -c apply); as JSON objects with --format jsonl.",
+)
+@click.option(
     "-c",
     "--count",
     type=click.IntRange(1),
@@ -393,7 +408,8 @@ class _RichFrames:
     help="A longer frame length prefix is a violation (and the connection is read no further).",
 )
 @verbosity(
-    quiet="No notes on stderr (a capture without protocol connections): errors only.",
+    quiet="No notes on stderr (a capture without protocol connections): errors only. "
+    "With --stats: the tables alone, no frames (as tshark's -q).",
     verbose="Also a line per capture on stderr: its connections and violations.",
 )
 @quiet_broken_pipe
@@ -408,6 +424,7 @@ def command(
     write,
     hexdump,
     summary,
+    stats,
     count,
     display_filter,
     streams,
@@ -442,6 +459,9 @@ def command(
     line_of = {"jsonl": to_json, "fields": field_rows and field_rows.record}.get(fmt)
     if fmt == "text" and not console.is_terminal:
         line_of = lambda r: _line(r, clock, hexdump, names)  # noqa: E731
+    if stats and summary:
+        raise click.UsageError("--stats and --summary exclude each other")
+    stats_only = bool(stats) and verbosity < 0  # as tshark's -q with -z: the tables, no frames
     keep = _Filter(streams, types, connections, _parse_time(since), _parse_time(until))
     # Stream names, learnt from the frames that give them: for the text's fields and --stream NAME.
     names = StreamNames() if fmt == "text" or keep.stream_names else None
@@ -492,7 +512,12 @@ def command(
             # Unfiltered, the N frames shown are the first N made: no need to read further.
             max_frames=left if summary or not filtering else None,
         )
-        rich_out = None if line_of or summary or export else _RichFrames(console, hexdump, clock, names)
+        accs = [make_stats(value) for value in stats]
+        rich_out = (
+            None
+            if line_of or summary or export or stats_only
+            else _RichFrames(console, hexdump, clock, names)
+        )
         if rich_out is not None and len(files) > 1:
             console.rule(path)
         elif fmt == "text" and len(files) > 1 and not summary and not export:
@@ -512,7 +537,11 @@ def command(
                 for item in dissector.frames(source):
                     left -= len(item) if type(item) is FrameBlock else 1
                 left = max(left, 0)
-            elif (field_rows is not None or jsonl) and not filtering and export is None:
+            elif stats_only and not filtering and export is None:  # FrameBlocks straight into the counts
+                fed = feed(accs, dissector.frames(source), left)
+                shown += fed
+                left = None if left is None else left - fed
+            elif (field_rows is not None or jsonl) and not filtering and export is None and not accs:
                 if field_rows is not None:  # taken from the blocks' rows: no dict a frame
                     rows = field_rows
                     batches = (
@@ -534,6 +563,9 @@ def command(
                             out.flush()
             else:
                 for records in dissector.record_batches(source):
+                    if accs and records and accs[0].origin_ns is None:  # times from the capture's start
+                        for acc in accs:
+                            acc.origin_ns = records[0]["ts_ns"]
                     for r in records:
                         read += 1
                         if clock.first is None:
@@ -545,8 +577,12 @@ def command(
                                 export.record(r["packet"], False)
                             continue
                         shown += 1
+                        for acc in accs:
+                            acc.add(r)
                         if export is not None:
                             export.record(r["packet"], True)
+                        elif stats_only:
+                            pass
                         elif line_of is not None:
                             lines.append(line_of(r))
                             if len(lines) >= 1024:
@@ -584,6 +620,17 @@ def command(
                 rich_out.flush()
             out.flush()
         violations += dissector.violations()
+        for acc in accs:
+            try:
+                result = acc.result()
+            except StatsError as err:
+                unusable = True
+                errors.print(f"[bold red]{NAME}:[/] {escape(path)}: {escape(str(err))}", markup=True)
+                continue
+            if jsonl:  # (-T json: in the array)
+                emit([to_json({"stats": result.pop("stats"), "capture": path, **result})])
+            else:
+                print_stats(console, result, path)
         if summary:
             for s in dissector.summaries():
                 if not keep.match_connection(s["conn_index"], s["connection"]):
