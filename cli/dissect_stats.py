@@ -29,7 +29,8 @@ def print_stats(console: Console, result: dict, capture: str) -> None:
     if result["stats"] == "io":
         interval = result["interval"]
         title = f"io, {_seconds(interval)} s intervals" if interval else "io, whole capture"
-        table = Table(title=f"{title}: {capture}", title_justify="left", box=None, header_style="bold")
+        heading = f"{title}: {capture}"
+        table = Table(box=None, header_style="bold")
         for name in ("start", "end", "frames", "bytes"):
             table.add_column(name, justify="right")
         table.add_column("types")
@@ -39,7 +40,8 @@ def print_stats(console: Console, result: dict, capture: str) -> None:
                 _seconds(row["start"]), _seconds(row["end"]), f"{row['frames']:,}", f"{row['bytes']:,}", types
             )
     else:
-        table = Table(title=f"conversations: {capture}", title_justify="left", box=None, header_style="bold")
+        heading = f"conversations: {capture}"
+        table = Table(box=None, header_style="bold")
         table.add_column("conn", justify="right")
         table.add_column("protocol")
         table.add_column("A (initiator)")
@@ -60,6 +62,8 @@ def print_stats(console: Console, result: dict, capture: str) -> None:
                 _seconds(row["duration"]),
                 str(row["violations"]),
             )
+    # Its own line, not the table's title: a title wraps at a narrow table's width.
+    console.print(heading, style="italic", soft_wrap=True)
     if console.is_terminal:
         console.print(table)
         return
