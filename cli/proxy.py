@@ -1,8 +1,8 @@
 """``wallaroo-proto proxy``: stand between two real peers, forward, record and check live.
 
 Thin: ``wallaroo_proto.proxy.relay`` forwards, ``wallaroo_proto.proxy.watch`` records
-and dissects; this module parses options and prints. Exit codes: 0 stopped cleanly
-(SIGINT/SIGTERM), 2 bad usage or a port that cannot be bound.
+and checks; this module parses options and prints. Exit codes: 0 stopped cleanly
+(SIGINT/SIGTERM), 1 the live checks stopped short, 2 bad usage or a port that cannot be bound.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def command(listen, upstream, protocol, record, summary, verbosity) -> None:
     finally:
         watch.close()
     if watch.error is not None:
-        errors.print(f"[bold red]{NAME}:[/] the live checker stopped early: {escape(watch.error)}")
+        errors.print(f"[bold red]{NAME}:[/] live checks incomplete: {escape(watch.error)}")
     out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
     if summary:
         for s in watch.summaries:
@@ -118,3 +118,5 @@ def command(listen, upstream, protocol, record, summary, verbosity) -> None:
             f"{stats.bytes[False]} bytes upstream→client"
             + (f", {stats.refused_upstream} refused by the upstream" if stats.refused_upstream else "")
         )
+    if watch.error is not None:
+        raise SystemExit(1)

@@ -7,8 +7,11 @@ received), and ``dissect`` of the proxy's own recording.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import struct
+import subprocess
 import threading
 import time
 from collections import defaultdict
@@ -237,3 +240,89 @@ def test_dcp_consumer_through_the_proxy_streams_every_item_and_the_proxy_sees_no
     frames = run_cli("dissect", str(recording), "--port", str(producer.port), "--format", "jsonl").stdout
     items = {"DCP_MUTATION", "DCP_DELETION", "DCP_EXPIRATION"}
     assert sum(json.loads(line)["type"] in items for line in frames.splitlines()) == 4 * 500
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid``, from /proc."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_an_ipv6_client_is_relayed_and_recorded(tmp_path: Path) -> None:
+    recording = tmp_path / "v6.pcap"
+
+    def peer(conn: socket.socket) -> None:
+        conn.sendall(b"echo " + read_all(conn))
+        conn.close()
+
+    upstream = Upstream(peer)
+    with Server(
+        *("proxy", "--listen", "[::1]:0", "--upstream", f"127.0.0.1:{upstream.port}"),
+        *("--record", str(recording), "-q"),
+    ) as proxy:
+        client = socket.create_connection(("::1", proxy.port), timeout=DEADLINE)
+        client.sendall(b"over six")
+        client.shutdown(socket.SHUT_WR)
+        assert read_all(client) == b"echo over six"
+        client.close()
+        upstream.join()
+        code, _, stderr = proxy.stop()
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
+    # The IPv4 upstream is named by its IPv4-mapped address beside the IPv6 client.
+    packets = subprocess.run(
+        ["tshark", "-r", str(recording), "-T", "fields", "-e", "ipv6.src", "-e", "tcp.len"],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+    )
+    if packets.returncode != 0 and "not found" in packets.stderr:
+        pytest.skip("tshark is not installed")
+    rows = [line.split("\t") for line in packets.stdout.splitlines()]
+    assert ["::1", "8"] in rows and ["::ffff:127.0.0.1", "13"] in rows
+
+
+@pytest.mark.slow
+def test_stopping_with_a_connection_open_is_clean() -> None:
+    def peer(conn: socket.socket) -> None:
+        read_all(conn)  # until the proxy closes it on the way out
+        conn.close()
+
+    upstream = Upstream(peer)
+    with Server("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{upstream.port}") as proxy:
+        client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+        client.sendall(b"still open")
+        wait_for(lambda: len(children(proxy.proc.pid)) == 1 and upstream.thread.is_alive(), "the relay")
+        code, _, stderr = proxy.stop(signal.SIGINT)
+        assert read_all(client) == b""  # closed by the proxy
+        client.close()
+        upstream.join()
+    assert code == 0, stderr
+    assert "Traceback" not in stderr and "Exception" not in stderr
+
+
+@pytest.mark.slow
+def test_a_checker_that_dies_is_reported_and_the_exit_is_1() -> None:
+    with Server("mock-worker", "--port", "0", "--no-live") as worker:
+        with Server("proxy", "--listen", "127.0.0.1:0", "--upstream", worker.address) as proxy:
+            wait_for(lambda: children(proxy.proc.pid), "the checker process")
+            (checker,) = children(proxy.proc.pid)
+            os.kill(checker, signal.SIGKILL)
+            client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+            client.sendall(encode(Hello("v0.0.1", b"", "proxy-test", "i1")))  # still relayed
+            assert client.recv(100)  # the worker's answer came through
+            client.close()
+            code, _, stderr = proxy.stop()
+        worker.stop()
+    assert code == 1, stderr
+    assert "live checks incomplete: the checker stopped before the end (exit -9)" in stderr
+    assert "Traceback" not in stderr

@@ -41,7 +41,18 @@ def _checksum(data: bytes) -> int:
 
 
 def _mac(ip: bytes) -> bytes:
-    return b"\x02\x00" + ip  # locally administered, derived from the address
+    return b"\x02\x00" + ip[-4:]  # locally administered, derived from the address
+
+
+def _packed_pair(a: str, b: str) -> tuple[bytes, bytes]:
+    """Two endpoints' addresses packed, in one family: an IPv4 one beside an IPv6 one becomes
+    its IPv4-mapped IPv6 address (``::ffff:a.b.c.d``), as a dual-stack socket names it."""
+    first, second = ipaddress.ip_address(a), ipaddress.ip_address(b)
+    if first.version != second.version:
+        first, second = (
+            ipaddress.IPv6Address(f"::ffff:{x}") if x.version == 4 else x for x in (first, second)
+        )
+    return first.packed, second.packed
 
 
 class PcapWriter:
@@ -69,6 +80,8 @@ class PcapWriter:
         self.packets = 0
         #: False once a pipe's reader went away: packets are no longer written.
         self.recording = True
+        #: Logged when that happens (None: the owner reports it its own way).
+        self.gone_warning: str | None = "recording stopped: its pipe's reader went away"
         self.nanoseconds = nanoseconds
         magic = PCAP_MAGIC_NSEC if nanoseconds else PCAP_MAGIC_USEC
         self._write(struct.pack("<IHHiIII", magic, 2, 4, 0, 0, snaplen, linktype))
@@ -103,7 +116,8 @@ class PcapWriter:
             self._file.flush()
         except BrokenPipeError:
             self.recording = False
-            logging.getLogger(__name__).warning("recording stopped: its pipe's reader went away")
+            if self.gone_warning:
+                logging.getLogger(__name__).warning(self.gone_warning)
 
     def flush(self) -> None:
         if self.recording:
@@ -149,10 +163,8 @@ class TcpSession:
     ) -> None:
         self.writer = writer
         self.segment_size = segment_size
-        self._ends = {
-            True: (ipaddress.IPv4Address(client[0]).packed, client[1]),
-            False: (ipaddress.IPv4Address(server[0]).packed, server[1]),
-        }
+        client_ip, server_ip = _packed_pair(client[0], server[0])
+        self._ends = {True: (client_ip, client[1]), False: (server_ip, server[1])}
         self._seq = {True: client_isn, False: server_isn}
         self._ip_id = {True: 1, False: 1}
         self.closed = False
@@ -226,13 +238,17 @@ def tcp_frame(
     payload: bytes,
     ip_id: int = 1,
 ) -> bytes:
-    """One Ethernet/IPv4/TCP packet (packed IPv4 addresses) with correct checksums."""
+    """One Ethernet/IPv4 or IPv6/TCP packet (packed addresses, 4 or 16 bytes) with correct checksums."""
     (src_ip, src_port), (dst_ip, dst_port) = src, dst
     tcp = struct.pack("!HHIIBBHHH", src_port, dst_port, seq, ack, 5 << 4, flags, 65535, 0, 0)
-    pseudo = src_ip + dst_ip + struct.pack("!BBH", 0, 6, len(tcp) + len(payload))
+    length = len(tcp) + len(payload)
+    v6 = len(src_ip) == 16
+    pseudo = src_ip + dst_ip + (struct.pack("!IxxxB", length, 6) if v6 else struct.pack("!BBH", 0, 6, length))
     checksum = _checksum(pseudo + tcp + payload)
     tcp = tcp[:16] + struct.pack("!H", checksum) + tcp[18:]
-    total = 20 + len(tcp) + len(payload)
-    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, total, ip_id, 0x4000, 64, 6, 0, src_ip, dst_ip)
+    if v6:
+        ip = struct.pack("!IHBB16s16s", 0x6000_0000, length, 6, 64, src_ip, dst_ip)
+        return _mac(dst_ip) + _mac(src_ip) + b"\x86\xdd" + ip + tcp + payload
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + length, ip_id, 0x4000, 64, 6, 0, src_ip, dst_ip)
     ip = ip[:10] + struct.pack("!H", _checksum(ip)) + ip[12:]
     return _mac(dst_ip) + _mac(src_ip) + b"\x08\x00" + ip + tcp + payload

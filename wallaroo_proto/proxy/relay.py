@@ -68,14 +68,16 @@ class Relay:
         return host, port
 
     async def stop(self) -> None:
-        """Stop accepting and close every relayed connection."""
+        """Stop accepting and close every relayed connection (first: a server's ``wait_closed``
+        waits for its connections to end)."""
         if self._server is not None:
             self._server.close()
-            await self._server.wait_closed()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
 
     async def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -83,6 +85,8 @@ class Relay:
         self._tasks.add(task)
         try:
             await self._relay(reader, writer)
+        except asyncio.CancelledError:
+            pass  # stopped: asyncio would report a cancelled connection task as an error
         finally:
             self._tasks.discard(task)
 
@@ -97,17 +101,19 @@ class Relay:
             _reset(client_w)  # as the upstream refused us, so we refuse our client
             return
         self.stats.open += 1
-        if self.tap is not None:
-            peer = client_w.get_extra_info("peername")[:2]
-            upstream = server_w.get_extra_info("peername")[:2]
-            self.tap.opened(conn, peer, upstream, time.time())
-        ups = asyncio.create_task(self._pump(conn, True, client_r, server_w, client_w))
-        downs = asyncio.create_task(self._pump(conn, False, server_r, client_w, server_w))
+        ups = downs = None
         try:
+            if self.tap is not None:
+                peer = client_w.get_extra_info("peername")[:2]
+                upstream = server_w.get_extra_info("peername")[:2]
+                self.tap.opened(conn, peer, upstream, time.time())
+            ups = asyncio.create_task(self._pump(conn, True, client_r, server_w, client_w))
+            downs = asyncio.create_task(self._pump(conn, False, server_r, client_w, server_w))
             await asyncio.gather(ups, downs)
         except asyncio.CancelledError:
-            ups.cancel()
-            downs.cancel()
+            for pump in (ups, downs):
+                if pump is not None:
+                    pump.cancel()
             raise
         finally:
             self.stats.open -= 1
@@ -126,25 +132,26 @@ class Relay:
         """One direction until its end: data, then the same end (FIN or RST) passed on."""
         tap = self.tap
         counts = self.stats.bytes
-        try:
-            while True:
+        while True:
+            try:
                 data = await reader.read(READ_SIZE)
-                if not data:
-                    break
-                counts[from_client] += len(data)
+            except ConnectionResetError:  # this side reset: the other is reset too
                 if tap is not None:
-                    tap.data(conn, from_client, data, time.time())
+                    tap.ended(conn, from_client, True, time.time())
+                _reset(writer)
+                return
+            if not data:
+                break
+            counts[from_client] += len(data)
+            if tap is not None:
+                tap.data(conn, from_client, data, time.time())
+            try:
                 writer.write(data)
                 await writer.drain()
-        except ConnectionResetError:
-            if tap is not None:
-                tap.ended(conn, from_client, True, time.time())
-            _reset(writer)
-            return
-        except (BrokenPipeError, ConnectionError):
-            # The other side is gone while we wrote: its own direction reports how.
-            _reset(own)
-            return
+            except ConnectionError:
+                # The other side is gone while we wrote: its own direction reports how.
+                _reset(own)
+                return
         if tap is not None:
             tap.ended(conn, from_client, False, time.time())
         if writer.can_write_eof() and not writer.transport.is_closing():

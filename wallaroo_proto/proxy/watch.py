@@ -48,7 +48,9 @@ class Watch:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
-        self._writers.append(PcapWriter(self._checker.stdin))
+        checker_pipe = PcapWriter(self._checker.stdin)
+        checker_pipe.gone_warning = None  # a checker that dies is reported by close()
+        self._writers.append(checker_pipe)
         self._on_violation = on_violation
         self._sessions: dict[int, list[TcpSession]] = {}
         self.summaries: list[dict] = []
@@ -57,13 +59,21 @@ class Watch:
         self._reader.start()
 
     def _read(self) -> None:
+        finished = False
         for line in self._checker.stdout:
             item = json.loads(line)
             if "summaries" in item:
                 self.summaries = item["summaries"]
                 self.error = item["error"]
+                finished = True
             elif self._on_violation is not None:
-                self._on_violation(item)
+                try:
+                    self._on_violation(item)
+                except Exception as err:  # noqa: BLE001 - the checker's output must still be read
+                    self.error = f"reporting a violation failed: {err}"
+        if not finished:
+            self._checker.wait()
+            self.error = f"the checker stopped before the end (exit {self._checker.returncode})"
 
     # relay.Tap -------------------------------------------------------------------------
 
