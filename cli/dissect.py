@@ -25,6 +25,7 @@ from wallaroo_proto_cli.options import (
     Command,
     CommandError,
     examples,
+    open_failure,
     quiet_broken_pipe,
     usage_error,
     verbosity,
@@ -94,10 +95,11 @@ def _parse_time(value: str | None) -> float | None:
 
 class _Filter:
     def __init__(self, streams, types, connections, since, until) -> None:
-        self.stream_names = {s for s in streams if not s.isdigit()}
+        numeric = {s for s in streams if s.isascii() and s.isdigit()}
+        self.stream_names = set(streams) - numeric
         #: Where names asked for are learnt (set by the command when they are).
         self.names: StreamNames | None = None
-        self.streams = {int(s) for s in streams if s.isdigit()} if streams else None
+        self.streams = {int(s) for s in numeric} if streams else None
         self.types = {t.upper() for t in types} or None
         self.connections = list(connections) or None
         self.since = since
@@ -450,7 +452,15 @@ def command(
         field_rows = _field_rows(fmt, fields, field_options, summary, write, clock)
     except UsageError as err:
         raise CommandError(str(err), EXIT_UNUSABLE) from None
-    export = PacketExport(write) if write is not None else None
+    if stats and write == "-":
+        raise usage_error("--stats with -w -: the tables would go into the pcap on stdout")
+    write_to = None
+    if write is not None and write != "-":
+        try:  # opened now: a path that cannot be written is a usage error before any reading
+            write_to = open(write, "wb")  # noqa: SIM115 - closed at the end
+        except OSError as err:
+            raise usage_error(open_failure(err, "-w", write)) from err
+    export = PacketExport(write_to or write) if write is not None else None
     as_json = fmt == "json"
     if as_json:
         fmt = "jsonl"  # the same lines, written as one array
@@ -599,6 +609,8 @@ def command(
                         if rich_out is not None:
                             rich_out.flush()
                         out.flush()
+                    if export is not None and export.gone:
+                        raise BrokenPipeError  # `-w - | head`: ended quietly, as any closed pipe
                     if left == 0:
                         break
         except CaptureError as err:
@@ -652,6 +664,8 @@ def command(
         json_array.close()
     if export is not None:
         export.close()
+    if write_to is not None:
+        write_to.close()
     if filtering and not summary and not shown and verbosity >= 0:
         errors.print(f"{NAME}: no frame matched {escape(asked)} ({read} frame(s) read)")
     if unusable:
@@ -672,6 +686,8 @@ def _field_rows(fmt, fields, field_options, summary, write, clock) -> FieldRows 
             raise UsageError("-E needs -T fields")
         if summary and write:
             raise UsageError("-w writes frames: not with --summary")
+        if write and fmt != "text":
+            raise UsageError(f"-w writes packets instead of showing frames: not with -T {fmt}")
         return None
     if summary or write:
         raise UsageError(f"-T fields writes frames: not with {'--summary' if summary else '-w'}")

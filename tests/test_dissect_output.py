@@ -8,10 +8,11 @@ import os
 import shutil
 import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from support import TABLE, run_cli
+from support import COMMAND, TABLE, run_cli
 
 from wallaroo_proto.capture.views import PacketExport
 
@@ -252,3 +253,62 @@ def test_packet_export_holds_only_what_later_records_may_need():
     # 24-byte header, then two records of 16 + 100 bytes: packets 45 and 100 (their first byte).
     assert len(data) == 24 + 2 * 116 and data[24 + 16] == 45 and data[24 + 116 + 16] == 100
     assert struct.unpack_from("<II", data, 24) == (0, 45)  # 45,000 ns: 45 us
+
+
+# --- -w's mistakes and a reader that leaves ------------------------------------------------
+
+
+def test_write_to_a_path_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> None:
+    proc = run_cli("dissect", SINK, "-w", str(tmp_path / "no-such-folder" / "out.pcap"))
+    assert proc.returncode == 2
+    assert "cannot use -w" in proc.stderr and "its folder does not exist" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["-w", "-", "-T", "json"], "-w writes packets instead of showing frames: not with -T json"),
+        (["-w", "-", "--stats", "conv"], "--stats with -w -: the tables would go into the pcap on stdout"),
+    ],
+)
+def test_write_with_what_would_mix_into_the_pcap_is_a_usage_error(args: list[str], said: str) -> None:
+    proc = run_cli("dissect", DCP, *args)
+    assert proc.returncode == 2
+    assert said in proc.stderr and proc.stdout == ""
+
+
+def test_a_stream_name_of_other_digits_is_a_name() -> None:
+    proc = run_cli("dissect", SINK, "--stream", "²")  # str.isdigit() is True, int() refuses it
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert "no frame matched --stream ²" in proc.stderr
+
+
+@pytest.mark.slow
+def test_write_to_stdout_ends_when_its_reader_leaves_though_the_input_stays_open() -> None:
+    data = Path(SINK).read_bytes()
+    head, rest = data[:24], data[24:]
+    proc = subprocess.Popen(
+        [*COMMAND, "dissect", "-", "-w", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        proc.stdin.write(head + rest)
+        proc.stdin.flush()
+        assert len(proc.stdout.read(24)) == 24  # the pcap header: it is writing
+        proc.stdout.close()  # as `| head -c 24`
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:  # the capture again, as a live source keeps sending (stdin stays open)
+                proc.stdin.write(rest)
+                proc.stdin.flush()
+            except BrokenPipeError:
+                break
+            time.sleep(0.05)
+        assert proc.wait(timeout=60) == 0
+        assert b"Traceback" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()

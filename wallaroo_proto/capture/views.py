@@ -62,8 +62,9 @@ class TimeFormat:
         self.previous: int | None = None
 
     def start_capture(self) -> None:
-        """Times relative to the first frame (``r``) count from each capture's own first frame."""
+        """Times relative to a frame (``r``, ``d``) count within each capture."""
         self.first = None
+        self.previous = None
 
     def seen(self, ns: int) -> None:
         """A frame read, shown or not: the first one is ``r``'s zero."""
@@ -262,6 +263,7 @@ class PacketExport:
         if self.writer is None:
             self.linktype, self.nanoseconds = linktype, nanoseconds
             self.writer = PcapWriter(self.target, linktype=linktype, nanoseconds=nanoseconds)
+            self.writer.gone_warning = None  # the command ends quietly, as on any closed pipe
         elif linktype != self.linktype:
             raise UsageError(
                 f"-w: captures of different link types ({self.linktype}, {linktype}) in one pcap"
@@ -284,6 +286,11 @@ class PacketExport:
             self.writer.write_raw(data, ts_ns)
             self._last = number
             self.written += 1
+
+    @property
+    def gone(self) -> bool:
+        """The pipe written to lost its reader: nothing more can be written."""
+        return self.writer is not None and not self.writer.recording
 
     def close(self) -> None:
         if self.writer is not None:
