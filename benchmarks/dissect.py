@@ -227,7 +227,7 @@ def wallaroo_case(args: argparse.Namespace) -> None:
         _, startup_cpu, _, _ = best_of(args.runs, [*dissect_cmd, str(tiny)])
         plugin = tmpdir / "wallaroo.lua"
         plugin.write_text(generate([PORT]))
-        fields = ("frame.number", "wallaroo.type_name", "wallaroo.stream_id", "wallaroo.message_id")
+        fields = ("frame.number", "wallaroo.type", "wallaroo.stream_id", "wallaroo.message_id")
         fields += ("wallaroo.event_time", "wallaroo.key", "wallaroo.payload")
         t_wall, t_cpu, t_rss, _ = best_of(args.runs, tshark_command(str(plugin), str(small), *fields))
         json_cmd = [*tshark_command(str(plugin), str(small)), "-T", "json", "-j", "wallaroo"]

@@ -95,6 +95,7 @@ def _parse_time(value: str | None) -> float | None:
 
 class _Filter:
     def __init__(self, streams, types, connections, since, until) -> None:
+        streams = [str(s) for s in streams]  # ids given as numbers by a caller are ids too
         numeric = {s for s in streams if s.isascii() and s.isdigit()}
         self.stream_names = set(streams) - numeric
         #: Where names asked for are learnt (set by the command when they are).
@@ -200,10 +201,16 @@ def _hexdump(data: bytes) -> str:
 class _RichFrames:
     """Streams rows in small fixed-width tables, so a huge capture prints with flat memory."""
 
-    def __init__(self, console: Console, hexdump: bool, clock: TimeFormat, names: StreamNames) -> None:
+    def __init__(
+        self,
+        console: Console,
+        hexdump: bool,
+        clock: TimeFormat | None = None,
+        names: StreamNames | None = None,
+    ) -> None:
         self.console = console
-        self.clock = clock
-        self.names = names
+        self.clock = clock or TimeFormat()
+        self.names = names or StreamNames()
         self.hexdump = hexdump
         self.rows: list[dict] = []
         self.header = True
