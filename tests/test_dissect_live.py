@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import COMMAND, READY, Server, run_cli
+from support import COMMAND, READY, Server, as_foreground, run_cli
 from test_mock_worker import hello
 
 from wallaroo_proto.capture.pcap import WAIT, read_segments
@@ -105,8 +105,14 @@ class Lines:
 
 
 def dissect_stdin(*args: str, stderr=subprocess.PIPE) -> subprocess.Popen:
+    # SIGINT at its default, as a terminal's foreground job has it (a run in the background
+    # inherits it ignored, and the interrupt test would wait for a signal never taken).
     return subprocess.Popen(
-        [*COMMAND, "dissect", "-", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+        [*COMMAND, "dissect", "-", *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        preexec_fn=as_foreground,
     )
 
 
