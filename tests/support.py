@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -10,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections import defaultdict
+from pathlib import Path
 
 READY = re.compile(r"listening on (\S+):(\d+)")
 COMMAND = [sys.executable, "-m", "wallaroo_proto_cli"]
@@ -118,3 +121,12 @@ def as_foreground() -> None:
     """``preexec_fn`` for a child a test sends Ctrl-C: SIGINT at its default, as a shell gives a
     foreground job (a test run started in the background inherits it ignored)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def delivered(out: Path) -> dict[int, list[tuple[int, str]]]:
+    """(message id, payload) per stream id, in the order the worker delivered them."""
+    per_stream: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    for line in out.read_text().splitlines():
+        record = json.loads(line)
+        per_stream[record["stream_id"]].append((record["message_id"], record["payload"]))
+    return per_stream

@@ -14,25 +14,16 @@ import struct
 import subprocess
 import threading
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from support import Server, run_cli
+from support import Server, delivered, run_cli
 
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import Hello, Message
 from wallaroo_proto.protocols.wallaroo.inputs import stream_id_for
 
 DEADLINE = 60
-
-
-def delivered(out: Path) -> dict[int, list[tuple[int, str]]]:
-    per_stream: dict[int, list[tuple[int, str]]] = defaultdict(list)
-    for line in out.read_text().splitlines():
-        record = json.loads(line)
-        per_stream[record["stream_id"]].append((record["message_id"], record["payload"]))
-    return per_stream
 
 
 def wait_for(condition, what: str) -> None:

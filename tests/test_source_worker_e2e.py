@@ -14,20 +14,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from support import COMMAND, Server, run_cli
+from support import COMMAND, Server, delivered, run_cli
 
 from wallaroo_proto.protocols.wallaroo.inputs import stream_id_for
 
 pytestmark = pytest.mark.slow
-
-
-def delivered(out: Path) -> dict[int, list[tuple[int, str]]]:
-    """(message id, payload) per stream id, in the order the worker delivered them."""
-    per_stream: dict[int, list[tuple[int, str]]] = defaultdict(list)
-    for line in out.read_text().splitlines():
-        record = json.loads(line)
-        per_stream[record["stream_id"]].append((record["message_id"], record["payload"]))
-    return per_stream
 
 
 def expected_generated(streams: int, count: int, size: int) -> dict[int, list[tuple[int, str]]]:

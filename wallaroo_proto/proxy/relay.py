@@ -32,11 +32,10 @@ class Tap(Protocol):
 
 @dataclass
 class RelayStats:
-    """Counts for the ready line's successors: the live view and the final summary."""
+    """What the relay did, for the closing counts line (-v)."""
 
     accepted: int = 0
     refused_upstream: int = 0
-    open: int = 0
     bytes: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
 
 
@@ -100,7 +99,6 @@ class Relay:
             self.stats.refused_upstream += 1
             _reset(client_w)  # as the upstream refused us, so we refuse our client
             return
-        self.stats.open += 1
         ups = downs = None
         try:
             if self.tap is not None:
@@ -116,7 +114,6 @@ class Relay:
                     pump.cancel()
             raise
         finally:
-            self.stats.open -= 1
             for w in (client_w, server_w):
                 if not w.transport.is_closing():
                     w.close()
