@@ -147,6 +147,31 @@ def test_the_message_block_path_records_what_the_frame_path_records(messages, cu
     assert list(Dissector("<stream>").run_jsonl(io.BytesIO(blob))) == [to_json(r) for r in fast]
 
 
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(st.tuples(STREAMS, st.integers(0, 12), st.binary(max_size=20), KEYS), max_size=200),
+    st.lists(st.integers(1, 9000), max_size=8),
+)
+def test_without_records_wanted_accepted_messages_are_only_counted(messages, cuts):
+    """As the proxy's checker reads: no block or record for an accepted MESSAGE, the very
+    same records for every other frame, and the summaries of a full reading."""
+    segs, seq = opening()
+    stream = b"".join(message(sid, mid, payload, key) for sid, mid, payload, key in messages)
+    at = 0
+    for cut in [*sorted(set(cuts)), len(stream)]:
+        if cut > at and at < len(stream):
+            segs.append((True, seq + at, DATA, stream[at:cut]))
+            at = cut
+    blob = capture(segs)
+    full, fd = dissect(io.BytesIO(blob))
+    counting = Dissector("<stream>")
+    counting.want_records = False
+    items = list(counting.frames(io.BytesIO(blob)))
+    assert all(type(item) is dict for item in items)
+    assert items == [r for r in full if r["type"] != "MESSAGE" or r["verdict"] != "accepted"]
+    assert counting.summaries() == fd.summaries()
+
+
 def test_pcapng_nanoseconds_reach_the_records():
     records, _ = dissect(PCAPNG)
     plain, _ = dissect(SINK)

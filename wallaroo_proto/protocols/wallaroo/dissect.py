@@ -94,6 +94,18 @@ def _b64(data: bytes) -> str:
     return _b2a(data, newline=False).decode("ascii")
 
 
+def _key_text(known: dict[bytes, str], key: bytes) -> str:
+    """A MESSAGE key's base64, remembered in ``known``: keys repeat, a few thousand cover most streams."""
+    if not key:
+        return ""
+    text = known.get(key)
+    if text is None:
+        text = _b2a(key, newline=False).decode()
+        if len(known) < 4096:
+            known[key] = text
+    return text
+
+
 def _text(value) -> str:
     return show_text(value)
 
@@ -119,6 +131,8 @@ class _Tracker:
         self.key_text: dict[bytes, str] = {}
         self.capture = dissector.capture_name
         self.with_raw = dissector.with_raw
+        #: False (``drain``, the proxy's checker): accepted MESSAGEs are counted, never made records.
+        self.want_records = dissector.want_records
         self.canon: tuple = ()
         max_size = dissector.max_frame_size
         self.ends = {True: client, False: server}
@@ -459,6 +473,7 @@ class _Tracker:
         rows: list[tuple] = [] if block is None else block.rows
         add = rows.append
         key_text = self.key_text
+        records = self.want_records
         nbytes = 0
         count = len(bodies)
         i = start
@@ -483,16 +498,7 @@ class _Tracker:
             if index < 0:
                 index = conn.frame_index - 1
             verdict = outcome.verdict
-            if key:
-                key_b64 = key_text.get(key)
-                if key_b64 is None:
-                    key_b64 = _b2a(key, newline=False).decode()
-                    if len(key_text) < 4096:  # keys repeat; a few thousand cover most streams
-                        key_text[key] = key_b64
-            else:
-                key_b64 = ""
             plen = size - key_end
-            payload_b64 = _b2a(payload, newline=False).decode()
             if verdict is accepted:
                 st = streams.get(stream_id)
                 if st is None:
@@ -507,6 +513,10 @@ class _Tracker:
                     st.missing_ids += message_id - expected
                 st.last_id = message_id
                 st.next_expected = message_id + 1  # source ids count up by one
+                if not records:
+                    continue
+                key_b64 = _key_text(key_text, key)
+                payload_b64 = _b2a(payload, newline=False).decode()
                 if jsonl:
                     # Exactly the object to_json(record) would write, keys in the same order.
                     append(
@@ -542,6 +552,8 @@ class _Tracker:
                 continue
             block, rows = None, []
             add = rows.append
+            key_b64 = _key_text(key_text, key)
+            payload_b64 = _b2a(payload, newline=False).decode()
             record = direction.base.copy()
             record["ts"] = seconds
             record["ts_ns"] = ts
