@@ -17,7 +17,7 @@ import os
 import struct
 import sys
 import time
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
 LINKTYPE_ETHERNET = 1
 PCAP_MAGIC_USEC = 0xA1B2C3D4
@@ -107,6 +107,20 @@ class PcapWriter:
         self._write(struct.pack("<IIII", sec, fraction, len(captured), len(packet)) + captured)
         self.packets += 1
 
+    def tcp_segment(
+        self,
+        src: tuple[bytes, int],
+        dst: tuple[bytes, int],
+        seq: int,
+        ack: int,
+        flags: int,
+        payload: bytes,
+        ip_id: int,
+        timestamp: float | None,
+    ) -> None:
+        """A ``TcpSession``'s segment, written as its packet."""
+        self.write_packet(tcp_frame(src, dst, seq, ack, flags, payload, ip_id), timestamp)
+
     def _write(self, data: bytes) -> None:
         try:
             self._file.write(data)
@@ -147,12 +161,29 @@ class PcapWriter:
         return TcpSession(self, client, server, timestamp=timestamp, segment_size=segment_size)
 
 
+class SegmentSink(Protocol):
+    """Where a ``TcpSession``'s segments go: a ``PcapWriter`` writes each as a packet."""
+
+    def tcp_segment(
+        self,
+        src: tuple[bytes, int],
+        dst: tuple[bytes, int],
+        seq: int,
+        ack: int,
+        flags: int,
+        payload: bytes,
+        ip_id: int,
+        timestamp: float | None,
+    ) -> None: ...
+
+
 class TcpSession:
-    """One TCP connection inside a PcapWriter; ``send`` records payload in either direction."""
+    """One TCP connection inside a PcapWriter (or another ``SegmentSink``); ``send`` records
+    payload in either direction."""
 
     def __init__(
         self,
-        writer: PcapWriter,
+        writer: SegmentSink,
         client: tuple[str, int],
         server: tuple[str, int],
         *,
@@ -223,10 +254,16 @@ class TcpSession:
         ack = self._seq[not from_client] if flags & _TCP_ACK else 0
         ip_id = self._ip_id[from_client]
         self._ip_id[from_client] = (ip_id + 1) & 0xFFFF
-        frame = tcp_frame(
-            (src_ip, src_port), (dst_ip, dst_port), self._seq[from_client], ack, flags, payload, ip_id
+        self.writer.tcp_segment(
+            (src_ip, src_port),
+            (dst_ip, dst_port),
+            self._seq[from_client],
+            ack,
+            flags,
+            payload,
+            ip_id,
+            timestamp,
         )
-        self.writer.write_packet(frame, timestamp)
 
 
 def tcp_frame(

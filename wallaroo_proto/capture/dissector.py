@@ -50,6 +50,7 @@ from .pcap import (
     WAIT,
     CaptureError,
     PacketTap,
+    Segment,
     format_address,
     read_segments,
 )
@@ -278,6 +279,13 @@ class Dissector:
         for batch in self._batches(source):
             yield from batch
 
+    def segment_frames(self, segments: Iterable[Segment]) -> Iterator[dict | FrameBlock]:
+        """``frames`` of segments made elsewhere, as ``read_segments`` makes them (``WAIT_SEGMENT``
+        where their source is about to wait): the proxy's checker rebuilds them from relayed bytes."""
+        self.jsonl = False
+        for batch in self._batches(None, segments):
+            yield from batch
+
     def drain(self, source: str | os.PathLike | BinaryIO) -> None:
         """Read the capture for its summaries only: no record is made where a plug-in can avoid it."""
         self.want_records = False
@@ -310,7 +318,9 @@ class Dissector:
             yield flat
             flat.clear()
 
-    def _batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list]:
+    def _batches(
+        self, source: str | os.PathLike | BinaryIO | None, segments: Iterable[Segment] | None = None
+    ) -> Iterator[list]:
         flows = self._flows
         out = self._out
         new_flow = self._new_flow
@@ -318,9 +328,9 @@ class Dissector:
         limit = self.max_frames
         made = 0
         try:
-            for packet, ts, key, seq, flags, payload in read_segments(
-                source, self.stats, waits=True, tap=self.tap
-            ):
+            if segments is None:
+                segments = read_segments(source, self.stats, waits=True, tap=self.tap)
+            for packet, ts, key, seq, flags, payload in segments:
                 if not payload and not flags & _CONTROL:
                     # A pipe with nothing more yet: out with what is made (unless held back for order).
                     if flags & WAIT and out and not holding:

@@ -1,7 +1,7 @@
-"""The proxy's live checker, a process of its own: a pcap stream in, violations and summaries out.
+"""The proxy's live checker, a process of its own: the relayed bytes in, violations and summaries out.
 
 Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS`` (PROTOCOL ``-``:
-detected; PORTS comma-separated) with the recording on stdin. Each frame with a
+detected; PORTS comma-separated) with the relay's events (``proxy.chunks``) on stdin. Each frame with a
 violation is written to stdout as its JSONL record the moment it is read; at the
 end, one line ``{"summaries": [...]}``. A process, not a thread: dissecting costs
 about as much as relaying, and a second core is worth more than a shared one.
@@ -14,6 +14,7 @@ import sys
 
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import CaptureError
+from wallaroo_proto.proxy.chunks import segments
 from wallaroo_proto.records import to_json
 
 
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
     out = sys.stdout
     error = None
     try:
-        for item in dissector.frames(sys.stdin.buffer):
+        for item in dissector.segment_frames(segments(sys.stdin.fileno())):
             # Blocks hold accepted frames only: a violation is always a record of its own.
             if type(item) is dict and item.get("violations"):
                 out.write(to_json(item) + "\n")

@@ -1,12 +1,13 @@
 """What a proxy sees, recorded and checked as it passes.
 
 The relayed bytes are written as a pcap (``pcap_writer``: the same synthesised
-packets as a mock's ``--record``) to the recording file if asked, and always into
-the pipe of a checker process (``proxy.checker``) that runs the capture
-``Dissector`` over it. So the live checks, the violations and the summary are
-``dissect``'s of that very recording, rule for rule: a proxy run and ``dissect`` of
-its recording cannot disagree. The pipe is bounded: a checker that falls behind
-slows the relay, and memory stays flat.
+packets as a mock's ``--record``) to the recording file if asked, and always, raw
+(``proxy.chunks``), into the pipe of a checker process (``proxy.checker``) that
+rebuilds the same packets and runs the capture ``Dissector`` over them. So the
+live checks, the violations and the summary are ``dissect``'s of that very
+recording, rule for rule: a proxy run and ``dissect`` of its recording cannot
+disagree. The pipe is bounded (1 MiB): a checker that falls behind slows the relay,
+and memory stays flat.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
+from wallaroo_proto.proxy.chunks import ChunkPipe, widen_pipe
 
 
 class Watch:
@@ -37,9 +39,7 @@ class Watch:
         ports: Iterable[int] = (),
         on_violation: Callable[[dict], None] | None = None,
     ) -> None:
-        self._writers: list[PcapWriter] = []
-        if record is not None:
-            self._writers.append(PcapWriter(record))
+        self._record = PcapWriter(record) if record is not None else None
         self._checker = subprocess.Popen(
             [
                 *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
@@ -48,11 +48,11 @@ class Watch:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
-        checker_pipe = PcapWriter(self._checker.stdin)
-        checker_pipe.gone_warning = None  # a checker that dies is reported by close()
-        self._writers.append(checker_pipe)
+        widen_pipe(self._checker.stdin.fileno())
+        # A checker that dies is reported by close(); the relay and the recording carry on.
+        self._pipe = ChunkPipe(self._checker.stdin.fileno())
         self._on_violation = on_violation
-        self._sessions: dict[int, list[TcpSession]] = {}
+        self._sessions: dict[int, TcpSession] = {}
         self.summaries: list[dict] = []
         self.error: str | None = None
         self._reader = threading.Thread(target=self._read, name="proxy-checker", daemon=True)
@@ -78,28 +78,33 @@ class Watch:
     # relay.Tap -------------------------------------------------------------------------
 
     def opened(self, conn: int, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
-        self._sessions[conn] = [w.tcp_session(client, server, timestamp=when) for w in self._writers]
+        self._pipe.opened(conn, client, server, when)
+        if self._record is not None:
+            self._sessions[conn] = self._record.tcp_session(client, server, timestamp=when)
 
     def data(self, conn: int, from_client: bool, data: bytes, when: float) -> None:
-        for session in self._sessions.get(conn, ()):
+        self._pipe.data(conn, from_client, data, when)
+        session = self._sessions.get(conn)
+        if session is not None:
             session.send(from_client, data, when)
 
     def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None:
-        sessions = self._sessions.get(conn, ())
-        for session in sessions:
+        self._pipe.ended(conn, from_client, reset, when)
+        session = self._sessions.get(conn)
+        if session is not None:
             if reset:
                 session.reset(from_client, when)
             else:
                 session.fin(from_client, when)
-        if sessions and sessions[0].closed:
-            del self._sessions[conn]
+            if session.closed:
+                del self._sessions[conn]
 
     # the end ------------------------------------------------------------------------------
 
     def close(self, timeout: float | None = None) -> None:
         """End the recording (open connections stay open in it) and let the checker finish."""
-        for writer in self._writers:
-            writer.close()
+        if self._record is not None:
+            self._record.close()
         with contextlib.suppress(BrokenPipeError):
             self._checker.stdin.close()
         self._reader.join(timeout)

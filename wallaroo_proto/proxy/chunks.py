@@ -1,0 +1,160 @@
+"""The relay's bytes on their way to the checker: raw chunks with a small header, not a pcap.
+
+The relay writes each event (a connection opened, bytes forwarded, a FIN, a reset)
+as one 17-byte header and the bytes themselves, in one ``writev``: no packet is
+synthesised and no checksum computed on the relay's path. The checker rebuilds
+the TCP segments with the very ``pcap_writer.TcpSession`` a recording uses, so
+its packets, numbers and timestamps are the recording's, and hands them to the
+capture ``Dissector`` as ``read_segments`` would: the live checks and ``dissect``
+of the recording cannot disagree.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import struct
+from collections.abc import Iterator
+
+from wallaroo_proto.capture.pcap import WAIT_SEGMENT, CaptureError, Segment
+from wallaroo_proto.pcap_writer import DEFAULT_SEGMENT_SIZE, TcpSession
+
+#: kind, connection number, timestamp (seconds), length of what follows.
+_HEADER = struct.Struct("<BIdI")
+OPENED, DATA, FIN, RESET = 0, 2, 4, 6  # | 1 when the client sent it
+#: What the pipe to the checker may hold: the relay runs this far ahead of a busy checker.
+PIPE_SIZE = 1 << 20
+_READ_SIZE = 1 << 20
+
+
+def widen_pipe(fd: int, size: int = PIPE_SIZE) -> None:
+    """Let a pipe hold ``size`` bytes (Linux; 64 KiB otherwise), so relay and checker do not
+    take turns at every chunk; bounded all the same."""
+    setter = getattr(fcntl, "F_SETPIPE_SZ", None)
+    while setter is not None and size > 1 << 16:
+        try:
+            fcntl.fcntl(fd, setter, size)
+            return
+        except OSError:  # above /proc/sys/fs/pipe-max-size for this user: ask for less
+            size >>= 1
+
+
+class ChunkPipe:
+    """The relay's side: every event written whole to ``fd`` (a blocking pipe: a full one waits)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        #: False once the checker went away: nothing more is written.
+        self.open = True
+
+    def opened(self, conn: int, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
+        self._send(OPENED, conn, when, f"{client[0]} {client[1]} {server[0]} {server[1]}".encode())
+
+    def data(self, conn: int, from_client: bool, data: bytes, when: float) -> None:
+        self._send(DATA | from_client, conn, when, data)
+
+    def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None:
+        self._send((RESET if reset else FIN) | from_client, conn, when, b"")
+
+    def _send(self, kind: int, conn: int, when: float, data: bytes) -> None:
+        if not self.open:
+            return
+        parts = [_HEADER.pack(kind, conn, when, len(data)), data]
+        try:
+            while parts:
+                written = os.writev(self.fd, parts)
+                while parts and written >= len(parts[0]):
+                    written -= len(parts[0])
+                    parts.pop(0)
+                if parts:  # a signal cut the write short: the rest, from where it stopped
+                    parts[0] = memoryview(parts[0])[written:]
+        except (BrokenPipeError, OSError):
+            self.open = False  # the checker is gone; its exit is reported by its reader
+
+
+class SegmentFeed:
+    """What a ``TcpSession`` writes, as ``read_segments`` tuples instead of pcap packets.
+
+    Numbered and timed as ``PcapWriter`` numbers and times them (microseconds), so a
+    recording written beside it holds the same packets under the same numbers.
+    """
+
+    def __init__(self) -> None:
+        self.packets = 0
+        self.segments: list[Segment] = []
+
+    def tcp_segment(
+        self,
+        src: tuple[bytes, int],
+        dst: tuple[bytes, int],
+        seq: int,
+        _ack: int,
+        flags: int,
+        payload: bytes,
+        _ip_id: int,
+        timestamp: float | None,
+    ) -> None:
+        ts = timestamp or 0.0
+        sec = int(ts)
+        usec = min(int(round((ts - sec) * 1_000_000)), 999_999)
+        self.packets += 1
+        key = (src[0], src[1], dst[0], dst[1])
+        self.segments.append((self.packets, sec * 1_000_000_000 + usec * 1000, key, seq, flags, payload))
+
+
+def segments(fd: int) -> Iterator[Segment]:
+    """The TCP segments of the relay's events read from ``fd`` until its end; ``WAIT_SEGMENT``
+    before each read (the dissector then hands out what it made)."""
+    feed = SegmentFeed()
+    made = feed.segments
+    sessions: dict[int, TcpSession] = {}
+    unpack = _HEADER.unpack_from
+    head = _HEADER.size
+    buf = b""
+    pos = 0
+    offset = 0  # of buf[0] in the stream
+    while True:
+        yield WAIT_SEGMENT
+        more = os.read(fd, _READ_SIZE)
+        if not more:
+            break
+        buf = buf[pos:] + more if pos < len(buf) else more
+        offset += pos
+        pos = 0
+        end = len(buf)
+        while end - pos >= head:
+            kind, conn, when, length = unpack(buf, pos)
+            stop = pos + head + length
+            if stop > end:
+                break
+            from_client = bool(kind & 1)
+            kind &= ~1
+            if kind == DATA:
+                session = sessions.get(conn)
+                if session is not None:
+                    session.send(from_client, buf[pos + head : stop], when)
+            elif kind == OPENED:
+                chost, cport, shost, sport = buf[pos + head : stop].decode().split(" ")
+                sessions[conn] = TcpSession(
+                    feed,
+                    (chost, int(cport)),
+                    (shost, int(sport)),
+                    timestamp=when,
+                    segment_size=DEFAULT_SEGMENT_SIZE,
+                )
+            elif kind in (FIN, RESET):
+                session = sessions.get(conn)
+                if session is not None:
+                    (session.reset if kind == RESET else session.fin)(from_client, when)
+                    if session.closed:
+                        del sessions[conn]
+            else:
+                raise CaptureError(f"unknown relay event {kind}", offset=offset + pos)
+            pos = stop
+            if made:
+                yield from made
+                made.clear()
+    if pos < len(buf):
+        raise CaptureError(
+            f"the relay's stream ends mid-event ({len(buf) - pos} bytes of it)", offset=offset + pos, cut=True
+        )
