@@ -8,6 +8,7 @@ type letter and a body), so these tests hold whatever the five plug-ins' adapter
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import socket
 import struct
@@ -19,9 +20,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import Server, run_cli
 
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.wallaroo.codec import encode
+from wallaroo_proto.protocols.wallaroo.frames import Message
 from wallaroo_proto.proxy import faults
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, NamedFault, Send
 from wallaroo_proto.proxy.relay import Relay
@@ -345,3 +349,104 @@ def test_a_pcap_packet_has_no_comment_and_a_pcapng_header_is_as_the_format_says(
     kind, length, linktype = struct.unpack_from("<IIH", data, 28)
     assert (kind, linktype) == (1, 1)
     assert data[28 + 16 : 28 + 21] == bytes([9, 0, 1, 0, 9])  # if_tsresol = 10^-9
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_a_bad_rule_is_exit_2_with_the_reason() -> None:
+    result = run_cli(
+        "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9", "--fault", "dorp type=ACK"
+    )
+    assert result.returncode == 2
+    assert "fault rules: --fault 'dorp type=ACK': unknown action 'dorp' (did you mean drop?)" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_cli("proxy", "--listen", ":0", "--listen", ":0", "--upstream", "127.0.0.1:9")
+    assert result.returncode == 2
+    assert "2 --listen but 1 --upstream: give them in pairs" in result.stderr
+
+
+def _echo_upstream() -> tuple[socket.socket, threading.Thread]:
+    """A server echoing every connection's bytes back, until the client's end."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                while chunk := conn.recv(65536):
+                    conn.sendall(chunk)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_two_listen_upstream_pairs_are_served_each_to_its_own(tmp_path: Path) -> None:
+    first, _ = _echo_upstream()
+    second, _ = _echo_upstream()
+    try:
+        with Server(
+            *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{first.getsockname()[1]}"),
+            *("--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{second.getsockname()[1]}"),
+            "--no-summary",
+        ) as proxy:
+            ready = proxy.lines[-1]
+            ports = [int(p) for p in re.findall(r"listening on 127\.0\.0\.1:(\d+)", ready)]
+            upstreams = [int(p) for p in re.findall(r"forwarding to 127\.0\.0\.1:(\d+)", ready)]
+            assert upstreams == [first.getsockname()[1], second.getsockname()[1]] and len(ports) == 2
+            for port, payload in zip(ports, (b"to the first", b"to the second"), strict=True):
+                with socket.create_connection(("127.0.0.1", port), timeout=60) as client:
+                    client.sendall(payload)
+                    client.shutdown(socket.SHUT_WR)
+                    got = b""
+                    while chunk := client.recv(65536):
+                        got += chunk
+                assert got == payload
+            code, _, stderr = proxy.stop()
+        assert code == 0, stderr
+    finally:
+        first.close()
+        second.close()
+
+
+def test_strict_closes_the_connection_at_its_first_violation_and_exits_1() -> None:
+    upstream = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = upstream.accept()
+        with conn:
+            conn.settimeout(60)
+            try:
+                while chunk := conn.recv(65536):
+                    seen.append(chunk)
+            except OSError:
+                pass
+            seen.append(b"<end>")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with Server(
+        *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{upstream.getsockname()[1]}"),
+        *("--protocol", "wallaroo", "--strict", "--no-summary"),
+    ) as proxy:
+        client = socket.create_connection((proxy.host, proxy.port), timeout=60)
+        client.sendall(HELLO)
+        client.sendall(encode(Message(7, 1, 0, b"", b"on a stream never notified")))
+        got = b""
+        try:
+            while chunk := client.recv(65536):
+                got += chunk
+        except ConnectionResetError:
+            pass
+        client.close()  # the proxy closed it: recv gave the end
+        thread.join(60)
+        code, _, stderr = proxy.stop()
+    upstream.close()
+    assert seen and seen[-1] == b"<end>", "the upstream's side was closed too"
+    assert "client→upstream frame 1 MESSAGE" in stderr
+    assert code == 1, stderr
