@@ -23,6 +23,7 @@ def events(tap) -> None:
     tap.opened(2, *V6, 1.5)
     tap.data(1, True, b"hello", 1.25)
     tap.data(2, True, b"v6 says hi", 1.6)
+    tap.note(1, False, "fault: delay 5 ms", 1.7)  # on the packet that completes the next bytes
     tap.data(1, False, BIG, 1.9999999)  # rounds up to the next second's first microsecond
     tap.ended(1, True, False, 2.1)
     tap.data(1, False, b"after the client's FIN", 2.2)
@@ -35,21 +36,25 @@ class Recording:
 
     def __init__(self) -> None:
         self.file = io.BytesIO()
-        self.writer = PcapWriter(self.file)
+        self.writer = PcapWriter(self.file, pcapng=True)
         self.sessions = {}
+        self.notes = {}
 
     def opened(self, conn, client, server, when) -> None:
         self.sessions[conn] = self.writer.tcp_session(client, server, timestamp=when)
 
     def data(self, conn, from_client, data, when) -> None:
-        self.sessions[conn].send(from_client, data, when)
+        self.sessions[conn].send(from_client, data, when, self.notes.pop((conn, from_client), None))
+
+    def note(self, conn, from_client, text, when) -> None:
+        self.notes[(conn, from_client)] = text
 
     def ended(self, conn, from_client, reset, when) -> None:
         session = self.sessions[conn]
         (session.reset if reset else session.fin)(from_client, when)
 
 
-def piped(write) -> list:
+def piped(write, stats: dict | None = None) -> list:
     """What ``segments`` makes of what ``write(fd)`` puts into a pipe (a thread: a pipe is small)."""
     r, w = os.pipe()
 
@@ -62,18 +67,21 @@ def piped(write) -> list:
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        return [s for s in segments(r) if not s[4] & WAIT]
+        return [s for s in segments(r, stats) if not s[4] & WAIT]
     finally:
         thread.join()
         os.close(r)
 
 
-def test_the_checker_rebuilds_the_recordings_segments_numbers_and_times() -> None:
+def test_the_checker_rebuilds_the_recordings_segments_numbers_times_and_notes() -> None:
     recording = Recording()
     events(recording)
-    expected = list(read_segments(io.BytesIO(recording.file.getvalue())))
-    got = piped(lambda fd: events(ChunkPipe(fd)))
+    recorded: dict = {}
+    expected = list(read_segments(io.BytesIO(recording.file.getvalue()), recorded))
+    rebuilt: dict = {}
+    got = piped(lambda fd: events(ChunkPipe(fd)), rebuilt)
     assert got == expected
+    assert rebuilt["comments"] == recorded["comments"] and len(recorded["comments"]) == 1
     assert len(expected) > 10 and max(len(s[5]) for s in expected) < len(BIG)  # BIG was split
 
 

@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
     out = sys.stdout
     error = None
     try:
-        for item in dissector.segment_frames(segments(sys.stdin.fileno())):
+        for item in dissector.segment_frames(segments(sys.stdin.fileno(), dissector.stats)):
             # Blocks hold accepted frames only: a violation is always a record of its own.
             if type(item) is dict and item.get("violations"):
                 out.write(to_json(item) + "\n")

@@ -22,7 +22,7 @@ from wallaroo_proto.pcap_writer import DEFAULT_SEGMENT_SIZE, TcpSession
 
 #: kind, connection number, timestamp (seconds), length of what follows.
 _HEADER = struct.Struct("<BIdI")
-OPENED, DATA, FIN, RESET = 0, 2, 4, 6  # | 1 when the client sent it
+OPENED, DATA, FIN, RESET, NOTE = 0, 2, 4, 6, 8  # | 1 when the client sent it
 #: What the pipe to the checker may hold: the relay runs this far ahead of a busy checker.
 PIPE_SIZE = 1 << 20
 _READ_SIZE = 1 << 20
@@ -62,6 +62,10 @@ class ChunkPipe:
     def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None:
         self._send((RESET if reset else FIN) | from_client, conn, when, b"")
 
+    def note(self, conn: int, from_client: bool, text: str, when: float) -> None:
+        """A comment on the packet completing the next bytes this side sends (a fault applied there)."""
+        self._send(NOTE | from_client, conn, when, text.encode())
+
     def _send(self, kind: int, conn: int, when: float, data: bytes) -> None:
         if not self.open:
             return
@@ -85,9 +89,11 @@ class SegmentFeed:
     recording written beside it holds the same packets under the same numbers.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, comments: dict[int, list[str]]) -> None:
         self.packets = 0
         self.segments: list[Segment] = []
+        #: A packet's comment, by its number: as ``read_segments`` gives a pcapng's (``stats["comments"]``).
+        self.comments = comments
 
     def tcp_segment(
         self,
@@ -99,6 +105,7 @@ class SegmentFeed:
         payload: bytes,
         _ip_id: int,
         timestamp: float | None,
+        comment: str | None = None,
     ) -> None:
         ts = timestamp or 0.0
         sec = int(ts)
@@ -106,14 +113,18 @@ class SegmentFeed:
         self.packets += 1
         key = (src[0], src[1], dst[0], dst[1])
         self.segments.append((self.packets, sec * 1_000_000_000 + usec * 1000, key, seq, flags, payload))
+        if comment:
+            self.comments[self.packets] = [comment]
 
 
-def segments(fd: int) -> Iterator[Segment]:
+def segments(fd: int, stats: dict | None = None) -> Iterator[Segment]:
     """The TCP segments of the relay's events read from ``fd`` until its end; ``WAIT_SEGMENT``
-    before each read (the dissector then hands out what it made)."""
-    feed = SegmentFeed()
+    before each read (the dissector then hands out what it made). Notes go into
+    ``stats["comments"]`` under their packets' numbers, as a pcapng's comments do."""
+    feed = SegmentFeed((stats if stats is not None else {}).setdefault("comments", {}))
     made = feed.segments
     sessions: dict[int, TcpSession] = {}
+    notes: dict[tuple[int, bool], str] = {}
     unpack = _HEADER.unpack_from
     head = _HEADER.size
     buf = b""
@@ -141,7 +152,10 @@ def segments(fd: int) -> Iterator[Segment]:
             if kind == DATA:
                 session = sessions.get(conn)
                 if session is not None:
-                    session.send(from_client, buf[pos + head : stop], when)
+                    comment = notes.pop((conn, from_client), None) if notes else None
+                    session.send(from_client, buf[pos + head : stop], when, comment)
+            elif kind == NOTE:
+                notes[(conn, from_client)] = buf[pos + head : stop].decode()
             elif kind == OPENED:
                 chost, cport, shost, sport = buf[pos + head : stop].decode().split(" ")
                 sessions[conn] = TcpSession(
@@ -157,6 +171,8 @@ def segments(fd: int) -> Iterator[Segment]:
                     (session.reset if kind == RESET else session.fin)(from_client, when)
                     if session.closed:
                         del sessions[conn]
+                        notes.pop((conn, True), None)
+                        notes.pop((conn, False), None)
             else:
                 raise CaptureError(f"unknown relay event {kind}", offset=offset + pos)
             pos = stop

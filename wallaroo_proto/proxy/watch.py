@@ -17,7 +17,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 from wallaroo_proto.proxy.chunks import ChunkPipe, widen_pipe
@@ -38,8 +38,10 @@ class Watch:
         protocol: str | None = None,
         ports: Iterable[int] = (),
         on_violation: Callable[[dict], None] | None = None,
+        notes: bool = False,
     ) -> None:
-        self._record = PcapWriter(record) if record is not None else None
+        """``notes``: the recording is pcapng, its packets commented with the faults applied."""
+        self._record = PcapWriter(record, pcapng=notes) if record is not None else None
         self._checker = subprocess.Popen(
             [
                 *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
@@ -52,7 +54,12 @@ class Watch:
         # A checker that dies is reported by close(); the relay and the recording carry on.
         self._pipe = ChunkPipe(self._checker.stdin.fileno())
         self._on_violation = on_violation
-        self._sessions: dict[int, TcpSession] = {}
+        #: Each open connection's (or leg's) number on the pipe, and its recording.
+        self._ids: dict[Hashable, int] = {}
+        self._count = 0
+        self._half_closed: set[Hashable] = set()
+        self._sessions: dict[Hashable, TcpSession] = {}
+        self._notes: dict[tuple[Hashable, bool], str] = {}
         self.summaries: list[dict] = []
         self.error: str | None = None
         self._reader = threading.Thread(target=self._read, name="proxy-checker", daemon=True)
@@ -77,19 +84,40 @@ class Watch:
 
     # relay.Tap -------------------------------------------------------------------------
 
-    def opened(self, conn: int, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
-        self._pipe.opened(conn, client, server, when)
+    def opened(self, conn: Hashable, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
+        self._count += 1
+        number = self._ids[conn] = self._count
+        self._pipe.opened(number, client, server, when)
         if self._record is not None:
             self._sessions[conn] = self._record.tcp_session(client, server, timestamp=when)
 
-    def data(self, conn: int, from_client: bool, data: bytes, when: float) -> None:
-        self._pipe.data(conn, from_client, data, when)
+    def data(self, conn: Hashable, from_client: bool, data: bytes, when: float) -> None:
+        number = self._ids.get(conn)
+        if number is None:
+            return
+        comment = self._notes.pop((conn, from_client), None) if self._notes else None
+        if comment is not None:
+            self._pipe.note(number, from_client, comment, when)
+        self._pipe.data(number, from_client, data, when)
         session = self._sessions.get(conn)
         if session is not None:
-            session.send(from_client, data, when)
+            session.send(from_client, data, when, comment)
 
-    def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None:
-        self._pipe.ended(conn, from_client, reset, when)
+    def note(self, conn: Hashable, from_client: bool, text: str, when: float) -> None:
+        """A note on the next bytes this side sends on ``conn``: the frame a fault acted at."""
+        key = (conn, from_client)
+        self._notes[key] = f"{self._notes[key]}; {text}" if key in self._notes else text
+
+    def ended(self, conn: Hashable, from_client: bool, reset: bool, when: float) -> None:
+        number = self._ids.get(conn)
+        if number is None:
+            return
+        self._pipe.ended(number, from_client, reset, when)
+        if reset or conn in self._half_closed:  # over: its number is not needed any more
+            del self._ids[conn]
+            self._half_closed.discard(conn)
+        else:
+            self._half_closed.add(conn)
         session = self._sessions.get(conn)
         if session is not None:
             if reset:
