@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wallaroo_proto.proxy import faults as fault_steps
+from wallaroo_proto.proxy.passthrough import pass_through
 
 #: Bytes read at a time from either side.
 READ_SIZE = 1 << 16
@@ -141,13 +142,14 @@ class Relay:
                 if self.tap is not None:
                     upstream = server_w.get_extra_info("peername")[:2]
                     self.tap.opened(conn, peer, upstream, time.time())
-                ups = asyncio.create_task(self._pump(conn, True, client_r, server_w, client_w))
-                downs = asyncio.create_task(self._pump(conn, False, server_r, client_w, server_w))
+                ups = asyncio.create_task(
+                    pass_through(conn, (client_r, client_w), (server_r, server_w), self.tap, self.stats.bytes)
+                )
             else:
                 legs = _Legs(conn, self.tap, client_w, server_w)
                 ups = asyncio.create_task(self._shaped(conn, True, client_r, legs, shaper))
                 downs = asyncio.create_task(self._shaped(conn, False, server_r, legs, shaper))
-            await asyncio.gather(ups, downs)
+            await asyncio.gather(*(p for p in (ups, downs) if p is not None))
         except _Cut as cut:
             # A fault ends the connection: the other direction stops too, both sides closed alike.
             for pump in (ups, downs):
@@ -168,43 +170,6 @@ class Relay:
             for w in (client_w, server_w):
                 if not w.transport.is_closing():
                     w.close()
-
-    async def _pump(
-        self,
-        conn: int,
-        from_client: bool,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        own: asyncio.StreamWriter,
-    ) -> None:
-        """One direction until its end: data, then the same end (FIN or RST) passed on."""
-        tap = self.tap
-        counts = self.stats.bytes
-        while True:
-            try:
-                data = await reader.read(READ_SIZE)
-            except ConnectionResetError:  # this side reset: the other is reset too
-                if tap is not None:
-                    tap.ended(conn, from_client, True, time.time())
-                _reset(writer)
-                return
-            if not data:
-                break
-            counts[from_client] += len(data)
-            if tap is not None:
-                tap.data(conn, from_client, data, time.time())
-            try:
-                writer.write(data)
-                await writer.drain()
-            except ConnectionError:
-                # The other side is gone while we wrote: its own direction reports how.
-                _reset(own)
-                return
-        if tap is not None:
-            tap.ended(conn, from_client, False, time.time())
-        if writer.can_write_eof() and not writer.transport.is_closing():
-            with contextlib.suppress(OSError):
-                writer.write_eof()
 
     async def _shaped(
         self, conn: int, from_client: bool, reader: asyncio.StreamReader, legs: _Legs, shaper: Any
