@@ -5,8 +5,11 @@ from __future__ import annotations
 import io
 import os
 import threading
+import time
 
 import pytest
+from support import Server
+from test_proxy import children
 
 from wallaroo_proto.capture.pcap import WAIT, CaptureError, read_segments
 from wallaroo_proto.pcap_writer import PcapWriter
@@ -109,3 +112,20 @@ def test_a_checker_gone_stops_the_writes_without_an_error() -> None:
     assert not tap.open
     tap.data(1, True, b"more", 1.1)  # nothing written, nothing raised
     os.close(w)
+
+
+@pytest.mark.slow
+def test_the_checker_runs_second_to_the_relay_for_the_cpu() -> None:
+    """Its work waits in the pipe; the relay's and the peers' holds up the traffic."""
+    with Server("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9") as proxy:
+        deadline = time.monotonic() + 60
+        while not (found := children(proxy.proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (checker,) = found
+        relay = os.getpriority(os.PRIO_PROCESS, proxy.proc.pid)
+        # Set by the checker itself as it starts: waited for, as long as it may take to start.
+        while os.getpriority(os.PRIO_PROCESS, checker) == relay and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert os.getpriority(os.PRIO_PROCESS, checker) - relay == 10
+        code, _, stderr = proxy.stop()
+    assert code == 0, stderr

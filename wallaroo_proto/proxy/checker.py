@@ -9,6 +9,7 @@ about as much as relaying, and a second core is worth more than a shared one.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -22,6 +23,8 @@ def main(argv: list[str]) -> int:
     name, protocol, ports = argv
     # Ctrl-C reaches the whole process group: the proxy ends the stream, and this reads to its end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Second to the relay and the peers for the CPU: its work waits in the pipe, theirs holds up the traffic.
+    os.nice(10)
     dissector = Dissector(
         name,
         protocol=None if protocol == "-" else protocol,
