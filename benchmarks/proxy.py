@@ -12,7 +12,10 @@ In one run, interleaved (direct, then through the proxy, --runs times; the best 
 The proxy records nothing here but dissects everything live (its default); the
 target is at least 0.7x of direct throughput for both protocols.
 
-    python benchmarks/proxy.py [--runs 3] [--messages 50000] [--items 100000] [--pings 5000]
+Runs of about a second direct (200,000 messages or items), so that neither side's start
+weighs in the rates.
+
+    python benchmarks/proxy.py [--runs 3] [--messages 200000] [--items 200000] [--pings 5000]
 """
 
 from __future__ import annotations
@@ -153,8 +156,8 @@ def main() -> None:
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--messages", type=int, default=50_000)
-    parser.add_argument("--items", type=int, default=100_000)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--items", type=int, default=200_000)
     parser.add_argument("--pings", type=int, default=5000)
     args = parser.parse_args()
     print(f"load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}")

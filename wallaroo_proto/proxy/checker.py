@@ -3,7 +3,8 @@
 Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS`` (PROTOCOL ``-``:
 detected; PORTS comma-separated) with the relay's events (``proxy.chunks``) on stdin. Each frame with a
 violation is written to stdout as its JSONL record the moment it is read; at the
-end, one line ``{"summaries": [...]}``. A process, not a thread: dissecting costs
+end, one line ``{"summaries": [...]}``. The first line, ``{"ready": true}``, says it has
+started (its imports take a few hundred ms). A process, not a thread: dissecting costs
 about as much as relaying, and a second core is worth more than a shared one.
 """
 
@@ -32,6 +33,8 @@ def main(argv: list[str]) -> int:
     )
     dissector.want_records = False  # as for --summary: no record where a plug-in can avoid one
     out = sys.stdout
+    out.write('{"ready": true}\n')  # what the proxy waits for before it says it is listening
+    out.flush()
     error = None
     try:
         for item in dissector.segment_frames(segments(sys.stdin.fileno(), dissector.stats)):

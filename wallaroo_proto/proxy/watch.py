@@ -22,6 +22,9 @@ from collections.abc import Callable, Hashable, Iterable
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 from wallaroo_proto.proxy.chunks import ChunkPipe, widen_pipe
 
+#: How long a checker may take to start before the proxy serves without waiting for it.
+READY_SECONDS = 60
+
 
 class Watch:
     """A ``relay.Tap``: records every connection and checks it live.
@@ -62,14 +65,19 @@ class Watch:
         self._notes: dict[tuple[Hashable, bool], str] = {}
         self.summaries: list[dict] = []
         self.error: str | None = None
+        self._ready = threading.Event()
         self._reader = threading.Thread(target=self._read, name="proxy-checker", daemon=True)
         self._reader.start()
+        # Checking from the first byte on: the traffic waits for no checker still starting.
+        self._ready.wait(READY_SECONDS)
 
     def _read(self) -> None:
         finished = False
         for line in self._checker.stdout:
             item = json.loads(line)
-            if "summaries" in item:
+            if "ready" in item:
+                self._ready.set()
+            elif "summaries" in item:
                 self.summaries = item["summaries"]
                 self.error = item["error"]
                 finished = True
@@ -78,6 +86,7 @@ class Watch:
                     self._on_violation(item)
                 except Exception as err:  # noqa: BLE001 - the checker's output must still be read
                     self.error = f"reporting a violation failed: {err}"
+        self._ready.set()  # a checker that stopped before it was ready: close() says so
         if not finished:
             self._checker.wait()
             self.error = f"the checker stopped before the end (exit {self._checker.returncode})"
