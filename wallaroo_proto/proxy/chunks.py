@@ -14,7 +14,6 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-import time
 from collections.abc import Iterator
 
 from wallaroo_proto.capture.pcap import WAIT_SEGMENT, CaptureError, Segment
@@ -26,11 +25,6 @@ OPENED, DATA, FIN, RESET, NOTE = 0, 2, 4, 6, 8  # | 1 when the client sent it
 #: What the pipe to the checker may hold: the relay runs this far ahead of a busy checker.
 PIPE_SIZE = 1 << 20
 _READ_SIZE = 1 << 20
-#: After a read that found little, the checker lets this long pass before the next one: it wakes
-#: a few hundred times a second, not once per relayed chunk, and leaves the CPU to the peers and the
-#: relay (its findings come at most this much later; a full pipe is never reached at such a pace).
-GATHER_SECONDS = 0.002
-_LITTLE = 1 << 16
 
 
 def widen_pipe(fd: int, size: int = PIPE_SIZE) -> None:
@@ -130,11 +124,8 @@ def segments(fd: int, stats: dict | None = None) -> Iterator[Segment]:
     buf = b""
     pos = 0
     offset = 0  # of buf[0] in the stream
-    more = b""
     while True:
         yield WAIT_SEGMENT
-        if len(more) < _LITTLE:
-            time.sleep(GATHER_SECONDS)
         more = os.read(fd, _READ_SIZE)
         if not more:
             break
