@@ -3,7 +3,7 @@ fault rule reshapes the bytes.
 
 Streams cost a copy into the reader's buffer, another out of it, a future and a task
 switch per read and per drain; here each read is written on from the callback that
-receives it (measured: a fifth of the CPU of the stream pumps for bulk data). The
+receives it (measured: a seventh of the CPU of the stream pumps for bulk data). The
 rules stay the relay's: back-pressure through the transports' own flow control (a
 full write buffer on one side pauses reading on the other, so nothing piles up
 here), a half-close passed on as a half-close, a reset as a reset, and every byte
