@@ -554,9 +554,7 @@ def _comment(batch: list, comments: dict[int, list[str]]) -> None:
     for i in range(len(batch) - 1, -1, -1):
         item = batch[i]
         if type(item) is str:  # a JSON line: only those of a commented packet are read back
-            number = next(
-                (n for n in comments if f'"packet":{n},' in item or f'"packet": {n},' in item), None
-            )
+            number = next((n for n in comments if f'"packet":{n},' in item), None)  # to_json's form
             if number is None:
                 continue
             record = json.loads(item)
