@@ -1,0 +1,273 @@
+"""The Wallaroo protocol under the proxy's fault rules: framing, fields, rewrites, named faults.
+
+Golden bytes are written by hand from the connector protocol v3 and PROTOCOL-NOTES.md:
+a frame is ``u32 length`` (big endian, the bytes after it), ``u8 type``, the type's
+fields; a 2PC message is the payload of a MESSAGE on stream 0 (id 0, time 0, no key)
+whose first byte is its tag.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wallaroo_proto.display_filter import compile_filter
+from wallaroo_proto.protocols.wallaroo.proxy_faults import NAMED_FAULTS, adapter
+from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
+
+# HELLO: type 0, version "0.0.1", cookie "c", program "p", instance "i" (each u16 length + bytes).
+SOURCE_HELLO = bytes.fromhex("00000011 00 0005 302e302e31 0001 63 0001 70 0001 69")
+# The same from a worker to a sink: version "v0.0.1".
+SINK_HELLO = bytes.fromhex("00000012 00 0006 76302e302e31 0001 63 0001 70 0001 69")
+# OK: type 1, u32 initial credits 500.
+OK_500 = bytes.fromhex("00000005 01 000001f4")
+# NOTIFY: type 3, stream 7, name "s", point of reference 0.
+NOTIFY_7 = bytes.fromhex("00000014 03 0000000000000007 0001 73 0000000000000000")
+# MESSAGE: type 5, stream 7, id 12, event time 0, no key, payload "hi".
+MESSAGE_7 = bytes.fromhex("0000001d 05 0000000000000007 000000000000000c 0000000000000000 0000 6869")
+# ACK: type 6, credits 10, one pair (stream 7, point of reference 8000 = 0x1f40).
+ACK_7_8000 = bytes.fromhex("00000019 06 0000000a 00000001 0000000000000007 0000000000001f40")
+ACK_7_0 = bytes.fromhex("00000019 06 0000000a 00000001 0000000000000007 0000000000000000")
+ACK_CREDITS_0 = bytes.fromhex("00000019 06 00000000 00000001 0000000000000007 0000000000001f40")
+# RESTART: type 7; the spec's form is empty, the shipped one u32 length + address.
+RESTART_EMPTY = bytes.fromhex("00000001 07")
+RESTART_TO = bytes.fromhex("00000013 07 0000000e") + b"127.0.0.1:7101"
+# ERROR: type 2, reason "bad" (u16 length + bytes).
+ERROR_BAD = bytes.fromhex("00000006 02 0003 626164")
+# A stream-0 MESSAGE (27 bytes after the length before its payload) carrying 2PC payloads:
+# REPLY (tag 204 = cc) and PHASE2 (205 = cd): txn id "out:c_id=4" (u16 length + bytes), u8 commit.
+_TWOPC_HEAD = "05" + "00" * 24 + "0000"
+REPLY_COMMIT = bytes.fromhex("00000029" + _TWOPC_HEAD + "cc 000a" + b"out:c_id=4".hex() + "01")
+REPLY_ABORT = bytes.fromhex("00000029" + _TWOPC_HEAD + "cc 000a" + b"out:c_id=4".hex() + "00")
+PHASE2_COMMIT = bytes.fromhex("00000029" + _TWOPC_HEAD + "cd 000a" + b"out:c_id=4".hex() + "01")
+# PHASE1 (203 = cb): txn id, u32 count 1, (stream 1, start 0, end 320 = 0x140).
+PHASE1 = bytes.fromhex(
+    "00000044" + _TWOPC_HEAD + "cb 000a" + b"out:c_id=4".hex() + "00000001"
+    "0000000000000001 0000000000000000 0000000000000140"
+)
+
+SOURCE_FROM_CLIENT = [SOURCE_HELLO, NOTIFY_7, MESSAGE_7]
+SOURCE_FROM_UPSTREAM = [OK_500, ACK_7_8000, RESTART_TO]
+
+
+def frame(conn, data: bytes, from_client: bool) -> Frame:
+    return Frame(data, from_client, conn.fields(data, from_client))
+
+
+def sink_connection():
+    """An adapter that has seen a sink's HELLO from its client (the worker)."""
+    conn = adapter()
+    assert conn.frames(True, SINK_HELLO) == [SINK_HELLO]
+    assert conn.fields(SINK_HELLO, True)["use"] == "sink"
+    return conn
+
+
+# --- framing -------------------------------------------------------------------------------------
+
+
+def test_each_direction_is_split_into_its_frames_and_a_partial_tail_waits() -> None:
+    conn = adapter()
+    stream = b"".join(SOURCE_FROM_CLIENT)
+    assert conn.frames(True, stream[:10]) == []
+    assert conn.frames(False, OK_500 + ACK_7_8000[:3]) == [OK_500]  # the other direction is its own
+    assert conn.frames(True, stream[10:30]) == [SOURCE_HELLO]
+    assert conn.frames(True, stream[30:]) == [NOTIFY_7, MESSAGE_7]
+    assert conn.frames(False, ACK_7_8000[3:] + RESTART_TO) == [ACK_7_8000, RESTART_TO]
+
+
+def test_bytes_past_an_impossible_length_go_on_unframed_and_none_is_lost() -> None:
+    conn = adapter()
+    broken = bytes.fromhex("00000000 0102")  # a length of 0: not even a type byte
+    assert conn.frames(True, SOURCE_HELLO[:8]) == []
+    assert conn.frames(True, SOURCE_HELLO[8:] + broken) == [SOURCE_HELLO, broken]
+    assert conn.frames(True, MESSAGE_7) == [MESSAGE_7]  # the direction's rest, as it comes
+    assert conn.fields(broken, True) == {"type": "INVALID"}
+    huge = bytes.fromhex("7fffffff 05")  # above the maximum frame size
+    assert adapter().frames(False, OK_500 + huge) == [OK_500, huge]
+
+
+def _cuts(data: bytes, points: list[int]) -> list[bytes]:
+    edges = sorted({0, len(data), *(p % (len(data) + 1) for p in points)})
+    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+
+
+_ANY_FRAME = st.sampled_from(
+    [SOURCE_HELLO, SINK_HELLO, OK_500, NOTIFY_7, MESSAGE_7, ACK_7_8000, RESTART_EMPTY, RESTART_TO, ERROR_BAD]
+    + [REPLY_COMMIT, PHASE1, PHASE2_COMMIT]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(_ANY_FRAME, max_size=12),
+    st.lists(st.integers(0, 10_000), max_size=20),
+    st.one_of(st.none(), st.binary(min_size=4, max_size=12)),
+)
+def test_any_recut_of_a_stream_gives_the_same_frames_and_every_byte(frames, points, tail) -> None:
+    """However TCP cuts the bytes, the frames are the ones written; with junk after them
+    (``tail``: maybe an impossible length), everything still comes out, in order."""
+    data = b"".join(frames) + (tail or b"")
+    whole = adapter().frames(True, data)
+    conn = adapter()
+    out = [f for piece in _cuts(data, points) for f in conn.frames(True, piece)]
+    if tail is None:
+        assert out == frames == whole
+    else:
+        assert out[: len(frames)] == frames == whole[: len(frames)]
+        assert b"".join(out) + _held(conn) == data
+
+
+def _held(conn) -> bytes:
+    """The partial frame an adapter still waits on (a tail whose length is sound)."""
+    return bytes(conn._pending[True])
+
+
+# --- fields --------------------------------------------------------------------------------------
+
+
+def test_fields_are_dissects_names_and_say_who_sent_the_frame() -> None:
+    conn = adapter()
+    assert conn.fields(SOURCE_HELLO, True) == {
+        "type": "HELLO",
+        "use": "source",
+        "sender": "connector",
+        "version": "0.0.1",
+        "cookie_b64": "Yw==",
+        "cookie_len": 1,
+        "program_name": "p",
+        "instance_name": "i",
+    }
+    assert conn.fields(OK_500, False) == {
+        "type": "OK",
+        "use": "source",
+        "sender": "worker",
+        "initial_credits": 500,
+    }
+    assert conn.fields(MESSAGE_7, True) == {
+        "type": "MESSAGE",
+        "use": "source",
+        "sender": "connector",
+        "stream_id": 7,
+        "message_id": 12,
+        "event_time": 0,
+        "key_b64": "",
+        "key_len": 0,
+        "payload_b64": "aGk=",
+        "payload_len": 2,
+    }
+    ack = conn.fields(ACK_7_8000, False)
+    assert ack["credits"] == 10 and ack["acks"] == [{"stream_id": 7, "point_of_ref": 8000}]
+    assert conn.fields(RESTART_TO, False)["address"] == "127.0.0.1:7101"
+    assert "address" not in conn.fields(RESTART_EMPTY, False)
+    assert conn.fields(ERROR_BAD, True)["reason"] == "bad"
+
+
+def test_2pc_fields_on_a_sink_connection_and_the_worker_is_its_client() -> None:
+    conn = sink_connection()
+    reply = conn.fields(REPLY_COMMIT, False)
+    assert reply["sender"] == "connector"  # the sink
+    assert (reply["type"], reply["twopc"]) == ("MESSAGE", "REPLY")
+    assert (reply["txn_id"], reply["commit"]) == ("out:c_id=4", True)
+    phase1 = conn.fields(PHASE1, True)
+    assert phase1["sender"] == "worker"
+    assert phase1["where"] == [{"stream_id": 1, "start_por": 0, "end_por": 320}]
+    assert conn.fields(PHASE2_COMMIT, True)["twopc"] == "PHASE2"
+
+
+def test_a_stream_0_message_is_plain_data_on_a_source_connection() -> None:
+    conn = adapter()
+    conn.fields(SOURCE_HELLO, True)
+    assert "twopc" not in conn.fields(REPLY_COMMIT, True)
+
+
+def test_a_2pc_message_before_any_hello_settles_the_sink_use() -> None:
+    conn = adapter()
+    assert conn.fields(PHASE2_COMMIT, True)["twopc"] == "PHASE2"
+    assert conn.use == "sink"
+
+
+def test_every_field_name_is_one_the_display_filter_knows() -> None:
+    conn = sink_connection()
+    for data, from_client in [(PHASE1, True), (REPLY_COMMIT, False), (OK_500, False)]:
+        for name in conn.fields(data, from_client):
+            compile_filter(name)  # raises for a name outside dissect's record schema
+    conn = adapter()
+    for data in SOURCE_FROM_CLIENT + SOURCE_FROM_UPSTREAM:
+        for name in conn.fields(data, data in SOURCE_FROM_CLIENT):
+            compile_filter(name)
+
+
+# --- rewrite and the error frame -----------------------------------------------------------------
+
+
+def test_an_acks_point_of_reference_and_credits_are_rewritten() -> None:
+    conn = adapter()
+    ack = frame(conn, ACK_7_8000, False)
+    assert conn.rewrite(ack, "point_of_ref", 0) == ACK_7_0
+    assert conn.rewrite(ack, "acks.point_of_ref", 0) == ACK_7_0
+    assert conn.rewrite(ack, "credits", 0) == ACK_CREDITS_0
+
+
+def test_a_2pc_vote_is_rewritten() -> None:
+    conn = sink_connection()
+    assert conn.rewrite(frame(conn, REPLY_COMMIT, False), "commit", False) == REPLY_ABORT
+    with pytest.raises(FaultError, match="true or false"):
+        conn.rewrite(frame(conn, REPLY_COMMIT, False), "commit", 0)
+
+
+def test_other_fields_are_rewritten_by_the_codec_and_bad_values_refused() -> None:
+    conn = adapter()
+    ok = frame(conn, OK_500, False)
+    assert conn.rewrite(ok, "initial_credits", 1) == bytes.fromhex("00000005 01 00000001")
+    restart = frame(conn, RESTART_TO, False)
+    assert conn.rewrite(restart, "address", "") == RESTART_EMPTY
+    with pytest.raises(FaultError, match=r"out of range for u32"):
+        conn.rewrite(ok, "initial_credits", -1)
+    with pytest.raises(FaultError, match=r"'commit' of a ACK cannot be rewritten; these can: .*point_of_ref"):
+        conn.rewrite(frame(conn, ACK_7_8000, False), "commit", False)
+
+
+def test_the_error_frame_is_the_protocols_error() -> None:
+    assert adapter().error_frame("bad", to_client=True) == ERROR_BAD
+    assert adapter().error_frame("bad", to_client=False) == ERROR_BAD
+
+
+# --- named faults --------------------------------------------------------------------------------
+
+
+def matches(name: str, fields: dict) -> bool:
+    return bool(compile_filter(NAMED_FAULTS[name].where)(fields))
+
+
+def test_restart_sends_the_frame_on_then_a_restart_to_the_client() -> None:
+    fault = NAMED_FAULTS["restart"]
+    conn = adapter()
+    conn.fields(SOURCE_HELLO, True)
+    ack = frame(conn, ACK_7_8000, False)
+    assert fault.direction == "client" and matches("restart", ack.fields)
+    assert not matches("restart", conn.fields(OK_500, False))
+    assert fault.act(ack, {"address": ""}, conn) == [Send(False, ACK_7_8000), Send(False, RESTART_EMPTY)]
+    assert fault.act(ack, {"address": "127.0.0.1:7101"}, conn)[1] == Send(False, RESTART_TO)
+    assert fault.params == {"address": (str, "")}
+
+
+def test_abort_vote_turns_a_commit_reply_into_an_abort() -> None:
+    fault = NAMED_FAULTS["abort-vote"]
+    conn = sink_connection()
+    reply = frame(conn, REPLY_COMMIT, False)
+    assert fault.direction == "client" and matches("abort-vote", reply.fields)
+    assert not matches("abort-vote", conn.fields(REPLY_ABORT, False))
+    assert not matches("abort-vote", conn.fields(PHASE2_COMMIT, True))
+    assert fault.act(reply, {}, conn) == [Send(False, REPLY_ABORT)]
+    with pytest.raises(FaultError, match="a 2PC REPLY, not at a PHASE2"):
+        fault.act(frame(conn, PHASE2_COMMIT, True), {}, conn)
+
+
+def test_withhold_phase2_drops_a_workers_phase2() -> None:
+    fault = NAMED_FAULTS["withhold-phase2"]
+    conn = sink_connection()
+    assert (fault.action, fault.act, fault.direction) == ("drop", None, "upstream")
+    assert matches("withhold-phase2", conn.fields(PHASE2_COMMIT, True))
+    assert not matches("withhold-phase2", conn.fields(PHASE1, True))
+    assert not matches("withhold-phase2", conn.fields(REPLY_COMMIT, False))
