@@ -8,9 +8,20 @@ whose first byte is its tag.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
+import test_interop_wallaroo as interop
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import Server, run_cli
 
 from wallaroo_proto.display_filter import compile_filter
 from wallaroo_proto.protocols.wallaroo.proxy_faults import NAMED_FAULTS, adapter
@@ -271,3 +282,125 @@ def test_withhold_phase2_drops_a_workers_phase2() -> None:
     assert matches("withhold-phase2", conn.fields(PHASE2_COMMIT, True))
     assert not matches("withhold-phase2", conn.fields(PHASE1, True))
     assert not matches("withhold-phase2", conn.fields(REPLY_COMMIT, False))
+
+
+# --- end to end: the shipped peers through the proxy ------------------------------------------------
+
+# The shipped connector library, its test sink aloc_sink and their inputs (tests/test_interop_wallaroo.py
+# says where they live and how they are started).
+shipped = pytest.mark.skipif(
+    not (interop.PEERS / "wallaroo" / "experimental" / "connectors.py").is_file(),
+    reason=f"the shipped Wallaroo peers are not at {interop.PEERS} (set WALLAROO_PEERS)",
+)
+#: The proxy's line for a violation, or for an applied fault: "connection #N client→upstream frame K ...".
+_FRAME_LINE = re.compile(r"connection #\d+ (client→upstream|upstream→client) frame \d+")
+
+
+def proxy(upstream: str, recording: Path, *more: str) -> Server:
+    """``wallaroo-proto proxy`` on a free port, recording what passes."""
+    return Server(
+        "proxy", "--listen", "127.0.0.1:0", "--upstream", upstream, "--record", str(recording), *more
+    )
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> list[str]:
+    """The shipped example's two framed files, 1,000 records each, in the test's folder."""
+    for name in ("celsius.msg", "celsius.msg.2"):
+        (tmp_path / name).write_bytes((interop.PEERS / name).read_bytes())
+    return ["celsius.msg", "celsius.msg.2"]
+
+
+def proxy_lines(stderr: str) -> list[str]:
+    """The proxy's per-frame lines (violations and faults), without its ready and shutdown talk."""
+    return [line for line in stderr.splitlines() if _FRAME_LINE.search(line)]
+
+
+def assert_summary_is_dissects(stdout: str, recording: Path) -> str:
+    """The summary the proxy printed at its end is ``dissect --summary`` of its own recording."""
+    summary = run_cli("dissect", str(recording), "--summary")
+    assert summary.returncode == 0, summary.stderr
+    shown = stdout.split("\n", 1)[1]  # after the ready line
+    assert shown.strip() == summary.stdout.strip()
+    return shown
+
+
+def recorded(recording: Path) -> list[dict]:
+    out = run_cli("dissect", str(recording), "--format", "jsonl")
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+@contextlib.contextmanager
+def aloc_sink(tmp_path: Path, rules: str = ""):
+    """The shipped test sink on a free port, voting as ``rules`` says ("" = always commit)."""
+    port = interop.free_port()
+    (tmp_path / "rules.mock-worker").write_text(rules)
+    log = tmp_path / "aloc_sink.log"
+    command = [sys.executable, "-W", "ignore", str(interop.PEERS / "aloc_sink"), str(tmp_path / "out")]
+    command += [str(tmp_path / "rules"), str(port)]
+    with open(log, "w") as sink_log:
+        sink = subprocess.Popen(
+            command, cwd=interop.PEERS, env=interop.peer_env(), stdout=sink_log, stderr=sink_log
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert sink.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "aloc_sink never listened"
+                time.sleep(0.05)
+        yield port
+    finally:
+        sink.kill()
+        sink.wait()
+
+
+@shipped
+@pytest.mark.slow
+def test_the_shipped_connector_through_the_proxy_delivers_every_record_once(tmp_path, inputs) -> None:
+    out, recording = tmp_path / "out.jsonl", tmp_path / "proxy.pcap"
+    args = ["--cookie", interop.COOKIE, "--out", str(out), "--checkpoint-every", "100", "--format", "json"]
+    with Server("mock-worker", "--port", "0", "--no-live", *args) as worker:
+        with proxy(worker.address, recording) as relay:
+            interop.finish_connector(interop.start_connector(relay.port, tmp_path, *inputs))
+            code, stdout, stderr = relay.stop()
+        worker_code, worker_out, worker_err = worker.stop()
+    assert code == 0 and worker_code == 0, stderr + worker_err
+    # What the worker saw: every record of both files once, in order; no violation, no error.
+    interop.assert_each_record_once(out, tmp_path, inputs)
+    seen = json.loads(worker_out.strip().splitlines()[-1])
+    assert seen["violations"] == 0 and seen["errors"] == []
+    # What the proxy saw: no violation, and the summary dissect makes of its recording.
+    assert proxy_lines(stderr) == []
+    assert "(source)" in assert_summary_is_dissects(stdout, recording)
+    frames = recorded(recording)
+    assert not any(r.get("violations") for r in frames)
+    assert sum(r["type"] == "MESSAGE" for r in frames) == 2000  # 1,000 records a file
+    assert {r["use"] for r in frames} == {"source"}
+
+
+@shipped
+@pytest.mark.slow
+def test_mock_worker_through_the_proxy_drives_the_shipped_sink_to_its_whole_output(tmp_path, inputs) -> None:
+    recording = tmp_path / "proxy.pcap"
+    with aloc_sink(tmp_path) as sink_port, proxy(f"127.0.0.1:{sink_port}", recording) as relay:
+        args = ["--cookie", interop.COOKIE, "--sink", relay.address, "--sink-cookie", interop.COOKIE]
+        args += ["--checkpoint-every", "200", "--format", "json"]
+        with Server("mock-worker", "--port", "0", "--no-live", *args) as worker:
+            interop.finish_connector(interop.start_connector(worker.port, tmp_path, inputs[0]))
+            worker_code, _, worker_err = worker.stop()
+        code, stdout, stderr = relay.stop()
+    assert code == 0 and worker_code == 0, stderr + worker_err
+    # What the sink kept: the file's records, byte for byte.
+    assert (tmp_path / "out.mock-worker").read_bytes() == b"".join(interop.records(tmp_path / inputs[0]))
+    assert proxy_lines(stderr) == []
+    assert "(sink)" in assert_summary_is_dissects(stdout, recording)
+    frames = recorded(recording)
+    assert not any(r.get("violations") for r in frames)
+    votes = [r["commit"] for r in frames if r.get("twopc") == "REPLY"]
+    decisions = [r["commit"] for r in frames if r.get("twopc") == "PHASE2"]
+    assert votes and all(votes) and decisions == votes
