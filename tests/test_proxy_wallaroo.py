@@ -129,6 +129,37 @@ def test_any_recut_of_a_stream_gives_the_same_frames_and_every_byte(frames, poin
         assert b"".join(out) + _held(conn) == data
 
 
+def _framed(type_byte: int, body: bytes) -> bytes:
+    return (len(body) + 1).to_bytes(4, "big") + bytes([type_byte]) + body
+
+
+#: Bytes of every kind a peer may send: garbage, any body under a sound length prefix and
+#: type, any 2PC payload in a stream-0 MESSAGE (its 26 bytes of ids, time and key length first).
+_PEER_BYTES = st.one_of(
+    st.binary(max_size=64),
+    st.builds(_framed, st.integers(0, 10), st.binary(max_size=48)),
+    st.builds(
+        lambda tag, rest: _framed(5, bytes(26) + bytes([tag]) + rest),
+        st.integers(200, 207),
+        st.binary(max_size=40),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_PEER_BYTES, max_size=8), st.booleans())
+def test_any_bytes_are_framed_and_read_without_an_exception(chunks, from_client) -> None:
+    """A peer's garbage never breaks the proxy's connection: every byte comes out, each
+    frame has fields with a type (HELLO and a 2PC PHASE1 first, so both uses are read)."""
+    for start in (SOURCE_HELLO, SINK_HELLO + PHASE1):
+        conn = adapter()
+        data = start + b"".join(chunks)
+        out = [f for chunk in (start, *chunks) for f in conn.frames(from_client, chunk)]
+        assert b"".join(out) + bytes(conn._pending[from_client]) == data
+        for raw in out:
+            assert isinstance(conn.fields(raw, from_client)["type"], str)
+
+
 def _held(conn) -> bytes:
     """The partial frame an adapter still waits on (a tail whose length is sound)."""
     return bytes(conn._pending[True])
