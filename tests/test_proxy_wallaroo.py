@@ -8,6 +8,7 @@ whose first byte is its tag.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import re
@@ -324,7 +325,7 @@ shipped = pytest.mark.skipif(
     reason=f"the shipped Wallaroo peers are not at {interop.PEERS} (set WALLAROO_PEERS)",
 )
 #: The proxy's line for a violation, or for an applied fault: "connection #N client→upstream frame K ...".
-_FRAME_LINE = re.compile(r"connection #\d+ (client→upstream|upstream→client) frame \d+")
+_FRAME_LINE = re.compile(r"connection #\d+ .*(client→upstream|upstream→client) frame \d+ ")
 
 
 def proxy(upstream: str, recording: Path, *more: str) -> Server:
@@ -356,10 +357,11 @@ def assert_summary_is_dissects(stdout: str, recording: Path) -> str:
     return shown
 
 
-def recorded(recording: Path) -> list[dict]:
-    out = run_cli("dissect", str(recording), "--format", "jsonl")
+def recorded(recording: Path, where: str | None = None) -> list[dict]:
+    """``dissect``'s records of the proxy's recording (those ``where`` matches)."""
+    out = run_cli("dissect", str(recording), "--format", "json", *(["-Y", where] if where else []))
     assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines()]
+    return json.loads(out.stdout)
 
 
 @contextlib.contextmanager
@@ -435,3 +437,164 @@ def test_mock_worker_through_the_proxy_drives_the_shipped_sink_to_its_whole_outp
     votes = [r["commit"] for r in frames if r.get("twopc") == "REPLY"]
     decisions = [r["commit"] for r in frames if r.get("twopc") == "PHASE2"]
     assert votes and all(votes) and decisions == votes
+
+
+# --- end to end: faults the shipped peers must live through -----------------------------------------
+
+FOLLOWING_CONNECTOR = Path(__file__).resolve().parent / "peers" / "restart_following_connector.py"
+#: dissect of a recording with faults in it: what is not a plain MESSAGE (2PC messages are kept).
+NOT_DATA = 'twopc or type != "MESSAGE"'
+
+
+def fault_lines(stderr: str, action: str) -> list[str]:
+    return [line for line in proxy_lines(stderr) if f" fault {action} at " in line]
+
+
+def sides(frames: list[dict], client_port: int, upstream_port: int) -> tuple[list[dict], list[dict]]:
+    """A recording's frames of the client's side (to the proxy) and of the upstream's side."""
+    client = [r for r in frames if r["responder_port"] == client_port]
+    upstream = [r for r in frames if r["responder_port"] == upstream_port]
+    return client, upstream
+
+
+def connection_blocks(summary: str) -> dict[str, list[str]]:
+    """A summary's connections, by their endpoints, without their number and packet range."""
+    blocks: dict[str, list[str]] = {}
+    lines: list[str] = []
+    for line in summary.splitlines():
+        line = line.rstrip()
+        head = re.search(r"connection #\d+\s+(.*?)\s*─*$", line)
+        if head:
+            lines = blocks.setdefault(head.group(1), [])
+        elif line and not line.startswith("packets "):
+            lines.append(line)
+    return blocks
+
+
+def assert_summary_is_dissects_and_rules(stdout: str, recording: Path, rule: str, applied: int) -> None:
+    """The proxy's summary holds dissect's of its recording, connection by connection, then
+    the rule's counts. (With faults, the recording holds each side as a connection of its
+    own, which the proxy lists in another order and numbers its packets otherwise.)"""
+    *shown, counts = stdout.rstrip().split("\n")
+    assert re.fullmatch(rf"fault --fault '{re.escape(rule)}': matched \d+, applied {applied}", counts), counts
+    summary = run_cli("dissect", str(recording), "--summary")
+    assert summary.returncode == 0, summary.stderr
+    ours = connection_blocks("\n".join(shown[1:]))  # after the ready line
+    assert len(ours) >= 2 and ours == connection_blocks(summary.stdout)
+
+
+@shipped
+@pytest.mark.slow
+def test_a_vote_turned_to_abort_is_rolled_back_and_the_shipped_sink_keeps_every_record_once(
+    tmp_path, inputs
+) -> None:
+    recording, rule = tmp_path / "proxy.pcap", "abort-vote count=1"
+    with (
+        aloc_sink(tmp_path) as sink_port,
+        proxy(f"127.0.0.1:{sink_port}", recording, "--protocol", "wallaroo", "--fault", rule) as relay,
+    ):
+        args = ["--cookie", interop.COOKIE, "--sink", relay.address, "--sink-cookie", interop.COOKIE]
+        args += ["--checkpoint-every", "200", "--format", "json"]
+        with Server("mock-worker", "--port", "0", "--no-live", *args) as worker:
+            interop.finish_connector(interop.start_connector(worker.port, tmp_path, inputs[0]))
+            worker_code, _, worker_err = worker.stop()
+        code, stdout, stderr = relay.stop()
+    assert code == 0 and worker_code == 0, stderr + worker_err
+    # The sink: every record once, byte for byte. It voted commit on the first round, was told
+    # abort and truncated; later rounds committed up to the end of the output.
+    output = (tmp_path / "out.mock-worker").read_bytes()
+    assert output == b"".join(interop.records(tmp_path / inputs[0]))
+    log = [
+        ast.literal_eval(line)[1:] for line in (tmp_path / "out.mock-worker.txnlog").read_text().splitlines()
+    ]
+    first = next(entry[1] for entry in log if entry[0] == "1-ok")
+    assert [entry[0] for entry in log if entry[1] == first] == ["1-ok", "2-rollback"]
+    assert not any(entry[0] == "1-rollback" for entry in log)
+    assert [entry for entry in log if entry[0] == "2-ok"][-1][2] == len(output)
+    # The worker: it took the vote as an abort, rolled the round back and sent its bytes again.
+    [rolled_back] = re.findall(r"sink: (\S+) \[(\d+), \d+\) aborted: re-sending from (\d+)", worker_err)
+    assert rolled_back == (first, "0", "0")
+    # The proxy: one fault, at the sink's first REPLY; no violation on either side.
+    [line] = fault_lines(stderr, "abort-vote")
+    assert re.search(
+        r"connection #1 fault abort-vote at upstream→client frame \d+ MESSAGE: abort-vote: ", line
+    )
+    assert proxy_lines(stderr) == [line]
+    assert_summary_is_dissects_and_rules(stdout, recording, rule, 1)
+    # The recording: the sink's REPLY as it sent it (commit, with the fault's note), as the worker
+    # got it (abort), and the worker's abort decision on both sides.
+    frames = recorded(recording, NOT_DATA)
+    client, upstream = sides(frames, relay.port, sink_port)
+    assert not any(r.get("violations") for r in frames)
+
+    def round_of(side: list[dict]) -> list[tuple]:
+        return [(r["twopc"], r["commit"]) for r in side if r.get("txn_id") == first and "commit" in r]
+
+    assert round_of(upstream) == [("REPLY", True), ("PHASE2", False)]
+    assert round_of(client) == [("REPLY", False), ("PHASE2", False)]
+    [noted] = [r for r in frames if r.get("notes")]
+    assert (
+        noted in upstream and noted["twopc"] == "REPLY" and noted["notes"] == [line[line.index("fault ") :]]
+    )
+
+
+@shipped
+@pytest.mark.slow
+def test_a_restart_sent_to_the_shipped_connector_is_followed_and_every_record_arrives_once(
+    tmp_path, inputs
+) -> None:
+    out, recording, rule = tmp_path / "out.jsonl", tmp_path / "proxy.pcap", "restart skip=2 count=1"
+    # Credits enough for the whole run: the shipped library does not count EOS_MESSAGE as
+    # spending one, so a run that drains its credits may overdraw by one (a true violation,
+    # but not this test's).
+    args = ["--cookie", interop.COOKIE, "--out", str(out), "--checkpoint-every", "100", "--format", "json"]
+    args += ["--credits", "5000"]
+    with Server("mock-worker", "--port", "0", "--no-live", *args) as worker:
+        with proxy(worker.address, recording, "--protocol", "wallaroo", "--fault", rule) as relay:
+            command = [sys.executable, "-W", "ignore", str(FOLLOWING_CONNECTOR), "--fixed-reset"]
+            command += ["127.0.0.1", str(relay.port), interop.COOKIE, *inputs]
+            connector = subprocess.Popen(
+                command,
+                cwd=tmp_path,
+                env=interop.peer_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            said = interop.finish_connector(connector)
+            code, stdout, stderr = relay.stop()
+        worker_code, worker_out, worker_err = worker.stop()
+    assert code == 0 and worker_code == 0, stderr + worker_err
+    # The worker: every record of both files once, in order, over two connections.
+    interop.assert_each_record_once(out, tmp_path, inputs)
+    seen = json.loads(worker_out.strip().splitlines()[-1])
+    assert (seen["connections"], seen["violations"], seen["errors"], seen["restarts_sent"]) == (2, 0, [], 0)
+    # The connector: one RESTART (the spec's, with no address), followed.
+    assert said.count("RESTART followed: address None") == 1, said
+    # The proxy: one fault, after the third ACK to the connector. The worker, which sent no
+    # RESTART, may checkpoint again before the connector has closed: the client's side then
+    # shows an ACK after the RESTART, which is all the checks may report.
+    [line] = fault_lines(stderr, "restart")
+    assert re.search(r"connection #1 fault restart at upstream→client frame \d+ ACK: restart: ", line)
+    for other in proxy_lines(stderr):
+        assert other == line or re.search(
+            r"connection #1 .*ACK: ACK sent after its own RESTART or close$", other
+        )
+    assert_summary_is_dissects_and_rules(stdout, recording, rule, 1)
+    # The recording: the RESTART only on the client's side of the first connection, right
+    # after the third ACK; the worker's side has the fault's note on that ACK.
+    frames = recorded(recording, NOT_DATA)
+    client, upstream = sides(frames, relay.port, seen_port(worker_out))
+    first = client[0]["conn_index"]
+    [restart] = [r for r in frames if r["type"] == "RESTART"]
+    assert restart["conn_index"] == first and restart["sender"] == "worker"
+    from_worker = [r["type"] for r in client if r["conn_index"] == first and r["sender"] == "worker"]
+    assert from_worker[: from_worker.index("RESTART")].count("ACK") == 3
+    [noted] = [r for r in frames if r.get("notes")]
+    assert noted in upstream and noted["type"] == "ACK" and noted["notes"] == [line[line.index("fault ") :]]
+    assert [r["type"] for r in upstream if r["conn_index"] == noted["conn_index"]].count("HELLO") == 1
+
+
+def seen_port(worker_out: str) -> int:
+    """The worker's port, from its ready line."""
+    return int(re.search(r"listening on \S+:(\d+)", worker_out).group(1))
