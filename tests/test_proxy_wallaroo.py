@@ -15,6 +15,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -437,6 +438,41 @@ def test_mock_worker_through_the_proxy_drives_the_shipped_sink_to_its_whole_outp
     votes = [r["commit"] for r in frames if r.get("twopc") == "REPLY"]
     decisions = [r["commit"] for r in frames if r.get("twopc") == "PHASE2"]
     assert votes and all(votes) and decisions == votes
+
+
+# --- end to end: --strict answers with Wallaroo's ERROR ------------------------------------------
+
+
+@pytest.mark.slow
+def test_strict_tells_the_violating_client_why_with_an_error_frame() -> None:
+    """A MESSAGE on a stream never notified: the client gets an ERROR whose reason is the
+    violation the proxy reports, then the end of the connection."""
+    upstream = socket.create_server(("127.0.0.1", 0))
+    accepted: list[socket.socket] = []
+    waiter = threading.Thread(target=lambda: accepted.append(upstream.accept()[0]), daemon=True)
+    waiter.start()
+    with Server(
+        *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{upstream.getsockname()[1]}"),
+        *("--protocol", "wallaroo", "--strict", "--no-summary"),
+    ) as relay:
+        client = socket.create_connection((relay.host, relay.port), timeout=60)
+        client.sendall(SOURCE_HELLO + MESSAGE_7)  # stream 7 was never notified
+        got = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := client.recv(65536):
+                got += chunk
+        client.close()
+        code, _, stderr = relay.stop()
+    waiter.join(60)
+    for conn in accepted:
+        conn.close()
+    upstream.close()
+    assert code == 1, stderr
+    [line] = proxy_lines(stderr)
+    reason = line.split(" MESSAGE: ", 1)[1]
+    # ERROR, by hand: u32 length, type 2, u16 reason length, the reason.
+    text = reason.encode()
+    assert got == (3 + len(text)).to_bytes(4, "big") + b"\x02" + len(text).to_bytes(2, "big") + text
 
 
 # --- end to end: faults the shipped peers must live through -----------------------------------------
