@@ -128,7 +128,7 @@ def test_any_recut_of_a_stream_gives_the_same_frames_and_every_byte(frames, poin
         assert out == frames == whole
     else:
         assert out[: len(frames)] == frames == whole[: len(frames)]
-        assert b"".join(out) + _held(conn) == data
+        assert b"".join(out) + conn.tail(True) == data
 
 
 def _framed(type_byte: int, body: bytes) -> bytes:
@@ -157,14 +157,9 @@ def test_any_bytes_are_framed_and_read_without_an_exception(chunks, from_client)
         conn = adapter()
         data = start + b"".join(chunks)
         out = [f for chunk in (start, *chunks) for f in conn.frames(from_client, chunk)]
-        assert b"".join(out) + bytes(conn._pending[from_client]) == data
+        assert b"".join(out) + conn.tail(from_client) == data
         for raw in out:
             assert isinstance(conn.fields(raw, from_client)["type"], str)
-
-
-def _held(conn) -> bytes:
-    """The partial frame an adapter still waits on (a tail whose length is sound)."""
-    return bytes(conn._pending[True])
 
 
 # --- fields --------------------------------------------------------------------------------------

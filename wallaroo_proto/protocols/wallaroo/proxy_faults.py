@@ -150,6 +150,11 @@ class WallarooAdapter:
             del pending[: sum(map(len, frames))]
         return frames
 
+    def tail(self, from_client: bool) -> bytes:
+        """The bytes of a frame not yet whole in this direction: at the end of the
+        connection, what a peer sent of a truncated frame."""
+        return bytes(self._pending[from_client])
+
     # fields -------------------------------------------------------------------------------
 
     def fields(self, frame: bytes, from_client: bool) -> dict[str, Any]:
