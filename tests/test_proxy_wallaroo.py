@@ -25,7 +25,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import Server, run_cli
 
+from wallaroo_proto.capture.dissector import dissect
 from wallaroo_proto.display_filter import compile_filter
+from wallaroo_proto.protocols.wallaroo.plugin import RECORD_FIELDS
 from wallaroo_proto.protocols.wallaroo.proxy_faults import NAMED_FAULTS, adapter
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
 
@@ -235,6 +237,27 @@ def test_every_field_name_is_one_the_display_filter_knows() -> None:
     for data in SOURCE_FROM_CLIENT + SOURCE_FROM_UPSTREAM:
         for name in conn.fields(data, data in SOURCE_FROM_CLIENT):
             compile_filter(name)
+
+
+CAPTURES = Path(__file__).resolve().parent.parent / "captures"
+
+
+@pytest.mark.parametrize("name", ["source-session.pcap", "sink-2pc.pcap", "restart-reconnect.pcap"])
+def test_a_captures_frames_have_the_fields_of_dissects_records(name: str) -> None:
+    """Frame by frame, the adapter's fields are the record's own: a rule's ``where`` means
+    what the same filter means to ``dissect -Y``."""
+    names = {field for field, _, _ in RECORD_FIELDS} | {"type", "use", "sender"}
+    records, _ = dissect(CAPTURES / name, with_raw=True)
+    conns: dict[int, object] = {}
+    compared = set()
+    for record in records:
+        conn = conns.setdefault(record["conn_index"], adapter())
+        from_client = record["direction"] == "initiator>responder"  # the client sent HELLO
+        assert conn.frames(from_client, record["_raw"]) == [record["_raw"]]
+        expected = {k: v for k, v in record.items() if k in names}
+        assert conn.fields(record["_raw"], from_client) == expected, record
+        compared.add(record.get("twopc") or record["type"])
+    assert len(compared) >= 4, compared
 
 
 # --- rewrite and the error frame -----------------------------------------------------------------
