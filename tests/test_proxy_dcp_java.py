@@ -1,0 +1,134 @@
+"""Couchbase's own DCP client (java-dcp-client) through ``proxy`` into dcp mock-producer.
+
+The producer's bucket config names its own node by KV port only (no hostname), and the
+client goes on to that port at the host it first connected to: so the proxy listens on
+the producer's port number on another loopback address (127.0.0.1 in front of 127.0.0.2),
+as a proxy in front of a real node listens on the client's host at 11210. Every connection
+of the client then passes the proxy.
+
+The client is compiled and run as in test_dcp_java.py (same driver, same helpers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import Server, run_cli
+from test_dcp_java import classpath, live_keys, producer_keys, stream  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.slow
+
+LOGIN = ("default", "Administrator", "password", "2000")
+
+
+@contextlib.contextmanager
+def behind_proxy(producer_args: tuple[str, ...], *proxy_args: str) -> Iterator[tuple[Server, Server]]:
+    """A producer on 127.0.0.2 and a proxy on 127.0.0.1 at the same port; a few tries in case
+    that port is taken on 127.0.0.1."""
+    for attempt in range(5):
+        producer = Server("dcp", "mock-producer", "--listen", "127.0.0.2:0", *producer_args)
+        try:
+            proxy = Server(
+                "proxy", "--listen", f"127.0.0.1:{producer.port}", "--upstream", producer.address, *proxy_args
+            )
+        except RuntimeError as err:
+            producer.kill()
+            if "cannot listen" not in str(err) or attempt == 4:
+                raise
+            continue
+        with producer, proxy:
+            yield producer, proxy
+        return
+
+
+def items_of(events: list[list[str]]) -> list[tuple[str, str]]:
+    return [(e[1], e[2]) for e in events if e[0] in ("MUTATION", "DELETION")]
+
+
+def summary_of(stdout: str) -> str:
+    """The proxy's summary: its stdout after the ready line."""
+    return stdout.split("\n", 1)[1].strip()
+
+
+def test_the_client_streams_every_item_once_through_the_proxy_and_its_summary_is_dissects(
+    classpath,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    state, recording = tmp_path / "p.json", tmp_path / "proxy.pcap"
+    args = ("--vbuckets", "8", "--items", "200", "--state", str(state), "--format", "json")
+    with behind_proxy(args, "--record", str(recording)) as (producer, proxy):
+        rc, events = stream(classpath, proxy, *LOGIN)
+        code, stdout, stderr = proxy.stop()
+        _, produced, _ = producer.stop()
+    assert rc == 0, events[-5:]
+    assert sorted((e[1], e[2]) for e in events if e[0] == "END") == [(str(vb), "OK") for vb in range(8)]
+    items = items_of(events)
+    assert len(items) == len(set(items))
+    assert live_keys(events) == {vb: keys for vb, keys in producer_keys(state).items() if keys}
+    # The proxy saw it all and found nothing wrong; the producer neither.
+    assert code == 0, stderr
+    assert "violation" not in stderr.lower() and "fault" not in stderr
+    sent = json.loads(produced.splitlines()[-1])
+    assert not sent["violations"] and sent["items_sent"] == len(items)
+    # Its summary is dissect's of its recording, and the recording holds every item once.
+    summary = run_cli("dissect", str(recording), "--summary")
+    assert summary.returncode == 0, summary.stderr
+    assert summary_of(stdout) == summary.stdout.strip()
+    assert "DCP_BUFFER_ACKNOWLEDGEMENT" in summary.stdout
+    frames = run_cli(
+        "dissect", str(recording), "--format", "jsonl", "-Y", "type in {DCP_MUTATION DCP_DELETION}"
+    )
+    assert frames.returncode == 0, frames.stderr
+    seen = [json.loads(line) for line in frames.stdout.splitlines()]
+    assert sorted((str(r["vbucket"]), str(r["seqno"])) for r in seen) == sorted(items)
+    assert {r["verdict"] for r in seen} == {"accepted"}
+
+
+def test_an_injected_rollback_is_recovered_from_and_every_item_still_arrives(
+    classpath,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    state, recording = tmp_path / "p.json", tmp_path / "proxy.pcapng"
+    rule = "rollback type=DCP_STREAM_REQ where='vbucket == 2' count=1"
+    args = ("--vbuckets", "4", "--items", "100", "--state", str(state), "--format", "json")
+    with behind_proxy(args, "--fault", rule, "--record", str(recording)) as (producer, proxy):
+        rc, events = stream(classpath, proxy, *LOGIN)
+        code, stdout, stderr = proxy.stop()
+        _, produced, _ = producer.stop()
+    # The client: its onRollback fired once, for vbucket 2 to 0, and it still got every item once.
+    assert rc == 0, events[-5:]
+    assert [e for e in events if e[0] == "ROLLBACK"] == [["ROLLBACK", "2", "0"]]
+    assert sorted((e[1], e[2]) for e in events if e[0] == "END") == [(str(vb), "OK") for vb in range(4)]
+    items = items_of(events)
+    assert len(items) == len(set(items))
+    assert live_keys(events) == producer_keys(state)
+    # The producer answered the changed request itself (one rollback), and saw nothing wrong.
+    sent = json.loads(produced.splitlines()[-1])
+    assert sent["rollbacks"] == 1 and not sent["violations"] and sent["items_sent"] == len(items)
+    # The proxy: one fault line, at the client's stream request, and no violation on either side.
+    assert code == 0, stderr
+    faults = [line for line in stderr.splitlines() if " fault " in line]
+    assert len(faults) == 1, stderr
+    assert re.fullmatch(
+        r"wallaroo-proto proxy: connection #\d+ fault rollback at client→upstream frame \d+ DCP_STREAM_REQ: "
+        r"rollback: 72 bytes to the upstream",
+        faults[0],
+    )
+    assert "violation" not in stderr.lower()
+    # matched: the stream request it changed and the client's next one for vbucket 2, which passed.
+    assert f"fault --fault {rule!r}: matched 2, applied 1" in " ".join(stdout.split())  # as wrapped
+    shown = summary_of(stdout)
+    assert shown.count("rollbacks     vb 2 to 0") == 2  # on the client's side and on the producer's
+    assert "violations    0" in shown and "violations    1" not in shown
+    # The recording: vbucket 2's stream requests as each side had them, the fault a note on the client's.
+    asked = run_cli("dissect", str(recording), "-Y", "type == DCP_STREAM_REQ and vbucket == 2")
+    assert asked.returncode == 0, asked.stderr
+    client_side, upstream_side, *again = asked.stdout.splitlines()
+    assert "start=0 " in client_side and "note: fault rollback at client→upstream frame" in client_side
+    assert "start=1 uuid=0x0" in upstream_side and "note" not in upstream_side
+    assert again and all("start=0 " in line and "note" not in line for line in again)
