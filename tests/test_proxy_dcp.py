@@ -243,7 +243,7 @@ def test_stream_end_ends_the_stream_closes_it_upstream_and_withholds_the_rest():
     # The mutation (57 bytes) never reaches the client: the proxy acknowledges it upstream, less
     # the end's 28 bytes, which the client acknowledges in its place.
     ack = hexes("80 5d 0000 04 00 0000 00000004 00000000", CAS0, "0000001d")
-    assert sends == [Send(False, stream_end), Send(True, close), Send(True, ack)]
+    assert sends == [Send(True, close), Send(False, stream_end), Send(True, ack)]
     # The stream's later messages are withheld (and acknowledged upstream), and the close's answer too.
     later = act(frame(MARKER, False, a), params, a)
     assert later == [Send(True, hexes("80 5d 0000 04 00 0000 00000004 00000000", CAS0, "0000002c"))]
@@ -261,8 +261,8 @@ def test_stream_end_without_flow_control_acknowledges_nothing():
     a.fields(STREAM_REQ, True)
     a.fields(STREAM_OK, False)
     sends = NAMED_FAULTS["stream-end"].act(frame(MUTATION, False, a), {"reason": "ok", "streams": 1}, a)
-    assert [s.to_upstream for s in sends] == [False, True]
-    assert sends[0].data[-4:] == b"\x00\x00\x00\x00"  # reason ok
+    assert [s.to_upstream for s in sends] == [True, False]
+    assert sends[1].data[-4:] == b"\x00\x00\x00\x00"  # reason ok
 
 
 def test_stall_buffer_ack_withholds_every_acknowledgement_and_nothing_else():

@@ -132,3 +132,60 @@ def test_an_injected_rollback_is_recovered_from_and_every_item_still_arrives(
     assert "start=0 " in client_side and "note: fault rollback at client→upstream frame" in client_side
     assert "start=1 uuid=0x0" in upstream_side and "note" not in upstream_side
     assert again and all("start=0 " in line and "note" not in line for line in again)
+
+
+def test_a_stream_ended_too_slow_is_reopened_by_the_client_and_nothing_is_lost(
+    classpath,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-Ddriver.endsOk=true")  # done once every stream ended OK
+    state, recording = tmp_path / "p.json", tmp_path / "proxy.pcapng"
+    rule = "stream-end where='vbucket == 2' skip=30 reason=too_slow"
+    args = ("--vbuckets", "4", "--items", "100", "--state", str(state), "--format", "json")
+    with behind_proxy(args, "--fault", rule, "--record", str(recording)) as (producer, proxy):
+        rc, events = stream(classpath, proxy, *LOGIN)
+        code, stdout, stderr = proxy.stop()
+        _, produced, _ = producer.stop()
+    # The client: vbucket 2 ended TOO_SLOW once, it asked again from where it was, and it got
+    # every item once; every stream ended OK at last.
+    assert rc == 0, events[-5:]
+    ends = [(e[1], e[2]) for e in events if e[0] == "END"]
+    assert ends.count(("2", "TOO_SLOW")) == 1 and sorted(set(ends) - {("2", "TOO_SLOW")}) == [
+        (str(vb), "OK") for vb in range(4)
+    ]
+    items = items_of(events)
+    assert len(items) == len(set(items))
+    assert live_keys(events) == producer_keys(state)
+    # The producer: the proxy closed vbucket 2's stream, and nobody broke a rule.
+    sent = json.loads(produced.splitlines()[-1])
+    assert not sent["violations"]
+    # The proxy: the stream closed upstream and ended toward the client at one of vbucket 2's
+    # messages, then that stream's messages in flight and the close's answer withheld; the
+    # reopened stream's messages passed.
+    assert code == 0, stderr
+    faults = [line.split(" fault ", 1)[1] for line in stderr.splitlines() if " fault " in line]
+    assert re.fullmatch(
+        r"stream-end at upstream→client frame \d+ DCP_\w+: stream-end: 24 bytes to the upstream, "
+        r"28 bytes to the client(, \d+ bytes to the upstream)?",
+        faults[0],
+    ), faults[0]
+    withheld = re.compile(r"DCP_\w+: stream-end: (\d+ bytes to the upstream|frame withheld)")
+    passed = re.compile(
+        r"DCP_\w+: not applied: passed on: (no stream's message|this rule has ended its 1 stream)"
+    )
+    assert all(withheld.search(f) or passed.search(f) for f in faults[1:]), faults
+    assert sum(f.endswith("DCP_CLOSE_STREAM_RESPONSE: stream-end: frame withheld") for f in faults) == 1
+    assert "violation" not in stderr.lower()
+    # The recording: the end on the client's side only; the close on the producer's.
+    ended = run_cli("dissect", str(recording), "-Y", "type == DCP_CLOSE_STREAM or end_reason == too_slow")
+    assert ended.returncode == 0, ended.stderr
+    lines = ended.stdout.splitlines()
+    assert len(lines) == 2, lines
+    closed, ended_too_slow = sorted(lines, key=lambda line: "DCP_STREAM_END" in line)
+    assert "DCP_CLOSE_STREAM" in closed and "vb=2" in closed
+    assert (
+        "DCP_STREAM_END" in ended_too_slow
+        and "vb=2" in ended_too_slow
+        and "reason=too_slow" in ended_too_slow
+    )

@@ -384,8 +384,10 @@ def _stream_end(frame: Frame, params: Mapping[str, Any], adapter: DcpAdapter) ->
     sid = codec.stream_id_of(p)
     end = codec.stream_end(p.vbucket, p.opaque, reason, sid)
     close = adapter.close_stream(p.vbucket, p.opaque, sid)
-    # The client acknowledges the end it gets instead of this message; the rest the proxy does.
-    return [Send(False, end), Send(True, close), *_acked(adapter, p, len(frame.data) - len(end))]
+    # Closed upstream before the client hears of it, so that the producer has closed the stream
+    # by the time the client may ask for it again. The client acknowledges the end it gets instead
+    # of this message; the rest of the message the proxy acknowledges.
+    return [Send(True, close), Send(False, end), *_acked(adapter, p, len(frame.data) - len(end))]
 
 
 def _acked(adapter: DcpAdapter, p: Packet, nbytes: int) -> list[Send]:
