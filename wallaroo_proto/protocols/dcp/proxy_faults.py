@@ -3,14 +3,14 @@
 The adapter cuts each direction into memcached binary packets with the codec's
 ``PacketSplitter`` and names their fields as ``dissect`` does. The proxy's client is
 the consumer (it connects to the producer's KV port). The adapter keeps what later
-packets need from earlier ones: each stream request's vbucket by its opaque (a
-response carries no vbucket), whether flow control is on, the last bucket config
-the producer gave, and the streams a fault ended. Sans-IO, as ``proxy.faultkit`` asks.
+packets need from earlier ones: the vbucket of each stream, close-stream and
+failover-log request by its opaque (their answers carry none, so they get it as a
+field), whether flow control is on, each vbucket's newest uuid, and the streams a
+fault ended. Sans-IO, as ``proxy.faultkit`` asks.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,8 +19,9 @@ from wallaroo_proto.proxy.faultkit import FaultError, Frame, NamedFault, Send
 from . import codec
 from .codec import Packet, PacketSplitter, ProtocolError, decode_packet
 from .core import CONSUMER, PRODUCER
+from .dissect import message_fields
 
-#: Stream requests (and close-stream requests) remembered by opaque at most; the oldest go first.
+#: Requests awaiting their answer remembered by opaque at most; the oldest go first.
 MAX_OPAQUES = 4096
 #: A vbucket id no bucket has (at most 1024): a producer answers NOT_MY_VBUCKET for it.
 NO_VBUCKET = 0xFFFF
@@ -35,10 +36,8 @@ class DcpAdapter:
         self._splitters = {True: PacketSplitter(), False: PacketSplitter()}
         #: A direction whose bytes stopped being packets: each later read passes as one frame.
         self._raw = {True: False, False: False}
-        #: The client's stream and close-stream requests: opaque -> (opcode, vbucket).
+        #: The client's requests that name a vbucket, until answered: opaque -> (opcode, vbucket).
         self.requests: dict[int, tuple[int, int]] = {}
-        #: Open streams by opaque: their vbucket.
-        self.streams: dict[int, int] = {}
         #: Is ``connection_buffer_size`` above 0 (asked by the client, and not refused)?
         self.flow_control = False
         self._buffer_opaque: int | None = None
@@ -76,7 +75,7 @@ class DcpAdapter:
         try:
             p = decode_packet(frame)
             msg = codec.parse(p)
-        except (ProtocolError, ValueError, IndexError):
+        except (ValueError, IndexError):  # ProtocolError is a ValueError
             record["type"] = "INVALID"
             return record
         record["type"] = p.name if p.is_request else f"{p.name}_RESPONSE"
@@ -92,12 +91,12 @@ class DcpAdapter:
         sid = codec.stream_id_of(p)
         if sid is not None:
             record["dcp_stream_id"] = sid
-        _message_fields(record, msg, p)
+        message_fields(record, p, msg)
         self._follow(p, msg, from_client, record)
         return record
 
     def _follow(self, p: Packet, msg: Any, from_client: bool, record: dict[str, Any]) -> None:
-        """What later packets need: a stream's vbucket, flow control, the bucket config."""
+        """What later packets need: a request's vbucket, flow control, a vbucket's uuid."""
         if from_client and p.is_request:
             if p.opcode in (codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG):
                 self._remember(self.requests, p.opaque, (p.opcode, p.vbucket))
@@ -105,11 +104,7 @@ class DcpAdapter:
                 self._buffer_opaque = p.opaque
                 self._buffer_size = int(msg.value) if msg.value.isdigit() else 0
             return
-        if p.is_request:
-            if p.opcode == codec.STREAM_END:
-                self.streams.pop(p.opaque, None)
-            return
-        if from_client:
+        if p.is_request or from_client:
             return
         if p.opaque in self.closing:
             record["vbucket"] = self.closing[p.opaque]
@@ -117,16 +112,10 @@ class DcpAdapter:
         if p.opcode == codec.CONTROL and p.opaque == self._buffer_opaque:
             self.flow_control = p.status == codec.SUCCESS and self._buffer_size > 0
         asked = self.requests.pop(p.opaque, None)
-        if asked is None:
-            return
-        opcode, vbucket = asked
-        record["vbucket"] = vbucket
-        if isinstance(msg, codec.Response) and msg.failover_log:
-            self.vb_uuids[vbucket] = msg.failover_log[0][0]
-        if opcode == codec.STREAM_REQ and p.status == codec.SUCCESS:
-            self._remember(self.streams, p.opaque, vbucket)
-        elif opcode == codec.CLOSE_STREAM:
-            self.streams.pop(p.opaque, None)
+        if asked is not None:
+            record["vbucket"] = asked[1]
+            if msg.failover_log:
+                self.vb_uuids[asked[1]] = msg.failover_log[0][0]
 
     @staticmethod
     def _remember(table: dict, key: int, value: Any) -> None:
@@ -138,7 +127,6 @@ class DcpAdapter:
     def close_stream(self, vbucket: int, opaque: int, sid: int | None) -> bytes:
         """The close-stream request the proxy sends upstream for a stream it ended."""
         self.ended.add(opaque)
-        self.streams.pop(opaque, None)
         ours = self._next_opaque
         self._next_opaque = PROXY_OPAQUE | ((self._next_opaque + 1) & 0xFFFF)
         self._remember(self.closing, ours, vbucket)
@@ -166,53 +154,6 @@ class DcpAdapter:
 
 def adapter() -> DcpAdapter:
     return DcpAdapter()
-
-
-# ---------------------------------------------------------------------- fields, as dissect names them
-
-
-def _message_fields(record: dict[str, Any], msg: Any, p: Packet) -> None:
-    if isinstance(msg, codec.Response):
-        if msg.rollback_seqno is not None:
-            record["rollback_seqno"] = msg.rollback_seqno
-        if msg.failover_log:
-            record["vb_uuid"] = msg.failover_log[0][0]
-        if msg.value and p.datatype & codec.DATATYPE_JSON:
-            _json_fields(record, p.opcode, msg.value)
-        return
-    for name in ("seqno", "rev_seqno"):
-        got = getattr(msg, name, None)
-        if got is not None:
-            record[name] = got
-    if isinstance(msg, codec.SnapshotMarker):
-        record["snap_start"], record["snap_end"], record["snap_flags"] = msg.start, msg.end, msg.flags
-    elif isinstance(msg, codec.StreamReq):
-        record["start_seqno"], record["end_seqno"] = msg.start, msg.end
-        record["snap_start"], record["snap_end"] = msg.snap_start, msg.snap_end
-        record["vb_uuid"] = msg.vbucket_uuid
-    elif isinstance(msg, codec.StreamEnd):
-        record["end_reason"] = msg.reason_name
-    elif isinstance(msg, codec.BufferAck):
-        record["ack_bytes"] = msg.nbytes
-    elif isinstance(msg, codec.Control):
-        record["control_key"], record["control_value"] = msg.key, msg.value
-    elif isinstance(msg, codec.Open):
-        record["dcp_key"] = msg.name
-    elif isinstance(msg, codec.ErrorMapReq):
-        record["error_map_version"] = msg.version
-
-
-def _json_fields(record: dict[str, Any], opcode: int, value: bytes) -> None:
-    try:
-        obj = json.loads(value)
-    except ValueError:
-        return
-    if not isinstance(obj, dict):
-        return
-    if opcode == codec.GET_ERROR_MAP:
-        record["error_map_version"], record["error_map_revision"] = obj.get("version"), obj.get("revision")
-    elif "nodeLocator" in obj:
-        record["config_rev"] = obj.get("rev")
 
 
 # ---------------------------------------------------------------------- rewriting, field by field
