@@ -189,3 +189,46 @@ def test_a_stream_ended_too_slow_is_reopened_by_the_client_and_nothing_is_lost(
         and "vb=2" in ended_too_slow
         and "reason=too_slow" in ended_too_slow
     )
+
+
+def test_a_not_my_vbucket_carries_the_producers_cluster_map_and_the_client_asks_again(
+    classpath,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    state, log = tmp_path / "p.json", tmp_path / "client.log"
+    recording = tmp_path / "proxy.pcapng"
+    rule = "not-my-vbucket type=DCP_STREAM_REQ where='vbucket == 1' count=1"
+    args = ("--vbuckets", "4", "--items", "60", "--state", str(state), "--format", "json")
+    with behind_proxy(args, "--fault", rule, "--record", str(recording)) as (producer, proxy):
+        rc, events = stream(classpath, proxy, *LOGIN, log=log)
+        code, stdout, stderr = proxy.stop()
+        _, produced, _ = producer.stop()
+    # The client read the cluster map in the answer's body, asked again, and got every item once.
+    assert rc == 0, events[-5:]
+    assert sorted((e[1], e[2]) for e in events if e[0] == "END") == [(str(vb), "OK") for vb in range(4)]
+    items = items_of(events)
+    assert len(items) == len(set(items))
+    assert live_keys(events) == producer_keys(state)
+    client = log.read_text()
+    assert "Received bucket config from NotMyVbucket" in client
+    assert "Rescheduling Stream Start for vbid 1 due to" in client
+    # The producer answered NOT_MY_VBUCKET once (to the request for vbucket 0xffff).
+    sent = json.loads(produced.splitlines()[-1])
+    assert sent["not_my_vbucket"] == 1 and not sent["violations"]
+    # The proxy: one fault line, no violation.
+    assert code == 0, stderr
+    faults = [line.split(" fault ", 1)[1] for line in stderr.splitlines() if " fault " in line]
+    assert len(faults) == 1 and re.fullmatch(
+        r"not-my-vbucket at client→upstream frame \d+ DCP_STREAM_REQ: not-my-vbucket: "
+        r"72 bytes to the upstream",
+        faults[0],
+    ), faults
+    assert "violation" not in stderr.lower()
+    assert f"fault --fault {rule!r}: matched 2, applied 1" in " ".join(stdout.split())
+    # The recording: the request for vbucket 0xffff on the producer's side, and the same answer,
+    # the cluster map (rev 1) in its body, on both.
+    asked = run_cli("dissect", str(recording), "-Y", "vbucket == 65535 or status == NOT_MY_VBUCKET")
+    assert asked.returncode == 0, asked.stderr
+    request, *answers = asked.stdout.splitlines()
+    assert "DCP_STREAM_REQ\t" in request and "vb=65535" in request
+    assert len(answers) == 2 and all("status=NOT_MY_VBUCKET" in a and "config_rev=1" in a for a in answers)
