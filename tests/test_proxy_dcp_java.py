@@ -232,3 +232,42 @@ def test_a_not_my_vbucket_carries_the_producers_cluster_map_and_the_client_asks_
     request, *answers = asked.stdout.splitlines()
     assert "DCP_STREAM_REQ\t" in request and "vb=65535" in request
     assert len(answers) == 2 and all("status=NOT_MY_VBUCKET" in a and "config_rev=1" in a for a in answers)
+
+
+def test_withheld_buffer_acks_stall_the_producer_at_its_window(
+    classpath,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    state, recording = tmp_path / "p.json", tmp_path / "proxy.pcapng"
+    args = ("--vbuckets", "4", "--items", "100", "--state", str(state), "--format", "json")
+    with behind_proxy(args, "--fault", "stall-buffer-ack", "--record", str(recording)) as (producer, proxy):
+        # The client waits 20 s after it starts streaming for what never comes, then gives up.
+        rc, events = stream(classpath, proxy, *LOGIN, timeout=20)
+        code, stdout, stderr = proxy.stop()
+        _, produced, _ = producer.stop()
+    # The client got the producer's window's worth and then nothing: no stream ended.
+    assert rc == 3 and events[-1] == ["TIMEOUT", "4"], events[-5:]
+    items = items_of(events)
+    assert items and not [e for e in events if e[0] == "END"]
+    sent = json.loads(produced.splitlines()[-1])
+    assert sent["items_sent"] == len(items) < 400 and not sent["violations"]
+    # Each side as recorded: the client acknowledged, the producer heard none of it, and its
+    # window (2000 bytes) filled and stayed full.
+    records = run_cli("dissect", str(recording), "--summary", "--format", "json")
+    assert records.returncode == 0, records.stderr
+    summaries = [entry["summary"] for entry in json.loads(records.stdout)]
+    client_side = [s for s in summaries if " > 127.0.0.1:" in s["connection"]]  # to the proxy
+    producer_side = [s for s in summaries if " > 127.0.0.2:" in s["connection"]]
+    acks = sum(s["packets_by_type"].get("DCP_BUFFER_ACKNOWLEDGEMENT", 0) for s in client_side)
+    assert acks >= 1 and not any("DCP_BUFFER_ACKNOWLEDGEMENT" in s["packets_by_type"] for s in producer_side)
+    streaming = [s for s in producer_side if s["streams"]]
+    assert len(streaming) == 1 and streaming[0]["acked_bytes"] == 0
+    assert streaming[0]["flow_control_stalls"] >= 1 and streaming[0]["buffer_size"] == 2000
+    # The proxy: each acknowledgement a fault line, and no violation.
+    assert code == 0, stderr
+    faults = [line.split(" fault ", 1)[1] for line in stderr.splitlines() if " fault " in line]
+    assert len(faults) == acks and all(
+        re.fullmatch(r"stall-buffer-ack at client→upstream frame \d+ DCP_BUFFER_ACKNOWLEDGEMENT: dropped", f)
+        for f in faults
+    ), faults
+    assert "violation" not in stderr.lower()
