@@ -271,6 +271,14 @@ def test_stall_buffer_ack_withholds_every_acknowledgement_and_nothing_else():
     assert [s for s in steps if type(s) is Send] == [Send(True, CONTROL)]
 
 
+def test_a_rewrite_rule_changes_the_field_as_the_frame_passes():
+    rules = parse_rules(["rewrite type=DCP_MUTATION field=seqno value=99 count=1"], [], "dcp")
+    shaper = ConnectionFaults(rules, "dcp")
+    steps = shaper.feed(False, MUTATION + MUTATION)
+    rewritten = MUTATION[:24] + bytes.fromhex("0000000000000063") + MUTATION[32:]
+    assert [s for s in steps if type(s) is Send] == [Send(False, rewritten), Send(False, MUTATION)]
+
+
 def test_named_faults_parse_as_rules_with_their_params():
     rules = parse_rules(
         ["rollback type=DCP_STREAM_REQ where=vbucket==2 count=1 seqno=5", "stream-end reason=too_slow"],
