@@ -26,11 +26,17 @@ def hexes(*parts: str) -> bytes:
     return bytes.fromhex("".join(parts).replace(" ", ""))
 
 
-# The client asks vbucket 2 for a stream from 0 to the end of time, opaque 9.
+# The client asks vbucket 2 for a stream from 0 to the end of time, opaque 9, knowing no uuid.
 STREAM_REQ = hexes(
     "80 53 0000 30 00 0002 00000030 00000009", CAS0,
     "00000000 00000000", "0000000000000000", FOREVER,
     "0000000000000000", "0000000000000000", "0000000000000000",
+)  # fmt: skip
+# The same from seqno 50 (a snapshot 50..50) of vbucket uuid 0x1122334455667788, as a client resumes.
+RESUME_REQ = hexes(
+    "80 53 0000 30 00 0002 00000030 00000009", CAS0,
+    "00000000 00000000", "0000000000000032", FOREVER,
+    "1122334455667788", "0000000000000032", "0000000000000032",
 )  # fmt: skip
 # The producer accepts: failover log of one entry (uuid 0x1122334455667788, seqno 0).
 STREAM_OK = hexes("81 53 0000 00 00 0000 00000010 00000009", CAS0, "1122334455667788 0000000000000000")
@@ -192,7 +198,7 @@ def test_dcp_has_no_error_frame():
 
 def test_rollback_to_0_asks_the_producer_with_a_uuid_no_failover_log_holds():
     a = adapter()
-    sends = NAMED_FAULTS["rollback"].act(frame(STREAM_REQ, True, a), {"seqno": 0}, a)
+    sends = NAMED_FAULTS["rollback"].act(frame(RESUME_REQ, True, a), {"seqno": 0}, a)
     # The same request from 1, in a snapshot 0..forever, of vbucket uuid 0.
     want = hexes(
         "80 53 0000 30 00 0002 00000030 00000009", CAS0,
@@ -209,7 +215,8 @@ def test_rollback_to_a_seqno_uses_the_uuid_the_producer_gave():
     failover_log = hexes("81 54 0000 00 00 0000 00000010 00000004", CAS0, "1122334455667788 0000000000000000")
     a.fields(failover_req, True)
     a.fields(failover_log, False)
-    sends = NAMED_FAULTS["rollback"].act(frame(STREAM_REQ, True, a), {"seqno": 40}, a)
+    sends = NAMED_FAULTS["rollback"].act(frame(RESUME_REQ, True, a), {"seqno": 40}, a)
+    # From 41, in a snapshot 40..forever, of the uuid the failover log gave.
     want = hexes(
         "80 53 0000 30 00 0002 00000030 00000009", CAS0,
         "00000000 00000000", "0000000000000029", FOREVER, "1122334455667788", "0000000000000028", FOREVER,
@@ -217,9 +224,17 @@ def test_rollback_to_a_seqno_uses_the_uuid_the_producer_gave():
     assert sends == [Send(True, want)]
     assert needs_rollback(41, 0x1122334455667788, 40, codec.FOREVER, [(0x1122334455667788, 0)], 100) == 40
     with pytest.raises(FaultError, match="needs vbucket 2's uuid"):
-        NAMED_FAULTS["rollback"].act(frame(STREAM_REQ, True), {"seqno": 40}, adapter())
+        NAMED_FAULTS["rollback"].act(frame(RESUME_REQ, True), {"seqno": 40}, adapter())
+
+
+def test_rollback_refuses_what_no_producer_would_answer():
+    act = NAMED_FAULTS["rollback"].act
+    with pytest.raises(FaultError, match="seqno 51 is past the request's start 50"):
+        act(frame(RESUME_REQ, True), {"seqno": 51}, adapter())
+    with pytest.raises(FaultError, match="a request from seqno 0 with no vbucket uuid is never rolled back"):
+        act(frame(STREAM_REQ, True), {"seqno": 0}, adapter())
     with pytest.raises(FaultError, match="acts at stream requests, not at DCP_MUTATION"):
-        NAMED_FAULTS["rollback"].act(frame(MUTATION, False, a), {"seqno": 0}, a)
+        act(frame(MUTATION, False), {"seqno": 0}, adapter())
 
 
 def test_not_my_vbucket_asks_the_producer_for_a_vbucket_no_bucket_has():

@@ -286,6 +286,10 @@ def _rollback(frame: Frame, params: Mapping[str, Any], adapter: DcpAdapter) -> l
     of uuid 0, which no failover log holds)."""
     seqno = _uint(params["seqno"], 64, "seqno")
     p, req = _stream_req(frame)
+    if req.start == 0 and req.vbucket_uuid == 0:
+        raise FaultError("a request from seqno 0 with no vbucket uuid is never rolled back")
+    if seqno > req.start:
+        raise FaultError(f"seqno {seqno} is past the request's start {req.start}: a rollback goes back")
     if seqno == 0:
         uuid = 0
     elif p.vbucket in adapter.vb_uuids:
@@ -295,8 +299,6 @@ def _rollback(frame: Frame, params: Mapping[str, Any], adapter: DcpAdapter) -> l
             f"seqno {seqno} needs vbucket {p.vbucket}'s uuid, and the producer has not given its "
             "failover log on this connection yet (seqno 0 needs none)"
         )
-    if seqno >= codec.FOREVER - 1:
-        raise FaultError(f"seqno {seqno} leaves no room for a stream request after it")
     changed = codec.StreamReq(req.flags, seqno + 1, codec.FOREVER, uuid, seqno, codec.FOREVER, req.json)
     return _instead(p, changed)
 
