@@ -1,0 +1,206 @@
+"""The MultiLangDaemon's lines for the proxy's fault rules: frames, fields, rewrites, named faults.
+
+Golden lines are the MLD's (Jackson, compact) and kclpy's (``json.dumps``, each line
+wrapped in blank lines) exactly as docs/protocols notes show them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from wallaroo_proto.display_filter import compile_filter
+from wallaroo_proto.protocols.kinesis.proxy_faults import NAMED_FAULTS, adapter
+from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
+
+INITIALIZE = (
+    b'{"action":"initialize","shardId":"shardId-000000000001",'
+    b'"sequenceNumber":"TRIM_HORIZON","subSequenceNumber":0}\n'
+)
+STATUS_INIT = b'\n{"action": "status", "responseFor": "initialize"}\n'
+PROCESS = (
+    b'{"action":"processRecords","records":[{"data":"a2l0dGVu","partitionKey":"some cats",'
+    b'"sequenceNumber":"4955","approximateArrivalTimestamp":1700000000123,"subSequenceNumber":0,'
+    b'"action":"record"}],"millisBehindLatest":0}\n'
+)
+CHECKPOINT = b'\n{"action": "checkpoint", "sequenceNumber": "4955", "subSequenceNumber": 0}\n'
+REPLY = b'{"action":"checkpoint","sequenceNumber":"4955","subSequenceNumber":0,"error":null}\n'
+REPLY_THROTTLED = (
+    b'{"action":"checkpoint","sequenceNumber":"4955","subSequenceNumber":0,"error":"ThrottlingException"}\n'
+)
+STATUS_RECORDS = b'\n{"action": "status", "responseFor": "processRecords"}\n'
+
+#: One shard's conversation, daemon (the proxy's client here, as erlmld's socat) first.
+CONVERSATION = [
+    (True, INITIALIZE),
+    (False, STATUS_INIT),
+    (True, PROCESS),
+    (False, CHECKPOINT),
+    (True, REPLY),
+    (False, STATUS_RECORDS),
+]
+
+
+def run(conversation, daemon_is_client: bool = True):
+    """Each line through a fresh adapter: (frames, fields) per line, in order."""
+    a = adapter()
+    out = []
+    for from_daemon, data in conversation:
+        from_client = from_daemon == daemon_is_client
+        frames = a.frames(from_client, data)
+        out.append([(f, a.fields(f, from_client)) for f in frames])
+    return a, out
+
+
+@pytest.mark.parametrize("daemon_is_client", [True, False])
+def test_each_line_is_one_frame_and_kclpy_blank_lines_open_the_next(daemon_is_client):
+    _, out = run(CONVERSATION, daemon_is_client)
+    # kclpy's blank line before its JSON comes out with that JSON's line, as one frame.
+    assert [[f for f, _ in frames] for frames in out] == [[line] for _, line in CONVERSATION]
+    fields = [f for frames in out for _, f in frames]
+    assert [(f["type"], f["sender"]) for f in fields] == [
+        ("initialize", "daemon"),
+        ("status", "processor"),
+        ("processRecords", "daemon"),
+        ("checkpoint", "processor"),
+        ("checkpoint", "daemon"),
+        ("status", "processor"),
+    ]
+    assert fields[0]["shard_id"] == "shardId-000000000001"
+    assert fields[0]["sequence_number"] == "TRIM_HORIZON" and fields[0]["sub_sequence_number"] == 0
+    assert fields[1]["response_for"] == "initialize"
+    assert fields[2]["record_count"] == 1 and fields[2]["sequence_number"] == "4955"
+    assert fields[2]["millis_behind_latest"] == 0
+    assert "checkpoint_error" not in fields[3]  # a request has no error; only the daemon's reply does
+    assert fields[4]["checkpoint_error"] is None
+    assert all(f["verdict"] == "accepted" for f in fields)
+
+
+def test_a_line_that_is_no_message_is_named_as_dissect_names_it():
+    _, out = run([(True, INITIALIZE), (False, b"a debug print\n"), (True, b"not json\n")])
+    assert [f["type"] for frames in out for _, f in frames] == ["initialize", "SKIPPED", "INVALID"]
+
+
+def test_lines_split_anywhere_and_ended_by_crlf_or_a_bare_cr():
+    a = adapter()
+    assert a.frames(True, INITIALIZE[:10]) == []
+    assert a.frames(True, INITIALIZE[10:]) == [INITIALIZE]
+    # \r\n and a bare \r both end a line, as BufferedReader.readLine has it
+    data = b'{"action": "status", "responseFor": "initialize"}\r\n{"action": "checkpoint"}\r'
+    got = a.frames(False, data)
+    assert got == [
+        b'{"action": "status", "responseFor": "initialize"}\r\n',
+        b'{"action": "checkpoint"}\r',
+    ]
+    assert [a.fields(f, False)["type"] for f in got] == ["status", "checkpoint"]
+
+
+def test_a_line_ended_by_a_cr_goes_on_at_once_and_its_lf_opens_the_next_frame():
+    # A frame is never held back for a byte that may not come (a bare \r ends a line too).
+    a = adapter()
+    a.frames(True, INITIALIZE)
+    assert a.frames(False, b'{"action": "status", "responseFor": "initialize"}\r') == [
+        b'{"action": "status", "responseFor": "initialize"}\r'
+    ]
+    assert a.frames(False, b'\n{"action": "checkpoint"}\n') == [b'\n{"action": "checkpoint"}\n']
+
+
+def frame_of(a, from_client: bool, data: bytes) -> Frame:
+    (got,) = a.frames(from_client, data)
+    return Frame(got, from_client, a.fields(got, from_client))
+
+
+def test_checkpoint_error_sends_the_daemons_reply_with_the_error_instead():
+    a, _ = run(CONVERSATION[:4])
+    reply = frame_of(a, True, REPLY)
+    fault = NAMED_FAULTS["checkpoint-error"]
+    assert compile_filter(fault.where)(dict(reply.fields))
+    sent = fault.act(reply, {"error": "ThrottlingException"}, a)
+    assert sent == [Send(True, REPLY_THROTTLED)]  # on toward the processor, the upstream here
+    sent = fault.act(reply, {"error": "ShutdownException"}, a)
+    assert sent[0].data == REPLY_THROTTLED.replace(b"ThrottlingException", b"ShutdownException")
+
+
+def test_checkpoint_error_matches_only_the_daemons_reply():
+    _, out = run(CONVERSATION)
+    match = compile_filter(NAMED_FAULTS["checkpoint-error"].where)
+    assert [f["type"] for frames in out for _, f in frames if match(f)] == ["checkpoint"]
+    assert [f["sender"] for frames in out for _, f in frames if match(f)] == ["daemon"]
+
+
+def test_delay_status_is_the_generic_delay_at_status_lines():
+    fault = NAMED_FAULTS["delay-status"]
+    assert fault.action == "delay" and fault.act is None and fault.params["ms"] == (int, 500)
+    _, out = run(CONVERSATION)
+    match = compile_filter(fault.where)
+    assert [f["response_for"] for frames in out for _, f in frames if match(f)] == [
+        "initialize",
+        "processRecords",
+    ]
+
+
+def test_a_rewrite_keeps_the_senders_style_and_blank_lines():
+    a, _ = run(CONVERSATION[:5])
+    status = frame_of(a, False, STATUS_RECORDS)
+    assert a.rewrite(status, "response_for", "initialize") == STATUS_INIT
+    a, _ = run(CONVERSATION[:1])
+    a.frames(False, b"\n")
+    crlf = frame_of(a, False, b'{"action": "status", "responseFor": "initialize"}\r\n')
+    assert a.rewrite(crlf, "type", "checkpoint") == (
+        b'\n{"action": "checkpoint", "responseFor": "initialize"}\r\n'
+    )
+
+
+def test_a_v1_checkpoint_rewrites_its_checkpoint_field():
+    a = adapter()
+    a.frames(True, b'{"action":"initialize","shardId":"shardId-000000000001"}\n')
+    v1 = frame_of(a, True, b'{"action":"checkpoint","checkpoint":"4955","error":null}\n')
+    assert a.rewrite(v1, "sequence_number", "5000") == (
+        b'{"action":"checkpoint","checkpoint":"5000","error":null}\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "field_name", "message"),
+    [
+        (INITIALIZE, "record_count", "cannot be rewritten in an MLD line; these can: type, checkpoint_error"),
+        (INITIALIZE, "checkpoint_error", "checkpoint_error is not a field of a 'initialize' line"),
+        (b"not json\n", "type", "line 1 is no JSON object: nothing to rewrite"),
+    ],
+)
+def test_a_rewrite_that_cannot_be_done_says_why(line, field_name, message):
+    a = adapter()
+    frame = frame_of(a, True, line)
+    with pytest.raises(FaultError, match=message):
+        a.rewrite(frame, field_name, "x")
+
+
+def test_there_is_no_error_message_for_strict():
+    assert adapter().error_frame("any", to_client=True) is None
+
+
+LINES = st.lists(
+    st.sampled_from([INITIALIZE, PROCESS, REPLY, b"\n", b"\r\n", b"junk\r", b'{"action":"leaseLost"}\n']),
+    max_size=12,
+)
+
+
+@given(LINES, st.lists(st.integers(1, 64), max_size=40))
+def test_any_chunking_gives_the_same_lines_and_every_byte_of_them(lines, cuts):
+    data = b"".join(lines)
+    whole = adapter().frames(True, data)
+    a = adapter()
+    pieces, pos = [], 0
+    for cut in cuts:
+        pieces += a.frames(True, data[pos : pos + cut])
+        pos += cut
+    pieces += a.frames(True, data[pos:])
+    # Every byte up to the last line end is in a frame, in order: none lost, none repeated...
+    for frames in (whole, pieces):
+        framed = b"".join(frames)
+        assert framed == data[: len(framed)]
+        rest = data[len(framed) :].lstrip(b"\r\n")  # a processor's blank lines wait for their line
+        assert b"\r" not in rest and b"\n" not in rest
+    # ...and the lines are the same, however the bytes came (only where a \r\n's \n goes may differ).
+    assert [f.strip(b"\r\n") for f in pieces] == [f.strip(b"\r\n") for f in whole]
