@@ -1,0 +1,231 @@
+"""Tremor's WebSocket for the proxy's fault rules: frames, fields, rewrites, the named close.
+
+Golden bytes are RFC 6455's examples (the opening handshake's key and accept, the
+masked "Hello" with key 37fa213d) and frames written by hand from its header layout;
+a masking key of zero leaves a client's payload readable in the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from wsproto.frame_protocol import FrameProtocol, Opcode
+
+from wallaroo_proto.display_filter import compile_filter
+from wallaroo_proto.protocols.tremor.proxy_faults import NAMED_FAULTS, adapter
+from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
+
+REQUEST = (
+    b"GET / HTTP/1.1\r\nHost: 127.0.0.1:9899\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+)
+RESPONSE = (
+    b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"
+)
+ZERO_KEY = b"\x00\x00\x00\x00"
+
+
+def server_text(text: bytes) -> bytes:
+    """A short FIN text frame from the node: 0x81, its 7-bit length, the text (no mask)."""
+    assert len(text) < 126
+    return bytes((0x81, len(text))) + text
+
+
+def client_text(text: bytes) -> bytes:
+    """The same from the client: the mask bit set, a zero key, so the text is as sent."""
+    assert len(text) < 126
+    return bytes((0x81, 0x80 | len(text))) + ZERO_KEY + text
+
+
+VERSION = server_text(b'{"tremor":{"version":"0.10.2"}}')
+CONNECT = client_text(b'{"tremor":{"connect":{"protocol":"echo"}}}')
+CONNECT_ACK = server_text(b'{"tremor":{"connect-ack":{"protocol":"echo","alias":"echo"}}}')
+BEEP = client_text(b'{"echo":"beep"}')
+BEEP_BACK = server_text(b'{"echo":"beep"}')
+
+#: (from the client, bytes as they came), one echo session.
+SESSION = [
+    (True, REQUEST),
+    (False, RESPONSE + VERSION),  # the node pushes its version right after its 101
+    (True, CONNECT),
+    (False, CONNECT_ACK),
+    (True, BEEP),
+    (False, BEEP_BACK),
+]
+
+
+def run(session):
+    a = adapter()
+    out = []
+    for from_client, data in session:
+        for f in a.frames(from_client, data):
+            out.append(Frame(f, from_client, a.fields(f, from_client)))
+    return a, out
+
+
+def test_the_heads_and_each_websocket_frame_are_frames_named_as_dissect_names_them():
+    _, frames = run(SESSION)
+    assert [f.data for f in frames] == [REQUEST, RESPONSE, VERSION, CONNECT, CONNECT_ACK, BEEP, BEEP_BACK]
+    assert [(f.fields["type"], f.fields["sender"]) for f in frames] == [
+        ("UPGRADE_REQUEST", "client"),
+        ("UPGRADE_RESPONSE", "server"),
+        ("version-info", "server"),
+        ("connect", "client"),
+        ("connect-ack", "server"),
+        ("echo", "client"),
+        ("echo", "server"),
+    ]
+    assert frames[0].fields["http_target"] == "/" and frames[1].fields["http_status"] == 101
+    connect = frames[3].fields
+    assert (connect["ws_opcode"], connect["ws_fin"], connect["ws_masked"]) == (1, True, True)
+    assert (connect["ws_length_bits"], connect["ws_payload_len"]) == (7, 42)
+    assert connect["alias"] == "echo" and connect["tremor_protocol"] == "echo"
+    assert connect["message_json"] == '{"tremor":{"connect":{"protocol":"echo"}}}'
+    assert frames[6].fields["ws_masked"] is False
+
+
+def test_bytes_one_at_a_time_give_the_same_frames():
+    whole = [f.data for f in run(SESSION)[1]]
+    a = adapter()
+    got = []
+    for from_client, data in SESSION:
+        for i in range(len(data)):
+            got += a.frames(from_client, data[i : i + 1])
+    assert got == whole
+
+
+def test_a_fragmented_message_is_named_at_its_last_frame():
+    # RFC 6455 5.4: a first frame without FIN, then a continuation with FIN.
+    first = b"\x01\x08" + b'{"echo":'
+    last = b"\x80\x07" + b'"beep"}'
+    _, frames = run([*SESSION[:4], (False, first + last)])
+    assert [f.fields["type"] for f in frames[-2:]] == ["TEXT", "echo"]
+    assert frames[-1].fields["message_json"] == '{"echo":"beep"}'
+
+
+def test_a_refused_upgrade_leaves_the_rest_unframed():
+    a, _ = run(SESSION[:1])
+    refusal = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\n"
+    assert a.frames(False, refusal) == [refusal]
+    assert a.fields(refusal, False) == {"type": "UPGRADE_RESPONSE", "sender": "server", "http_status": 403}
+    with pytest.raises(ValueError, match="refused"):
+        a.frames(False, b"no")
+
+
+def test_the_close_fault_sends_a_close_with_the_status_to_the_frames_receiver():
+    fault = NAMED_FAULTS["close"]
+    assert fault.direction == "client" and fault.params["status"] == (int, 1011)
+    _, frames = run(SESSION)
+    match = compile_filter(fault.where)
+    assert [f.fields["type"] for f in frames if match(dict(f.fields))] == [
+        "version-info",
+        "connect",
+        "connect-ack",
+        "echo",
+        "echo",
+    ]
+    a = adapter()
+    # To the client: a node's close, unmasked: 88, length 5, status 1011 (03 f3), "bye".
+    sent = fault.act(frames[6], {"status": 1011, "reason": "bye"}, a)
+    assert sent == [Send(False, b"\x88\x05\x03\xf3bye")]
+    # To the node: a client's close, masked with a fresh key.
+    (send,) = fault.act(frames[5], {"status": 4000, "reason": ""}, a)
+    assert send.to_upstream and send.data[:2] == b"\x88\x82"
+    key = send.data[2:6]
+    assert bytes(b ^ key[i] for i, b in enumerate(send.data[6:])) == b"\x0f\xa0"  # 4000
+
+
+def test_a_close_reason_is_cut_to_fit_a_control_frame_at_a_character():
+    (send,) = NAMED_FAULTS["close"].act(run(SESSION)[1][6], {"status": 1000, "reason": "é" * 100}, adapter())
+    # 125 bytes at most: the status's 2 and 61 "é" of 2 bytes (a 62nd would need 2 more than fit).
+    assert send.data == b"\x88\x7c\x03\xe8" + "é".encode() * 61
+
+
+def test_rewriting_a_masked_frame_masks_it_again_with_its_key():
+    a, _ = run(SESSION[:2])
+    hello = b"\x81\x85\x37\xfa\x21\x3d\x7f\x9f\x4d\x51\x58"  # RFC 6455 5.7: masked "Hello"
+    (data,) = a.frames(True, hello)
+    frame = Frame(data, True, a.fields(data, True))
+    assert frame.fields["type"] == "INVALID"  # not a Tremor message
+    # "Hellp": the last byte 'p' (70) masked with the key's first byte (37) is 47.
+    assert a.rewrite(frame, "message_json", "Hellp") == b"\x81\x85\x37\xfa\x21\x3d\x7f\x9f\x4d\x51\x47"
+
+
+def test_rewriting_a_close_code_keeps_its_reason_and_its_mask():
+    a, _ = run(SESSION[:2])
+    # A client's close 1000 masked with 37fa213d: 03^37 = 34, e8^fa = 12.
+    (data,) = a.frames(True, b"\x88\x82\x37\xfa\x21\x3d\x34\x12")
+    frame = Frame(data, True, a.fields(data, True))
+    assert frame.fields["ws_close_code"] == 1000
+    # 1001 is 03 e9: e9^fa = 13.
+    assert a.rewrite(frame, "ws_close_code", 1001) == b"\x88\x82\x37\xfa\x21\x3d\x34\x13"
+    (data,) = a.frames(False, b"\x88\x04\x03\xe8ok")
+    frame = Frame(data, False, a.fields(data, False))
+    assert a.rewrite(frame, "ws_close_code", 1011) == b"\x88\x04\x03\xf3ok"
+
+
+def test_rewriting_an_error_closes_status_writes_the_prototypes_text_for_it():
+    before = b'{"tremor":{"close":"0.207: Protocol session not connected error"}}'
+    after = b'{"tremor":{"close":"0.203: Protocol operation expected a record"}}'
+    _, frames = run([*SESSION[:2], (False, server_text(before))])
+    assert frames[-1].fields["type"] == "error-close" and frames[-1].fields["status_code"] == "0.207"
+    assert adapter().rewrite(frames[-1], "status_code", "0.203") == server_text(after)
+
+
+@pytest.mark.parametrize(
+    ("index", "field_name", "message"),
+    [
+        (0, "message_json", "UPGRADE_REQUEST is an HTTP head"),
+        (3, "ws_close_code", "of a CLOSE frame only"),
+        (3, "status_code", "in an error-close message only"),
+        (3, "alias", "these can: ws_close_code, status_code, message_json"),
+    ],
+)
+def test_a_rewrite_that_cannot_be_done_says_why(index, field_name, message):
+    _, frames = run(SESSION)
+    with pytest.raises(FaultError, match=message):
+        adapter().rewrite(frames[index], field_name, "x")
+
+
+def test_strict_closes_with_1002_and_the_reason():
+    a = adapter()
+    assert a.error_frame("bad", to_client=True) == b"\x88\x05\x03\xeabad"
+    masked = a.error_frame("bad", to_client=False)
+    assert masked[:2] == b"\x88\x85"
+    assert bytes(b ^ masked[2 + i % 4] for i, b in enumerate(masked[6:])) == b"\x03\xeabad"
+
+
+_OPCODES = st.sampled_from([Opcode.TEXT, Opcode.BINARY, Opcode.PING, Opcode.CLOSE])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    client=st.booleans(),
+    items=st.lists(st.tuples(_OPCODES, st.binary(max_size=70_000)), max_size=5),
+    cuts=st.lists(st.integers(1, 5000), max_size=30),
+)
+def test_frames_wsproto_writes_come_out_whole_whatever_the_chunking(client, items, cuts):
+    """wsproto's FrameProtocol serialises (masking a client's); each frame comes out as its own bytes."""
+    proto = FrameProtocol(client=client, extensions=[])
+    written = []
+    for opcode, payload in items:
+        if opcode in (Opcode.PING, Opcode.CLOSE):
+            written.append(proto._serialize_frame(opcode, payload[:125]))
+        else:
+            written.append(proto._serialize_frame(opcode, payload))
+    head = REQUEST if client else RESPONSE
+    wire = head + b"".join(written)
+    a = adapter()
+    if not client:
+        a.fields(*a.frames(True, REQUEST), True)
+    got, pos = [], 0
+    for cut in cuts:
+        got += a.frames(client, wire[pos : pos + cut])
+        pos += cut
+    got += a.frames(client, wire[pos:])
+    assert got == [head, *written]
+    assert [a.fields(f, client)["type"] for f in got][:1] == [
+        "UPGRADE_REQUEST" if client else "UPGRADE_RESPONSE"
+    ]
