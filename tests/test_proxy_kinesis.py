@@ -6,9 +6,14 @@ wrapped in blank lines) exactly as docs/protocols notes show them.
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support import Server, run_cli
 
 from wallaroo_proto.display_filter import compile_filter
 from wallaroo_proto.protocols.kinesis.proxy_faults import NAMED_FAULTS, adapter
@@ -204,3 +209,56 @@ def test_any_chunking_gives_the_same_lines_and_every_byte_of_them(lines, cuts):
         assert b"\r" not in rest and b"\n" not in rest
     # ...and the lines are the same, however the bytes came (only where a \r\n's \n goes may differ).
     assert [f.strip(b"\r\n") for f in pieces] == [f.strip(b"\r\n") for f in whole]
+
+
+# ----------------------------------------------------------------------------- real peers through the proxy
+
+
+def summary_of(result) -> dict:
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no summary (exit {result.returncode}): {result.stdout}\n{result.stderr}"
+    return json.loads(lines[-1])
+
+
+def proxied_run(tmp_path: Path, *proxy_args: str, daemon_args: tuple[str, ...] = ()):
+    """mock-daemon -> proxy -> mock-processor over loopback, as erlmld's socat connects the MLD to its node.
+
+    Returns the daemon's and the processor's JSON summaries and the proxy's (exit code, stdout, stderr).
+    """
+    recording = tmp_path / "proxy.pcap"
+    with Server(
+        "kinesis", "mock-processor", "--listen", "127.0.0.1:0", "--format", "json", "--retry-delay", "0"
+    ) as processor:
+        with Server(
+            "proxy", "--listen", "127.0.0.1:0", "--upstream", processor.address, "--record", str(recording),
+            *proxy_args,
+        ) as proxy:  # fmt: skip
+            daemon = run_cli(
+                *("kinesis", "mock-daemon", "--format", "json", "--connect", proxy.address),
+                *("--shards", "2", "--records", "100", "--batch-size", "30", "--shard-end", *daemon_args),
+                timeout=120,
+            )
+            proxied = proxy.stop()
+        code, out, err = processor.stop()
+    assert code == 0, err
+    return summary_of(daemon), json.loads(out.splitlines()[-1]), proxied, recording
+
+
+def proxy_summary_is_dissects(stdout: str, recording: Path) -> None:
+    """What the proxy printed after its ready line is ``dissect --summary`` of its own recording."""
+    dissected = run_cli("dissect", str(recording), "--summary")
+    assert dissected.returncode == 0, dissected.stderr
+    assert stdout.split("\n", 1)[1].strip() == dissected.stdout.strip()
+
+
+@pytest.mark.slow
+def test_the_mock_daemon_through_the_proxy_to_the_mock_processor(tmp_path):
+    daemon, processor, (code, stdout, stderr), recording = proxied_run(tmp_path)
+    assert code == 0, stderr
+    assert daemon["ok"] and daemon["records_delivered"] == 200
+    assert [s["checkpoint"] for s in daemon["shards"]] == ["SHARD_END", "SHARD_END"]
+    assert processor["records"] == 200 and {c["end"] for c in processor["conversations"]} == {"shardEnded"}
+    assert "violation" not in stderr.lower() and "fault" not in stderr.lower()
+    proxy_summary_is_dissects(stdout, recording)
+    assert re.findall(r"^shard +(\S+)", stdout, re.M) == ["shardId-000000000000", "shardId-000000000001"]
+    assert re.findall(r"^violations +(\d+)", stdout, re.M) == ["0", "0"]

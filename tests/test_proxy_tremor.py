@@ -7,9 +7,14 @@ a masking key of zero leaves a client's payload readable in the test.
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import Server, run_cli
 from wsproto.frame_protocol import FrameProtocol, Opcode
 
 from wallaroo_proto.display_filter import compile_filter
@@ -229,3 +234,49 @@ def test_frames_wsproto_writes_come_out_whole_whatever_the_chunking(client, item
     assert [a.fields(f, client)["type"] for f in got][:1] == [
         "UPGRADE_REQUEST" if client else "UPGRADE_RESPONSE"
     ]
+
+
+# ----------------------------------------------------------------------------- real peers through the proxy
+
+
+def client(address: str, *args: str) -> tuple[int, dict, str]:
+    result = run_cli("tremor", "mock-client", "--format", "json", "--connect", address, *args, timeout=120)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"no summary (exit {result.returncode}): {result.stdout}\n{result.stderr}"
+    return result.returncode, json.loads(lines[-1]), result.stderr
+
+
+def proxied(tmp_path: Path, client_args: tuple[str, ...], *proxy_args: str):
+    """mock-client -> proxy -> mock-node: the client's summary, the node's stats, the proxy's end."""
+    recording = tmp_path / "proxy.pcap"
+    with Server("tremor", "mock-node", "--port", "0", "--format", "json") as node:
+        with Server(
+            "proxy", "--listen", "127.0.0.1:0", "--upstream", node.address, "--record", str(recording),
+            *proxy_args,
+        ) as proxy:  # fmt: skip
+            ran = client(proxy.address, *client_args)
+            proxy_end = proxy.stop()
+        code, out, err = node.stop()
+    assert code == 0, err
+    return ran, json.loads(out.splitlines()[-1]), proxy_end, recording
+
+
+def proxy_summary_is_dissects(stdout: str, recording: Path) -> None:
+    """What the proxy printed after its ready line is ``dissect --summary`` of its own recording."""
+    dissected = run_cli("dissect", str(recording), "--summary")
+    assert dissected.returncode == 0, dissected.stderr
+    assert stdout.split("\n", 1)[1].strip() == dissected.stdout.strip()
+
+
+@pytest.mark.slow
+def test_the_mock_client_through_the_proxy_to_the_mock_node(tmp_path):
+    (code, summary, err), node, (pcode, stdout, stderr), recording = proxied(
+        tmp_path, ("--messages", "300", "--window", "16")
+    )
+    assert code == 0, err
+    assert summary["ok"] and summary["echoes"] == 300 and summary["delivered"] == 10
+    assert node["sessions"] == 1 and node["violations"] == 0
+    assert pcode == 0, stderr
+    assert "violation" not in stderr.lower() and "fault" not in stderr.lower()
+    proxy_summary_is_dissects(stdout, recording)
+    assert re.findall(r"^violations +(\d+)", stdout, re.M) == ["0"]
