@@ -1,15 +1,19 @@
 """``wallaroo-proto proxy``: stand between two real peers, forward, record and check live.
 
-Thin: ``wallaroo_proto.proxy.relay`` forwards, ``wallaroo_proto.proxy.watch`` records
-and checks; this module parses options and prints. Exit codes: 0 stopped cleanly
-(SIGINT/SIGTERM), 1 the live checks stopped short, 2 bad usage or a port that cannot be bound.
+Thin: ``wallaroo_proto.proxy.relay`` forwards, ``wallaroo_proto.proxy.faults`` applies
+fault rules, ``wallaroo_proto.proxy.watch`` records and checks; this module parses
+options and prints. Exit codes: 0 stopped cleanly (SIGINT/SIGTERM), 1 the live checks
+stopped short or ``--strict`` found a violation, 2 bad usage or a port that cannot be bound.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import sys
+from collections import Counter
+from functools import partial
 
 import click
 from rich.console import Console
@@ -27,7 +31,9 @@ from wallaroo_proto_cli.options import (
 )
 
 from wallaroo_proto.protocols import get_plugin, names
-from wallaroo_proto.proxy.relay import Relay
+from wallaroo_proto.proxy import faults as fault_rules
+from wallaroo_proto.proxy.faultkit import FaultError
+from wallaroo_proto.proxy.relay import Relay, RelayStats
 from wallaroo_proto.proxy.watch import Watch
 
 NAME = "wallaroo-proto proxy"
@@ -40,19 +46,42 @@ def _violation_line(r: dict) -> str:
     return f"{NAME}: connection #{r['conn_index']} {side} frame {r['frame_index']} {r['type']}: {reasons}"
 
 
-async def _serve(relay: Relay) -> None:
+async def _serve(relays: list[Relay], loop_ready) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    bound = []
     try:
-        host, port = await relay.start()
-    except OSError as err:
-        raise usage_error(f"cannot listen on {format_address(relay.listen)}: {os_reason(err)}") from err
-    click.echo(f"{NAME}: listening on {host}:{port}, forwarding to {format_address(relay.upstream)}")
-    sys.stdout.flush()
-    await stop.wait()
-    await relay.stop()
+        for relay in relays:
+            try:
+                host, port = await relay.start()
+            except OSError as err:
+                raise usage_error(
+                    f"cannot listen on {format_address(relay.listen)}: {os_reason(err)}"
+                ) from err
+            bound.append(f"listening on {host}:{port}, forwarding to {format_address(relay.upstream)}")
+        loop_ready(loop)
+        click.echo(f"{NAME}: " + "; ".join(bound))
+        sys.stdout.flush()
+        await stop.wait()
+    finally:
+        for relay in relays:
+            await relay.stop()
+
+
+def _strict_close(relays: list[Relay], r: dict) -> None:
+    """``--strict``: the connection of this violation ends now, its sender told with the
+    protocol's own error where it has one."""
+    sender_is_client = r["direction"].startswith("initiator")
+    adapter = fault_rules.make_adapter(r.get("protocol", ""))
+    reason = "; ".join(r["violations"])
+    error = adapter.error_frame(reason, sender_is_client) if adapter is not None else None
+    for relay in relays:
+        if relay.close_connection(
+            (r["initiator_addr"], r["initiator_port"]), {sender_is_client: error or b""}
+        ):
+            return
 
 
 @click.command(
@@ -68,22 +97,57 @@ async def _serve(relay: Relay) -> None:
     "--listen",
     type=LISTEN_ADDRESS,
     required=True,
-    help="Address the client connects to (port 0: a free one).",
+    multiple=True,
+    help="Address the client connects to (port 0: a free one). Again, with a second --upstream, "
+    "for a protocol of two sockets (AMBROSIA: the IC's receive and send ports, in that order).",
 )
-@click.option("--upstream", type=CONNECT_ADDRESS, required=True, help="The real peer's address.")
+@click.option(
+    "--upstream",
+    type=CONNECT_ADDRESS,
+    required=True,
+    multiple=True,
+    help="The real peer's address; the n-th --upstream serves the n-th --listen.",
+)
 @click.option(
     "--protocol",
     type=click.Choice(names()),
     default=None,
     help="Read the conversation as this protocol [default: detected as dissect does it].",
 )
-@record_option("Record what passes, as seen on each side, into this pcap file")
+@click.option(
+    "--fault",
+    "fault_options",
+    multiple=True,
+    metavar="'ACTION key=value ...'",
+    help="A fault rule (docs/proxy-faults.md), e.g. 'drop type=ACK count=1'; repeatable, "
+    "applied after --faults' rules.",
+)
+@click.option(
+    "--faults",
+    "fault_files",
+    multiple=True,
+    type=click.Path(dir_okay=False),
+    metavar="RULES.toml",
+    help="A file of [[fault]] rules; repeatable.",
+)
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Close a connection at its first violation, the sender told with the protocol's own "
+    "error where it has one; exit 1 if any was found.",
+)
+@record_option(
+    "Record what passes into this pcap file (with faults: pcapng, each side its own connection, "
+    "each fault a comment on its frame)"
+)
 @click.option("--summary/--no-summary", default=True, show_default=True, help="dissect's summary at the end.")
 @verbosity(
     quiet="No line per violation on stderr: errors and the summary.",
     verbose="Also the relay's counts at the end: connections, bytes each way.",
 )
-def command(listen, upstream, protocol, record, summary, verbosity) -> None:
+def command(
+    listen, upstream, protocol, fault_options, fault_files, strict, record, summary, verbosity
+) -> None:
     """Forward TCP connections from --listen to --upstream unchanged, both ways, and check them live.
 
     Every frame of both directions goes through the protocol's own rules, as
@@ -91,18 +155,45 @@ def command(listen, upstream, protocol, record, summary, verbosity) -> None:
     on SIGINT or SIGTERM the proxy stops and prints `dissect --summary`'s summary.
     """
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
+    if len(listen) != len(upstream):
+        raise usage_error(f"{len(listen)} --listen but {len(upstream)} --upstream: give them in pairs")
+    try:
+        rules = fault_rules.parse_rules(fault_options, fault_files, protocol)
+    except FaultError as err:
+        raise usage_error(f"fault rules: {err}") from err
+    relays: list[Relay] = []
+    loop_box: list[asyncio.AbstractEventLoop] = []
+    violations = Counter[int]()
 
     def on_violation(r: dict) -> None:
+        violations[r["conn_index"]] += 1
         if verbosity >= 0:
             errors.print(escape(_violation_line(r)))
+        if strict and violations[r["conn_index"]] == 1 and loop_box:
+            loop_box[0].call_soon_threadsafe(_strict_close, relays, r)
 
+    applied = Counter[str]()
+
+    def on_fault(conn: int, step: fault_rules.Applied) -> None:
+        applied[step.rule.text] += 1
+        if verbosity >= 0:
+            errors.print(escape(f"{NAME}: connection #{conn} {fault_rules.describe(step)}"))
+
+    ports = [address[1] for address in upstream]
     try:
-        watch = Watch(record=record, protocol=protocol, ports=(upstream[1],), on_violation=on_violation)
+        watch = Watch(
+            record=record, protocol=protocol, ports=ports, on_violation=on_violation, notes=bool(rules)
+        )
     except OSError as err:
         raise usage_error(f"--record {record}: {os_reason(err)}") from err
-    relay = Relay(listen, upstream, watch)
+    numbers, stats = itertools.count(1), RelayStats()
+    for here, there in zip(listen, upstream, strict=True):
+        shaper = partial(fault_rules.ConnectionFaults, rules, protocol, there[1]) if rules else None
+        relays.append(
+            Relay(here, there, watch, faults=shaper, on_fault=on_fault, numbers=numbers, stats=stats)
+        )
     try:
-        asyncio.run(_serve(relay))
+        asyncio.run(_serve(relays, loop_box.append))
     finally:
         watch.close()
     if watch.error is not None:
@@ -111,12 +202,13 @@ def command(listen, upstream, protocol, record, summary, verbosity) -> None:
     if summary:
         for s in watch.summaries:
             get_plugin(s.get("protocol", "wallaroo")).print_summary(out, s)
-    stats = relay.stats
+        for rule in rules:
+            out.print(escape(f"fault {rule.text}: matched {rule.seen}, applied {rule.fired}"))
     if verbosity > 0:
         errors.print(
             f"{NAME}: {stats.accepted} connection(s) relayed, {stats.bytes[True]} bytes client→upstream, "
             f"{stats.bytes[False]} bytes upstream→client"
             + (f", {stats.refused_upstream} refused by the upstream" if stats.refused_upstream else "")
         )
-    if watch.error is not None:
+    if watch.error is not None or (strict and violations):
         raise SystemExit(1)

@@ -55,6 +55,23 @@ def _packed_pair(a: str, b: str) -> tuple[bytes, bytes]:
     return first.packed, second.packed
 
 
+_END_OF_OPTIONS = b"\0\0\0\0"
+
+
+def _padded(data: bytes) -> bytes:
+    return data + b"\0" * (-len(data) % 4)
+
+
+def _option(code: int, value: bytes) -> bytes:
+    return struct.pack("<HH", code, len(value)) + _padded(value)
+
+
+def _block(kind: int, body: bytes) -> bytes:
+    """A pcapng block: type, total length, body, total length again."""
+    length = 12 + len(body)
+    return struct.pack("<II", kind, length) + body + struct.pack("<I", length)
+
+
 class PcapWriter:
     """A pcap file open for appending packets (Ethernet and microsecond timestamps unless told)."""
 
@@ -65,7 +82,9 @@ class PcapWriter:
         snaplen: int = 262_144,
         linktype: int = LINKTYPE_ETHERNET,
         nanoseconds: bool = False,
+        pcapng: bool = False,
     ) -> None:
+        """``pcapng``: written as pcapng, whose packets can carry comments (notes on frames)."""
         if target == "-":
             # The process's own stdout, even where the text ``sys.stdout`` was moved to stderr.
             self._file = sys.__stdout__.buffer
@@ -83,17 +102,32 @@ class PcapWriter:
         #: Logged when that happens (None: the owner reports it its own way).
         self.gone_warning: str | None = "recording stopped: its pipe's reader went away"
         self.nanoseconds = nanoseconds
-        magic = PCAP_MAGIC_NSEC if nanoseconds else PCAP_MAGIC_USEC
-        self._write(struct.pack("<IHHiIII", magic, 2, 4, 0, 0, snaplen, linktype))
+        self.pcapng = pcapng
+        if pcapng:
+            self._write(_block(0x0A0D0D0A, struct.pack("<IHHq", 0x1A2B3C4D, 1, 0, -1)))
+            resolution = _option(9, bytes([9 if nanoseconds else 6]))
+            self._write(_block(1, struct.pack("<HHI", linktype, 0, snaplen) + resolution + _END_OF_OPTIONS))
+        else:
+            magic = PCAP_MAGIC_NSEC if nanoseconds else PCAP_MAGIC_USEC
+            self._write(struct.pack("<IHHiIII", magic, 2, 4, 0, 0, snaplen, linktype))
 
-    def write_packet(self, frame: bytes, timestamp: float | None = None) -> None:
+    def write_packet(self, frame: bytes, timestamp: float | None = None, comment: str | None = None) -> None:
+        """One packet; its ``comment`` is kept only in a pcapng file (pcap has no place for it)."""
         if not self.recording:
             return
         ts = time.time() if timestamp is None else timestamp
         sec = int(ts)
         usec = min(int(round((ts - sec) * 1_000_000)), 999_999)
         captured = frame[: self.snaplen]
-        self._write(struct.pack("<IIII", sec, usec, len(captured), len(frame)) + captured)
+        if self.pcapng:
+            ticks = sec * 1_000_000 + usec
+            if self.nanoseconds:
+                ticks = int(ts * 1_000_000_000)
+            options = _option(1, comment.encode()) + _END_OF_OPTIONS if comment else b""
+            head = struct.pack("<IIIII", 0, ticks >> 32, ticks & 0xFFFF_FFFF, len(captured), len(frame))
+            self._write(_block(6, head + _padded(captured) + options))
+        else:
+            self._write(struct.pack("<IIII", sec, usec, len(captured), len(frame)) + captured)
         self.packets += 1
 
     def write_raw(self, packet: bytes, ts_ns: int) -> None:
@@ -175,14 +209,20 @@ class TcpSession:
         self._seq[False] += 1
         self._segment(True, _TCP_ACK, b"", timestamp)
 
-    def send(self, from_client: bool, payload: bytes, timestamp: float | None = None) -> None:
-        """Record ``payload`` sent by the client (True) or the server (False)."""
+    def send(
+        self, from_client: bool, payload: bytes, timestamp: float | None = None, comment: str | None = None
+    ) -> None:
+        """Record ``payload`` sent by the client (True) or the server (False); a ``comment``
+        goes on its last segment, the one that completes it."""
         if self.closed or not payload:
             return
         view = memoryview(payload)
+        last = (len(view) - 1) // self.segment_size * self.segment_size
         for start in range(0, len(view), self.segment_size):
             chunk = bytes(view[start : start + self.segment_size])
-            self._segment(from_client, _TCP_PSH | _TCP_ACK, chunk, timestamp)
+            self._segment(
+                from_client, _TCP_PSH | _TCP_ACK, chunk, timestamp, comment if start == last else None
+            )
             self._seq[from_client] = (self._seq[from_client] + len(chunk)) & 0xFFFF_FFFF
 
     def ack(self, from_client: bool, timestamp: float | None = None) -> None:
@@ -217,7 +257,14 @@ class TcpSession:
             self._segment(from_client, _TCP_RST | _TCP_ACK, b"", timestamp)
             self.closed = True
 
-    def _segment(self, from_client: bool, flags: int, payload: bytes, timestamp: float | None) -> None:
+    def _segment(
+        self,
+        from_client: bool,
+        flags: int,
+        payload: bytes,
+        timestamp: float | None,
+        comment: str | None = None,
+    ) -> None:
         src_ip, src_port = self._ends[from_client]
         dst_ip, dst_port = self._ends[not from_client]
         ack = self._seq[not from_client] if flags & _TCP_ACK else 0
@@ -226,7 +273,7 @@ class TcpSession:
         frame = tcp_frame(
             (src_ip, src_port), (dst_ip, dst_port), self._seq[from_client], ack, flags, payload, ip_id
         )
-        self.writer.write_packet(frame, timestamp)
+        self.writer.write_packet(frame, timestamp, comment)
 
 
 def tcp_frame(

@@ -311,6 +311,14 @@ class Dissector:
             flat.clear()
 
     def _batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list]:
+        """Each batch of records and blocks; a packet's comments become notes of its frames."""
+        for batch in self._raw_batches(source):
+            comments = self.stats.get("comments")
+            if comments:
+                _comment(batch, comments)
+            yield batch
+
+    def _raw_batches(self, source: str | os.PathLike | BinaryIO) -> Iterator[list]:
         flows = self._flows
         out = self._out
         new_flow = self._new_flow
@@ -538,6 +546,24 @@ class Dissector:
         half = self._flows[key]
         for seq, flags, payload, packet, ts in held:
             half.segment(seq, flags, payload, packet, ts)
+
+
+def _comment(batch: list, comments: dict[int, list[str]]) -> None:
+    """Notes from the packets' comments on the records of the frames those packets complete
+    (a block holding one is turned into its records: comments are rare)."""
+    for i in range(len(batch) - 1, -1, -1):
+        item = batch[i]
+        if type(item) is FrameBlock:
+            items = item.records()
+            if not any(r.get("packet") in comments for r in items):
+                continue
+            batch[i : i + 1] = items
+        else:
+            items = [item]
+        for record in items:
+            texts = comments.pop(record.get("packet"), None)
+            if texts:
+                record["notes"] = [*(record.get("notes") or []), *texts]
 
 
 def _frames_in(items: list) -> int:

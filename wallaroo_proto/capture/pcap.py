@@ -428,6 +428,10 @@ def _read_pcapng(f: BinaryIO, stats: dict, waits: bool, tap: PacketTap | None) -
             if tap is not None:
                 tap.begin(linktype, meta.tsresol > 1_000_000)
         seg = parse(data)
+        if meta.comments:
+            # A packet's comments (a proxy's faults, an analyst's remarks): notes of the frame it completes.
+            texts = meta.comments if isinstance(meta.comments, list) else [meta.comments]
+            stats.setdefault("comments", {})[number] = [t.decode("utf-8", "replace") for t in texts]
         if seg is not None or tap is not None:
             ticks = (meta.tshigh << 32) | meta.tslow
             ts_ns = ticks * 1_000_000_000 // meta.tsresol

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import socket
 import struct
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
+
+from wallaroo_proto.proxy import faults as fault_steps
 
 #: Bytes read at a time from either side.
 READ_SIZE = 1 << 16
@@ -28,6 +32,9 @@ class Tap(Protocol):
     def data(self, conn: int, from_client: bool, data: bytes, when: float) -> None: ...
 
     def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None: ...
+
+    def note(self, conn: int, from_client: bool, text: str, when: float) -> None:
+        """A fault applied at the frame just passed (or withheld) in this direction."""
 
 
 @dataclass
@@ -51,14 +58,30 @@ def _reset(writer: asyncio.StreamWriter) -> None:
 class Relay:
     """Accept on ``listen``, connect each accepted connection to ``upstream``, pump both ways."""
 
-    def __init__(self, listen: tuple[str, int], upstream: tuple[str, int], tap: Tap | None = None) -> None:
+    def __init__(
+        self,
+        listen: tuple[str, int],
+        upstream: tuple[str, int],
+        tap: Tap | None = None,
+        *,
+        faults: Callable[[], Any] | None = None,
+        on_fault: Callable[[int, fault_steps.Applied], None] | None = None,
+        numbers: Iterator[int] | None = None,
+        stats: RelayStats | None = None,
+    ) -> None:
+        """``faults()`` makes one connection's ``faults.ConnectionFaults`` (None: bytes pass
+        unframed); ``numbers`` and ``stats`` may be shared by the relays of one proxy."""
         self.listen = listen
         self.upstream = upstream
         self.tap = tap
-        self.stats = RelayStats()
+        self.stats = stats or RelayStats()
+        self.faults = faults
+        self.on_fault = on_fault
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._count = 0
+        self._numbers = numbers or itertools.count(1)
+        #: Open connections by the client's (host, port), for ``close_connection``.
+        self._open: dict[tuple[str, int], tuple[asyncio.StreamWriter, asyncio.StreamWriter, Any]] = {}
 
     async def start(self) -> tuple[str, int]:
         """Listen; the address bound (port 0 gives a free one)."""
@@ -91,8 +114,7 @@ class Relay:
 
     async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1
-        self._count += 1
-        conn = self._count
+        conn = next(self._numbers)
         try:
             server_r, server_w = await asyncio.open_connection(*self.upstream, limit=READ_SIZE)
         except OSError:
@@ -100,20 +122,42 @@ class Relay:
             _reset(client_w)  # as the upstream refused us, so we refuse our client
             return
         ups = downs = None
+        shaper = self.faults() if self.faults is not None else None
+        peer = client_w.get_extra_info("peername")[:2]
+        # By the client's address and by the proxy's own end upstream: the initiators of the
+        # connection in the recording, one for each side when faults record them apart.
+        ends = (peer, server_w.get_extra_info("sockname")[:2])
+        for end in ends:
+            self._open[end] = (client_w, server_w, shaper)
         try:
-            if self.tap is not None:
-                peer = client_w.get_extra_info("peername")[:2]
-                upstream = server_w.get_extra_info("peername")[:2]
-                self.tap.opened(conn, peer, upstream, time.time())
-            ups = asyncio.create_task(self._pump(conn, True, client_r, server_w, client_w))
-            downs = asyncio.create_task(self._pump(conn, False, server_r, client_w, server_w))
+            if shaper is None:
+                if self.tap is not None:
+                    upstream = server_w.get_extra_info("peername")[:2]
+                    self.tap.opened(conn, peer, upstream, time.time())
+                ups = asyncio.create_task(self._pump(conn, True, client_r, server_w, client_w))
+                downs = asyncio.create_task(self._pump(conn, False, server_r, client_w, server_w))
+            else:
+                legs = _Legs(conn, self.tap, client_w, server_w)
+                ups = asyncio.create_task(self._shaped(conn, True, client_r, legs, shaper))
+                downs = asyncio.create_task(self._shaped(conn, False, server_r, legs, shaper))
             await asyncio.gather(ups, downs)
+        except _Cut as cut:
+            # A fault ends the connection: the other direction stops too, both sides closed alike.
+            for pump in (ups, downs):
+                if pump is not None:
+                    pump.cancel()
+            await asyncio.gather(*(p for p in (ups, downs) if p is not None), return_exceptions=True)
+            for w in (client_w, server_w):
+                if cut.reset:
+                    _reset(w)
         except asyncio.CancelledError:
             for pump in (ups, downs):
                 if pump is not None:
                     pump.cancel()
             raise
         finally:
+            for end in ends:
+                self._open.pop(end, None)
             for w in (client_w, server_w):
                 if not w.transport.is_closing():
                     w.close()
@@ -154,3 +198,125 @@ class Relay:
         if writer.can_write_eof() and not writer.transport.is_closing():
             with contextlib.suppress(OSError):
                 writer.write_eof()
+
+    async def _shaped(
+        self, conn: int, from_client: bool, reader: asyncio.StreamReader, legs: _Legs, shaper: Any
+    ) -> None:
+        """One direction, frame by frame through the fault rules: each step done in order."""
+        counts = self.stats.bytes
+        own, other = legs.writers[not from_client], legs.writers[from_client]
+        while True:
+            try:
+                data = await reader.read(READ_SIZE)
+            except ConnectionResetError:
+                legs.ended(from_client, True)
+                _reset(other)
+                return
+            if not data:
+                break
+            counts[from_client] += len(data)
+            if not await self._steps(conn, from_client, shaper.feed(from_client, data), legs, own):
+                return
+        await self._steps(conn, from_client, shaper.end(from_client), legs, own)
+        legs.ended(from_client, False)
+        if other.can_write_eof() and not other.transport.is_closing():
+            with contextlib.suppress(OSError):
+                other.write_eof()
+
+    async def _steps(
+        self, conn: int, from_client: bool, steps: list, legs: _Legs, own: asyncio.StreamWriter
+    ) -> bool:
+        """Carry out a shaper's steps; False when the direction is over (its far side gone)."""
+        for step in steps:
+            if type(step) is fault_steps.Send:
+                writer = legs.writers[step.to_upstream]
+                legs.sent(step.to_upstream, step.data)
+                try:
+                    writer.write(step.data)
+                    await writer.drain()
+                except ConnectionError:
+                    _reset(own)
+                    return False
+            elif type(step) is fault_steps.Took:
+                legs.received(step.from_client, step.data)
+            elif type(step) is fault_steps.Applied:
+                legs.note(from_client, fault_steps.describe(step))
+                if self.on_fault is not None:
+                    self.on_fault(conn, step)
+            elif type(step) is fault_steps.Wait:
+                await asyncio.sleep(step.seconds)
+            elif type(step) is fault_steps.Stall:
+                if step.seconds is None:
+                    await asyncio.Event().wait()  # until the connection is stopped
+                await asyncio.sleep(step.seconds)
+            elif type(step) is fault_steps.Close:
+                raise _Cut(step.reset)
+        return True
+
+    def close_connection(self, client: tuple[str, int], first: dict[bool, bytes]) -> bool:
+        """End the connection of this client now (``--strict``): ``first[to_client]`` sent
+        before each side is closed. False when no such connection is open."""
+        entry = self._open.get(client)
+        if entry is None:
+            return False
+        client_w, server_w, _ = entry
+        for to_client, writer in ((True, client_w), (False, server_w)):
+            if not writer.transport.is_closing():
+                if first.get(to_client):
+                    writer.write(first[to_client])
+                writer.close()
+        return True
+
+
+class _Cut(Exception):
+    """A fault closed the whole connection: both pumps stop."""
+
+    def __init__(self, reset: bool) -> None:
+        super().__init__("cut")
+        self.reset = reset
+
+
+class _Legs:
+    """With faults the two sides see different bytes: each side is a connection of its own
+    in the recording, the client's to the proxy and the proxy's to the upstream."""
+
+    def __init__(
+        self, conn: int, tap: Tap | None, client_w: asyncio.StreamWriter, server_w: asyncio.StreamWriter
+    ):
+        self.tap = tap
+        self.client = (conn, "client")
+        self.upstream = (conn, "upstream")
+        self.writers = {True: server_w, False: client_w}
+        if tap is not None:
+            now = time.time()
+            tap.opened(
+                self.client,
+                client_w.get_extra_info("peername")[:2],
+                client_w.get_extra_info("sockname")[:2],
+                now,
+            )
+            tap.opened(
+                self.upstream,
+                server_w.get_extra_info("sockname")[:2],
+                server_w.get_extra_info("peername")[:2],
+                now,
+            )
+
+    def received(self, from_client: bool, data: bytes) -> None:
+        if self.tap is not None:
+            self.tap.data(self.client if from_client else self.upstream, from_client, data, time.time())
+
+    def sent(self, to_upstream: bool, data: bytes) -> None:
+        if self.tap is not None:
+            self.tap.data(self.upstream if to_upstream else self.client, to_upstream, data, time.time())
+
+    def ended(self, from_client: bool, reset: bool) -> None:
+        """One side ended: recorded as it came on its own leg, and as passed on on the other."""
+        if self.tap is not None:
+            now = time.time()
+            self.tap.ended(self.client, from_client, reset, now)
+            self.tap.ended(self.upstream, from_client, reset, now)
+
+    def note(self, from_client: bool, text: str) -> None:
+        if self.tap is not None:
+            self.tap.note(self.client if from_client else self.upstream, from_client, text, time.time())

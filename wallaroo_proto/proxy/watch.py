@@ -16,7 +16,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 
@@ -36,10 +36,12 @@ class Watch:
         protocol: str | None = None,
         ports: Iterable[int] = (),
         on_violation: Callable[[dict], None] | None = None,
+        notes: bool = False,
     ) -> None:
+        """``notes``: the recording is pcapng, its packets commented with the faults applied."""
         self._writers: list[PcapWriter] = []
         if record is not None:
-            self._writers.append(PcapWriter(record))
+            self._writers.append(PcapWriter(record, pcapng=notes))
         self._checker = subprocess.Popen(
             [
                 *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
@@ -48,11 +50,12 @@ class Watch:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
-        checker_pipe = PcapWriter(self._checker.stdin)
+        checker_pipe = PcapWriter(self._checker.stdin, pcapng=notes)
         checker_pipe.gone_warning = None  # a checker that dies is reported by close()
         self._writers.append(checker_pipe)
         self._on_violation = on_violation
-        self._sessions: dict[int, list[TcpSession]] = {}
+        self._sessions: dict[Hashable, list[TcpSession]] = {}
+        self._notes: dict[tuple[Hashable, bool], str] = {}
         self.summaries: list[dict] = []
         self.error: str | None = None
         self._reader = threading.Thread(target=self._read, name="proxy-checker", daemon=True)
@@ -77,14 +80,20 @@ class Watch:
 
     # relay.Tap -------------------------------------------------------------------------
 
-    def opened(self, conn: int, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
+    def opened(self, conn: Hashable, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
         self._sessions[conn] = [w.tcp_session(client, server, timestamp=when) for w in self._writers]
 
-    def data(self, conn: int, from_client: bool, data: bytes, when: float) -> None:
+    def data(self, conn: Hashable, from_client: bool, data: bytes, when: float) -> None:
+        comment = self._notes.pop((conn, from_client), None) if self._notes else None
         for session in self._sessions.get(conn, ()):
-            session.send(from_client, data, when)
+            session.send(from_client, data, when, comment)
 
-    def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None:
+    def note(self, conn: Hashable, from_client: bool, text: str, when: float) -> None:
+        """A note on the next bytes this side sends on ``conn``: the frame a fault acted at."""
+        key = (conn, from_client)
+        self._notes[key] = f"{self._notes[key]}; {text}" if key in self._notes else text
+
+    def ended(self, conn: Hashable, from_client: bool, reset: bool, when: float) -> None:
         sessions = self._sessions.get(conn, ())
         for session in sessions:
             if reset:

@@ -1,0 +1,516 @@
+"""Protocol faults by rule, for the proxy: which frame, and what happens to it (sans-IO).
+
+Rules come from a TOML file (``[[fault]]`` tables) or from ``--fault`` options
+(``"ACTION key=value ..."``, the same keys). Each proxied connection gets a
+``ConnectionFaults``: it splits each direction into frames with the protocol's
+``faultkit.Adapter``, matches every frame against the rules in order (the first
+rule that fires acts; the others only count the frame as seen), and says what the
+relay must do, as ``Step`` values. The relay does the I/O and the waiting.
+
+Generic actions, for every protocol: ``drop``, ``delay`` (``ms``: this frame and
+those behind it in its direction wait), ``duplicate``, ``reorder`` (this frame goes
+after the next one in its direction), ``rewrite`` (``field``, ``value``), ``cut``
+(the connection closed before this frame; ``reset = true`` for a reset), ``stall``
+(nothing more forwarded in this direction, for ``ms`` or, by default, for ever).
+A protocol's ``NAMED_FAULTS`` add its own words.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import shlex
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from wallaroo_proto.proxy.faultkit import Adapter, FaultError, Frame, NamedFault, Send
+
+GENERIC_ACTIONS = ("drop", "delay", "duplicate", "reorder", "rewrite", "cut", "stall")
+DIRECTIONS = ("upstream", "client", "both")
+#: Keys every rule takes; a named fault adds its own ``params``.
+COMMON_KEYS = (
+    "action",
+    "type",
+    "where",
+    "direction",
+    "skip",
+    "count",
+    "bytes",
+    "ms",
+    "field",
+    "value",
+    "reset",
+)
+#: Bytes held while a connection's protocol is not known, before giving up on framing it.
+DETECT_LIMIT = 1 << 16
+
+
+def _module(protocol: str) -> Any:
+    """The plug-in's ``proxy_faults`` module, None when it has none."""
+    package = f"wallaroo_proto.protocols.{protocol}"
+    try:
+        return importlib.import_module(f"{package}.proxy_faults")
+    except ModuleNotFoundError as err:
+        if err.name not in (package, f"{package}.proxy_faults"):
+            raise
+        return None
+
+
+@cache
+def named_faults(protocol: str) -> Mapping[str, NamedFault]:
+    """A protocol's own faults ({} when its plug-in offers none)."""
+    module = _module(protocol)
+    return {} if module is None else module.NAMED_FAULTS
+
+
+def make_adapter(protocol: str) -> Adapter | None:
+    """One connection's adapter, or None when the protocol's plug-in has none."""
+    module = _module(protocol)
+    return None if module is None else module.adapter()
+
+
+@dataclass
+class Rule:
+    """One rule as given, checked, with its counts."""
+
+    action: str
+    text: str
+    types: frozenset[str] | None = None
+    where: str | None = None
+    direction: str = "both"
+    skip: int = 0
+    count: int | None = None
+    after_bytes: int = 0
+    ms: int = 0
+    field_name: str | None = None
+    value: Any = None
+    reset: bool = False
+    params: dict[str, Any] = field(default_factory=dict)
+    #: Matched frames, and those acted on.
+    seen: int = 0
+    fired: int = 0
+    _match: Callable[[Mapping[str, Any]], bool] | None = None
+
+    def matches(self, frame: Frame, passed: int, named: NamedFault | None) -> bool:
+        wants = named.direction if named is not None and self.direction == "both" else self.direction
+        if wants != "both" and (wants == "upstream") != frame.from_client:
+            return False
+        if passed < self.after_bytes:
+            return False
+        if self.types is not None and frame.fields.get("type") not in self.types:
+            return False
+        return self._match is None or bool(self._match(frame.fields))
+
+
+def _value(raw: str) -> Any:
+    """An option's value as TOML reads it (``0``, ``true``, ``"x"``, ``[1, 2]``), else the text."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def parse_option(text: str) -> dict[str, Any]:
+    """``"drop type=ACK count=1"`` as a rule table: words split as a shell splits them (so
+    ``where='stream_id == 3'`` is one), values read as TOML reads them; ``type=A,B`` gives a list."""
+    try:
+        words = shlex.split(text)
+    except ValueError as err:
+        raise FaultError(str(err)) from err
+    if not words:
+        raise FaultError("an empty rule: give an action, e.g. 'drop type=ACK'")
+    table: dict[str, Any] = {"action": words[0]}
+    for word in words[1:]:
+        key, sep, raw = word.partition("=")
+        if not sep or not key:
+            raise FaultError(f"{word!r} is not key=value")
+        value = _value(raw)
+        if key == "type" and isinstance(value, str) and "," in value:
+            value = value.split(",")
+        table[key] = value
+    return table
+
+
+def load_rules_file(path: str) -> list[dict[str, Any]]:
+    """The ``[[fault]]`` tables of a TOML rules file."""
+    try:
+        with open(path, "rb") as f:
+            document = tomllib.load(f)
+    except OSError as err:
+        raise FaultError(f"{path}: {err.strerror or err}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise FaultError(f"{path}: {err}") from err
+    unknown = set(document) - {"fault"}
+    if unknown:
+        raise FaultError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}: rules are [[fault]] tables")
+    tables = document.get("fault", [])
+    if not isinstance(tables, list):
+        raise FaultError(f"{path}: 'fault' must be an array of tables ([[fault]])")
+    return tables
+
+
+def _kind(value: Any, wanted: type, key: str) -> Any:
+    if wanted is int and isinstance(value, bool) or not isinstance(value, wanted):
+        raise FaultError(f"{key} must be {'an integer' if wanted is int else wanted.__name__}, not {value!r}")
+    return value
+
+
+def _suggest(word: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _named_candidates(action: str, protocol: str | None) -> dict[str, NamedFault]:
+    from wallaroo_proto.protocols import names
+
+    protocols = [protocol] if protocol else list(names())
+    return {p: named_faults(p)[action] for p in protocols if action in named_faults(p)}
+
+
+def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None) -> Rule:
+    """A rule table checked: every key known and typed, its filter compiled, its action known."""
+    from wallaroo_proto.display_filter import FilterError, compile_filter
+    from wallaroo_proto.protocols import get_plugin, names
+
+    action = table.get("action")
+    if not isinstance(action, str):
+        raise FaultError(
+            f"{text}: every rule needs an action (one of {', '.join(GENERIC_ACTIONS)} or a named fault)"
+        )
+    named = _named_candidates(action, protocol) if action not in GENERIC_ACTIONS else {}
+    if action not in GENERIC_ACTIONS and not named:
+        everything = set(GENERIC_ACTIONS)
+        for p in [protocol] if protocol else names():
+            everything |= set(named_faults(p))
+        where = f" for protocol {protocol}" if protocol else ""
+        raise FaultError(f"{text}: unknown action {action!r}{where}{_suggest(action, everything)}")
+    params: dict[str, tuple[type, Any]] = {}
+    for fault in named.values():
+        params.update(fault.params)
+    unknown = [k for k in table if k not in COMMON_KEYS and k not in params]
+    if unknown:
+        raise FaultError(
+            f"{text}: unknown key {unknown[0]!r}{_suggest(unknown[0], [*COMMON_KEYS, *params])}"
+            f" (keys: {', '.join([*COMMON_KEYS, *params])})"
+        )
+    rule = Rule(action=action, text=text)
+    try:
+        if "type" in table:
+            types = table["type"]
+            types = [types] if isinstance(types, str) else types
+            if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
+                raise FaultError("type must be a frame type name or a list of them")
+            if protocol:
+                known = get_plugin(protocol).type_names
+                for t in types:
+                    if known and t not in known and not t.startswith("UNKNOWN("):
+                        raise FaultError(f"type {t!r} is not a {protocol} frame type{_suggest(t, known)}")
+            rule.types = frozenset(types)
+        if "where" in table:
+            rule.where = _kind(table["where"], str, "where")
+            try:
+                rule._match = compile_filter(rule.where)
+            except FilterError as err:
+                raise FaultError(f"where: {err}") from err
+        if "direction" in table:
+            rule.direction = _kind(table["direction"], str, "direction")
+            if rule.direction not in DIRECTIONS:
+                raise FaultError(f"direction must be one of {', '.join(DIRECTIONS)}, not {rule.direction!r}")
+        rule.skip = _kind(table.get("skip", 0), int, "skip")
+        if "count" in table:
+            rule.count = _kind(table["count"], int, "count")
+        rule.after_bytes = _kind(table.get("bytes", 0), int, "bytes")
+        rule.ms = _kind(table.get("ms", 0), int, "ms")
+        rule.reset = _kind(table.get("reset", False), bool, "reset")
+        if min(rule.skip, rule.after_bytes, rule.ms, 1 if rule.count is None else rule.count) < 0:
+            raise FaultError("skip, count, bytes and ms cannot be negative")
+        if action == "rewrite":
+            if "field" not in table or "value" not in table:
+                raise FaultError("rewrite needs field and value")
+            rule.field_name = _kind(table["field"], str, "field")
+            rule.value = table["value"]
+        elif "field" in table or "value" in table:
+            raise FaultError("field and value are for rewrite only")
+        if action == "delay" and rule.ms <= 0:
+            raise FaultError("delay needs ms, the milliseconds to hold the frame")
+        for key, (wanted, default) in params.items():
+            rule.params[key] = _kind(table[key], wanted, key) if key in table else default
+    except FaultError as err:
+        raise FaultError(f"{text}: {err}") from err
+    return rule
+
+
+def parse_rules(
+    options: Iterable[str] = (), files: Iterable[str] = (), protocol: str | None = None
+) -> list[Rule]:
+    """Every rule of the rules files, then the ``--fault`` options, in that order, checked."""
+    rules = []
+    for path in files:
+        for number, table in enumerate(load_rules_file(path), 1):
+            if not isinstance(table, dict):
+                raise FaultError(f"{path}: fault #{number} is not a table")
+            rules.append(build_rule(table, f"{path}: fault #{number}", protocol))
+    for text in options:
+        where = f"--fault {text!r}"
+        try:
+            table = parse_option(text)
+        except FaultError as err:
+            raise FaultError(f"{where}: {err}") from err
+        rules.append(build_rule(table, where, protocol))
+    return rules
+
+
+# ---------------------------------------------------------------- what the relay does
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A fault that acted: for the stderr line, the live view, the summary and the recording."""
+
+    rule: Rule
+    frame: Frame
+    #: The frame's number in its direction, 1-based.
+    index: int
+    #: What happened, in words: "dropped", "delayed 500 ms", ...
+    what: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Hold this direction for ``seconds`` before the steps after it."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Close:
+    """End the whole connection now: both sides closed, with a reset if ``reset``."""
+
+    reset: bool
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Forward nothing more in this direction: for ``seconds``, or until the connection ends."""
+
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class Took:
+    """These bytes were received from one side (recorded there as they came, whatever is sent on)."""
+
+    from_client: bool
+    data: bytes
+
+
+Step = Send | Wait | Close | Stall | Applied | Took
+
+
+class ConnectionFaults:
+    """One connection's rules at work: bytes in, ``Step`` values out (sans-IO).
+
+    With no ``protocol`` its first bytes tell it, as ``dissect`` detects a connection
+    (the upstream's port first, then each plug-in's detector on the first sender's
+    bytes); until then the bytes wait here, at most ``DETECT_LIMIT`` of them. A
+    connection of no known protocol, or of one without an adapter, passes unframed.
+    """
+
+    def __init__(
+        self,
+        rules: list[Rule],
+        protocol: str | None = None,
+        upstream_port: int = 0,
+        *,
+        adapter: Adapter | None = None,
+    ) -> None:
+        """``adapter``: this one, for ``protocol``, instead of the plug-in's."""
+        self.rules = rules
+        self._given = adapter
+        self.protocol = protocol
+        self.adapter: Adapter | None = None
+        self.named: Mapping[str, NamedFault] = {}
+        self._index = {True: 0, False: 0}
+        self._passed = {True: 0, False: 0}
+        self._held: dict[bool, list[Send]] = {True: [], False: []}
+        self._unframed = {True: False, False: False}
+        self._waiting: list[tuple[bool, bytes]] = []
+        self._deciding = protocol is None
+        if protocol is None:
+            from wallaroo_proto.protocols import plugins
+
+            for plugin in plugins():
+                if upstream_port in plugin.default_ports:
+                    self.protocol = plugin.name
+                    self._deciding = False
+                    break
+        if not self._deciding:
+            self._start()
+
+    def _start(self) -> None:
+        self._deciding = False
+        self.adapter = self._given or (make_adapter(self.protocol) if self.protocol else None)
+        if self.adapter is None:
+            self._unframed = {True: True, False: True}
+        else:
+            self.named = named_faults(self.protocol)
+
+    def _detect(self, from_client: bool, data: bytes) -> list[Step]:
+        from wallaroo_proto.protocols import plugins
+
+        self._waiting.append((from_client, data))
+        first = self._waiting[0][0]
+        head = b"".join(d for side, d in self._waiting if side == first)
+        final = sum(len(d) for _, d in self._waiting) >= DETECT_LIMIT
+        undecided = False
+        for plugin in plugins():
+            said = plugin.detect(head, 0, final)
+            if said:
+                self.protocol = plugin.name
+                break
+            undecided |= said is None
+        else:
+            if undecided and not final:
+                return []
+        self._start()
+        waiting, self._waiting = self._waiting, []
+        steps: list[Step] = []
+        for side, chunk in waiting:
+            steps.extend(self.feed(side, chunk))
+        return steps
+
+    def feed(self, from_client: bool, data: bytes) -> list[Step]:
+        """What to do with these bytes from one side, in order."""
+        if self._deciding:
+            return self._detect(from_client, data)
+        if self._unframed[from_client]:
+            return [Took(from_client, data), Send(from_client, data)]
+        assert self.adapter is not None
+        try:
+            frames = self.adapter.frames(from_client, data)
+        except ValueError:
+            # Not the protocol's framing after all: pass the rest on as it comes.
+            self._unframed[from_client] = True
+            return [Took(from_client, data), Send(from_client, data)]
+        steps: list[Step] = []
+        for raw in frames:
+            steps.extend(self._frame(from_client, raw))
+        return steps
+
+    def end(self, from_client: bool) -> list[Step]:
+        """This side ended: bytes still waiting for detection, or a frame held back for
+        reordering, still go on."""
+        steps: list[Step] = []
+        for side, chunk in self._waiting:
+            if side == from_client:
+                steps += [Took(side, chunk), Send(side, chunk)]
+        self._waiting = [(side, d) for side, d in self._waiting if side != from_client]
+        held, self._held[from_client] = self._held[from_client], []
+        return [*steps, *held]
+
+    def _frame(self, from_client: bool, raw: bytes) -> list[Step]:
+        assert self.adapter is not None
+        try:
+            fields = self.adapter.fields(raw, from_client)
+        except ValueError:
+            fields = {"type": "MALFORMED"}
+        self._index[from_client] += 1
+        frame = Frame(raw, from_client, fields)
+        passed = self._passed[from_client]
+        self._passed[from_client] += len(raw)
+        steps = self._act(frame, passed)
+        steps.insert(1 if steps and type(steps[0]) is Applied else 0, Took(from_client, raw))
+        held = self._held[from_client]
+        if held and not (type(steps[0]) is Applied and steps[0].rule.action == "reorder"):
+            # The frame that overtakes a held one has just gone: the held one follows it.
+            steps.extend(held)
+            held.clear()
+        return steps
+
+    def _act(self, frame: Frame, passed: int) -> list[Step]:
+        forward = Send(frame.from_client, frame.data)
+        chosen = None
+        for rule in self.rules:
+            named = self.named.get(rule.action) if rule.action not in GENERIC_ACTIONS else None
+            if rule.action not in GENERIC_ACTIONS and named is None:
+                continue  # another protocol's fault
+            own_where = rule._match is not None or rule.types is not None
+            if named is not None and not own_where and named.where and not _named_match(named)(frame.fields):
+                continue  # a named fault acts at its own frames unless the rule says which
+            if not rule.matches(frame, passed, named):
+                continue
+            rule.seen += 1
+            if rule.seen <= rule.skip or (rule.count is not None and rule.fired >= rule.count):
+                continue
+            chosen = (rule, named)
+            break
+        if chosen is None:
+            return [forward]
+        rule, named = chosen
+        rule.fired += 1
+        try:
+            steps, what = self._apply(rule, named, frame, forward)
+        except FaultError as err:
+            # A rule this frame cannot take (a field it lacks): the frame goes on unchanged, and why is shown.
+            return [Applied(rule, frame, self._index[frame.from_client], f"not applied: {err}"), forward]
+        return [Applied(rule, frame, self._index[frame.from_client], what), *steps]
+
+    def _apply(
+        self, rule: Rule, named: NamedFault | None, frame: Frame, forward: Send
+    ) -> tuple[list[Step], str]:
+        action = rule.action
+        params: Mapping[str, Any] = rule.params
+        if named is not None:
+            if named.act is not None:
+                sends = named.act(frame, params, self.adapter)  # type: ignore[misc]
+                return list(sends), f"{action}: " + (
+                    ", ".join(
+                        f"{len(s.data)} bytes to the {'upstream' if s.to_upstream else 'client'}"
+                        for s in sends
+                    )
+                    or "frame withheld"
+                )
+            action = named.action or "drop"
+        ms = rule.ms or int(params.get("ms", 0) or 0)
+        if action == "drop":
+            return [], "dropped"
+        if action == "delay":
+            return [Wait(ms / 1000), forward], f"delayed {ms} ms"
+        if action == "duplicate":
+            return [forward, forward], "sent twice"
+        if action == "reorder":
+            self._held[frame.from_client].append(forward)
+            return [], "held until the next frame has gone"
+        if action == "rewrite":
+            assert rule.field_name is not None and self.adapter is not None
+            data = self.adapter.rewrite(frame, rule.field_name, rule.value)
+            return [Send(frame.from_client, data)], f"{rule.field_name} set to {rule.value!r}"
+        if action == "cut":
+            return [Close(rule.reset)], "connection reset" if rule.reset else "connection closed"
+        if action == "stall":
+            return [Stall(ms / 1000 if ms else None), forward], (
+                f"direction stalled {ms} ms" if ms else "direction stalled until the connection ends"
+            )
+        raise FaultError(f"unknown action {action!r}")
+
+
+def _named_match(named: NamedFault) -> Callable[[Mapping[str, Any]], bool]:
+    return _compiled(named.where)
+
+
+@cache
+def _compiled(where: str) -> Callable[[Mapping[str, Any]], bool]:
+    from wallaroo_proto.display_filter import compile_filter
+
+    return compile_filter(where)
+
+
+def describe(applied: Applied) -> str:
+    """One applied fault as a line: which rule, which frame, what happened."""
+    frame = applied.frame
+    side = "client→upstream" if frame.from_client else "upstream→client"
+    kind = frame.fields.get("type", "?")
+    return f"fault {applied.rule.action} at {side} frame {applied.index} {kind}: {applied.what}"
