@@ -262,3 +262,32 @@ def test_the_mock_daemon_through_the_proxy_to_the_mock_processor(tmp_path):
     proxy_summary_is_dissects(stdout, recording)
     assert re.findall(r"^shard +(\S+)", stdout, re.M) == ["shardId-000000000000", "shardId-000000000001"]
     assert re.findall(r"^violations +(\d+)", stdout, re.M) == ["0", "0"]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_error_injected_by_the_proxy_reaches_the_processor(tmp_path):
+    rule = "checkpoint-error error=ThrottlingException count=1"
+    daemon, processor, (code, stdout, stderr), recording = proxied_run(tmp_path, "--fault", rule)
+    assert code == 0, stderr
+    # The processor was told ThrottlingException once, retried, and both shards still ended cleanly.
+    assert processor["checkpoint_errors"] == 1 and processor["failures"] == []
+    assert sorted(
+        c["checkpoint_errors"].get("ThrottlingException", 0) for c in processor["conversations"]
+    ) == [
+        0,
+        1,
+    ]
+    assert processor["records"] == 200 and {c["end"] for c in processor["conversations"]} == {"shardEnded"}
+    # The daemon answered every checkpoint without an error: the proxy changed one answer on the way.
+    assert daemon["ok"] and daemon["checkpoint_errors"] == 0 and daemon["records_delivered"] == 200
+    assert [s["checkpoint"] for s in daemon["shards"]] == ["SHARD_END", "SHARD_END"]
+    assert sum(s["checkpoint_requests"] for s in daemon["shards"]) == 5  # the retry is a request more
+    # The proxy said where it acted, and its recording shows each side what it saw.
+    faults = [line for line in stderr.splitlines() if " fault " in line]
+    assert len(faults) == 1, stderr
+    assert re.search(r"fault checkpoint-error at client→upstream frame \d+ checkpoint: ", faults[0])
+    assert "violation" not in stderr.lower()
+    assert re.findall(r"^checkpoints +\d+, errors (\d+)", stdout, re.M).count("1") == 1
+    assert "ThrottlingException 1" in stdout
+    assert re.search(rf"fault --fault '{rule}': matched \d+, +applied 1", " ".join(stdout.split()))
+    assert set(re.findall(r"^violations +(\d+)", stdout, re.M)) == {"0"}

@@ -18,6 +18,7 @@ from support import Server, run_cli
 from wsproto.frame_protocol import FrameProtocol, Opcode
 
 from wallaroo_proto.display_filter import compile_filter
+from wallaroo_proto.protocols.tremor.peers import MockClient
 from wallaroo_proto.protocols.tremor.proxy_faults import NAMED_FAULTS, adapter
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
 
@@ -280,3 +281,39 @@ def test_the_mock_client_through_the_proxy_to_the_mock_node(tmp_path):
     assert "violation" not in stderr.lower() and "fault" not in stderr.lower()
     proxy_summary_is_dissects(stdout, recording)
     assert re.findall(r"^violations +(\d+)", stdout, re.M) == ["0"]
+
+
+@pytest.mark.slow
+def test_a_close_injected_by_the_proxy_reaches_the_client_with_its_status():
+    rule = "close status=4001 reason=overloaded type=echo"
+    with Server("tremor", "mock-node", "--port", "0", "--format", "json") as node:
+        with Server("proxy", "--listen", "127.0.0.1:0", "--upstream", node.address, "--fault", rule) as proxy:
+            client = MockClient(proxy.host, proxy.port, timeout=60)
+            client.connect()
+            client.send({"tremor": {"connect": {"protocol": "echo"}}})
+            client.settle()
+            client.send({"echo": "beep"})
+            client.settle()  # returns once the close came instead of the echo
+            client.close()
+            _, stdout, stderr = proxy.stop()
+        code, out, err = node.stop()
+    # The client: its session's two control replies, then a close 4001 where the echo was due.
+    assert client.closed_by_server == 4001
+    assert client.received == 2 and client.session.expecting() == "the server's echo on 'echo'"
+    # The node: both messages taken and answered, then the client's close (its answer to 4001).
+    assert code == 0, err
+    stats = json.loads(out.splitlines()[-1])
+    assert (stats["messages_in"], stats["messages_out"], stats["violations"]) == (2, 3, 0)
+    # The proxy: where it acted, and each side's close frames as that side saw them.
+    faults = [line for line in stderr.splitlines() if " fault " in line]
+    assert len(faults) == 1, stderr
+    assert re.search(
+        r"fault close at upstream→client frame \d+ echo: close: 14 bytes to the client", faults[0]
+    )
+    client_side, upstream_side = re.findall(r"^close frames +(.*?) *$", stdout, re.M)
+    assert client_side.startswith("server 4001, client 4001") and upstream_side.startswith("client 4001")
+    # The node's answer to the client's close may come before the proxy stops: on the client's
+    # side it follows the injected close, and that side's rules would say so; nothing else is wrong.
+    others = [line for line in stderr.splitlines() if " fault " not in line]
+    assert all(line.endswith("server sent a frame after its close frame") for line in others), stderr
+    assert re.search(rf"fault --fault '{rule}': matched 1, +applied 1", " ".join(stdout.split()))
