@@ -78,6 +78,8 @@ class KinesisAdapter:
             side.start += end
             side.named.append([*side.held, line])
             side.held = []
+        if len(side.buf) > side.splitter.max_line:
+            raise ValueError(f"no line end in {len(side.buf)} bytes: longer than the reader takes")
         return out
 
     def fields(self, frame: bytes, from_client: bool) -> dict[str, Any]:
