@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from wallaroo_proto.display_filter import compile_filter
 from wallaroo_proto.protocols.ambrosia.proxy_faults import NAMED_FAULTS, adapter
-from wallaroo_proto.proxy.faultkit import FaultError, Frame
+from wallaroo_proto.proxy import faults
+from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
 
 H = bytes.fromhex
 TAKE_CHECKPOINT = H("78563412 1a000000 fb747b895a9033f8 ffffffffffffffff 0202")
@@ -147,3 +148,13 @@ def test_any_chunking_passes_every_byte_in_frames_of_the_same_types(from_client,
     types = [a.fields(f, from_client)["type"] for f in got]
     # A checkpoint's bytes may come in more pieces; every other frame is the same.
     assert [t for t in types if t != "CheckpointBytes"] == [t for t in expected if t != "CheckpointBytes"]
+
+
+def test_the_engine_finds_ambrosia_by_the_ics_first_record_and_cuts_before_the_second_record():
+    rules = faults.parse_rules(["drop-between-records skip=1"])
+    engine = faults.ConnectionFaults(rules, upstream_port=45678)
+    steps = engine.feed(False, CHECKPOINT_RECORD + BLOB + TAKE_CHECKPOINT + RECORD_0 + RECORD_1)
+    assert engine.protocol == "ambrosia"
+    sent = [s.data for s in steps if type(s) is Send]
+    assert sent == [CHECKPOINT_RECORD, BLOB, TAKE_CHECKPOINT, RECORD_0]
+    assert type(steps[-1]) is faults.Close and not steps[-1].reset

@@ -17,6 +17,7 @@ from support import Server, run_cli
 
 from wallaroo_proto.display_filter import compile_filter
 from wallaroo_proto.protocols.kinesis.proxy_faults import NAMED_FAULTS, adapter
+from wallaroo_proto.proxy import faults
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
 
 INITIALIZE = (
@@ -304,3 +305,27 @@ def test_a_checkpoint_error_injected_by_the_proxy_reaches_the_processor(tmp_path
     assert "ThrottlingException 1" in stdout
     assert re.search(rf"fault --fault '{rule}': matched \d+, +applied 1", " ".join(stdout.split()))
     assert set(re.findall(r"^violations +(\d+)", stdout, re.M)) == {"0"}
+
+
+def sends(steps) -> list[tuple[bool, bytes]]:
+    return [(s.to_upstream, s.data) for s in steps if type(s) is Send]
+
+
+def test_the_engine_finds_kinesis_by_its_first_line_and_applies_checkpoint_error():
+    rules = faults.parse_rules(["checkpoint-error error=ShutdownException"])
+    engine = faults.ConnectionFaults(rules, upstream_port=45678)  # not a Kinesis port: the bytes tell
+    out = []
+    for from_daemon, data in CONVERSATION:
+        out += sends(engine.feed(from_daemon, data))
+    assert engine.protocol == "kinesis"
+    expected = [(from_daemon, data) for from_daemon, data in CONVERSATION]
+    expected[4] = (True, REPLY_THROTTLED.replace(b"ThrottlingException", b"ShutdownException"))
+    assert out == expected
+    assert (rules[0].seen, rules[0].fired) == (1, 1)
+
+
+def test_rules_of_kinesis_words_are_checked_by_the_engine():
+    (rule,) = faults.parse_rules(["delay-status"], protocol="kinesis")
+    assert rule.params == {"ms": 500}
+    with pytest.raises(FaultError, match="error must be str"):
+        faults.parse_rules(["checkpoint-error error=3"], protocol="kinesis")

@@ -20,6 +20,7 @@ from wsproto.frame_protocol import FrameProtocol, Opcode
 from wallaroo_proto.display_filter import compile_filter
 from wallaroo_proto.protocols.tremor.peers import MockClient
 from wallaroo_proto.protocols.tremor.proxy_faults import NAMED_FAULTS, adapter
+from wallaroo_proto.proxy import faults
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
 
 REQUEST = (
@@ -317,3 +318,35 @@ def test_a_close_injected_by_the_proxy_reaches_the_client_with_its_status():
     others = [line for line in stderr.splitlines() if " fault " not in line]
     assert all(line.endswith("server sent a frame after its close frame") for line in others), stderr
     assert re.search(rf"fault --fault '{rule}': matched 1, +applied 1", " ".join(stdout.split()))
+
+
+def test_the_engine_finds_tremor_by_its_upgrade_and_sends_the_close_instead_of_an_echo():
+    rules = faults.parse_rules(["close status=1011 type=echo"])
+    engine = faults.ConnectionFaults(rules, upstream_port=45678)
+    out = []
+    for from_client, data in SESSION:
+        out += [(s.to_upstream, s.data) for s in engine.feed(from_client, data) if type(s) is Send]
+    assert engine.protocol == "tremor"
+    # Everything as it came, but the node's echo: a close 1011 (03 f3) goes to the client instead.
+    assert out == [
+        (True, REQUEST),
+        (False, RESPONSE),
+        (False, VERSION),
+        (True, CONNECT),
+        (False, CONNECT_ACK),
+        (True, BEEP),
+        (False, b"\x88\x02\x03\xf3"),
+    ]
+
+
+def test_a_close_toward_the_node_is_the_rules_direction():
+    rules = faults.parse_rules(["close direction=upstream type=echo status=1001"], protocol="tremor")
+    engine = faults.ConnectionFaults(rules, "tremor")
+    out = []
+    for from_client, data in SESSION:
+        out += [(s.to_upstream, s.data) for s in engine.feed(from_client, data) if type(s) is Send]
+    to_node = out[5]
+    assert to_node[0] and to_node[1][:2] == b"\x88\x82"  # the client's beep became its close, masked
+    key = to_node[1][2:6]
+    assert bytes(b ^ key[i] for i, b in enumerate(to_node[1][6:])) == b"\x03\xe9"
+    assert out[6] == (False, BEEP_BACK)
