@@ -118,10 +118,13 @@ def test_a_rewrite_that_cannot_be_done_says_why(from_client, data, field_name, m
         a.rewrite(frame, field_name, value)
 
 
-def test_bytes_that_cannot_be_framed_are_refused():
+def test_bytes_that_cannot_be_framed_pass_as_they_come_and_none_is_lost():
     a = adapter()
-    with pytest.raises(ValueError, match="record size 3 is below the 24-byte header"):
-        a.frames(False, H("78563412 03000000") + bytes(16))
+    bad = H("78563412 03000000") + bytes(16)  # a record size of 3, below the 24-byte header
+    assert a.frames(False, RECORD_0 + bad[:10]) == [RECORD_0]
+    assert a.frames(False, bad[10:]) == [bad]
+    assert a.frames(False, RECORD_1) == [RECORD_1]  # no way back to a boundary: as it comes
+    assert [a.fields(f, False)["type"] for f in (RECORD_0, bad, RECORD_1)] == ["Record", "INVALID", "INVALID"]
     assert a.error_frame("x", to_client=True) is None
 
 

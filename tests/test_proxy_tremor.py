@@ -112,13 +112,24 @@ def test_a_fragmented_message_is_named_at_its_last_frame():
     assert frames[-1].fields["message_json"] == '{"echo":"beep"}'
 
 
-def test_a_refused_upgrade_leaves_the_rest_unframed():
+def test_a_refused_upgrade_leaves_the_rest_unframed_and_loses_no_byte():
     a, _ = run(SESSION[:1])
     refusal = b"HTTP/1.1 403 Forbidden\r\nContent-Length: 2\r\n\r\n"
-    assert a.frames(False, refusal) == [refusal]
+    assert a.frames(False, refusal[:20]) == []
+    assert a.frames(False, refusal[20:] + b"n") == [refusal, b"n"]
     assert a.fields(refusal, False) == {"type": "UPGRADE_RESPONSE", "sender": "server", "http_status": 403}
-    with pytest.raises(ValueError, match="refused"):
-        a.frames(False, b"no")
+    assert a.fields(b"n", False) == {"type": "INVALID", "sender": "server"}
+    assert a.frames(False, b"o") == [b"o"]
+
+
+def test_a_frame_too_big_to_be_one_ends_the_framing_and_loses_no_byte():
+    a, _ = run(SESSION[:2])
+    # A text frame claiming 2^32 payload bytes (127: a 64-bit length follows), after a whole one.
+    huge = b"\x81\x7f" + (1 << 32).to_bytes(8, "big") + b"abc"
+    assert a.frames(False, BEEP_BACK + huge[:5]) == [BEEP_BACK]
+    assert a.frames(False, huge[5:]) == [huge]
+    assert a.fields(BEEP_BACK, False)["type"] == "stream"  # on a stream this session never connected
+    assert a.fields(huge, False) == {"type": "INVALID", "sender": "server"}
 
 
 def test_the_close_fault_sends_a_close_with_the_status_to_the_frames_receiver():

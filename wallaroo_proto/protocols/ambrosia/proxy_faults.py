@@ -7,7 +7,9 @@ are log records (the send port, ``RecordSplitter``). A checkpoint's raw bytes
 follow their Checkpoint message or record outside any frame; they come out
 as ``CheckpointBytes`` frames, a piece at a time as they arrive (``dissect``
 records only the piece that ends them), so a large checkpoint is never held
-whole. Fields are those ``dissect`` gives a frame, without the pair's
+whole. Bytes that cannot be framed (a record size below its header, a message
+size of 0) and all after them pass as they come, each read an ``INVALID`` frame.
+Fields are those ``dissect`` gives a frame, without the pair's
 ``phase`` and ``lb`` (one connection here does not see its partner's).
 """
 
@@ -58,6 +60,15 @@ class _Side:
         self.parts: deque[Any] = deque()  # per frame handed out: the splitter's value, for fields()
         self.blob_length = 0  # the checkpoint whose bytes are coming
 
+    def give_up(self) -> list[bytes]:
+        """Not framed any more: what is held goes on as one frame, each later read as its own."""
+        rest = bytes(self.buf)
+        self.buf.clear()
+        if not rest:
+            return []
+        self.parts.append(None)
+        return [rest]
+
 
 class AmbrosiaAdapter:
     """One proxied socket of an LB (the client) and its IC (the upstream), for the fault rules."""
@@ -71,11 +82,14 @@ class AmbrosiaAdapter:
         if self.socket is None:
             self.socket = RECEIVE if from_client else SEND
         side.buf += data
+        if side.splitter.broken:
+            return side.give_up()
         out: list[bytes] = []
         end = 0
         for part in side.splitter.feed(data):
             if type(part) is Garbage:
-                raise ValueError(f"offset {part.offset}: {part.reason}")
+                del side.buf[:end]
+                return out + side.give_up()  # no frame boundary can be found again
             offset, length = _span(part)
             end = offset + length - side.start
             out.append(bytes(side.buf[offset - side.start : end]))
@@ -88,7 +102,9 @@ class AmbrosiaAdapter:
         side = self.sides[from_client]
         part = side.parts.popleft()
         out: dict[str, Any] = {"sender": LB if from_client else IC, "ambrosia_socket": self.socket}
-        if type(part) is Blob:
+        if part is None:
+            out["type"] = "INVALID"  # bytes past what cannot be framed
+        elif type(part) is Blob:
             out["type"] = "CheckpointBytes"
             out["checkpoint_length"] = side.blob_length
         elif type(part) is RecordFrame:

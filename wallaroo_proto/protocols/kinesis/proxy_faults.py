@@ -1,7 +1,8 @@
 """The MultiLangDaemon's lines for the proxy's fault rules: frames, their fields, its own faults.
 
 A frame is one line with its line end, split as the MLD's reader splits them
-(``LineSplitter``). The blank lines a processor writes around its JSON (kclpy
+(``LineSplitter``); past a line longer than the reader takes, the rest of that direction
+passes as it comes, each read an ``INVALID`` frame. The blank lines a processor writes around its JSON (kclpy
 writes ``\\n{...}\\n``) are not records in ``dissect``; here they open the next
 line's frame, so frame for frame the proxy counts what ``dissect`` records.
 Each line goes through the shard's ``Conversation``, as ``dissect`` judges it,
@@ -38,7 +39,7 @@ _LINE_ENDS = b"\r\n"
 class _Side:
     """One direction: its splitter, the bytes not yet framed, the lines of frames not yet named."""
 
-    __slots__ = ("splitter", "buf", "start", "held", "named")
+    __slots__ = ("splitter", "buf", "start", "held", "named", "broken")
 
     def __init__(self) -> None:
         self.splitter = LineSplitter()
@@ -46,6 +47,17 @@ class _Side:
         self.start = 0  # stream offset of buf[0]
         self.held: list[Line] = []  # blank lines opening the next frame
         self.named: deque[list[Line]] = deque()  # per frame handed out: its lines, for fields()
+        self.broken = False  # a line too long to read: the rest passes as it comes
+
+    def give_up(self) -> list[bytes]:
+        """No more lines: what is held goes on as one frame, and every later read as its own."""
+        self.broken = True
+        rest = bytes(self.buf)
+        self.buf.clear()
+        if not rest:
+            return []
+        self.named.append([])
+        return [rest]
 
 
 class KinesisAdapter:
@@ -57,10 +69,14 @@ class KinesisAdapter:
         self.conv = Conversation()
 
     def _sender(self, from_client: bool) -> str:
-        return DAEMON if from_client == self.daemon_client else PROCESSOR
+        daemon_client = True if self.daemon_client is None else self.daemon_client  # dissect's fallback
+        return DAEMON if from_client == daemon_client else PROCESSOR
 
     def frames(self, from_client: bool, data: bytes) -> list[bytes]:
         side = self.sides[from_client]
+        if side.broken:
+            side.buf += data
+            return side.give_up()
         side.buf += data
         out = []
         for line in side.splitter.feed(data):
@@ -71,7 +87,7 @@ class KinesisAdapter:
                 continue
             end = line.offset + len(line.data) - side.start
             if end >= len(side.buf) or side.buf[end] not in _LINE_ENDS:
-                raise ValueError(f"line {line.number} at offset {line.offset}: longer than the reader takes")
+                return out + side.give_up()  # a line longer than the reader takes, cut short by it
             end += 2 if side.buf[end : end + 2] == b"\r\n" else 1
             out.append(bytes(side.buf[:end]))
             del side.buf[:end]
@@ -79,12 +95,14 @@ class KinesisAdapter:
             side.named.append([*side.held, line])
             side.held = []
         if len(side.buf) > side.splitter.max_line:
-            raise ValueError(f"no line end in {len(side.buf)} bytes: longer than the reader takes")
+            return out + side.give_up()  # no line end within what the reader takes
         return out
 
     def fields(self, frame: bytes, from_client: bool) -> dict[str, Any]:
         lines = self.sides[from_client].named.popleft()
         sender = self._sender(from_client)
+        if not lines:
+            return {"type": "INVALID", "sender": sender}  # bytes after a line too long to read
         judge = self.conv.from_daemon if sender == DAEMON else self.conv.from_processor
         for line in lines:
             verdict = judge(line)

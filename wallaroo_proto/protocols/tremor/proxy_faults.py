@@ -51,7 +51,7 @@ class _Side:
         self.phase = "http"  # -> "frames" after the head; "none" after a refused upgrade
         self.buf = bytearray()
         self.assembler = MessageAssembler(client=client)
-        self.kinds: deque[str] = deque()  # "head" or "ws", per frame handed out, for fields()
+        self.kinds: deque[str] = deque()  # "head", "ws" or "raw", per frame handed out, for fields()
 
 
 class TremorAdapter:
@@ -64,32 +64,28 @@ class TremorAdapter:
 
     def frames(self, from_client: bool, data: bytes) -> list[bytes]:
         side = self.sides[from_client]
-        if side.phase == "none":
-            raise ValueError("the upgrade was refused: no WebSocket frames follow")
         side.buf += data
+        if side.phase == "none":
+            return _give_up(side)
         out: list[bytes] = []
         buf = side.buf
         if side.phase == "http":
             end = head_length(bytes(buf[:MAX_HEAD]))
             if end is None:
-                if len(buf) > MAX_HEAD:
-                    raise ValueError(f"no HTTP head in the first {MAX_HEAD} bytes")
-                return out
+                return _give_up(side) if len(buf) > MAX_HEAD else out  # no HTTP head: not framed
             head = bytes(buf[:end])
             del buf[:end]
             out.append(head)
             side.kinds.append("head")
             side.phase = "frames"
             if not from_client and read_response(head, None).status != 101:
-                side.phase = "none"  # what follows is a refusal's body: forwarded unframed
-                if buf:
-                    raise ValueError("the upgrade was refused: no WebSocket frames follow")
-                return out
+                return out + _give_up(side)  # a refusal's body follows, no WebSocket
         pos = 0
         while (header := parse_header(buf, pos)) is not None:
             head_len, n, _ = header
             if n > DEFAULT_MAX_FRAME:
-                raise ValueError(f"a frame claims {n} payload bytes (limit {DEFAULT_MAX_FRAME})")
+                del buf[:pos]
+                return out + _give_up(side)  # damage, not a frame: the rest passes as it comes
             if len(buf) - pos < head_len + n:
                 break
             out.append(bytes(buf[pos : pos + head_len + n]))
@@ -101,7 +97,10 @@ class TremorAdapter:
     def fields(self, frame: bytes, from_client: bool) -> dict[str, Any]:
         side = self.sides[from_client]
         sender = CLIENT if from_client else SERVER
-        if side.kinds.popleft() == "head":
+        kind = side.kinds.popleft()
+        if kind == "raw":
+            return {"type": "INVALID", "sender": sender}
+        if kind == "head":
             if from_client:
                 self.request = read_request(frame)
                 return {"type": "UPGRADE_REQUEST", "sender": sender, "http_target": self.request.target}
@@ -162,6 +161,17 @@ class TremorAdapter:
     def error_frame(self, reason: str, to_client: bool) -> bytes | None:
         """A WebSocket close 1002 (protocol error) with the reason: how RFC 6455 fails a connection."""
         return close_frame(1002, reason, masked=not to_client)
+
+
+def _give_up(side: _Side) -> list[bytes]:
+    """No more frames in this direction: what is held goes on as one frame, each later read as its own."""
+    side.phase = "none"
+    rest = bytes(side.buf)
+    side.buf.clear()
+    if not rest:
+        return []
+    side.kinds.append("raw")
+    return [rest]
 
 
 def _status(code: Any) -> bytes:
