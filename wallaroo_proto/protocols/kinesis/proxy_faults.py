@@ -74,11 +74,12 @@ class KinesisAdapter:
 
     def frames(self, from_client: bool, data: bytes) -> list[bytes]:
         side = self.sides[from_client]
+        buf = side.buf
+        buf += data
         if side.broken:
-            side.buf += data
             return side.give_up()
-        side.buf += data
         out = []
+        cut = 0  # where the next frame starts in buf
         for line in side.splitter.feed(data):
             if self.daemon_client is None:
                 self.daemon_client = daemon_is_client(line.data, from_client, True)
@@ -86,15 +87,17 @@ class KinesisAdapter:
                 side.held.append(line)  # skipped and not recorded: it opens the next frame
                 continue
             end = line.offset + len(line.data) - side.start
-            if end >= len(side.buf) or side.buf[end] not in _LINE_ENDS:
+            if end >= len(buf) or buf[end] not in _LINE_ENDS:
+                del buf[:cut]
                 return out + side.give_up()  # a line longer than the reader takes, cut short by it
-            end += 2 if side.buf[end : end + 2] == b"\r\n" else 1
-            out.append(bytes(side.buf[:end]))
-            del side.buf[:end]
-            side.start += end
+            end += 2 if buf[end : end + 2] == b"\r\n" else 1
+            out.append(bytes(buf[cut:end]))
+            cut = end
             side.named.append([*side.held, line])
             side.held = []
-        if len(side.buf) > side.splitter.max_line:
+        del buf[:cut]
+        side.start += cut
+        if len(buf) > side.splitter.max_line:
             return out + side.give_up()  # no line end within what the reader takes
         return out
 
