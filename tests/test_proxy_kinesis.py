@@ -330,3 +330,12 @@ def test_rules_of_kinesis_words_are_checked_by_the_engine():
     assert rule.params == {"ms": 500}
     with pytest.raises(FaultError, match="error must be str"):
         faults.parse_rules(["checkpoint-error error=3"], protocol="kinesis")
+
+
+@pytest.mark.parametrize(("rule", "seconds"), [("delay-status", 0.5), ("delay-status ms=50", 0.05)])
+def test_delay_status_holds_each_status_line_and_only_those(rule, seconds):
+    engine = faults.ConnectionFaults(faults.parse_rules([rule], protocol="kinesis"), "kinesis")
+    steps = [step for from_daemon, data in CONVERSATION for step in engine.feed(from_daemon, data)]
+    waits = [i for i, step in enumerate(steps) if type(step) is faults.Wait]
+    assert [steps[i].seconds for i in waits] == [seconds, seconds]
+    assert [steps[i + 1] for i in waits] == [Send(False, STATUS_INIT), Send(False, STATUS_RECORDS)]
