@@ -37,6 +37,8 @@ from wallaroo_proto.proxy.relay import Relay, RelayStats
 from wallaroo_proto.proxy.watch import Watch
 
 NAME = "wallaroo-proto proxy"
+#: Seconds a pair after the first tries again a connect its upstream refused.
+SECOND_SOCKET_WAIT = 10.0
 
 
 def _violation_line(r: dict, relays: list[Relay]) -> str:
@@ -192,10 +194,19 @@ def command(
     except OSError as err:
         raise usage_error(f"--record {record}: {os_reason(err)}") from err
     numbers, stats = itertools.count(1), RelayStats()
-    for here, there in zip(listen, upstream, strict=True):
+    for n, (here, there) in enumerate(zip(listen, upstream, strict=True)):
         shaper = partial(fault_rules.ConnectionFaults, rules, protocol, there[1]) if rules else None
+        # A second socket's upstream (AMBROSIA's IC send port) listens once the first is accepted.
+        wait = SECOND_SOCKET_WAIT if n else 0.0
         relays.append(
-            Relay(here, there, watch, faults=shaper, on_fault=on_fault, numbers=numbers, stats=stats)
+            Relay(
+                *(here, there, watch),
+                faults=shaper,
+                on_fault=on_fault,
+                numbers=numbers,
+                stats=stats,
+                wait_for_upstream=wait,
+            )
         )
     try:
         asyncio.run(_serve(relays, loop_box.append))

@@ -6,11 +6,19 @@ with their header and xxHash64 check bytes, and the LB's bare messages.
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import pytest
+import test_interop_ambrosia_node as node_peer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import Server, run_cli
+from test_interop_ambrosia_node import build, storage  # noqa: F401 (fixtures: the binding, Azurite)
 
 from wallaroo_proto.display_filter import compile_filter
+from wallaroo_proto.protocols.ambrosia.immortal import RpcSource
 from wallaroo_proto.protocols.ambrosia.proxy_faults import NAMED_FAULTS, adapter
 from wallaroo_proto.proxy import faults
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
@@ -161,3 +169,103 @@ def test_the_engine_finds_ambrosia_by_the_ics_first_record_and_cuts_before_the_s
     sent = [s.data for s in steps if type(s) is Send]
     assert sent == [CHECKPOINT_RECORD, BLOB, TAKE_CHECKPOINT, RECORD_0]
     assert type(steps[-1]) is faults.Close and not steps[-1].reset
+
+
+# ------------------------------------------------------------------ the Node binding through the proxy
+
+_NODE_PEER = [
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        not (node_peer.PEER / "Ambrosia-Node" / "package.json").is_file(),
+        reason=f"AMBROSIA's Node binding is not at {node_peer.PEER} (set AMBROSIA_NODE_PEER)",
+    ),
+    pytest.mark.skipif(bool(node_peer._missing), reason="node and npm are needed for the Node binding"),
+]
+
+
+def needs_node(test):
+    """Slow, and skipped (saying why) without the Node binding's sources or node and npm."""
+    for mark in _NODE_PEER:
+        test = mark(test)
+    return test
+
+
+def mock_ic(tmp_path: Path, *args: str) -> Server:
+    return Server(
+        *("ambrosia", "mock-ic", "--format", "json", "--exit-when-done", "--batch", "10"),
+        *("--checkpoint-every", "5", "--log-dir", str(tmp_path / "iclog"), *args),
+    )
+
+
+def proxy_for(ic: Server, tmp_path: Path, *args: str) -> tuple[Server, int, int]:
+    """The proxy before the IC's two ports, paired in the binding's order: receive, then send."""
+    rport, sport = map(int, node_peer.PORTS.search(ic.lines[-1]).groups())
+    proxy = Server(
+        *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{rport}"),
+        *("--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{sport}"),
+        *("--record", str(tmp_path / "proxy.pcap"), *args),
+    )
+    ports = [int(p) for p in re.findall(r"listening on 127\.0\.0\.1:(\d+)", proxy.lines[-1])]
+    return proxy, ports[0], ports[1]
+
+
+@needs_node
+def test_the_node_binding_through_the_proxy_to_mock_ic(build, storage, tmp_path):  # noqa: F811
+    with mock_ic(tmp_path, "--rpcs", "300") as ic:
+        proxy, rport, sport = proxy_for(ic, tmp_path)
+        with proxy:
+            app = node_peer.NodeApp(build, storage, tmp_path / "app", "proxied", rport, sport)
+            code, out, err = ic.stop(sig=None, timeout=node_peer.DEADLINE)
+            app_code = app.end()
+            pcode, stdout, stderr = proxy.stop()
+    summary = json.loads(out.splitlines()[-1])
+    assert code == 0 and summary["violations"] == [], err
+    assert app_code == 0, app.tail()
+    assert node_peer._totals(app.status()) == node_peer._expected(RpcSource(300))
+    assert pcode == 0, stderr
+    assert "violation" not in stderr.lower()
+    # One LB's two sockets, paired as dissect pairs them, and the proxy's summary is dissect's.
+    assert re.findall(r"\(ambrosia (\w+) port\)", stdout) == ["send", "receive"]
+    assert re.findall(r"^RPCs +(.*?) *$", stdout, re.M) == ["360 to the LB, 60 from it"] * 2
+    assert set(re.findall(r"^violations +(\d+)", stdout, re.M)) == {"0"}
+    dissected = run_cli("dissect", str(tmp_path / "proxy.pcap"), "--summary")
+    assert dissected.returncode == 0, dissected.stderr
+    assert stdout.split("\n", 1)[1].strip() == dissected.stdout.strip()
+
+
+@needs_node
+def test_a_cut_between_records_by_the_proxy_ends_the_binding_after_the_records_before_it(
+    build,  # noqa: F811
+    storage,  # noqa: F811
+    tmp_path,
+):
+    with mock_ic(tmp_path, "--rpcs", "300") as ic:
+        proxy, rport, sport = proxy_for(ic, tmp_path, "--fault", "drop-between-records skip=10")
+        with proxy:
+            app = node_peer.NodeApp(build, storage, tmp_path / "app", "cut", rport, sport)
+            app_code = app.end()  # the binding ends once its IC's socket is gone
+            code, out, err = ic.stop(timeout=node_peer.DEADLINE)
+            pcode, stdout, stderr = proxy.stop()
+    # The proxy: one cut, before the 11th log record (sequence id 10), toward the LB.
+    faults_seen = [line for line in stderr.splitlines() if " fault " in line]
+    assert len(faults_seen) == 1, stdout + stderr + out + err
+    assert re.search(
+        r"fault drop-between-records at upstream→client frame \d+ Record: connection closed", faults_seen[0]
+    )
+    assert "violation" not in stderr.lower()
+    assert re.search(r"matched 11, +applied 1", " ".join(stdout.split()))
+    # Each side of the send socket as it saw it: the IC's sequence id 10 never reached the LB.
+    records = re.findall(r"^records +(\d+) \(0 replayed\), last sequence id (\d+)", stdout, re.M)
+    assert sorted(set(records)) == [("10", "9"), ("11", "10")]
+    assert set(re.findall(r"^violations +(\d+)", stdout, re.M)) == {"0"}
+    # The binding applied exactly the RPCs of the ten records it got, then ended cleanly.
+    to_lb = re.findall(r"^RPCs +(\d+) to the LB", stdout, re.M)
+    status = app.status()
+    assert app_code == 0 and status["initialized"] and "FirstStart" in status["events"]
+    assert status["rpcs"] < 300 and str(status["rpcs"]) in to_lb
+    # The IC: the LB went away mid-run, no rule broken; stopped before its end, so 130.
+    summary = json.loads(out.splitlines()[-1])
+    assert code == 130 and not summary["done"] and summary["violations"] == [], err
+    assert "the LB went away" in err and summary["records_sent"] >= 11
+    assert summary["last_checkpoint"]["state"]["rpcs"] <= status["rpcs"]

@@ -36,18 +36,21 @@ class ToyAdapter:
     """Frames: a length byte (of what follows), a type letter, a body."""
 
     def __init__(self) -> None:
-        self.tail = {True: b"", False: b""}
+        self.rest = {True: b"", False: b""}
 
     def frames(self, from_client: bool, data: bytes) -> list[bytes]:
-        buf = self.tail[from_client] + data
+        buf = self.rest[from_client] = self.rest[from_client] + data
         out = []
         while buf and len(buf) > buf[0]:
             if buf[0] == 0:
-                raise ValueError("a frame of no length")
+                raise ValueError("a frame of no length")  # everything since the last call is the tail
             out.append(buf[: buf[0] + 1])
             buf = buf[buf[0] + 1 :]
-        self.tail[from_client] = buf
+        self.rest[from_client] = buf
         return out
+
+    def tail(self, from_client: bool) -> bytes:
+        return self.rest[from_client]
 
     def fields(self, frame: bytes, from_client: bool) -> dict:
         return {"type": chr(frame[1]), "length": len(frame)}
@@ -215,10 +218,18 @@ def test_the_frame_a_fault_acts_at_is_taken_before_it_is_sent() -> None:
     assert steps[1].data == frame("B")
 
 
-def test_bytes_that_do_not_frame_pass_unframed_from_then_on() -> None:
+def test_bytes_that_do_not_frame_pass_unframed_from_then_on_none_lost() -> None:
     shaper = engine("drop type=A")
-    assert sent(shaper.feed(True, b"\x00junk")) == [(True, b"\x00junk")]
+    assert sent(shaper.feed(True, b"\x02B")) == []  # a frame begun
+    steps = shaper.feed(True, b"x\x02Ay\x00junk")
+    assert sent(steps) == [(True, b"\x02Bx\x02Ay\x00junk")]  # the adapter's tail: nothing lost
     assert sent(shaper.feed(True, frame("A"))) == [(True, frame("A"))]
+
+
+def test_a_last_frame_cut_short_goes_on_when_its_side_ends() -> None:
+    shaper = engine()
+    assert sent(shaper.feed(True, frame("A") + b"\x05BC")) == [(True, frame("A"))]
+    assert sent(shaper.end(True)) == [(True, b"\x05BC")]
 
 
 @given(st.lists(st.sampled_from("ABCD"), max_size=30), st.data())

@@ -20,7 +20,7 @@ import binascii
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from wallaroo_proto.proxy.faultkit import FaultError, Frame, NamedFault, Send
+from wallaroo_proto.proxy.faultkit import Close, FaultError, Frame, NamedFault, Send
 
 from .codec import decode, encode
 from .errors import EncodeError, ProtocolError
@@ -306,10 +306,12 @@ def adapter() -> WallarooAdapter:
 # --- the named faults ----------------------------------------------------------------------
 
 
-def _restart(frame: Frame, params: Mapping[str, Any], conn: WallarooAdapter) -> list[Send]:
-    """The frame goes on, then a RESTART to the client (empty, or with ``address``)."""
+def _restart(frame: Frame, params: Mapping[str, Any], conn: WallarooAdapter) -> list[Send | Close]:
+    """The frame goes on, then a RESTART to the client (empty, or with ``address``), then the
+    connection ends: a worker that sent RESTART is disconnected, and its connector must close
+    and connect again."""
     address = params.get("address") or None
-    return [Send(frame.from_client, frame.data), Send(False, encode(Restart(address)))]
+    return [Send(frame.from_client, frame.data), Send(False, encode(Restart(address))), Close(reset=False)]
 
 
 def _abort_vote(frame: Frame, params: Mapping[str, Any], conn: WallarooAdapter) -> list[Send]:
@@ -325,8 +327,8 @@ def _abort_vote(frame: Frame, params: Mapping[str, Any], conn: WallarooAdapter) 
 
 NAMED_FAULTS: dict[str, NamedFault] = {
     "restart": NamedFault(
-        help="send the client a RESTART after a frame on its way there (default: after an ACK); "
-        "address=HOST:PORT gives the shipped form's address",
+        help="send the client a RESTART after a frame on its way there (default: after an ACK), "
+        "then close the connection; address=HOST:PORT gives the shipped form's address",
         where='type == "ACK"',
         params={"address": (str, "")},
         act=_restart,
