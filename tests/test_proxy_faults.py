@@ -273,7 +273,26 @@ class Upstream:
         self.closed.set()
 
 
-def relayed(*options: str, client_sends: bytes):
+class EndsSeen:
+    """A tap that keeps only how each recorded connection's sides ended."""
+
+    def __init__(self) -> None:
+        self.ends: list[tuple[object, bool, bool]] = []
+
+    def opened(self, *args) -> None:
+        pass
+
+    def data(self, *args) -> None:
+        pass
+
+    def note(self, *args) -> None:
+        pass
+
+    def ended(self, conn, from_client: bool, reset: bool, when: float) -> None:
+        self.ends.append((conn, from_client, reset))
+
+
+def relayed(*options: str, client_sends: bytes, tap=None):
     """A Relay with these rules between a loopback client and ``Upstream``; what each end got."""
     rules = [faults.build_rule(faults.parse_option(o), o) for o in options]
     upstream = Upstream()
@@ -281,6 +300,7 @@ def relayed(*options: str, client_sends: bytes):
     relay = Relay(
         ("127.0.0.1", 0),
         ("127.0.0.1", upstream.port),
+        tap,
         faults=partial(faults.ConnectionFaults, rules, "toy", adapter=ToyAdapter()),
         on_fault=lambda conn, step: applied.append(step),
     )
@@ -322,6 +342,18 @@ def test_a_cut_with_reset_resets_both_sides() -> None:
     assert got == frame("A") + frame("B") + b"<reset>"
     assert back == b"<reset>"
     assert [a.what for a in applied] == ["connection reset"]
+
+
+def test_a_cut_is_recorded_as_the_proxy_ended_each_side() -> None:
+    tap = EndsSeen()
+    relayed("cut type=B", client_sends=frame("A") + frame("B"), tap=tap)
+    # The proxy's FIN, then the peer's, on the client's side (the proxy is its server) and on
+    # the upstream's (the proxy is its client).
+    assert sorted(tap.ends[:4], key=str) == sorted(
+        [((1, "client"), False, False), ((1, "client"), True, False)]
+        + [((1, "upstream"), True, False), ((1, "upstream"), False, False)],
+        key=str,
+    )
 
 
 # ---------------------------------------------------------------- faults as notes in the recording

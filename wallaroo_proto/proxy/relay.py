@@ -171,6 +171,7 @@ class Relay:
             for w in (client_w, server_w):
                 if cut.reset:
                     _reset(w)
+            legs.cut(cut.reset)
         except asyncio.CancelledError:
             for pump in (ups, downs):
                 if pump is not None:
@@ -342,6 +343,16 @@ class _Legs:
             now = time.time()
             self.tap.ended(self.client, from_client, reset, now)
             self.tap.ended(self.upstream, from_client, reset, now)
+
+    def cut(self, reset: bool) -> None:
+        """The proxy ended both sides: its reset on each, or its FIN and the peer's."""
+        if self.tap is None:
+            return
+        now = time.time()
+        for leg, proxy_is_client in ((self.client, False), (self.upstream, True)):
+            self.tap.ended(leg, proxy_is_client, reset, now)
+            if not reset:
+                self.tap.ended(leg, not proxy_is_client, False, now)
 
     def note(self, from_client: bool, text: str) -> None:
         if self.tap is not None:
