@@ -2,19 +2,80 @@
 
 Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS`` (PROTOCOL ``-``:
 detected; PORTS comma-separated) with the recording on stdin. Each frame with a
-violation is written to stdout as its JSONL record the moment it is read; at the
+violation is written to stdout as its JSONL record the moment it is read; while
+frames flow, at most every ``STATE_EVERY`` seconds (and once when they pause), a line
+``{"state": [...]}`` with each connection that changed (``connection_state``); at the
 end, one line ``{"summaries": [...]}``. A process, not a thread: dissecting costs
 about as much as relaying, and a second core is worth more than a shared one.
 """
 
 from __future__ import annotations
 
+import select
 import signal
 import sys
+import time
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import CaptureError
 from wallaroo_proto.records import to_json
+
+#: Seconds between state lines while bytes come.
+STATE_EVERY = 0.5
+
+
+def connection_state(tracker: Any) -> dict:
+    """One connection as the live view shows it: who, how much each way, and its protocol's state."""
+    ident = tracker.ident
+    initiator = getattr(tracker, "initiator_is_client", True)
+    dirs = tracker.dirs
+    halves = (dirs[initiator].half, dirs[not initiator].half)
+    live = getattr(tracker, "live_state", None)
+    return {
+        "conn_index": ident["conn_index"],
+        "protocol": ident["protocol"],
+        "client": [ident["initiator_addr"], ident["initiator_port"]],
+        "server": [ident["responder_addr"], ident["responder_port"]],
+        # Tremor's summary keeps frames by opcode; every tracker numbers its frames.
+        "frames": tracker.frame_index if hasattr(tracker, "frame_index") else tracker.summary.frames,
+        "bytes": None if None in halves else [h.offset for h in halves],  # None: the connection is over
+        "violations": tracker.summary.violations,
+        "state": live() if live is not None else {},
+    }
+
+
+class _Paced:
+    """The checker's input, read as the dissector asks, with ``tick()`` called between reads at
+    most every ``every`` seconds while bytes come, and once when they pause: no cost per frame,
+    and the trackers are between packets whenever it runs."""
+
+    __slots__ = ("_fd", "_read", "_every", "_due", "_fresh", "_tick")
+
+    def __init__(self, f: BinaryIO, every: float, tick: Callable[[], None]) -> None:
+        self._fd = f.fileno()
+        self._read = f.raw.read if hasattr(f, "raw") else f.read
+        self._every = every
+        self._due = time.monotonic() + every
+        self._fresh = False
+        self._tick = tick
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read1(self, n: int) -> bytes:
+        if self._fresh:
+            wait = self._due - time.monotonic()
+            if wait <= 0 or not select.select([self._fd], [], [], wait)[0]:
+                self._tick()
+                self._fresh = False
+                self._due = time.monotonic() + self._every
+        data = self._read(n)
+        self._fresh = bool(data)
+        return data
+
+    read = read1  # a pipe's reader (pcap._Stream) asks for read1; read only for the file header
 
 
 def main(argv: list[str]) -> int:
@@ -28,9 +89,23 @@ def main(argv: list[str]) -> int:
     )
     dissector.want_records = False  # as for --summary: no record where a plug-in can avoid one
     out = sys.stdout
+    shown: dict[int, tuple] = {}
+
+    def state() -> None:
+        changed = []
+        for tracker in dissector.trackers:
+            line = connection_state(tracker)
+            seen = (line["frames"], line["bytes"], line["violations"])
+            if shown.get(line["conn_index"]) != seen:
+                shown[line["conn_index"]] = seen
+                changed.append(line)
+        if changed:
+            out.write(to_json({"state": changed}) + "\n")
+            out.flush()
+
     error = None
     try:
-        for item in dissector.frames(sys.stdin.buffer):
+        for item in dissector.frames(_Paced(sys.stdin.buffer, STATE_EVERY, state)):
             # Blocks hold accepted frames only: a violation is always a record of its own.
             if type(item) is dict and item.get("violations"):
                 out.write(to_json(item) + "\n")
