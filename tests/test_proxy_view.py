@@ -1,0 +1,342 @@
+"""The proxy's live view: the checker's state lines between real peers, the view's table, the terminal.
+
+State lines are taken from a relay and its ``Watch`` run here (the checker is its
+real child process) between real peers over loopback; the table is rendered from
+given state with rich's recording console; the command's view is read from a
+pseudo-terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import termios
+import threading
+import time
+
+import pytest
+from rich.console import Console
+from support import COMMAND, Server, run_cli
+
+from wallaroo_proto.proxy.relay import Relay
+from wallaroo_proto.proxy.view import COLUMNS, LiveView, protocol_state
+from wallaroo_proto.proxy.watch import Watch
+
+DEADLINE = 60
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class WatchedRelay:
+    """A relay with its ``Watch`` on a loop thread of the test, every state line kept (by connection)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.lines: list[dict] = []
+        self.watch = Watch(ports=(upstream_port,), on_state=self.lines.extend)
+        self.relay = Relay(("127.0.0.1", 0), ("127.0.0.1", upstream_port), self.watch)
+        self.loop = asyncio.new_event_loop()
+        _, port = self.loop.run_until_complete(self.relay.start())
+        self.address = f"127.0.0.1:{port}"
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.relay.stop(), self.loop).result(DEADLINE)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(DEADLINE)
+        self.loop.close()
+        self.watch.close(DEADLINE)
+        assert self.watch.error is None, self.watch.error
+
+
+@pytest.mark.slow
+def test_the_checker_reports_a_wallaroo_connections_state_while_it_streams_and_once_it_ended() -> None:
+    with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
+        proxy = WatchedRelay(worker.port)
+        try:
+            # 2 x 1000 messages at 1000/s: two seconds or more of frames, several state lines.
+            source = run_cli(
+                *("mock-source", "--connect", proxy.address, "-q", "--streams", "2", "--count", "1000"),
+                *("--rate", "1000", "--payload-size", "40"),
+                timeout=120,
+            )
+            assert source.returncode == 0, source.stderr
+            # The connection over: a line saying so once the bytes pause.
+            wait_for(lambda: any(c["bytes"] is None for c in proxy.lines), "the line of the ended connection")
+        finally:
+            proxy.close()
+        worker.stop()
+    final = next(c for c in proxy.lines if c["bytes"] is None)
+    summary = proxy.watch.summaries[0]
+    assert final["conn_index"] == 1 and final["protocol"] == "wallaroo"
+    assert final["frames"] == summary["frames"]
+    assert final["violations"] == 0
+    assert final["state"]["use"] == "source"
+    assert final["state"]["checkpoints"] == summary["checkpoints_acknowledged"] > 0
+    streaming = [c for c in proxy.lines if c["bytes"] is not None]
+    assert len(streaming) >= 2, proxy.lines
+    first = streaming[0]
+    assert first["client"][0] == "127.0.0.1" and first["server"][1] == worker.port
+    assert 0 < first["frames"] < final["frames"]  # said mid-stream, not only at the end
+    sent, received = first["bytes"]
+    assert sent > 0 and received > 0
+    assert first["state"]["state"] == "Streaming"
+    assert first["state"]["streams"] == 2
+    assert first["state"]["credits"] is not None
+    frames = [c["frames"] for c in proxy.lines]
+    assert frames == sorted(frames)
+
+
+@pytest.mark.slow
+def test_the_checker_reports_a_dcp_connections_open_streams_when_the_flow_pauses() -> None:
+    with Server(
+        "dcp", "mock-producer", "--port", "0", "--vbuckets", "4", "--items", "300", "--keys", str(10**9)
+    ) as producer:
+        proxy = WatchedRelay(producer.port)
+        try:
+            consumer = subprocess.Popen(
+                [
+                    *COMMAND,
+                    "dcp",
+                    "mock-consumer",
+                    "--connect",
+                    proxy.address,
+                    "--follow",
+                    "--format",
+                    "json",
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            try:
+                # --follow: every item streamed, the four streams stay open and the bytes pause.
+                wait_for(
+                    lambda: any(
+                        c["state"].get("streams") == 4 and c["frames"] > 4 * 300 for c in proxy.lines
+                    ),
+                    "a state line with the four streams open",
+                )
+            finally:
+                consumer.send_signal(signal.SIGTERM)
+                consumer.communicate(timeout=DEADLINE)
+            wait_for(lambda: any(c["bytes"] is None for c in proxy.lines), "the line of the ended connection")
+        finally:
+            proxy.close()
+        producer.stop()
+    following = next(c for c in proxy.lines if c["state"].get("streams") == 4)
+    assert following["protocol"] == "dcp"
+    assert following["violations"] == 0
+    assert following["state"]["buffer"].endswith("/1048576")  # the consumer's flow-control buffer
+    assert following["bytes"][1] > following["bytes"][0] > 0  # the producer sent the most
+    final = next(c for c in proxy.lines if c["bytes"] is None)
+    assert final["frames"] == sum(proxy.watch.summaries[0]["packets_by_type"].values())
+
+
+# --- the view's table, from given state -----------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Inner:
+    """A tap behind the view: every call it is handed."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def opened(self, *args) -> None:
+        self.calls.append(("opened", *args))
+
+    def data(self, *args) -> None:
+        self.calls.append(("data", *args))
+
+    def note(self, *args) -> None:
+        self.calls.append(("note", *args))
+
+    def ended(self, *args) -> None:
+        self.calls.append(("ended", *args))
+
+
+def rendered(view: LiveView) -> tuple[str, dict[str, dict[str, str]]]:
+    """The view as text, and each row's cells by column header, by its # cell."""
+    console = Console(record=True, width=300, color_system=None)
+    console.print(view.renderable())
+    text = console.export_text()
+    lines = text.splitlines()
+    header = next(line for line in lines if "┃" in line)
+    names = [cell.strip() for cell in header.split("┃")[1:-1]]
+    rows = {}
+    for line in lines:
+        if line.startswith("│"):
+            cells = [cell.strip() for cell in line.split("│")[1:-1]]
+            rows[cells[0]] = dict(zip(names, cells, strict=True))
+    return text, rows
+
+
+def checked(conn_index: int, client: tuple[str, int], frames: int, violations: int = 0, **state) -> dict:
+    return {
+        "conn_index": conn_index,
+        "protocol": "wallaroo",
+        "client": list(client),
+        "server": ["127.0.0.1", 7100],
+        "frames": frames,
+        "bytes": [0, 0],
+        "violations": violations,
+        "state": state,
+    }
+
+
+def test_the_view_shows_each_connection_with_its_rates_state_and_violations() -> None:
+    clock, inner = Clock(), Inner()
+    view = LiveView("forwarding to 127.0.0.1:7100", clock=clock).wrap(inner)
+    client = ("127.0.0.1", 40001)
+    view.opened(1, client, ("127.0.0.1", 7100), 0.0)
+    view.state([checked(1, client, 10, credits=100, streams=1)])
+    text, rows = rendered(view)  # the first look: rates start from here
+    assert [n for n in COLUMNS if n in text] == list(COLUMNS)
+    clock.now += 2.0
+    view.data(1, True, b"x" * 4000, 0.0)
+    view.data(1, False, b"y" * 600, 0.0)
+    view.state([checked(1, client, 410, violations=2, credits=None, streams=3, checkpoints=7)])
+    text, rows = rendered(view)
+    row = rows["1"]
+    assert row["client"] == "127.0.0.1:40001"
+    assert row["protocol"] == "wallaroo"
+    assert row["state"] == "open"
+    assert row["frames/s"] == "205"  # 410 frames in the 2 s since it opened
+    assert row["bytes/s c→u"] == "2,000"
+    assert row["bytes/s u→c"] == "300"
+    assert row["violations"] == "2"
+    assert row["faults"] == "0"
+    assert row["protocol state"] == "streams 3  checkpoints 7"  # credits unknown: left out
+    assert "connections 1 open, 1 in all  violations 2  faults applied 0" in text
+    assert "forwarding to 127.0.0.1:7100" in text
+    # Everything reached the tap behind it.
+    assert [c[0] for c in inner.calls] == ["opened", "data", "data"]
+    view.ended(1, True, False, 0.0)
+    assert rendered(view)[1]["1"]["state"] == "half-closed"
+    view.ended(1, False, False, 0.0)
+    clock.now += 2.0
+    text, rows = rendered(view)
+    assert rows["1"]["state"] == "closed"
+    assert rows["1"]["frames/s"] == "0" and rows["1"]["bytes/s c→u"] == "0"
+    assert "connections 0 open, 1 in all" in text
+
+
+def test_under_fault_rules_each_leg_is_a_row_and_faults_are_counted_on_the_leg_they_hit() -> None:
+    clock = Clock()
+    view = LiveView(clock=clock).wrap(None)
+    client, proxy_end = ("127.0.0.1", 40002), ("127.0.0.1", 50002)
+    view.opened((3, "client"), client, ("127.0.0.1", 7101), 0.0)
+    view.opened((3, "upstream"), proxy_end, ("127.0.0.1", 7100), 0.0)
+    view.state([checked(5, client, 20, 1), checked(6, proxy_end, 19)])
+    view.fault(3, True, "drop")
+    view.fault(3, True, "delay")
+    view.ended((3, "client"), True, True, 0.0)
+    text, rows = rendered(view)
+    assert rows["3 client"]["client"] == "127.0.0.1:40002"
+    assert rows["3 client"]["faults"] == "2 (delay)"
+    assert rows["3 client"]["violations"] == "1"
+    assert rows["3 client"]["state"] == "reset"
+    assert rows["3 upstream"]["client"] == "127.0.0.1:50002"
+    assert rows["3 upstream"]["faults"] == "0"
+    assert rows["3 upstream"]["state"] == "open"
+    assert "1 in all  violations 1  faults applied 2" in text
+
+
+def test_a_protocols_state_reads_as_words_without_unknown_values() -> None:
+    state = {"streams": 2, "ended": 1, "snapshot": "vb1 0..64", "buffer": "100/1048576", "shard": None}
+    assert protocol_state(state) == "streams 2  ended 1  snapshot vb1 0..64  buffer 100/1048576"
+
+
+# --- the command's view in a terminal ----------------------------------------------------------------
+
+
+def read_until(fd: int, wanted, what: str) -> str:
+    """What a terminal shows until ``wanted(text)``."""
+    seen = b""
+    deadline = time.monotonic() + DEADLINE
+    while not wanted(plain(seen.decode("utf-8", "replace"))):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {seen[-2000:]!r}")
+        if select.select([fd], [], [], 0.2)[0]:
+            try:
+                seen += os.read(fd, 65536)
+            except OSError:  # the terminal's other end closed
+                break
+    return plain(seen.decode("utf-8", "replace"))
+
+
+def plain(text: str) -> str:
+    """A terminal's text without its escape sequences (colours, cursor moves)."""
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+def rows_of(text: str) -> list[list[str]]:
+    """The whole table rows on a terminal that show a source streaming on two streams, as cells."""
+    return [
+        [cell.strip() for cell in line.split("│")[1:-1]]
+        for line in text.splitlines()
+        if "use source" in line and "streams 2" in line and line.rstrip().endswith("│")
+    ]
+
+
+@pytest.mark.slow
+def test_the_live_view_in_a_terminal_shows_the_connection_and_its_protocol_state() -> None:
+    with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
+        terminal, screen = pty.openpty()
+        fcntl.ioctl(screen, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 220, 0, 0))
+        proxy = subprocess.Popen(
+            [*COMMAND, "proxy", "--listen", "127.0.0.1:0", "--upstream", worker.address, "--live"],
+            stdout=subprocess.PIPE,
+            stderr=screen,
+            text=True,
+            env={**os.environ, "COLUMNS": "220", "LINES": "50"},  # whatever size the tests' own terminal has
+        )
+        os.close(screen)
+        source = None
+        try:
+            ready = proxy.stdout.readline()
+            address = ready.split("listening on ", 1)[1].split(",", 1)[0]
+            source = subprocess.Popen(
+                [*COMMAND, "mock-source", "--connect", address, "-q", "--streams", "2", "--count", "100000"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            shown = read_until(
+                terminal, lambda text: bool(rows_of(text)), "a connection row with its protocol state"
+            )
+        finally:
+            if source is not None:
+                source.kill()
+                source.wait(DEADLINE)
+            proxy.send_signal(signal.SIGTERM)
+            proxy.communicate(timeout=DEADLINE)
+            os.close(terminal)
+        worker.stop()
+    cells = rows_of(shown)[0]
+    assert cells[0] == "1"
+    assert cells[1].startswith("127.0.0.1:")
+    assert cells[2:4] == ["wallaroo", "open"]
+    assert "state Streaming" in cells[-1]
+    assert "forwarding to " + worker.address in shown
+    assert proxy.returncode == 0
