@@ -9,6 +9,7 @@ pseudo-terminal.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import pty
@@ -260,7 +261,7 @@ def test_under_fault_rules_each_leg_is_a_row_and_faults_are_counted_on_the_leg_t
     assert rows["3 upstream"]["client"] == "127.0.0.1:50002"
     assert rows["3 upstream"]["faults"] == "0"
     assert rows["3 upstream"]["state"] == "open"
-    assert "1 in all  violations 1  faults applied 2" in text
+    assert "connections 1 open, 1 in all  violations 1  faults applied 2" in text
 
 
 def test_a_protocols_state_reads_as_words_without_unknown_values() -> None:
@@ -300,38 +301,44 @@ def rows_of(text: str) -> list[list[str]]:
     ]
 
 
+@contextlib.contextmanager
+def proxy_in_a_terminal(upstream: str, *options: str):
+    """The proxy with its stderr on a pseudo-terminal: (the process, the terminal's fd, its address)."""
+    terminal, screen = pty.openpty()
+    fcntl.ioctl(screen, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 220, 0, 0))
+    proxy = subprocess.Popen(
+        [*COMMAND, "proxy", "--listen", "127.0.0.1:0", "--upstream", upstream, *options],
+        stdout=subprocess.PIPE,
+        stderr=screen,
+        text=True,
+        env={**os.environ, "COLUMNS": "220", "LINES": "50"},  # whatever size the tests' own terminal has
+    )
+    os.close(screen)
+    try:
+        ready = proxy.stdout.readline()
+        yield proxy, terminal, ready.split("listening on ", 1)[1].split(",", 1)[0]
+    finally:
+        if proxy.poll() is None:
+            proxy.send_signal(signal.SIGTERM)
+        proxy.communicate(timeout=DEADLINE)
+        os.close(terminal)
+
+
 @pytest.mark.slow
-def test_the_live_view_in_a_terminal_shows_the_connection_and_its_protocol_state() -> None:
+@pytest.mark.parametrize("options", [["--live"], []], ids=["forced", "by-default"])
+def test_the_live_view_in_a_terminal_shows_the_connection_and_its_protocol_state(options) -> None:
     with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
-        terminal, screen = pty.openpty()
-        fcntl.ioctl(screen, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 220, 0, 0))
-        proxy = subprocess.Popen(
-            [*COMMAND, "proxy", "--listen", "127.0.0.1:0", "--upstream", worker.address, "--live"],
-            stdout=subprocess.PIPE,
-            stderr=screen,
-            text=True,
-            env={**os.environ, "COLUMNS": "220", "LINES": "50"},  # whatever size the tests' own terminal has
-        )
-        os.close(screen)
-        source = None
-        try:
-            ready = proxy.stdout.readline()
-            address = ready.split("listening on ", 1)[1].split(",", 1)[0]
+        with proxy_in_a_terminal(worker.address, *options) as (proxy, terminal, address):
             source = subprocess.Popen(
                 [*COMMAND, "mock-source", "--connect", address, "-q", "--streams", "2", "--count", "100000"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            shown = read_until(
-                terminal, lambda text: bool(rows_of(text)), "a connection row with its protocol state"
-            )
-        finally:
-            if source is not None:
+            try:
+                shown = read_until(terminal, lambda text: bool(rows_of(text)), "a connection row")
+            finally:
                 source.kill()
                 source.wait(DEADLINE)
-            proxy.send_signal(signal.SIGTERM)
-            proxy.communicate(timeout=DEADLINE)
-            os.close(terminal)
         worker.stop()
     cells = rows_of(shown)[0]
     assert cells[0] == "1"
@@ -340,3 +347,16 @@ def test_the_live_view_in_a_terminal_shows_the_connection_and_its_protocol_state
     assert "state Streaming" in cells[-1]
     assert "forwarding to " + worker.address in shown
     assert proxy.returncode == 0
+
+
+@pytest.mark.slow
+def test_quiet_leaves_the_live_view_out_even_in_a_terminal() -> None:
+    with Server("mock-worker", "--port", "0", "--no-live") as worker:
+        with proxy_in_a_terminal(worker.address, "-q") as (proxy, terminal, address):
+            source = run_cli("mock-source", "--connect", address, "-q", "--streams", "2", "--count", "300")
+            assert source.returncode == 0, source.stderr
+            proxy.send_signal(signal.SIGTERM)
+            shown = read_until(terminal, lambda text: False, "the terminal's end")  # all it ever showed
+        worker.stop()
+    assert proxy.returncode == 0
+    assert "frames/s" not in shown and "protocol state" not in shown

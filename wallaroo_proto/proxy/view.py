@@ -213,11 +213,11 @@ class LiveView:
         now = self.clock()
         with self._lock:
             rows = list(self._rows.values())
-        open_rows = [r for r in rows if r.closed_at is None]
+        open_numbers = {r.number for r in rows if r.closed_at is None}  # a connection's legs count once
         violations = sum(r.checked.get("violations", 0) for r in rows if r.checked)
         faults = sum(r.faults for r in rows)
         head = (
-            f"[bold]wallaroo-proto proxy[/] {escape(self.title)}  connections {len(open_rows)} open,"
+            f"[bold]wallaroo-proto proxy[/] {escape(self.title)}  connections {len(open_numbers)} open,"
             f" {self.accepted} in all  violations {violations}  faults applied {faults}"
         )
         table = Table(expand=False)
