@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import io
+import json
 import os
 import pty
 import re
@@ -21,11 +23,13 @@ import subprocess
 import termios
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
 from support import COMMAND, Server, run_cli
 
+from wallaroo_proto.proxy import checker
 from wallaroo_proto.proxy.relay import Relay
 from wallaroo_proto.proxy.view import COLUMNS, LiveView, protocol_state
 from wallaroo_proto.proxy.watch import Watch
@@ -147,6 +151,66 @@ def test_the_checker_reports_a_dcp_connections_open_streams_when_the_flow_pauses
     assert final["frames"] == sum(proxy.watch.summaries[0]["packets_by_type"].values())
 
 
+class StubTracker:
+    """What the checker reads of a plug-in's tracker, counting how often it is asked its state."""
+
+    def __init__(self, index: int) -> None:
+        self.ident = {
+            "conn_index": index,
+            "protocol": "wallaroo",
+            "initiator_addr": "127.0.0.1",
+            "initiator_port": 40000 + index,
+            "responder_addr": "127.0.0.1",
+            "responder_port": 7100,
+        }
+        self.dirs = {side: SimpleNamespace(half=SimpleNamespace(offset=0)) for side in (True, False)}
+        self.frame_index = 0
+        self.summary = SimpleNamespace(violations=0)
+        self.asked = 0
+
+    def live_state(self) -> dict:
+        self.asked += 1
+        return {"credits": 10}
+
+    def end(self) -> None:
+        for direction in self.dirs.values():
+            direction.half = None  # as the dissector releases a connection that is over
+
+
+def test_state_lines_carry_only_what_changed_and_a_connection_over_is_said_once() -> None:
+    out = io.StringIO()
+    trackers = [StubTracker(1), StubTracker(2)]
+    lines = checker._StateLines(trackers, out)
+
+    def said() -> list[list[dict]]:
+        text = out.getvalue()
+        out.seek(0)
+        out.truncate()
+        return [json.loads(line)["state"] for line in text.splitlines()]
+
+    lines()
+    assert [[c["conn_index"] for c in line] for line in said()] == [[1, 2]]
+    lines()
+    assert said() == []  # nothing changed: no line
+    trackers[1].frame_index = 5
+    trackers[1].dirs[True].half.offset = 300
+    lines()
+    ((second,),) = said()
+    assert second["conn_index"] == 2 and second["frames"] == 5 and second["bytes"] == [300, 0]
+    assert second["state"] == {"credits": 10} and second["client"] == ["127.0.0.1", 40002]
+    for ending in (1, 0):  # one after others still open, then the first
+        trackers[ending].end()
+        lines()
+        ((over,),) = said()
+        assert over["conn_index"] == ending + 1 and over["bytes"] is None
+        asked = [t.asked for t in trackers]
+        for _ in range(3):
+            lines()
+        assert said() == []
+        assert trackers[1].asked == asked[1]  # over and said: never read again
+    assert trackers[0].asked == asked[0]
+
+
 # --- the view's table, from given state -----------------------------------------------------------
 
 
@@ -262,6 +326,22 @@ def test_under_fault_rules_each_leg_is_a_row_and_faults_are_counted_on_the_leg_t
     assert rows["3 upstream"]["faults"] == "0"
     assert rows["3 upstream"]["state"] == "open"
     assert "connections 1 open, 1 in all  violations 1  faults applied 2" in text
+
+
+def test_closed_connections_leave_the_view_after_a_while_and_their_late_lines_bring_none_back() -> None:
+    view = LiveView(clock=Clock()).wrap(None)
+    clients = [("127.0.0.1", 41000 + n) for n in range(1, 16)]
+    for n, client in enumerate(clients, 1):
+        view.opened(n, client, ("127.0.0.1", 7100), 0.0)
+        if n < 15:
+            view.ended(n, True, False, 0.0)
+            view.ended(n, False, False, 0.0)
+    _, rows = rendered(view)
+    assert sorted(rows, key=int) == [str(n) for n in range(5, 16)]  # the last 10 closed, and the open one
+    gone = checked(1, clients[0], 50)
+    gone["bytes"] = None  # the checker's word that connection 1 is over, after its row went
+    view.state([gone])
+    assert "1" not in rendered(view)[1]
 
 
 def test_a_protocols_state_reads_as_words_without_unknown_values() -> None:

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import CaptureError
@@ -78,6 +78,38 @@ class _Paced:
     read = read1  # a pipe's reader (pcap._Stream) asks for read1; read only for the file header
 
 
+class _StateLines:
+    """Writes the state of each connection that changed since the last line. A connection
+    over is said once so and then passed by: a long run's closed connections cost nothing."""
+
+    def __init__(self, trackers: list, out: TextIO) -> None:
+        self.trackers = trackers  # the dissector's, in order, none ever removed here
+        self.out = out
+        self.shown: dict[int, tuple] = {}  # by position in trackers: what was last said
+        self.over = 0  # the trackers before this position are all over and said so
+        self.ended: set[int] = set()  # positions after it of others over
+
+    def __call__(self) -> None:
+        changed = []
+        for i in range(self.over, len(self.trackers)):
+            if i in self.ended:
+                continue
+            line = connection_state(self.trackers[i])
+            seen = (line["frames"], line["bytes"], line["violations"])
+            if self.shown.get(i) != seen:
+                self.shown[i] = seen
+                changed.append(line)
+            if line["bytes"] is None:
+                self.ended.add(i)
+                del self.shown[i]
+        while self.over in self.ended:
+            self.ended.remove(self.over)
+            self.over += 1
+        if changed:
+            self.out.write(to_json({"state": changed}) + "\n")
+            self.out.flush()
+
+
 def main(argv: list[str]) -> int:
     name, protocol, ports = argv
     # Ctrl-C reaches the whole process group: the proxy ends the stream, and this reads to its end.
@@ -89,19 +121,7 @@ def main(argv: list[str]) -> int:
     )
     dissector.want_records = False  # as for --summary: no record where a plug-in can avoid one
     out = sys.stdout
-    shown: dict[int, tuple] = {}
-
-    def state() -> None:
-        changed = []
-        for tracker in dissector.trackers:
-            line = connection_state(tracker)
-            seen = (line["frames"], line["bytes"], line["violations"])
-            if shown.get(line["conn_index"]) != seen:
-                shown[line["conn_index"]] = seen
-                changed.append(line)
-        if changed:
-            out.write(to_json({"state": changed}) + "\n")
-            out.flush()
+    state = _StateLines(dissector.trackers, out)
 
     error = None
     try:

@@ -181,8 +181,10 @@ class LiveView:
                 client = (line["client"][0], line["client"][1])
                 conn = self._by_client.get(client)
                 row = self._rows.get(conn) if conn is not None else None
-                if row is None:  # not seen opening here (cannot happen through one relay): shown anyway
-                    conn = ("checked", line["conn_index"])
+                if row is None:
+                    if line["bytes"] is None:  # over, and its row already gone
+                        continue
+                    conn = ("checked", line["conn_index"])  # not seen opening here: shown anyway
                     row = self._rows.get(conn)
                     if row is None:
                         row = self._rows[conn] = _Row(line["conn_index"], None, client, self.clock())
