@@ -41,11 +41,16 @@ from wallaroo_proto.proxy.watch import Watch
 NAME = "wallaroo-proto proxy"
 
 
-def _violation_line(r: dict) -> str:
-    """One violation as it happens: the client is always the connection's initiator."""
-    side = "client→upstream" if r["direction"].startswith("initiator") else "upstream→client"
+def _violation_line(r: dict, relays: list[Relay]) -> str:
+    """One violation as it happens, numbered as the relay numbers connections (and fault
+    lines): the client is always the connection's initiator."""
+    direction = "client→upstream" if r["direction"].startswith("initiator") else "upstream→client"
     reasons = "; ".join(r["violations"])
-    return f"{NAME}: connection #{r['conn_index']} {side} frame {r['frame_index']} {r['type']}: {reasons}"
+    initiator = (r["initiator_addr"], r["initiator_port"])
+    found = next((who for relay in relays if (who := relay.who(initiator)) is not None), None)
+    conn, side = found if found is not None else (r["conn_index"], None)
+    leg = f" ({side} side)" if side else ""
+    return f"{NAME}: connection #{conn}{leg} {direction} frame {r['frame_index']} {r['type']}: {reasons}"
 
 
 async def _serve(relays: list[Relay], loop_ready) -> None:
@@ -175,7 +180,7 @@ def command(
     def on_violation(r: dict) -> None:
         violations[r["conn_index"]] += 1
         if verbosity >= 0:
-            errors.print(escape(_violation_line(r)))
+            errors.print(escape(_violation_line(r, relays)))
         if strict and violations[r["conn_index"]] == 1 and loop_box:
             loop_box[0].call_soon_threadsafe(_strict_close, relays, r)
 

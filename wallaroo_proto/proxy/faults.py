@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import shlex
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -47,25 +48,28 @@ COMMON_KEYS = (
 DETECT_LIMIT = 1 << 16
 
 
+def _module(protocol: str) -> Any:
+    """The plug-in's ``proxy_faults`` module, None when it has none."""
+    package = f"wallaroo_proto.protocols.{protocol}"
+    try:
+        return importlib.import_module(f"{package}.proxy_faults")
+    except ModuleNotFoundError as err:
+        if err.name not in (package, f"{package}.proxy_faults"):
+            raise
+        return None
+
+
 @cache
 def named_faults(protocol: str) -> Mapping[str, NamedFault]:
     """A protocol's own faults ({} when its plug-in offers none)."""
-    try:
-        module = importlib.import_module(f"wallaroo_proto.protocols.{protocol}.proxy_faults")
-    except ModuleNotFoundError as err:
-        if err.name != f"wallaroo_proto.protocols.{protocol}.proxy_faults":
-            raise
-        return {}
-    return module.NAMED_FAULTS
+    module = _module(protocol)
+    return {} if module is None else module.NAMED_FAULTS
 
 
 def make_adapter(protocol: str) -> Adapter | None:
     """One connection's adapter, or None when the protocol's plug-in has none."""
-    try:
-        module = importlib.import_module(f"wallaroo_proto.protocols.{protocol}.proxy_faults")
-    except ModuleNotFoundError:
-        return None
-    return module.adapter()
+    module = _module(protocol)
+    return None if module is None else module.adapter()
 
 
 @dataclass
@@ -110,8 +114,12 @@ def _value(raw: str) -> Any:
 
 
 def parse_option(text: str) -> dict[str, Any]:
-    """``"drop type=ACK count=1"`` as a rule table; ``type=A,B`` gives a list."""
-    words = text.split()
+    """``"drop type=ACK count=1"`` as a rule table: words split as a shell splits them (so
+    ``where='stream_id == 3'`` is one), values read as TOML reads them; ``type=A,B`` gives a list."""
+    try:
+        words = shlex.split(text)
+    except ValueError as err:
+        raise FaultError(str(err)) from err
     if not words:
         raise FaultError("an empty rule: give an action, e.g. 'drop type=ACK'")
     table: dict[str, Any] = {"action": words[0]}
@@ -246,7 +254,12 @@ def parse_rules(
                 raise FaultError(f"{path}: fault #{number} is not a table")
             rules.append(build_rule(table, f"{path}: fault #{number}", protocol))
     for text in options:
-        rules.append(build_rule(parse_option(text), f"--fault {text!r}", protocol))
+        where = f"--fault {text!r}"
+        try:
+            table = parse_option(text)
+        except FaultError as err:
+            raise FaultError(f"{where}: {err}") from err
+        rules.append(build_rule(table, where, protocol))
     return rules
 
 
@@ -484,11 +497,15 @@ class ConnectionFaults:
         raise FaultError(f"unknown action {action!r}")
 
 
-@cache
 def _named_match(named: NamedFault) -> Callable[[Mapping[str, Any]], bool]:
+    return _compiled(named.where)
+
+
+@cache
+def _compiled(where: str) -> Callable[[Mapping[str, Any]], bool]:
     from wallaroo_proto.display_filter import compile_filter
 
-    return compile_filter(named.where)
+    return compile_filter(where)
 
 
 def describe(applied: Applied) -> str:

@@ -22,6 +22,8 @@ from wallaroo_proto.proxy import faults as fault_steps
 
 #: Bytes read at a time from either side.
 READ_SIZE = 1 << 16
+#: Connections remembered for naming a violation the checker reports after they ended.
+KEEP_ENDS = 100_000
 
 
 class Tap(Protocol):
@@ -82,6 +84,8 @@ class Relay:
         self._numbers = numbers or itertools.count(1)
         #: Open connections by the client's (host, port), for ``close_connection``.
         self._open: dict[tuple[str, int], tuple[asyncio.StreamWriter, asyncio.StreamWriter, Any]] = {}
+        #: Recent connections' initiating ends -> (number, side), for ``who``.
+        self._ends: dict[tuple[str, int], tuple[int, str | None]] = {}
 
     async def start(self) -> tuple[str, int]:
         """Listen; the address bound (port 0 gives a free one)."""
@@ -127,8 +131,11 @@ class Relay:
         # By the client's address and by the proxy's own end upstream: the initiators of the
         # connection in the recording, one for each side when faults record them apart.
         ends = (peer, server_w.get_extra_info("sockname")[:2])
-        for end in ends:
+        for end, side in zip(ends, ("client", "upstream"), strict=True):
             self._open[end] = (client_w, server_w, shaper)
+            self._ends[end] = (conn, side if shaper is not None else None)
+        while len(self._ends) > KEEP_ENDS:
+            del self._ends[next(iter(self._ends))]
         try:
             if shaper is None:
                 if self.tap is not None:
@@ -252,6 +259,11 @@ class Relay:
             elif type(step) is fault_steps.Close:
                 raise _Cut(step.reset)
         return True
+
+    def who(self, initiator: tuple[str, int]) -> tuple[int, str | None] | None:
+        """The connection number, and with faults the side ("client", "upstream"), of a
+        recorded connection that this end initiated; None if not one of this relay's."""
+        return self._ends.get(initiator)
 
     def close_connection(self, client: tuple[str, int], first: dict[bool, bytes]) -> bool:
         """End the connection of this client now (``--strict``): ``first[to_client]`` sent

@@ -1,0 +1,452 @@
+"""The proxy's fault rules: parsing, the sans-IO engine, the relay carrying its steps out over
+real loopback sockets, and faults as pcapng comments that dissect and tshark read.
+
+The engine is tested with a toy protocol written here (a frame: one length byte, then a
+type letter and a body), so these tests hold whatever the five plug-ins' adapters do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+from functools import partial
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from support import Server, run_cli
+
+from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.wallaroo.codec import encode
+from wallaroo_proto.protocols.wallaroo.frames import Message
+from wallaroo_proto.proxy import faults
+from wallaroo_proto.proxy.faultkit import FaultError, Frame, NamedFault, Send
+from wallaroo_proto.proxy.relay import Relay
+
+
+class ToyAdapter:
+    """Frames: a length byte (of what follows), a type letter, a body."""
+
+    def __init__(self) -> None:
+        self.tail = {True: b"", False: b""}
+
+    def frames(self, from_client: bool, data: bytes) -> list[bytes]:
+        buf = self.tail[from_client] + data
+        out = []
+        while buf and len(buf) > buf[0]:
+            if buf[0] == 0:
+                raise ValueError("a frame of no length")
+            out.append(buf[: buf[0] + 1])
+            buf = buf[buf[0] + 1 :]
+        self.tail[from_client] = buf
+        return out
+
+    def fields(self, frame: bytes, from_client: bool) -> dict:
+        return {"type": chr(frame[1]), "length": len(frame)}
+
+    def rewrite(self, frame: Frame, field_name: str, value) -> bytes:
+        if field_name != "type":
+            raise FaultError(f"cannot rewrite {field_name!r} (can: type)")
+        return frame.data[:1] + value.encode() + frame.data[2:]
+
+    def error_frame(self, reason: str, to_client: bool) -> bytes | None:
+        return b"\x01E"
+
+
+def frame(kind: str, body: bytes = b"") -> bytes:
+    return bytes([1 + len(body)]) + kind.encode() + body
+
+
+def engine(*options: str, named: dict | None = None, monkeypatch=None) -> faults.ConnectionFaults:
+    if named is not None:
+        monkeypatch.setattr(faults, "named_faults", lambda protocol: named)
+    rules = [
+        faults.build_rule(faults.parse_option(o), o, "toy" if named is not None else None) for o in options
+    ]
+    return faults.ConnectionFaults(rules, "toy", adapter=ToyAdapter())
+
+
+def sent(steps: list) -> list[tuple[bool, bytes]]:
+    return [(s.to_upstream, s.data) for s in steps if type(s) is Send]
+
+
+# ---------------------------------------------------------------- rules as written
+
+
+def test_an_option_is_an_action_and_typed_keys() -> None:
+    table = faults.parse_option(
+        "rewrite type=A,B field=point_of_ref value=0 count=2 reset=true where='x == 1'"
+    )
+    assert table == {
+        "action": "rewrite",
+        "type": ["A", "B"],
+        "field": "point_of_ref",
+        "value": 0,
+        "count": 2,
+        "reset": True,
+        "where": "x == 1",
+    }
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("dorp type=ACK", "unknown action 'dorp' (did you mean drop?)"),
+        ("drop typ=ACK", "unknown key 'typ' (did you mean type?)"),
+        ("drop count=-1", "cannot be negative"),
+        ("drop count=two", "count must be an integer, not 'two'"),
+        ("delay type=ACK", "delay needs ms"),
+        ("rewrite type=ACK field=x", "rewrite needs field and value"),
+        ("drop field=x value=1", "field and value are for rewrite only"),
+        ("drop direction=sideways", "direction must be one of upstream, client, both"),
+        ("drop where=strem_id==1", "unknown field 'strem_id' (did you mean stream_id?)"),
+        ("drop type=ACK oops", "'oops' is not key=value"),
+        ("drop where='type == 1", "No closing quotation"),
+    ],
+)
+def test_a_bad_rule_is_refused_naming_it_and_the_key(option: str, message: str) -> None:
+    with pytest.raises(FaultError) as caught:
+        faults.parse_rules([option])
+    assert f"--fault {option!r}" in str(caught.value)
+    assert message in str(caught.value)
+
+
+def test_a_rules_file_is_fault_tables(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[fault]]\naction = "drop"\ntype = "ACK"\nwhere = "stream_id == 3"\ncount = 1\n')
+    (rule,) = faults.parse_rules(files=[str(rules)], protocol="wallaroo")
+    assert (rule.action, rule.types, rule.count, rule.text) == ("drop", {"ACK"}, 1, f"{rules}: fault #1")
+    assert rule._match({"stream_id": 3}) and not rule._match({"stream_id": 4})
+    rules.write_text('[[faults]]\naction = "drop"\n')
+    with pytest.raises(FaultError, match=r"unknown table\(s\) faults"):
+        faults.parse_rules(files=[str(rules)])
+    rules.write_text("[[fault]]\naction = \n")
+    with pytest.raises(FaultError, match=str(rules)):
+        faults.parse_rules(files=[str(rules)])
+
+
+def test_a_type_the_protocol_lacks_is_refused_with_a_suggestion() -> None:
+    with pytest.raises(FaultError, match="'AKC' is not a wallaroo frame type.*did you mean ACK"):
+        faults.parse_rules(["drop type=AKC"], protocol="wallaroo")
+
+
+# ---------------------------------------------------------------- the engine
+
+
+def test_without_rules_every_frame_passes_as_it_came_however_cut() -> None:
+    shaper = engine()
+    stream = frame("A", b"xyz") + frame("B") + frame("C", b"12")
+    out = []
+    for i in range(len(stream)):
+        out += sent(shaper.feed(True, stream[i : i + 1]))
+    assert out == [(True, frame("A", b"xyz")), (True, frame("B")), (True, frame("C", b"12"))]
+
+
+def test_drop_skip_count_and_direction() -> None:
+    shaper = engine("drop type=B skip=1 count=1 direction=upstream")
+    steps = shaper.feed(True, frame("B") + frame("B") + frame("B"))
+    assert sent(steps) == [(True, frame("B")), (True, frame("B"))]
+    (applied,) = [s for s in steps if type(s) is faults.Applied]
+    assert (applied.index, applied.what) == (2, "dropped")
+    assert sent(shaper.feed(False, frame("B"))) == [(False, frame("B"))]  # the other direction
+    assert shaper.rules[0].seen == 3 and shaper.rules[0].fired == 1
+
+
+def test_duplicate_reorder_and_delay() -> None:
+    shaper = engine("duplicate type=A", "reorder type=B", "delay type=C ms=250")
+    steps = shaper.feed(True, frame("A") + frame("B") + frame("D") + frame("C"))
+    assert sent(steps) == [
+        (True, frame("A")),
+        (True, frame("A")),
+        (True, frame("D")),
+        (True, frame("B")),
+        (True, frame("C")),
+    ]
+    wait = [s for s in steps if type(s) is faults.Wait]
+    assert wait == [faults.Wait(0.25)]
+    assert steps.index(wait[0]) < len(steps) - 1 and steps[-1] == Send(True, frame("C"))
+
+
+def test_a_frame_held_for_reordering_goes_before_the_end() -> None:
+    shaper = engine("reorder type=B")
+    assert sent(shaper.feed(True, frame("B"))) == []
+    assert sent(shaper.end(True)) == [(True, frame("B"))]
+
+
+def test_cut_after_n_bytes_and_stall() -> None:
+    shaper = engine("cut bytes=4 reset=true", "stall direction=client")
+    steps = shaper.feed(True, frame("A", b"xy") + frame("B") + frame("C"))
+    assert sent(steps) == [(True, frame("A", b"xy"))]
+    assert faults.Close(reset=True) in steps
+    steps = shaper.feed(False, frame("Z"))
+    assert steps[-2:] == [faults.Stall(None), Send(False, frame("Z"))]
+
+
+def test_rewrite_and_a_rewrite_the_frame_cannot_take() -> None:
+    shaper = engine('rewrite type=A field=type value="Q"', "rewrite type=B field=length value=1")
+    steps = shaper.feed(True, frame("A", b"1") + frame("B"))
+    assert sent(steps) == [(True, frame("Q", b"1")), (True, frame("B"))]
+    whats = [s.what for s in steps if type(s) is faults.Applied]
+    assert whats == ["type set to 'Q'", "not applied: cannot rewrite 'length' (can: type)"]
+
+
+def test_a_named_fault_replies_in_place_of_the_frame(monkeypatch) -> None:
+    def answer(frame_: Frame, params, adapter) -> list[Send]:
+        return [Send(False, frame("R", bytes([params["code"]])))]
+
+    named = {"refuse": NamedFault("answer R", 'type == "B"', {"code": (int, 7)}, act=answer)}
+    shaper = engine("refuse code=9", named=named, monkeypatch=monkeypatch)
+    steps = shaper.feed(True, frame("A") + frame("B"))
+    assert sent(steps) == [(True, frame("A")), (False, frame("R", b"\x09"))]
+
+
+def test_the_frame_a_fault_acts_at_is_taken_before_it_is_sent() -> None:
+    shaper = engine("drop type=B")
+    steps = shaper.feed(True, frame("B"))
+    assert [type(s) for s in steps] == [faults.Applied, faults.Took]
+    assert steps[1].data == frame("B")
+
+
+def test_bytes_that_do_not_frame_pass_unframed_from_then_on() -> None:
+    shaper = engine("drop type=A")
+    assert sent(shaper.feed(True, b"\x00junk")) == [(True, b"\x00junk")]
+    assert sent(shaper.feed(True, frame("A"))) == [(True, frame("A"))]
+
+
+@given(st.lists(st.sampled_from("ABCD"), max_size=30), st.data())
+def test_any_cut_of_the_stream_gives_the_same_steps(kinds: list[str], data) -> None:
+    stream = b"".join(frame(k, k.encode() * (i % 3)) for i, k in enumerate(kinds))
+    rules = ("drop type=A count=2", "duplicate type=B skip=1", "reorder type=C")
+    whole = sent(engine(*rules).feed(True, stream))
+    cuts = sorted(data.draw(st.sets(st.integers(0, len(stream)))))
+    shaper, out, start = engine(*rules), [], 0
+    for cut in [*cuts, len(stream)]:
+        out += sent(shaper.feed(True, stream[start:cut]))
+        start = cut
+    assert out == whole
+    assert sent(engine().feed(True, stream)) == [
+        (True, frame(k, k.encode() * (i % 3))) for i, k in enumerate(kinds)
+    ]
+
+
+# ---------------------------------------------------------------- the relay carries the steps out
+
+
+class Upstream:
+    """A loopback server that keeps what it reads and sends what a test gives it."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.got = b""
+        self.conn: socket.socket | None = None
+        self.closed = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        self.conn, _ = self.listener.accept()
+        try:
+            while chunk := self.conn.recv(65536):
+                self.got += chunk
+        except ConnectionResetError:
+            self.got += b"<reset>"
+        self.conn.close()  # the client's end passed on: ours goes back
+        self.closed.set()
+
+
+def relayed(*options: str, client_sends: bytes):
+    """A Relay with these rules between a loopback client and ``Upstream``; what each end got."""
+    rules = [faults.build_rule(faults.parse_option(o), o) for o in options]
+    upstream = Upstream()
+    applied: list[faults.Applied] = []
+    relay = Relay(
+        ("127.0.0.1", 0),
+        ("127.0.0.1", upstream.port),
+        faults=partial(faults.ConnectionFaults, rules, "toy", adapter=ToyAdapter()),
+        on_fault=lambda conn, step: applied.append(step),
+    )
+    loop = asyncio.new_event_loop()
+    port = loop.run_until_complete(relay.start())[1]
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        client = socket.create_connection(("127.0.0.1", port), timeout=60)
+        client.sendall(client_sends)
+        client.shutdown(socket.SHUT_WR)
+        back = b""
+        try:
+            while chunk := client.recv(65536):
+                back += chunk
+        except ConnectionResetError:
+            back += b"<reset>"
+        assert upstream.closed.wait(60), "the upstream never saw the end"
+        client.close()
+        return upstream.got, back, applied
+    finally:
+        asyncio.run_coroutine_threadsafe(relay.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(60)
+        loop.close()
+
+
+def test_the_relay_drops_duplicates_and_reorders_over_loopback() -> None:
+    stream = frame("A") + frame("B", b"1") + frame("C") + frame("D")
+    got, _, applied = relayed("drop type=A", "duplicate type=C", "reorder type=B", client_sends=stream)
+    assert got == frame("C") + frame("C") + frame("B", b"1") + frame("D")  # B after C, sent twice
+    assert [a.rule.action for a in applied] == ["drop", "reorder", "duplicate"]
+
+
+def test_a_cut_with_reset_resets_both_sides() -> None:
+    got, back, applied = relayed(
+        "cut type=C reset=true", client_sends=frame("A") + frame("B") + frame("C") + frame("D")
+    )
+    assert got == frame("A") + frame("B") + b"<reset>"
+    assert back == b"<reset>"
+    assert [a.what for a in applied] == ["connection reset"]
+
+
+# ---------------------------------------------------------------- faults as notes in the recording
+
+# A Wallaroo HELLO, by hand from the spec: length 22, type 0, version "0.0.1", cookie "ck",
+# program "prog", instance "i1" (each a u16 length and its bytes).
+HELLO = bytes.fromhex("00000016000005 302e302e310002 636b0004 70726f670002 6931".replace(" ", ""))
+
+
+def test_a_fault_is_a_comment_that_dissect_shows_as_a_note_and_tshark_reads(tmp_path: Path) -> None:
+    path = tmp_path / "noted.pcapng"
+    with PcapWriter(str(path), pcapng=True) as writer:
+        session = writer.tcp_session(("127.0.0.1", 40000), ("127.0.0.1", 7100), timestamp=1.0)
+        session.send(True, HELLO, 1.5, "fault drop at client→upstream frame 1 HELLO: dropped")
+        session.fin(True, 2.0)
+    records = list(Dissector(str(path), ports=[7100]).run(str(path)))
+    assert [r["type"] for r in records] == ["HELLO"]
+    assert "fault drop at client→upstream frame 1 HELLO: dropped" in records[0]["notes"]
+    if shutil.which("tshark") is None:
+        pytest.skip("tshark is not installed: the comment was checked by dissect alone")
+    out = subprocess.run(
+        ["tshark", "-r", str(path), "-Y", "frame.comment", "-T", "fields", "-e", "frame.comment"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert out.strip() == "fault drop at client→upstream frame 1 HELLO: dropped"
+
+
+def test_a_pcap_packet_has_no_comment_and_a_pcapng_header_is_as_the_format_says(tmp_path: Path) -> None:
+    path = tmp_path / "x.pcapng"
+    PcapWriter(str(path), pcapng=True, nanoseconds=True).close()
+    data = path.read_bytes()
+    kind, length, magic, major, minor = struct.unpack_from("<IIIHH", data)
+    assert (kind, length, magic, major, minor) == (0x0A0D0D0A, 28, 0x1A2B3C4D, 1, 0)
+    kind, length, linktype = struct.unpack_from("<IIH", data, 28)
+    assert (kind, linktype) == (1, 1)
+    assert data[28 + 16 : 28 + 21] == bytes([9, 0, 1, 0, 9])  # if_tsresol = 10^-9
+
+
+# ---------------------------------------------------------------- the command
+
+
+def test_a_bad_rule_is_exit_2_with_the_reason() -> None:
+    result = run_cli(
+        "proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9", "--fault", "dorp type=ACK"
+    )
+    assert result.returncode == 2
+    assert "fault rules: --fault 'dorp type=ACK': unknown action 'dorp' (did you mean drop?)" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_cli("proxy", "--listen", ":0", "--listen", ":0", "--upstream", "127.0.0.1:9")
+    assert result.returncode == 2
+    assert "2 --listen but 1 --upstream: give them in pairs" in result.stderr
+
+
+def _echo_upstream() -> tuple[socket.socket, threading.Thread]:
+    """A server echoing every connection's bytes back, until the client's end."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                while chunk := conn.recv(65536):
+                    conn.sendall(chunk)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_two_listen_upstream_pairs_are_served_each_to_its_own(tmp_path: Path) -> None:
+    first, _ = _echo_upstream()
+    second, _ = _echo_upstream()
+    try:
+        with Server(
+            *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{first.getsockname()[1]}"),
+            *("--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{second.getsockname()[1]}"),
+            "--no-summary",
+        ) as proxy:
+            ready = proxy.lines[-1]
+            ports = [int(p) for p in re.findall(r"listening on 127\.0\.0\.1:(\d+)", ready)]
+            upstreams = [int(p) for p in re.findall(r"forwarding to 127\.0\.0\.1:(\d+)", ready)]
+            assert upstreams == [first.getsockname()[1], second.getsockname()[1]] and len(ports) == 2
+            for port, payload in zip(ports, (b"to the first", b"to the second"), strict=True):
+                with socket.create_connection(("127.0.0.1", port), timeout=60) as client:
+                    client.sendall(payload)
+                    client.shutdown(socket.SHUT_WR)
+                    got = b""
+                    while chunk := client.recv(65536):
+                        got += chunk
+                assert got == payload
+            code, _, stderr = proxy.stop()
+        assert code == 0, stderr
+    finally:
+        first.close()
+        second.close()
+
+
+def test_strict_closes_the_connection_at_its_first_violation_and_exits_1() -> None:
+    upstream = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+
+    def serve() -> None:
+        conn, _ = upstream.accept()
+        with conn:
+            conn.settimeout(60)
+            try:
+                while chunk := conn.recv(65536):
+                    seen.append(chunk)
+            except OSError:
+                pass
+            seen.append(b"<end>")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with Server(
+        *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{upstream.getsockname()[1]}"),
+        *("--protocol", "wallaroo", "--strict", "--no-summary"),
+    ) as proxy:
+        client = socket.create_connection((proxy.host, proxy.port), timeout=60)
+        client.sendall(HELLO)
+        client.sendall(encode(Message(7, 1, 0, b"", b"on a stream never notified")))
+        got = b""
+        try:
+            while chunk := client.recv(65536):
+                got += chunk
+        except ConnectionResetError:
+            pass
+        client.close()  # the proxy closed it: recv gave the end
+        thread.join(60)
+        code, _, stderr = proxy.stop()
+    upstream.close()
+    assert seen and seen[-1] == b"<end>", "the upstream's side was closed too"
+    assert "client→upstream frame 1 MESSAGE" in stderr
+    assert code == 1, stderr
