@@ -46,33 +46,50 @@ def connection_state(tracker: Any) -> dict:
     }
 
 
-class _Paced:
-    """The checker's input, read as the dissector asks, with ``tick()`` called between reads at
-    most every ``every`` seconds while bytes come, and once when they pause: no cost per frame,
-    and the trackers are between packets whenever it runs."""
+class Pacer:
+    """Calls ``tick()`` before a read of ``fd`` at most every ``every`` seconds while bytes come,
+    and once when they pause (nothing to read until the next tick is due): no cost per frame,
+    and the trackers are between packets whenever it runs. ``before_read()`` goes before
+    each read of the input, ``got(data)`` after it."""
 
-    __slots__ = ("_fd", "_read", "_every", "_due", "_fresh", "_tick")
+    __slots__ = ("_fd", "_every", "_due", "_fresh", "_tick")
 
-    def __init__(self, f: BinaryIO, every: float, tick: Callable[[], None]) -> None:
-        self._fd = f.fileno()
-        self._read = f.raw.read if hasattr(f, "raw") else f.read
+    def __init__(self, fd: int, every: float, tick: Callable[[], None]) -> None:
+        self._fd = fd
         self._every = every
         self._due = time.monotonic() + every
         self._fresh = False
         self._tick = tick
 
-    def fileno(self) -> int:
-        return self._fd
-
-    def read1(self, n: int) -> bytes:
+    def before_read(self) -> None:
         if self._fresh:
             wait = self._due - time.monotonic()
             if wait <= 0 or not select.select([self._fd], [], [], wait)[0]:
                 self._tick()
                 self._fresh = False
                 self._due = time.monotonic() + self._every
+
+    def got(self, data: bytes) -> None:
+        self._fresh = self._fresh or bool(data)
+
+
+class _PacedFile:
+    """The checker's input file, read as the dissector asks, paced by a ``Pacer``."""
+
+    __slots__ = ("_fd", "_read", "_pacer")
+
+    def __init__(self, f: BinaryIO, pacer: Pacer) -> None:
+        self._fd = f.fileno()
+        self._read = f.raw.read if hasattr(f, "raw") else f.read
+        self._pacer = pacer
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read1(self, n: int) -> bytes:
+        self._pacer.before_read()
         data = self._read(n)
-        self._fresh = bool(data)
+        self._pacer.got(data)
         return data
 
     read = read1  # a pipe's reader (pcap._Stream) asks for read1; read only for the file header
@@ -121,11 +138,10 @@ def main(argv: list[str]) -> int:
     )
     dissector.want_records = False  # as for --summary: no record where a plug-in can avoid one
     out = sys.stdout
-    state = _StateLines(dissector.trackers, out)
-
+    pacer = Pacer(sys.stdin.fileno(), STATE_EVERY, _StateLines(dissector.trackers, out))
     error = None
     try:
-        for item in dissector.frames(_Paced(sys.stdin.buffer, STATE_EVERY, state)):
+        for item in dissector.frames(_PacedFile(sys.stdin.buffer, pacer)):
             # Blocks hold accepted frames only: a violation is always a record of its own.
             if type(item) is dict and item.get("violations"):
                 out.write(to_json(item) + "\n")
