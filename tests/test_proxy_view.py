@@ -151,6 +151,65 @@ def test_the_checker_reports_a_dcp_connections_open_streams_when_the_flow_pauses
     assert final["frames"] == sum(proxy.watch.summaries[0]["packets_by_type"].values())
 
 
+OTHERS = {
+    "kinesis": (
+        ("kinesis", "mock-processor", "--listen", "127.0.0.1:0", "--format", "json", "--retry-delay", "0"),
+        ("kinesis", "mock-daemon", "--format", "json", "--shards", "2", "--records", "100", "--shard-end"),
+    ),
+    "tremor": (
+        ("tremor", "mock-node", "--port", "0", "--format", "json"),
+        ("tremor", "mock-client", "--format", "json", "--messages", "100"),
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("protocol", sorted(OTHERS))
+def test_the_checker_reports_each_connections_protocol_state_for_kinesis_and_tremor(protocol: str) -> None:
+    upstream, client = OTHERS[protocol]
+    with Server(*upstream) as peer:
+        proxy = WatchedRelay(peer.port)
+        try:
+            done = run_cli(*client, "--connect", proxy.address, timeout=120)
+            assert done.returncode == 0, done.stdout + done.stderr
+            connections = 2 if protocol == "kinesis" else 1
+            wait_for(
+                lambda: sum(c["bytes"] is None for c in proxy.lines) == connections,
+                "a line for each ended connection",
+            )
+        finally:
+            proxy.close()
+        peer.stop()
+    over = sorted((c for c in proxy.lines if c["bytes"] is None), key=lambda c: c["conn_index"])
+    summaries = proxy.watch.summaries
+    assert [c["protocol"] for c in over] == [protocol] * len(over)
+    assert [c["violations"] for c in over] == [0] * len(over)
+    if protocol == "kinesis":
+        assert [c["state"]["shard"] for c in over] == [s["shard_id"] for s in summaries]
+        assert [c["state"]["records"] for c in over] == [100, 100]
+        assert [c["state"]["checkpoint"] for c in over] == ["SHARD_END", "SHARD_END"]
+        assert all(
+            c["state"]["checkpoints"] == s["checkpoints"] > 0 for c, s in zip(over, summaries, strict=True)
+        )
+    else:
+        (only,) = over
+        assert only["state"]["state"] == summaries[0]["state"] == "closed"
+        assert only["state"]["messages"] == summaries[0]["messages"] > 100
+        assert only["state"]["streams"] == 0
+
+
+def test_an_ambrosia_socket_not_yet_known_has_a_live_state() -> None:
+    from wallaroo_proto.capture.dissector import Dissector
+    from wallaroo_proto.protocols.ambrosia.dissect import AmbrosiaTracker
+
+    tracker = AmbrosiaTracker(
+        Dissector("x"), 1, (b"\x7f\x00\x00\x01", 40000), (b"\x7f\x00\x00\x01", 2000), True
+    )
+    state = tracker.live_state()
+    assert state["socket"] == "unknown" and state["records"] == 0 and state["checkpoints"] == 0
+    assert isinstance(state["phase"], str) and isinstance(state["expecting"], str)
+
+
 class StubTracker:
     """What the checker reads of a plug-in's tracker, counting how often it is asked its state."""
 
