@@ -252,6 +252,15 @@ class LiveView:
 
     @contextmanager
     def shown(self, console: Console):
-        """Show the view on ``console`` (refreshed by rich's own thread) until the block ends."""
-        with Live(console=console, get_renderable=self.renderable, refresh_per_second=4, transient=True):
+        """Show the view on ``console`` (refreshed by rich's own thread) until the block ends.
+
+        Lines printed to stderr meanwhile go above it; stdout is left alone (the ready line,
+        ``--record -``'s pcap)."""
+        with Live(
+            console=console,
+            get_renderable=self.renderable,
+            refresh_per_second=4,
+            transient=True,
+            redirect_stdout=False,
+        ):
             yield self
