@@ -1,11 +1,11 @@
 """The proxy's live checker, a process of its own: a pcap stream in, violations and summaries out.
 
-Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS`` (PROTOCOL ``-``:
-detected; PORTS comma-separated) with the recording on stdin. Each frame with a
-violation is written to stdout as its JSONL record the moment it is read; while
-frames flow, at most every ``STATE_EVERY`` seconds (and once when they pause), a line
-``{"state": [...]}`` with each connection that changed (``connection_state``); at the
-end, one line ``{"summaries": [...]}``. A process, not a thread: dissecting costs
+Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS [state]`` (PROTOCOL
+``-``: detected; PORTS comma-separated) with the recording on stdin. Each frame with a
+violation is written to stdout as its JSONL record the moment it is read; with ``state``,
+while frames flow, at most every ``STATE_EVERY`` seconds (and once when they pause), a
+line ``{"state": [...]}`` with each connection that changed (``connection_state``); at
+the end, one line ``{"summaries": [...]}``. A process, not a thread: dissecting costs
 about as much as relaying, and a second core is worth more than a shared one.
 """
 
@@ -128,7 +128,7 @@ class _StateLines:
 
 
 def main(argv: list[str]) -> int:
-    name, protocol, ports = argv
+    name, protocol, ports, *wanted = argv
     # Ctrl-C reaches the whole process group: the proxy ends the stream, and this reads to its end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     dissector = Dissector(
@@ -138,10 +138,12 @@ def main(argv: list[str]) -> int:
     )
     dissector.want_records = False  # as for --summary: no record where a plug-in can avoid one
     out = sys.stdout
-    pacer = Pacer(sys.stdin.fileno(), STATE_EVERY, _StateLines(dissector.trackers, out))
+    source: Any = sys.stdin.buffer
+    if wanted == ["state"]:
+        source = _PacedFile(source, Pacer(source.fileno(), STATE_EVERY, _StateLines(dissector.trackers, out)))
     error = None
     try:
-        for item in dissector.frames(_PacedFile(sys.stdin.buffer, pacer)):
+        for item in dissector.frames(source):
             # Blocks hold accepted frames only: a violation is always a record of its own.
             if type(item) is dict and item.get("violations"):
                 out.write(to_json(item) + "\n")

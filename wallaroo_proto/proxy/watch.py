@@ -49,6 +49,7 @@ class Watch:
             [
                 *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
                 *(record or "proxy", protocol or "-", ",".join(map(str, ports))),
+                *(["state"] if on_state is not None else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
