@@ -8,6 +8,7 @@ type letter and a body), so these tests hold whatever the five plug-ins' adapter
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import socket
@@ -328,6 +329,8 @@ def test_a_fault_is_a_comment_that_dissect_shows_as_a_note_and_tshark_reads(tmp_
     records = list(Dissector(str(path), ports=[7100]).run(str(path)))
     assert [r["type"] for r in records] == ["HELLO"]
     assert "fault drop at client→upstream frame 1 HELLO: dropped" in records[0]["notes"]
+    lines = [json.loads(line) for line in Dissector(str(path), ports=[7100]).run_jsonl(str(path))]
+    assert [r["notes"] for r in lines] == [records[0]["notes"]]
     if shutil.which("tshark") is None:
         pytest.skip("tshark is not installed: the comment was checked by dissect alone")
     out = subprocess.run(
