@@ -499,3 +499,30 @@ def test_quiet_leaves_the_live_view_out_even_in_a_terminal() -> None:
         worker.stop()
     assert proxy.returncode == 0
     assert "frames/s" not in shown and "protocol state" not in shown
+
+
+@pytest.mark.slow
+def test_a_fault_applied_shows_on_its_connections_leg_in_the_live_view() -> None:
+    with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
+        rule = "delay type=ACK ms=1 count=1"
+        with proxy_in_a_terminal(worker.address, "--live", "--protocol", "wallaroo", "--fault", rule) as (
+            proxy,
+            terminal,
+            address,
+        ):
+            source = subprocess.Popen(
+                [*COMMAND, "mock-source", "--connect", address, "-q", "--streams", "2", "--count", "100000"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                shown = read_until(terminal, lambda text: "1 (delay)" in text, "the fault on its row")
+            finally:
+                source.kill()
+                source.wait(DEADLINE)
+        worker.stop()
+    assert "connection #1 fault delay at upstream→client frame" in shown  # the line above the view
+    row = next(line for line in shown.splitlines() if "1 (delay)" in line)
+    cells = [cell.strip() for cell in row.split("│")[1:-1]]
+    assert cells[0] == "1 upstream"  # the ACK came from the upstream, on its leg
+    assert "faults applied 1" in shown
