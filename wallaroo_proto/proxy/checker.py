@@ -50,7 +50,7 @@ class Pacer:
     """Calls ``tick()`` before a read of ``fd`` at most every ``every`` seconds while bytes come,
     and once when they pause (nothing to read until the next tick is due): no cost per frame,
     and the trackers are between packets whenever it runs. ``before_read()`` goes before
-    each read of the input, ``got(data)`` after it."""
+    each read of the input, ``got_data()`` after one that got bytes."""
 
     __slots__ = ("_fd", "_every", "_due", "_fresh", "_tick")
 
@@ -69,8 +69,8 @@ class Pacer:
                 self._fresh = False
                 self._due = time.monotonic() + self._every
 
-    def got(self, data: bytes) -> None:
-        self._fresh = self._fresh or bool(data)
+    def got_data(self) -> None:
+        self._fresh = True
 
 
 class _PacedFile:
@@ -89,7 +89,8 @@ class _PacedFile:
     def read1(self, n: int) -> bytes:
         self._pacer.before_read()
         data = self._read(n)
-        self._pacer.got(data)
+        if data:
+            self._pacer.got_data()
         return data
 
     read = read1  # a pipe's reader (pcap._Stream) asks for read1; read only for the file header
