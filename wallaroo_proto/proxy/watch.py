@@ -74,7 +74,7 @@ class Watch:
                 self.summaries = item["summaries"]
                 self.error = item["error"]
                 finished = True
-            elif "violations" not in item:  # a state line
+            elif "state" in item and "violations" not in item:  # a state line
                 if self._on_state is not None:
                     try:
                         self._on_state(item["state"])
