@@ -25,7 +25,9 @@ class Watch:
     """A ``relay.Tap``: records every connection and checks it live.
 
     ``on_violation(record)`` is called on a reader thread for each frame with a
-    violation (``record["violations"]``); ``close()`` ends the recording and waits
+    violation (``record["violations"]``), ``on_state(connections)`` with the checker's
+    state of the connections that changed (``checker.connection_state``), about every
+    half second while frames flow; ``close()`` ends the recording and waits
     for the checker, then ``summaries`` are ``dissect --summary``'s.
     """
 
@@ -37,6 +39,7 @@ class Watch:
         ports: Iterable[int] = (),
         on_violation: Callable[[dict], None] | None = None,
         notes: bool = False,
+        on_state: Callable[[list[dict]], None] | None = None,
     ) -> None:
         """``notes``: the recording is pcapng, its packets commented with the faults applied."""
         self._writers: list[PcapWriter] = []
@@ -46,6 +49,7 @@ class Watch:
             [
                 *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
                 *(record or "proxy", protocol or "-", ",".join(map(str, ports))),
+                *(["state"] if on_state is not None else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -54,6 +58,7 @@ class Watch:
         checker_pipe.gone_warning = None  # a checker that dies is reported by close()
         self._writers.append(checker_pipe)
         self._on_violation = on_violation
+        self._on_state = on_state
         self._sessions: dict[Hashable, list[TcpSession]] = {}
         self._notes: dict[tuple[Hashable, bool], str] = {}
         self.summaries: list[dict] = []
@@ -69,6 +74,12 @@ class Watch:
                 self.summaries = item["summaries"]
                 self.error = item["error"]
                 finished = True
+            elif "state" in item and "violations" not in item:  # a state line
+                if self._on_state is not None:
+                    try:
+                        self._on_state(item["state"])
+                    except Exception as err:  # noqa: BLE001 - the checker's output must still be read
+                        self.error = f"showing the live state failed: {err}"
             elif self._on_violation is not None:
                 try:
                     self._on_violation(item)

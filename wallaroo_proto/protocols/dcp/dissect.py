@@ -422,6 +422,20 @@ class DcpTracker(ConnectionTracker):
             direction.half = None
             direction.splitter = PacketSplitter()
 
+    def live_state(self) -> dict:
+        """The protocol state a live view shows mid-stream: open streams, their snapshots, the buffer."""
+        conn = self.conn
+        open_streams = conn.streams.values()
+        snapshots = [f"vb{s.vbucket} {s.snap_start}..{s.snap_end}" for s in open_streams if s.snapshot_open]
+        state = {"streams": len(conn.streams), "ended": len(conn.ended)}
+        if snapshots:
+            state["snapshot"] = ", ".join(snapshots[:3]) + (" ..." if len(snapshots) > 3 else "")
+        if conn.buffer_size:
+            state["buffer"] = f"{conn.outstanding}/{conn.buffer_size}"
+        if conn.rollbacks:
+            state["rollbacks"] = len(conn.rollbacks)
+        return state
+
     def as_dict(self) -> dict:
         conn = self.conn
         streams = []

@@ -274,6 +274,18 @@ class KinesisTracker(ConnectionTracker):
             direction.half = None
             direction.splitter = LineSplitter()
 
+    def live_state(self) -> dict:
+        """The protocol state a live view shows mid-stream: records, checkpoints, what comes next."""
+        conv = self.conv
+        last = conv.last_checkpoint
+        return {
+            "shard": conv.shard_id,
+            "records": conv.records,
+            "checkpoints": conv.checkpoints,
+            "checkpoint": None if last is None else last[0],
+            "expecting": conv.expecting(),
+        }
+
     def as_dict(self) -> dict:
         conv = self.conv
         last = conv.last_checkpoint
