@@ -9,6 +9,7 @@ stopped short or ``--strict`` found a violation, 2 bad usage or a port that cann
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import signal
 import sys
@@ -34,9 +35,12 @@ from wallaroo_proto.protocols import get_plugin, names
 from wallaroo_proto.proxy import faults as fault_rules
 from wallaroo_proto.proxy.faultkit import FaultError
 from wallaroo_proto.proxy.relay import Relay, RelayStats
+from wallaroo_proto.proxy.view import LiveView
 from wallaroo_proto.proxy.watch import Watch
 
 NAME = "wallaroo-proto proxy"
+#: Seconds a pair after the first tries again a connect its upstream refused.
+SECOND_SOCKET_WAIT = 10.0
 
 
 def _violation_line(r: dict, relays: list[Relay]) -> str:
@@ -146,12 +150,17 @@ def _strict_close(relays: list[Relay], r: dict) -> None:
     "each fault a comment on its frame)"
 )
 @click.option("--summary/--no-summary", default=True, show_default=True, help="dissect's summary at the end.")
+@click.option(
+    "--live/--no-live",
+    default=None,
+    help="Live view on stderr: connections, rates, protocol state  [default: when stderr is a terminal]",
+)
 @verbosity(
-    quiet="No line per violation on stderr: errors and the summary.",
+    quiet="No live view and no line per violation on stderr: errors and the summary.",
     verbose="Also the relay's counts at the end: connections, bytes each way.",
 )
 def command(
-    listen, upstream, protocol, fault_options, fault_files, strict, record, summary, verbosity
+    listen, upstream, protocol, fault_options, fault_files, strict, record, summary, live, verbosity
 ) -> None:
     """Forward TCP connections from --listen to --upstream unchanged, both ways, and check them live.
 
@@ -179,26 +188,46 @@ def command(
 
     applied = Counter[str]()
 
+    live = live if live is not None else sys.stderr.isatty() and verbosity >= 0
+    view = LiveView("forwarding to " + ", ".join(format_address(a) for a in upstream))
+
     def on_fault(conn: int, step: fault_rules.Applied) -> None:
         applied[step.rule.text] += 1
+        view.fault(conn, step.frame.from_client, step.rule.action)
         if verbosity >= 0:
             errors.print(escape(f"{NAME}: connection #{conn} {fault_rules.describe(step)}"))
 
     ports = [address[1] for address in upstream]
     try:
         watch = Watch(
-            record=record, protocol=protocol, ports=ports, on_violation=on_violation, notes=bool(rules)
+            record=record,
+            protocol=protocol,
+            ports=ports,
+            on_violation=on_violation,
+            notes=bool(rules),
+            on_state=view.state if live else None,
         )
     except OSError as err:
         raise usage_error(f"--record {record}: {os_reason(err)}") from err
     numbers, stats = itertools.count(1), RelayStats()
-    for here, there in zip(listen, upstream, strict=True):
+    tap = view.wrap(watch) if live else watch  # the view counts each connection's bytes
+    for n, (here, there) in enumerate(zip(listen, upstream, strict=True)):
         shaper = partial(fault_rules.ConnectionFaults, rules, protocol, there[1]) if rules else None
+        # A second socket's upstream (AMBROSIA's IC send port) listens once the first is accepted.
+        wait = SECOND_SOCKET_WAIT if n else 0.0
         relays.append(
-            Relay(here, there, watch, faults=shaper, on_fault=on_fault, numbers=numbers, stats=stats)
+            Relay(
+                *(here, there, tap),
+                faults=shaper,
+                on_fault=on_fault,
+                numbers=numbers,
+                stats=stats,
+                wait_for_upstream=wait,
+            )
         )
     try:
-        asyncio.run(_serve(relays, loop_box.append))
+        with view.shown(Console(stderr=True)) if live else contextlib.nullcontext():
+            asyncio.run(_serve(relays, loop_box.append))
     finally:
         watch.close()
     if watch.error is not None:

@@ -40,9 +40,9 @@ def _capture(
         segment = s._segment
         numbered = iter(range(1, 1 << 30))
 
-        def captured(from_client: bool, flags: int, payload: bytes, timestamp: float | None) -> None:
+        def captured(from_client: bool, flags: int, payload: bytes, timestamp: float | None, *rest) -> None:
             if from_client or not payload or next(numbered) not in lost:
-                segment(from_client, flags, payload, timestamp)
+                segment(from_client, flags, payload, timestamp, *rest)
 
         s._segment = captured
 

@@ -8,6 +8,7 @@ type letter and a body), so these tests hold whatever the five plug-ins' adapter
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import socket
@@ -35,18 +36,21 @@ class ToyAdapter:
     """Frames: a length byte (of what follows), a type letter, a body."""
 
     def __init__(self) -> None:
-        self.tail = {True: b"", False: b""}
+        self.rest = {True: b"", False: b""}
 
     def frames(self, from_client: bool, data: bytes) -> list[bytes]:
-        buf = self.tail[from_client] + data
+        buf = self.rest[from_client] = self.rest[from_client] + data
         out = []
         while buf and len(buf) > buf[0]:
             if buf[0] == 0:
-                raise ValueError("a frame of no length")
+                raise ValueError("a frame of no length")  # everything since the last call is the tail
             out.append(buf[: buf[0] + 1])
             buf = buf[buf[0] + 1 :]
-        self.tail[from_client] = buf
+        self.rest[from_client] = buf
         return out
+
+    def tail(self, from_client: bool) -> bytes:
+        return self.rest[from_client]
 
     def fields(self, frame: bytes, from_client: bool) -> dict:
         return {"type": chr(frame[1]), "length": len(frame)}
@@ -214,10 +218,18 @@ def test_the_frame_a_fault_acts_at_is_taken_before_it_is_sent() -> None:
     assert steps[1].data == frame("B")
 
 
-def test_bytes_that_do_not_frame_pass_unframed_from_then_on() -> None:
+def test_bytes_that_do_not_frame_pass_unframed_from_then_on_none_lost() -> None:
     shaper = engine("drop type=A")
-    assert sent(shaper.feed(True, b"\x00junk")) == [(True, b"\x00junk")]
+    assert sent(shaper.feed(True, b"\x02B")) == []  # a frame begun
+    steps = shaper.feed(True, b"x\x02Ay\x00junk")
+    assert sent(steps) == [(True, b"\x02Bx\x02Ay\x00junk")]  # the adapter's tail: nothing lost
     assert sent(shaper.feed(True, frame("A"))) == [(True, frame("A"))]
+
+
+def test_a_last_frame_cut_short_goes_on_when_its_side_ends() -> None:
+    shaper = engine()
+    assert sent(shaper.feed(True, frame("A") + b"\x05BC")) == [(True, frame("A"))]
+    assert sent(shaper.end(True)) == [(True, b"\x05BC")]
 
 
 @given(st.lists(st.sampled_from("ABCD"), max_size=30), st.data())
@@ -261,7 +273,26 @@ class Upstream:
         self.closed.set()
 
 
-def relayed(*options: str, client_sends: bytes):
+class EndsSeen:
+    """A tap that keeps only how each recorded connection's sides ended."""
+
+    def __init__(self) -> None:
+        self.ends: list[tuple[object, bool, bool]] = []
+
+    def opened(self, *args) -> None:
+        pass
+
+    def data(self, *args) -> None:
+        pass
+
+    def note(self, *args) -> None:
+        pass
+
+    def ended(self, conn, from_client: bool, reset: bool, when: float) -> None:
+        self.ends.append((conn, from_client, reset))
+
+
+def relayed(*options: str, client_sends: bytes, tap=None):
     """A Relay with these rules between a loopback client and ``Upstream``; what each end got."""
     rules = [faults.build_rule(faults.parse_option(o), o) for o in options]
     upstream = Upstream()
@@ -269,6 +300,7 @@ def relayed(*options: str, client_sends: bytes):
     relay = Relay(
         ("127.0.0.1", 0),
         ("127.0.0.1", upstream.port),
+        tap,
         faults=partial(faults.ConnectionFaults, rules, "toy", adapter=ToyAdapter()),
         on_fault=lambda conn, step: applied.append(step),
     )
@@ -312,6 +344,18 @@ def test_a_cut_with_reset_resets_both_sides() -> None:
     assert [a.what for a in applied] == ["connection reset"]
 
 
+def test_a_cut_is_recorded_as_the_proxy_ended_each_side() -> None:
+    tap = EndsSeen()
+    relayed("cut type=B", client_sends=frame("A") + frame("B"), tap=tap)
+    # The proxy's FIN, then the peer's, on the client's side (the proxy is its server) and on
+    # the upstream's (the proxy is its client).
+    assert sorted(tap.ends[:4], key=str) == sorted(
+        [((1, "client"), False, False), ((1, "client"), True, False)]
+        + [((1, "upstream"), True, False), ((1, "upstream"), False, False)],
+        key=str,
+    )
+
+
 # ---------------------------------------------------------------- faults as notes in the recording
 
 # A Wallaroo HELLO, by hand from the spec: length 22, type 0, version "0.0.1", cookie "ck",
@@ -328,6 +372,8 @@ def test_a_fault_is_a_comment_that_dissect_shows_as_a_note_and_tshark_reads(tmp_
     records = list(Dissector(str(path), ports=[7100]).run(str(path)))
     assert [r["type"] for r in records] == ["HELLO"]
     assert "fault drop at client→upstream frame 1 HELLO: dropped" in records[0]["notes"]
+    lines = [json.loads(line) for line in Dissector(str(path), ports=[7100]).run_jsonl(str(path))]
+    assert [r["notes"] for r in lines] == [records[0]["notes"]]
     if shutil.which("tshark") is None:
         pytest.skip("tshark is not installed: the comment was checked by dissect alone")
     out = subprocess.run(

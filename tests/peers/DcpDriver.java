@@ -6,7 +6,8 @@
 // beginning to now); a resumed stream has no end, so it is done once an item or a rollback reaches "until".
 // Output lines: "MUTATION vb seqno cas key", "DELETION vb seqno cas key expired(true|false)",
 // "ROLLBACK vb seqno", "END vb reason", "FAILURE vb message", "OFFSET vb vbuuid seqno snapStart snapEnd",
-// and "DONE n" once every vbucket's stream ended.
+// and "DONE n" once every vbucket's stream ended (with -Ddriver.endsOk=true: ended OK, as a stream the
+// client reopens after another reason is not done).
 import com.couchbase.client.dcp.Client;
 import com.couchbase.client.dcp.StreamFrom;
 import com.couchbase.client.dcp.StreamTo;
@@ -19,6 +20,7 @@ import com.couchbase.client.dcp.highlevel.SnapshotMarker;
 import com.couchbase.client.dcp.highlevel.StreamEnd;
 import com.couchbase.client.dcp.highlevel.StreamFailure;
 import com.couchbase.client.dcp.highlevel.StreamOffset;
+import com.couchbase.client.dcp.message.StreamEndReason;
 import java.nio.file.Files;
 import java.nio.file.Paths;
 import java.time.Duration;
@@ -85,7 +87,9 @@ public class DcpDriver {
             @Override
             public void onStreamEnd(StreamEnd e) {
                 out("END " + e.getVbucket() + " " + e.getReason());
-                done[0].countDown();
+                if (!Boolean.getBoolean("driver.endsOk") || StreamEndReason.OK.equals(e.getReason())) {
+                    done[0].countDown();
+                }
             }
 
             @Override

@@ -39,7 +39,7 @@ from typing import Any, BinaryIO
 
 from wallaroo_proto.protocols import ProtocolPlugin, get_plugin, plugins
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
-from wallaroo_proto.records import ConnectionKey
+from wallaroo_proto.records import ConnectionKey, to_json
 
 from .frame_block import SHARED, FrameBlock
 from .pcap import (
@@ -565,6 +565,16 @@ def _comment(batch: list, comments: dict[int, list[str]]) -> None:
     (a block holding one is turned into its records: comments are rare)."""
     for i in range(len(batch) - 1, -1, -1):
         item = batch[i]
+        if type(item) is str:  # a JSON line: only those of a commented packet are read back
+            number = next((n for n in comments if f'"packet":{n},' in item), None)  # to_json's form
+            if number is None:
+                continue
+            record = json.loads(item)
+            if record.get("packet") != number:
+                continue
+            record["notes"] = [*(record.get("notes") or []), *comments.pop(number)]
+            batch[i] = to_json(record)
+            continue
         if type(item) is FrameBlock:
             items = item.records()
             if not any(r.get("packet") in comments for r in items):

@@ -1,27 +1,139 @@
 """The proxy's live checker, a process of its own: the relayed bytes in, violations and summaries out.
 
-Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS`` (PROTOCOL ``-``:
-detected; PORTS comma-separated) with the relay's events (``proxy.chunks``) on stdin. Each frame with a
-violation is written to stdout as its JSONL record the moment it is read; at the
-end, one line ``{"summaries": [...]}``. The first line, ``{"ready": true}``, says it has
-started (its imports take a few hundred ms). A process, not a thread: dissecting costs
+Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS [state]`` (PROTOCOL
+``-``: detected; PORTS comma-separated) with the relay's events (``proxy.chunks``) on
+stdin. The first line, ``{"ready": true}``, says it has started (its imports take a few
+hundred ms). Each frame with a violation is written to stdout as its JSONL record the
+moment it is read; with ``state``, while frames flow, at most every ``STATE_EVERY``
+seconds (and once when they pause), a line ``{"state": [...]}`` with each connection that
+changed (``connection_state``); at the end, one line ``{"summaries": [...]}``. A process,
+not a thread: dissecting costs
 about as much as relaying, and a second core is worth more than a shared one.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
+import time
+from collections.abc import Callable
+from typing import Any, BinaryIO, TextIO
 
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import CaptureError
 from wallaroo_proto.proxy.chunks import segments
 from wallaroo_proto.records import to_json
 
+#: Seconds between state lines while bytes come.
+STATE_EVERY = 0.5
+
+
+def connection_state(tracker: Any) -> dict:
+    """One connection as the live view shows it: who, how much each way, and its protocol's state."""
+    ident = tracker.ident
+    initiator = getattr(tracker, "initiator_is_client", True)
+    dirs = tracker.dirs
+    halves = (dirs[initiator].half, dirs[not initiator].half)
+    live = getattr(tracker, "live_state", None)
+    return {
+        "conn_index": ident["conn_index"],
+        "protocol": ident["protocol"],
+        "client": [ident["initiator_addr"], ident["initiator_port"]],
+        "server": [ident["responder_addr"], ident["responder_port"]],
+        # Tremor's summary keeps frames by opcode; every tracker numbers its frames.
+        "frames": tracker.frame_index if hasattr(tracker, "frame_index") else tracker.summary.frames,
+        "bytes": None if None in halves else [h.offset for h in halves],  # None: the connection is over
+        "violations": tracker.summary.violations,
+        "state": live() if live is not None else {},
+    }
+
+
+class Pacer:
+    """Calls ``tick()`` before a read of ``fd`` at most every ``every`` seconds while bytes come,
+    and once when they pause (nothing to read until the next tick is due): no cost per frame,
+    and the trackers are between packets whenever it runs. ``before_read()`` goes before
+    each read of the input, ``got_data()`` after one that got bytes."""
+
+    __slots__ = ("_fd", "_every", "_due", "_fresh", "_tick")
+
+    def __init__(self, fd: int, every: float, tick: Callable[[], None]) -> None:
+        self._fd = fd
+        self._every = every
+        self._due = time.monotonic() + every
+        self._fresh = False
+        self._tick = tick
+
+    def before_read(self) -> None:
+        if self._fresh:
+            wait = self._due - time.monotonic()
+            if wait <= 0 or not select.select([self._fd], [], [], wait)[0]:
+                self._tick()
+                self._fresh = False
+                self._due = time.monotonic() + self._every
+
+    def got_data(self) -> None:
+        self._fresh = True
+
+
+class _PacedFile:
+    """The checker's input file, read as the dissector asks, paced by a ``Pacer``."""
+
+    __slots__ = ("_fd", "_read", "_pacer")
+
+    def __init__(self, f: BinaryIO, pacer: Pacer) -> None:
+        self._fd = f.fileno()
+        self._read = f.raw.read if hasattr(f, "raw") else f.read
+        self._pacer = pacer
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read1(self, n: int) -> bytes:
+        self._pacer.before_read()
+        data = self._read(n)
+        if data:
+            self._pacer.got_data()
+        return data
+
+    read = read1  # a pipe's reader (pcap._Stream) asks for read1; read only for the file header
+
+
+class _StateLines:
+    """Writes the state of each connection that changed since the last line. A connection
+    over is said once so and then passed by: a long run's closed connections cost nothing."""
+
+    def __init__(self, trackers: list, out: TextIO) -> None:
+        self.trackers = trackers  # the dissector's, in order, none ever removed here
+        self.out = out
+        self.shown: dict[int, tuple] = {}  # by position in trackers: what was last said
+        self.over = 0  # the trackers before this position are all over and said so
+        self.ended: set[int] = set()  # positions after it of others over
+
+    def __call__(self) -> None:
+        changed = []
+        for i in range(self.over, len(self.trackers)):
+            if i in self.ended:
+                continue
+            line = connection_state(self.trackers[i])
+            seen = (line["frames"], line["bytes"], line["violations"])
+            if self.shown.get(i) != seen:
+                self.shown[i] = seen
+                changed.append(line)
+            if line["bytes"] is None:
+                self.ended.add(i)
+                del self.shown[i]
+        while self.over in self.ended:
+            self.ended.remove(self.over)
+            self.over += 1
+        if changed:
+            self.out.write(to_json({"state": changed}) + "\n")
+            self.out.flush()
+
 
 def main(argv: list[str]) -> int:
-    name, protocol, ports = argv
+    name, protocol, ports, *wanted = argv
     # Ctrl-C reaches the whole process group: the proxy ends the stream, and this reads to its end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Second to the relay and the peers for the CPU: its work waits in the pipe, theirs holds up the traffic.
@@ -35,9 +147,12 @@ def main(argv: list[str]) -> int:
     out = sys.stdout
     out.write('{"ready": true}\n')  # what the proxy waits for before it says it is listening
     out.flush()
+    source: Any = sys.stdin.buffer
+    if wanted == ["state"]:
+        source = _PacedFile(source, Pacer(source.fileno(), STATE_EVERY, _StateLines(dissector.trackers, out)))
     error = None
     try:
-        for item in dissector.segment_frames(segments(sys.stdin.fileno(), dissector.stats)):
+        for item in dissector.segment_frames(segments(source.read1, dissector.stats)):
             # Blocks hold accepted frames only: a violation is always a record of its own.
             if type(item) is dict and item.get("violations"):
                 out.write(to_json(item) + "\n")

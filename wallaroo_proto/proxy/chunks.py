@@ -14,7 +14,7 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from wallaroo_proto.capture.pcap import WAIT_SEGMENT, CaptureError, Segment
 from wallaroo_proto.pcap_writer import DEFAULT_SEGMENT_SIZE, TcpSession
@@ -111,10 +111,11 @@ class SegmentFeed:
             self.comments[self.packets] = [comment]
 
 
-def segments(fd: int, stats: dict | None = None) -> Iterator[Segment]:
-    """The TCP segments of the relay's events read from ``fd`` until its end; ``WAIT_SEGMENT``
-    before each read (the dissector then hands out what it made). Notes go into
-    ``stats["comments"]`` under their packets' numbers, as a pcapng's comments do."""
+def segments(read: Callable[[int], bytes], stats: dict | None = None) -> Iterator[Segment]:
+    """The TCP segments of the relay's events, ``read(n)`` (what is there, up to ``n`` bytes;
+    empty at the end) until their end; ``WAIT_SEGMENT`` before each read (the dissector then
+    hands out what it made). Notes go into ``stats["comments"]`` under their packets'
+    numbers, as a pcapng's comments do."""
     feed = SegmentFeed((stats if stats is not None else {}).setdefault("comments", {}))
     made = feed.segments
     sessions: dict[int, TcpSession] = {}
@@ -126,7 +127,7 @@ def segments(fd: int, stats: dict | None = None) -> Iterator[Segment]:
     offset = 0  # of buf[0] in the stream
     while True:
         yield WAIT_SEGMENT
-        more = os.read(fd, _READ_SIZE)
+        more = read(_READ_SIZE)
         if not more:
             break
         buf = buf[pos:] + more if pos < len(buf) else more

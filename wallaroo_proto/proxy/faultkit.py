@@ -44,6 +44,27 @@ class Send:
     data: bytes
 
 
+@dataclass(frozen=True)
+class Wait:
+    """Hold this direction for ``seconds`` before the steps after it."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Close:
+    """End the whole connection now: both sides closed, with a reset if ``reset``."""
+
+    reset: bool
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Forward nothing more in this direction: for ``seconds``, or until the connection ends."""
+
+    seconds: float | None
+
+
 class Adapter(Protocol):
     """One proxied connection, for the fault rules (sans-IO; one instance per connection).
 
@@ -74,11 +95,16 @@ class Adapter(Protocol):
         """The protocol's own error message for ``--strict`` to send before closing, or None."""
         ...
 
+    # Optional: ``tail(from_client) -> bytes``, the bytes taken and not given out as frames
+    # (after a ``ValueError``: every byte of that side not returned by an earlier call). The
+    # engine forwards them when the side ends, and when ``frames`` raises, so none is lost.
+
 
 #: A named fault's action: (the frame it matched, the rule's parameters, the connection's
-#: adapter) -> what to send instead of the frame. The frame itself goes on only if the list
-#: holds it; an empty list drops it.
-Act = Callable[[Frame, Mapping[str, Any], Any], list[Send]]
+#: adapter) -> what to do instead of forwarding the frame: ``Send`` values, and a ``Wait``,
+#: ``Stall`` or ``Close`` among them where the fault needs one. The frame itself goes on
+#: only if the list sends it; an empty list drops it.
+Act = Callable[[Frame, Mapping[str, Any], Any], list[Send | Wait | Stall | Close]]
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from wallaroo_proto.proxy.faultkit import Adapter, FaultError, Frame, NamedFault, Send
+from wallaroo_proto.proxy.faultkit import Adapter, Close, FaultError, Frame, NamedFault, Send, Stall, Wait
 
 GENERIC_ACTIONS = ("drop", "delay", "duplicate", "reorder", "rewrite", "cut", "stall")
 DIRECTIONS = ("upstream", "client", "both")
@@ -100,9 +100,17 @@ class Rule:
             return False
         if passed < self.after_bytes:
             return False
-        if self.types is not None and frame.fields.get("type") not in self.types:
+        if self.types is not None and kind(frame.fields) not in self.types:
             return False
+        if named is not None and named.where and not _compiled(named.where)(frame.fields):
+            return False  # a named fault acts at its own frames, the rule's keys narrowing them
         return self._match is None or bool(self._match(frame.fields))
+
+
+def kind(fields: Mapping[str, Any]) -> str:
+    """A frame's type as rules name it: a 2PC message's own name (PHASE1, ...) before MESSAGE,
+    as ``dissect --stats`` counts them."""
+    return fields.get("twopc") or fields.get("type") or "?"
 
 
 def _value(raw: str) -> Any:
@@ -279,27 +287,6 @@ class Applied:
 
 
 @dataclass(frozen=True)
-class Wait:
-    """Hold this direction for ``seconds`` before the steps after it."""
-
-    seconds: float
-
-
-@dataclass(frozen=True)
-class Close:
-    """End the whole connection now: both sides closed, with a reset if ``reset``."""
-
-    reset: bool
-
-
-@dataclass(frozen=True)
-class Stall:
-    """Forward nothing more in this direction: for ``seconds``, or until the connection ends."""
-
-    seconds: float | None
-
-
-@dataclass(frozen=True)
 class Took:
     """These bytes were received from one side (recorded there as they came, whatever is sent on)."""
 
@@ -360,6 +347,7 @@ class ConnectionFaults:
 
     def _detect(self, from_client: bool, data: bytes) -> list[Step]:
         from wallaroo_proto.protocols import plugins
+        from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE  # as dissect's
 
         self._waiting.append((from_client, data))
         first = self._waiting[0][0]
@@ -367,7 +355,7 @@ class ConnectionFaults:
         final = sum(len(d) for _, d in self._waiting) >= DETECT_LIMIT
         undecided = False
         for plugin in plugins():
-            said = plugin.detect(head, 0, final)
+            said = plugin.detect(head, DEFAULT_MAX_FRAME_SIZE, final)
             if said:
                 self.protocol = plugin.name
                 break
@@ -392,9 +380,10 @@ class ConnectionFaults:
         try:
             frames = self.adapter.frames(from_client, data)
         except ValueError:
-            # Not the protocol's framing after all: pass the rest on as it comes.
+            # Not the protocol's framing after all: what it held, then the rest, pass as they come.
             self._unframed[from_client] = True
-            return [Took(from_client, data), Send(from_client, data)]
+            rest = self._tail(from_client, data)
+            return [Took(from_client, rest), Send(from_client, rest)]
         steps: list[Step] = []
         for raw in frames:
             steps.extend(self._frame(from_client, raw))
@@ -409,14 +398,23 @@ class ConnectionFaults:
                 steps += [Took(side, chunk), Send(side, chunk)]
         self._waiting = [(side, d) for side, d in self._waiting if side != from_client]
         held, self._held[from_client] = self._held[from_client], []
-        return [*steps, *held]
+        steps += held
+        if self.adapter is not None and not self._unframed[from_client]:
+            rest = self._tail(from_client, b"")
+            if rest:  # a last frame cut short: it goes on as it came
+                steps += [Took(from_client, rest), Send(from_client, rest)]
+        return steps
+
+    def _tail(self, from_client: bool, default: bytes) -> bytes:
+        tail = getattr(self.adapter, "tail", None)
+        return tail(from_client) if tail is not None else default
 
     def _frame(self, from_client: bool, raw: bytes) -> list[Step]:
         assert self.adapter is not None
         try:
             fields = self.adapter.fields(raw, from_client)
         except ValueError:
-            fields = {"type": "MALFORMED"}
+            fields = {"type": "INVALID"}
         self._index[from_client] += 1
         frame = Frame(raw, from_client, fields)
         passed = self._passed[from_client]
@@ -437,9 +435,6 @@ class ConnectionFaults:
             named = self.named.get(rule.action) if rule.action not in GENERIC_ACTIONS else None
             if rule.action not in GENERIC_ACTIONS and named is None:
                 continue  # another protocol's fault
-            own_where = rule._match is not None or rule.types is not None
-            if named is not None and not own_where and named.where and not _named_match(named)(frame.fields):
-                continue  # a named fault acts at its own frames unless the rule says which
             if not rule.matches(frame, passed, named):
                 continue
             rule.seen += 1
@@ -465,8 +460,9 @@ class ConnectionFaults:
         params: Mapping[str, Any] = rule.params
         if named is not None:
             if named.act is not None:
-                sends = named.act(frame, params, self.adapter)  # type: ignore[misc]
-                return list(sends), f"{action}: " + (
+                done = list(named.act(frame, params, self.adapter))  # type: ignore[misc]
+                sends = [s for s in done if type(s) is Send]
+                return done, f"{action}: " + (
                     ", ".join(
                         f"{len(s.data)} bytes to the {'upstream' if s.to_upstream else 'client'}"
                         for s in sends
@@ -497,10 +493,6 @@ class ConnectionFaults:
         raise FaultError(f"unknown action {action!r}")
 
 
-def _named_match(named: NamedFault) -> Callable[[Mapping[str, Any]], bool]:
-    return _compiled(named.where)
-
-
 @cache
 def _compiled(where: str) -> Callable[[Mapping[str, Any]], bool]:
     from wallaroo_proto.display_filter import compile_filter
@@ -512,5 +504,4 @@ def describe(applied: Applied) -> str:
     """One applied fault as a line: which rule, which frame, what happened."""
     frame = applied.frame
     side = "client→upstream" if frame.from_client else "upstream→client"
-    kind = frame.fields.get("type", "?")
-    return f"fault {applied.rule.action} at {side} frame {applied.index} {kind}: {applied.what}"
+    return f"fault {applied.rule.action} at {side} frame {applied.index} {kind(frame.fields)}: {applied.what}"

@@ -71,9 +71,13 @@ class Relay:
         on_fault: Callable[[int, fault_steps.Applied], None] | None = None,
         numbers: Iterator[int] | None = None,
         stats: RelayStats | None = None,
+        wait_for_upstream: float = 0.0,
     ) -> None:
         """``faults()`` makes one connection's ``faults.ConnectionFaults`` (None: bytes pass
-        unframed); ``numbers`` and ``stats`` may be shared by the relays of one proxy."""
+        unframed); ``numbers`` and ``stats`` may be shared by the relays of one proxy;
+        ``wait_for_upstream``: seconds a refused connect is tried again before the client is
+        refused (a second socket's upstream may listen only once the first is accepted)."""
+        self.wait_for_upstream = wait_for_upstream
         self.listen = listen
         self.upstream = upstream
         self.tap = tap
@@ -120,12 +124,22 @@ class Relay:
     async def _relay(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         self.stats.accepted += 1
         conn = next(self._numbers)
-        try:
-            server_r, server_w = await asyncio.open_connection(*self.upstream, limit=READ_SIZE)
-        except OSError:
-            self.stats.refused_upstream += 1
-            _reset(client_w)  # as the upstream refused us, so we refuse our client
-            return
+        deadline = time.monotonic() + self.wait_for_upstream
+        while True:
+            try:
+                server_r, server_w = await asyncio.open_connection(*self.upstream, limit=READ_SIZE)
+                break
+            except ConnectionRefusedError:
+                if time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)  # not listening yet: it may be about to
+                    continue
+                self.stats.refused_upstream += 1
+                _reset(client_w)  # as the upstream refused us, so we refuse our client
+                return
+            except OSError:
+                self.stats.refused_upstream += 1
+                _reset(client_w)
+                return
         ups = downs = None
         shaper = self.faults() if self.faults is not None else None
         peer = client_w.get_extra_info("peername")[:2]
@@ -159,6 +173,7 @@ class Relay:
             for w in (client_w, server_w):
                 if cut.reset:
                     _reset(w)
+            legs.cut(cut.reset)
         except asyncio.CancelledError:
             for pump in (ups, downs):
                 if pump is not None:
@@ -293,6 +308,16 @@ class _Legs:
             now = time.time()
             self.tap.ended(self.client, from_client, reset, now)
             self.tap.ended(self.upstream, from_client, reset, now)
+
+    def cut(self, reset: bool) -> None:
+        """The proxy ended both sides: its reset on each, or its FIN and the peer's."""
+        if self.tap is None:
+            return
+        now = time.time()
+        for leg, proxy_is_client in ((self.client, False), (self.upstream, True)):
+            self.tap.ended(leg, proxy_is_client, reset, now)
+            if not reset:
+                self.tap.ended(leg, not proxy_is_client, False, now)
 
     def note(self, from_client: bool, text: str) -> None:
         if self.tap is not None:

@@ -30,7 +30,9 @@ class Watch:
     """A ``relay.Tap``: records every connection and checks it live.
 
     ``on_violation(record)`` is called on a reader thread for each frame with a
-    violation (``record["violations"]``); ``close()`` ends the recording and waits
+    violation (``record["violations"]``), ``on_state(connections)`` with the checker's
+    state of the connections that changed (``checker.connection_state``), about every
+    half second while frames flow; ``close()`` ends the recording and waits
     for the checker, then ``summaries`` are ``dissect --summary``'s.
     """
 
@@ -42,6 +44,7 @@ class Watch:
         ports: Iterable[int] = (),
         on_violation: Callable[[dict], None] | None = None,
         notes: bool = False,
+        on_state: Callable[[list[dict]], None] | None = None,
     ) -> None:
         """``notes``: the recording is pcapng, its packets commented with the faults applied."""
         self._record = PcapWriter(record, pcapng=notes) if record is not None else None
@@ -49,6 +52,7 @@ class Watch:
             [
                 *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
                 *(record or "proxy", protocol or "-", ",".join(map(str, ports))),
+                *(["state"] if on_state is not None else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -57,6 +61,7 @@ class Watch:
         # A checker that dies is reported by close(); the relay and the recording carry on.
         self._pipe = ChunkPipe(self._checker.stdin.fileno())
         self._on_violation = on_violation
+        self._on_state = on_state
         #: Each open connection's (or leg's) number on the pipe, and its recording.
         self._ids: dict[Hashable, int] = {}
         self._count = 0
@@ -81,6 +86,12 @@ class Watch:
                 self.summaries = item["summaries"]
                 self.error = item["error"]
                 finished = True
+            elif "state" in item and "violations" not in item:  # a state line
+                if self._on_state is not None:
+                    try:
+                        self._on_state(item["state"])
+                    except Exception as err:  # noqa: BLE001 - the checker's output must still be read
+                        self.error = f"showing the live state failed: {err}"
             elif self._on_violation is not None:
                 try:
                     self._on_violation(item)

@@ -448,6 +448,18 @@ class AmbrosiaTracker:
             direction.half = None
             direction.splitter = None
 
+    def live_state(self) -> dict:
+        """The protocol state a live view shows mid-stream: the socket, the phase, checkpoints, records."""
+        s = self.pair.session if self.pair else Session()
+        return {
+            "socket": self.role or "unknown",
+            "phase": s.phase.value,
+            "records": s.records,
+            "checkpoints": s.checkpoints_in + s.checkpoints_out,
+            "last_seq": s.last_seq,
+            "expecting": s.expecting(),
+        }
+
     def as_dict(self) -> dict:
         s = self.pair.session if self.pair else Session()
         return {

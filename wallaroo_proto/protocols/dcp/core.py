@@ -504,6 +504,11 @@ class Connection:
             self._apply_control(pending.message)
         elif p.opcode == codec.STREAM_REQ:
             event, reasons = self._stream_req_answer(p, msg, pending)
+        elif p.opcode == codec.CLOSE_STREAM and ok:
+            # Closed now, unless a STREAM_END (closed) is to follow, which ends it then.
+            stream = self.stream_for(pending.vbucket)
+            if stream is not None and self.controls.get("send_stream_end_on_client_close_stream") != "true":
+                self.end_stream(stream.opaque, "closed")
         elif not ok:
             event = f"{msg.status_name}"
         return self._verdict(PRODUCER, p, msg, reasons, event, pending.opcode)

@@ -65,6 +65,41 @@ def _json_fields(record: dict, opcode: int, value: bytes) -> None:
         record["config_rev"] = obj.get("rev")
 
 
+def message_fields(record: dict, p: Packet, msg: Any) -> None:
+    """The record fields a DCP message gives of itself (the connection's own, like a rollback's
+    vbucket or the bytes outstanding, are the tracker's)."""
+    if isinstance(msg, codec.Response):
+        if msg.rollback_seqno is not None:
+            record["rollback_seqno"] = msg.rollback_seqno
+        if msg.failover_log:
+            record["vb_uuid"] = msg.failover_log[0][0]
+        if msg.value and p.datatype & codec.DATATYPE_JSON:
+            _json_fields(record, p.opcode, msg.value)
+        return
+    seqno = getattr(msg, "seqno", None)
+    if seqno is not None:
+        record["seqno"] = seqno
+    rev = getattr(msg, "rev_seqno", None)
+    if rev is not None:
+        record["rev_seqno"] = rev
+    if isinstance(msg, codec.SnapshotMarker):
+        record["snap_start"], record["snap_end"], record["snap_flags"] = msg.start, msg.end, msg.flags
+    elif isinstance(msg, codec.StreamReq):
+        record["start_seqno"], record["end_seqno"] = msg.start, msg.end
+        record["snap_start"], record["snap_end"] = msg.snap_start, msg.snap_end
+        record["vb_uuid"] = msg.vbucket_uuid
+    elif isinstance(msg, codec.StreamEnd):
+        record["end_reason"] = msg.reason_name
+    elif isinstance(msg, codec.BufferAck):
+        record["ack_bytes"] = msg.nbytes
+    elif isinstance(msg, codec.Control):
+        record["control_key"], record["control_value"] = msg.key, msg.value
+    elif isinstance(msg, codec.Open):
+        record["dcp_key"] = msg.name
+    elif isinstance(msg, codec.ErrorMapReq):
+        record["error_map_version"] = msg.version
+
+
 #: A stream message's header and its extras' first two numbers (by_seqno and rev_seqno; a
 #: snapshot marker's start and end): opcode, key length, extras length, vbucket, body length, opaque.
 _STREAM_HEAD = struct.Struct(">xBHBxHII8xQQ")
@@ -356,38 +391,9 @@ class DcpTracker(ConnectionTracker):
         self.out.append(to_json(record) if self.jsonl else record)
 
     def _fields(self, record: dict, p: Packet, msg: Any) -> None:
-        if isinstance(msg, codec.Response):
-            if msg.rollback_seqno is not None:
-                record["rollback_seqno"] = msg.rollback_seqno
-                if self.conn.rollbacks:
-                    record["vbucket"] = self.conn.rollbacks[-1][0]
-            if msg.failover_log:
-                record["vb_uuid"] = msg.failover_log[0][0]
-            if msg.value and p.datatype & codec.DATATYPE_JSON:
-                _json_fields(record, p.opcode, msg.value)
-            return
-        seqno = getattr(msg, "seqno", None)
-        if seqno is not None:
-            record["seqno"] = seqno
-        rev = getattr(msg, "rev_seqno", None)
-        if rev is not None:
-            record["rev_seqno"] = rev
-        if isinstance(msg, codec.SnapshotMarker):
-            record["snap_start"], record["snap_end"], record["snap_flags"] = msg.start, msg.end, msg.flags
-        elif isinstance(msg, codec.StreamReq):
-            record["start_seqno"], record["end_seqno"] = msg.start, msg.end
-            record["snap_start"], record["snap_end"] = msg.snap_start, msg.snap_end
-            record["vb_uuid"] = msg.vbucket_uuid
-        elif isinstance(msg, codec.StreamEnd):
-            record["end_reason"] = msg.reason_name
-        elif isinstance(msg, codec.BufferAck):
-            record["ack_bytes"] = msg.nbytes
-        elif isinstance(msg, codec.Control):
-            record["control_key"], record["control_value"] = msg.key, msg.value
-        elif isinstance(msg, codec.Open):
-            record["dcp_key"] = msg.name
-        elif isinstance(msg, codec.ErrorMapReq):
-            record["error_map_version"] = msg.version
+        message_fields(record, p, msg)
+        if record.get("rollback_seqno") is not None and self.conn.rollbacks:
+            record["vbucket"] = self.conn.rollbacks[-1][0]
         if self.conn.buffer_size and p.is_request and p.opcode in codec.STREAM_MESSAGES | {codec.BUFFER_ACK}:
             record["outstanding"] = self.conn.outstanding
 
@@ -415,6 +421,20 @@ class DcpTracker(ConnectionTracker):
         for direction in self.dirs.values():
             direction.half = None
             direction.splitter = PacketSplitter()
+
+    def live_state(self) -> dict:
+        """The protocol state a live view shows mid-stream: open streams, their snapshots, the buffer."""
+        conn = self.conn
+        open_streams = conn.streams.values()
+        snapshots = [f"vb{s.vbucket} {s.snap_start}..{s.snap_end}" for s in open_streams if s.snapshot_open]
+        state = {"streams": len(conn.streams), "ended": len(conn.ended)}
+        if snapshots:
+            state["snapshot"] = ", ".join(snapshots[:3]) + (" ..." if len(snapshots) > 3 else "")
+        if conn.buffer_size:
+            state["buffer"] = f"{conn.outstanding}/{conn.buffer_size}"
+        if conn.rollbacks:
+            state["rollbacks"] = len(conn.rollbacks)
+        return state
 
     def as_dict(self) -> dict:
         conn = self.conn

@@ -69,6 +69,18 @@ def percentile(values: list[float], p: float) -> float | None:
     return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
 
 
+def daemon_is_client(first_line: bytes, from_client: bool, fallback: bool) -> bool:
+    """Whether the initiator is the daemon, told by a conversation's first line (see the module's doc)."""
+    stripped = first_line.strip()
+    obj = peek_object(stripped) if stripped else None
+    action = obj.get("action") if obj is not None else None
+    if action in REQUESTS or (action == "checkpoint" and "error" in obj):
+        return from_client  # only the MLD's checkpoint reply has "error"
+    if not stripped or action in ("status", "checkpoint"):
+        return not from_client
+    return fallback
+
+
 class _Direction:
     """One direction's line splitter; the reassembler's consumer."""
 
@@ -127,15 +139,7 @@ class KinesisTracker(ConnectionTracker):
 
     def _sender(self, direction: _Direction, data: bytes) -> str:
         if self.daemon_client is None:
-            stripped = data.strip()
-            obj = peek_object(stripped) if stripped else None
-            action = obj.get("action") if obj is not None else None
-            if action in REQUESTS or (action == "checkpoint" and "error" in obj):
-                self.daemon_client = direction.client  # only the MLD's checkpoint reply has "error"
-            elif not stripped or action in ("status", "checkpoint"):
-                self.daemon_client = not direction.client
-            else:
-                self.daemon_client = self.fallback_daemon_client
+            self.daemon_client = daemon_is_client(data, direction.client, self.fallback_daemon_client)
         return DAEMON if direction.client == self.daemon_client else PROCESSOR
 
     def midstream_start(self, direction: _Direction, packet: int) -> None:
@@ -269,6 +273,18 @@ class KinesisTracker(ConnectionTracker):
         for direction in self.dirs.values():
             direction.half = None
             direction.splitter = LineSplitter()
+
+    def live_state(self) -> dict:
+        """The protocol state a live view shows mid-stream: records, checkpoints, what comes next."""
+        conv = self.conv
+        last = conv.last_checkpoint
+        return {
+            "shard": conv.shard_id,
+            "records": conv.records,
+            "checkpoints": conv.checkpoints,
+            "checkpoint": None if last is None else last[0],
+            "expecting": conv.expecting(),
+        }
 
     def as_dict(self) -> dict:
         conv = self.conv

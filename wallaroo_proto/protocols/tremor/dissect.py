@@ -273,6 +273,16 @@ class TremorTracker(ConnectionTracker):
             direction.splitter = FrameSplitter(client=direction.client)
             direction.head = bytearray()
 
+    def live_state(self) -> dict:
+        """The protocol state a live view shows mid-stream: the session's state and open streams."""
+        s = self.session
+        return {
+            "state": s.state,
+            "streams": len(s.streams),
+            "messages": self.messages,
+            "expecting": s.expecting(),
+        }
+
     def as_dict(self) -> dict:
         s = self.session
         streams = [{"alias": a, "protocol": p, "end": how} for a, p, how in s.history]

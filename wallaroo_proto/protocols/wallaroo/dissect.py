@@ -736,6 +736,25 @@ class _Tracker:
             record["rtag"] = frame.rtag
             record["worker_names"] = [_text(t) for t in frame.worker_names]
 
+    def live_state(self) -> dict:
+        """The protocol state a live view shows mid-stream: the use, credits, open streams, checkpoints,
+        the 2PC round under way (the summary's credits are settled only at the end)."""
+        conn, summary = self.conn, self.summary
+        if conn is None:
+            return {"use": "unknown"}
+        state = {
+            "use": conn.use.value,
+            "state": conn.state.value,
+            "credits": conn.credits,
+            "streams": sum(1 for st in conn.streams.values() if st.state is StreamState.OPEN),
+            "checkpoints": sum(st.checkpoints for st in summary.streams.values()),
+        }
+        if summary.txns:
+            state["2pc_rounds"] = len(summary.txns)
+        if conn.phase1_txn is not None:
+            state["phase1"] = _text(conn.phase1_txn)
+        return state
+
     def release(self) -> None:
         """The connection is over and finished: free its buffers."""
         for direction in self.dirs.values():
