@@ -15,6 +15,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 from functools import partial
 from pathlib import Path
 
@@ -496,3 +497,43 @@ def test_strict_closes_the_connection_at_its_first_violation_and_exits_1() -> No
     assert seen and seen[-1] == b"<end>", "the upstream's side was closed too"
     assert "client→upstream frame 1 MESSAGE" in stderr
     assert code == 1, stderr
+
+
+def test_a_second_pair_waits_for_an_upstream_that_listens_once_the_first_is_accepted() -> None:
+    first = socket.create_server(("127.0.0.1", 0))
+    second = socket.socket()  # bound, not listening: refuses connects until listen()
+    second.bind(("127.0.0.1", 0))
+    accepted = threading.Event()
+
+    def ic() -> None:
+        conn, _ = first.accept()
+        accepted.set()
+        time.sleep(0.5)  # the IC's own start-up between its two ports: what is waited out
+        second.listen()
+        other, _ = second.accept()
+        other.sendall(b"from the second port")
+        other.close()
+        conn.close()
+
+    threading.Thread(target=ic, daemon=True).start()
+    try:
+        with Server(
+            *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{first.getsockname()[1]}"),
+            *("--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{second.getsockname()[1]}"),
+            "--no-summary",
+        ) as proxy:
+            ports = [int(p) for p in re.findall(r"listening on 127\.0\.0\.1:(\d+)", proxy.lines[-1])]
+            receive = socket.create_connection(("127.0.0.1", ports[0]), timeout=60)
+            assert accepted.wait(60)
+            send = socket.create_connection(("127.0.0.1", ports[1]), timeout=60)  # before it listens
+            got = b""
+            while chunk := send.recv(65536):
+                got += chunk
+            assert got == b"from the second port"
+            receive.close()
+            send.close()
+            code, _, stderr = proxy.stop()
+        assert code == 0, stderr
+    finally:
+        first.close()
+        second.close()
