@@ -43,16 +43,27 @@ NAME = "wallaroo-proto proxy"
 SECOND_SOCKET_WAIT = 10.0
 
 
-def _violation_line(r: dict, relays: list[Relay]) -> str:
-    """One violation as it happens, numbered as the relay numbers connections (and fault
-    lines): the client is always the connection's initiator."""
-    direction = "client→upstream" if r["direction"].startswith("initiator") else "upstream→client"
-    reasons = "; ".join(r["violations"])
+def _who(r: dict, relays: list[Relay]) -> tuple[int, str | None]:
+    """A violation's connection, numbered as the relay numbers connections (and fault lines),
+    and with faults its side ("client", "upstream")."""
     initiator = (r["initiator_addr"], r["initiator_port"])
     found = next((who for relay in relays if (who := relay.who(initiator)) is not None), None)
-    conn, side = found if found is not None else (r["conn_index"], None)
+    return found if found is not None else (r["conn_index"], None)
+
+
+def _violation_line(r: dict, conn: int, side: str | None) -> str:
+    """One violation as it happens: the client is always the connection's initiator."""
+    direction = "client→upstream" if r["direction"].startswith("initiator") else "upstream→client"
+    reasons = "; ".join(r["violations"])
     leg = f" ({side} side)" if side else ""
     return f"{NAME}: connection #{conn}{leg} {direction} frame {r['frame_index']} {r['type']}: {reasons}"
+
+
+def _sent_by_a_peer(r: dict, side: str | None) -> bool:
+    """Whether a peer, not the proxy, sent the violating frame: with faults each side is
+    recorded apart, and what the proxy sent on a side may be its own fault's doing."""
+    from_initiator = r["direction"].startswith("initiator")
+    return side is None or (side == "client") == from_initiator
 
 
 async def _serve(relays: list[Relay], loop_ready) -> None:
@@ -180,19 +191,20 @@ def command(
     violations = Counter[int]()
 
     def on_violation(r: dict) -> None:
-        violations[r["conn_index"]] += 1
+        conn, side = _who(r, relays)
+        violations[conn] += 1
         if verbosity >= 0:
-            errors.print(escape(_violation_line(r, relays)))
-        if strict and violations[r["conn_index"]] == 1 and loop_box:
+            errors.print(escape(_violation_line(r, conn, side)))
+        if strict and conn not in struck and _sent_by_a_peer(r, side) and loop_box:
+            struck.add(conn)
             loop_box[0].call_soon_threadsafe(_strict_close, relays, r)
 
-    applied = Counter[str]()
+    struck: set[int] = set()
 
     live = live if live is not None else sys.stderr.isatty() and verbosity >= 0
     view = LiveView("forwarding to " + ", ".join(format_address(a) for a in upstream))
 
     def on_fault(conn: int, step: fault_rules.Applied) -> None:
-        applied[step.rule.text] += 1
         view.fault(conn, step.frame.from_client, step.rule.action)
         if verbosity >= 0:
             errors.print(escape(f"{NAME}: connection #{conn} {fault_rules.describe(step)}"))
@@ -237,7 +249,8 @@ def command(
         for s in watch.summaries:
             get_plugin(s.get("protocol", "wallaroo")).print_summary(out, s)
         for rule in rules:
-            out.print(escape(f"fault {rule.text}: matched {rule.seen}, applied {rule.fired}"))
+            missed = f", not applied {rule.not_applied}" if rule.not_applied else ""
+            out.print(escape(f"fault {rule.text}: matched {rule.seen}, applied {rule.fired}{missed}"))
     if verbosity > 0:
         errors.print(
             f"{NAME}: {stats.accepted} connection(s) relayed, {stats.bytes[True]} bytes client→upstream, "

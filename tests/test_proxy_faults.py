@@ -179,6 +179,36 @@ def test_duplicate_reorder_and_delay() -> None:
     assert steps.index(wait[0]) < len(steps) - 1 and steps[-1] == Send(True, frame("C"))
 
 
+def test_reorder_holds_one_frame_a_direction_however_many_match() -> None:
+    shaper = engine("reorder type=B")
+    steps = shaper.feed(True, frame("B", b"1") + frame("B", b"2") + frame("B", b"3") + frame("B", b"4"))
+    # Each held frame is overtaken by the next, which is then not held itself.
+    assert sent(steps) == [
+        (True, frame("B", b"2")),
+        (True, frame("B", b"1")),
+        (True, frame("B", b"4")),
+        (True, frame("B", b"3")),
+    ]
+
+
+def test_a_rule_that_could_not_act_is_not_used_up() -> None:
+    shaper = engine("rewrite type=B field=length value=1 count=1")
+    steps = shaper.feed(True, frame("B") + frame("B"))
+    (rule,) = shaper.rules
+    assert (rule.seen, rule.fired, rule.not_applied) == (2, 0, 2)  # tried again at the second B
+    assert sent(steps) == [(True, frame("B")), (True, frame("B"))]
+
+
+def test_first_bytes_too_few_to_tell_are_decided_when_the_relay_says_time_is_up() -> None:
+    rules = [faults.build_rule(faults.parse_option("drop type=ACK"), "drop type=ACK")]
+    shaper = faults.ConnectionFaults(rules, None, upstream_port=1)
+    first = b"\x00\x00\x00"  # could open a Wallaroo length prefix, or not: too few to tell
+    assert shaper.feed(True, first) == [] and shaper.deciding
+    steps = shaper.settle()
+    assert not shaper.deciding
+    assert sent(steps) == [(True, first)]
+
+
 def test_a_frame_held_for_reordering_goes_before_the_end() -> None:
     shaper = engine("reorder type=B")
     assert sent(shaper.feed(True, frame("B"))) == []
@@ -537,3 +567,48 @@ def test_a_second_pair_waits_for_an_upstream_that_listens_once_the_first_is_acce
     finally:
         first.close()
         second.close()
+
+
+def test_first_bytes_that_cannot_tell_a_protocol_still_reach_a_waiting_upstream() -> None:
+    echo, _ = _echo_upstream()
+    try:
+        with Server(
+            *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{echo.getsockname()[1]}"),
+            *("--fault", "drop type=ACK", "--no-summary"),
+        ) as proxy:
+            with socket.create_connection((proxy.host, proxy.port), timeout=60) as client:
+                client.sendall(b"\x00\x00\x00")  # then waits for the answer, as a first sender may
+                assert client.recv(65536) == b"\x00\x00\x00"
+            code, _, stderr = proxy.stop()
+        assert code == 0, stderr
+    finally:
+        echo.close()
+
+
+def test_a_stalled_direction_ends_with_the_connection() -> None:
+    upstream = socket.create_server(("127.0.0.1", 0))
+
+    def greet_then_close() -> None:
+        conn, _ = upstream.accept()
+        with conn:
+            conn.sendall(HELLO)  # a whole frame, stalled on its way to the client
+            while conn.recv(65536):
+                pass  # until the client's end, passed on
+
+    threading.Thread(target=greet_then_close, daemon=True).start()
+    try:
+        with Server(
+            *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{upstream.getsockname()[1]}"),
+            *("--protocol", "wallaroo", "--fault", "stall direction=client", "--no-summary"),
+        ) as proxy:
+            with socket.create_connection((proxy.host, proxy.port), timeout=60) as client:
+                client.sendall(HELLO)
+                client.shutdown(socket.SHUT_WR)
+                got = b""
+                while chunk := client.recv(65536):  # the end comes, though nothing was forwarded
+                    got += chunk
+            assert got == b""
+            code, _, stderr = proxy.stop()
+        assert code == 0, stderr
+    finally:
+        upstream.close()

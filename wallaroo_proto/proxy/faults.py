@@ -46,6 +46,8 @@ COMMON_KEYS = (
 )
 #: Bytes held while a connection's protocol is not known, before giving up on framing it.
 DETECT_LIMIT = 1 << 16
+#: Seconds the relay lets the first bytes wait for more before deciding with those there are.
+DETECT_WAIT = 1.0
 
 
 def _module(protocol: str) -> Any:
@@ -89,9 +91,10 @@ class Rule:
     value: Any = None
     reset: bool = False
     params: dict[str, Any] = field(default_factory=dict)
-    #: Matched frames, and those acted on.
+    #: Matched frames, those acted on, and those it could not act on (the frame lacked what it needs).
     seen: int = 0
     fired: int = 0
+    not_applied: int = 0
     _match: Callable[[Mapping[str, Any]], bool] | None = None
 
     def matches(self, frame: Frame, passed: int, named: NamedFault | None) -> bool:
@@ -345,14 +348,27 @@ class ConnectionFaults:
         else:
             self.named = named_faults(self.protocol)
 
-    def _detect(self, from_client: bool, data: bytes) -> list[Step]:
+    @property
+    def deciding(self) -> bool:
+        """Bytes wait here until the connection's first bytes tell its protocol."""
+        return self._deciding
+
+    def settle(self) -> list[Step]:
+        """Decide now with the bytes there are (the relay's time for the first bytes ran out:
+        a first sender may wait for an answer before it sends more)."""
+        return self._detect(None, b"", final=True) if self._deciding else []
+
+    def _detect(self, from_client: bool | None, data: bytes, final: bool = False) -> list[Step]:
         from wallaroo_proto.protocols import plugins
         from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE  # as dissect's
 
-        self._waiting.append((from_client, data))
+        if from_client is not None:
+            self._waiting.append((from_client, data))
+        if not self._waiting:
+            return []
         first = self._waiting[0][0]
         head = b"".join(d for side, d in self._waiting if side == first)
-        final = sum(len(d) for _, d in self._waiting) >= DETECT_LIMIT
+        final = final or sum(len(d) for _, d in self._waiting) >= DETECT_LIMIT
         undecided = False
         for plugin in plugins():
             said = plugin.detect(head, DEFAULT_MAX_FRAME_SIZE, final)
@@ -437,6 +453,8 @@ class ConnectionFaults:
                 continue  # another protocol's fault
             if not rule.matches(frame, passed, named):
                 continue
+            if rule.action == "reorder" and self._held[frame.from_client]:
+                continue  # one frame held a direction: the next one, this, goes first
             rule.seen += 1
             if rule.seen <= rule.skip or (rule.count is not None and rule.fired >= rule.count):
                 continue
@@ -449,7 +467,10 @@ class ConnectionFaults:
         try:
             steps, what = self._apply(rule, named, frame, forward)
         except FaultError as err:
-            # A rule this frame cannot take (a field it lacks): the frame goes on unchanged, and why is shown.
+            # A rule this frame cannot take (a field it lacks): the frame goes on unchanged, the
+            # rule is not used up, and why is shown.
+            rule.fired -= 1
+            rule.not_applied += 1
             return [Applied(rule, frame, self._index[frame.from_client], f"not applied: {err}"), forward]
         return [Applied(rule, frame, self._index[frame.from_client], what), *steps]
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 WRITE_BUFFER = 1 << 20
 
 
-def _reset(transport: asyncio.BaseTransport) -> None:
+def reset_transport(transport: asyncio.BaseTransport) -> None:
     """Close with a RST (SO_LINGER 0, then abort), as the relay answers a reset."""
     sock = transport.get_extra_info("socket")
     if sock is not None:
@@ -72,7 +72,10 @@ class _Side(asyncio.Protocol):
         if exc is not None:  # this side reset (or failed): the other is reset too
             if not self.done and self.link.tap is not None:
                 self.link.tap.ended(self.link.conn, self.from_client, True, time.time())
-            _reset(self.other.transport)
+            reset_transport(self.other.transport)
+        elif not self.done and self.link.tap is not None:
+            # Closed by the proxy itself (--strict): recorded as this side's end.
+            self.link.tap.ended(self.link.conn, self.from_client, False, time.time())
         self.other._over()  # nothing more can be written to this side
         self._over()
 

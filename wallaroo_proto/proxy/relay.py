@@ -11,15 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
-import struct
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wallaroo_proto.proxy import faults as fault_steps
-from wallaroo_proto.proxy.passthrough import pass_through
+from wallaroo_proto.proxy.passthrough import pass_through, reset_transport
 
 #: Bytes read at a time from either side.
 READ_SIZE = 1 << 16
@@ -50,12 +48,8 @@ class RelayStats:
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
-    """Close with a RST, as the peer that reset ours did (SO_LINGER 0, then close)."""
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
+    """Close with a RST, as the peer that reset ours did."""
+    reset_transport(writer.transport)
 
 
 class Relay:
@@ -190,12 +184,28 @@ class Relay:
         self, conn: int, from_client: bool, reader: asyncio.StreamReader, legs: _Legs, shaper: Any
     ) -> None:
         """One direction, frame by frame through the fault rules: each step done in order."""
+        try:
+            await self._shaped_until_over(conn, from_client, reader, legs, shaper)
+        finally:
+            legs.over.set()  # a direction stalled for ever ends with this one
+
+    async def _shaped_until_over(
+        self, conn: int, from_client: bool, reader: asyncio.StreamReader, legs: _Legs, shaper: Any
+    ) -> None:
         counts = self.stats.bytes
         own, other = legs.writers[not from_client], legs.writers[from_client]
         while True:
             try:
-                data = await reader.read(READ_SIZE)
-            except ConnectionResetError:
+                if shaper.deciding:
+                    data = await asyncio.wait_for(reader.read(READ_SIZE), fault_steps.DETECT_WAIT)
+                else:
+                    data = await reader.read(READ_SIZE)
+            except TimeoutError:
+                # The first bytes wait for more that may not come before an answer: decide now.
+                if not await self._steps(conn, from_client, shaper.settle(), legs, own):
+                    return
+                continue
+            except OSError:  # this side reset (or failed): the other is reset too
                 legs.ended(from_client, True)
                 _reset(other)
                 return
@@ -227,14 +237,15 @@ class Relay:
             elif type(step) is fault_steps.Took:
                 legs.received(step.from_client, step.data)
             elif type(step) is fault_steps.Applied:
-                legs.note(from_client, fault_steps.describe(step))
+                legs.note(step.frame.from_client, fault_steps.describe(step))
                 if self.on_fault is not None:
                     self.on_fault(conn, step)
             elif type(step) is fault_steps.Wait:
                 await asyncio.sleep(step.seconds)
             elif type(step) is fault_steps.Stall:
                 if step.seconds is None:
-                    await asyncio.Event().wait()  # until the connection is stopped
+                    await legs.over.wait()  # until the other direction is over
+                    return False
                 await asyncio.sleep(step.seconds)
             elif type(step) is fault_steps.Close:
                 raise _Cut(step.reset)
@@ -279,6 +290,8 @@ class _Legs:
         self.client = (conn, "client")
         self.upstream = (conn, "upstream")
         self.writers = {True: server_w, False: client_w}
+        #: Set once either direction is over.
+        self.over = asyncio.Event()
         if tap is not None:
             now = time.time()
             tap.opened(
