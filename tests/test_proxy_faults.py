@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from support import Server, run_cli
 
 from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.capture.pcap import MAX_PENDING_COMMENTS, keep_comment
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import Message
@@ -530,42 +531,35 @@ def test_strict_closes_the_connection_at_its_first_violation_and_exits_1() -> No
 
 
 def test_a_second_pair_waits_for_an_upstream_that_listens_once_the_first_is_accepted() -> None:
-    first = socket.create_server(("127.0.0.1", 0))
     second = socket.socket()  # bound, not listening: refuses connects until listen()
     second.bind(("127.0.0.1", 0))
-    accepted = threading.Event()
-
-    def ic() -> None:
-        conn, _ = first.accept()
-        accepted.set()
-        time.sleep(0.5)  # the IC's own start-up between its two ports: what is waited out
+    # The second pair's relay, as `proxy` makes it for a pair after the first.
+    relay = Relay(("127.0.0.1", 0), second.getsockname(), wait_for_upstream=120)
+    loop = asyncio.new_event_loop()
+    port = loop.run_until_complete(relay.start())[1]
+    runner = threading.Thread(target=loop.run_forever, daemon=True)
+    runner.start()
+    try:
+        send = socket.create_connection(("127.0.0.1", port), timeout=60)
+        deadline = time.monotonic() + 60
+        while relay.stats.connect_retries == 0:  # refused at least once: what is waited out
+            assert time.monotonic() < deadline, "the relay never tried the upstream"
+            time.sleep(0.01)
         second.listen()
         other, _ = second.accept()
         other.sendall(b"from the second port")
         other.close()
-        conn.close()
-
-    threading.Thread(target=ic, daemon=True).start()
-    try:
-        with Server(
-            *("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{first.getsockname()[1]}"),
-            *("--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{second.getsockname()[1]}"),
-            "--no-summary",
-        ) as proxy:
-            ports = [int(p) for p in re.findall(r"listening on 127\.0\.0\.1:(\d+)", proxy.lines[-1])]
-            receive = socket.create_connection(("127.0.0.1", ports[0]), timeout=60)
-            assert accepted.wait(60)
-            send = socket.create_connection(("127.0.0.1", ports[1]), timeout=60)  # before it listens
-            got = b""
-            while chunk := send.recv(65536):
-                got += chunk
-            assert got == b"from the second port"
-            receive.close()
-            send.close()
-            code, _, stderr = proxy.stop()
-        assert code == 0, stderr
+        got = b""
+        while chunk := send.recv(65536):
+            got += chunk
+        send.close()
+        assert got == b"from the second port"
+        assert relay.stats.refused_upstream == 0
     finally:
-        first.close()
+        asyncio.run_coroutine_threadsafe(relay.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        runner.join(60)
+        loop.close()
         second.close()
 
 
@@ -612,3 +606,31 @@ def test_a_stalled_direction_ends_with_the_connection() -> None:
         assert code == 0, stderr
     finally:
         upstream.close()
+
+
+def test_comments_no_frame_takes_are_kept_in_bounded_memory() -> None:
+    comments: dict[int, list[str]] = {}
+    for packet in range(1, MAX_PENDING_COMMENTS + 100):
+        keep_comment(comments, packet, [f"fault at {packet}"])
+    assert len(comments) == MAX_PENDING_COMMENTS and next(iter(comments)) == 100  # the oldest went
+
+
+def test_a_raw_packet_in_a_pcapng_file_is_a_pcapng_block(tmp_path: Path) -> None:
+    path = tmp_path / "raw.pcapng"
+    with PcapWriter(str(path), pcapng=True) as writer:
+        session = writer.tcp_session(("127.0.0.1", 40000), ("127.0.0.1", 7100), timestamp=1.0)
+        session.send(True, HELLO, 1.5)
+    packets = [p for p in read_packets(path)]
+    copy = tmp_path / "copy.pcapng"
+    with PcapWriter(str(copy), pcapng=True) as writer:
+        for ts_ns, data in packets:
+            writer.write_raw(data, ts_ns)
+    assert read_packets(copy) == packets
+
+
+def read_packets(path: Path) -> list[tuple[int, bytes]]:
+    """(timestamp ns, bytes) of every packet, by scapy's own pcapng reader."""
+    from scapy.utils import RawPcapNgReader
+
+    with RawPcapNgReader(str(path)) as reader:
+        return [((m.tshigh << 32 | m.tslow) * 1_000_000_000 // m.tsresol, bytes(d)) for d, m in reader]

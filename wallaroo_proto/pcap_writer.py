@@ -63,6 +63,7 @@ def _padded(data: bytes) -> bytes:
 
 
 def _option(code: int, value: bytes) -> bytes:
+    value = value[:0xFFFF]  # an option's length is 16 bits: a longer comment is cut
     return struct.pack("<HH", code, len(value)) + _padded(value)
 
 
@@ -138,7 +139,12 @@ class PcapWriter:
         if not self.nanoseconds:
             fraction //= 1000
         captured = packet[: self.snaplen]
-        self._write(struct.pack("<IIII", sec, fraction, len(captured), len(packet)) + captured)
+        if self.pcapng:
+            ticks = sec * (1_000_000_000 if self.nanoseconds else 1_000_000) + fraction
+            head = struct.pack("<IIIII", 0, ticks >> 32, ticks & 0xFFFF_FFFF, len(captured), len(packet))
+            self._write(_block(6, head + _padded(captured)))
+        else:
+            self._write(struct.pack("<IIII", sec, fraction, len(captured), len(packet)) + captured)
         self.packets += 1
 
     def tcp_segment(

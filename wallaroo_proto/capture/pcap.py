@@ -371,6 +371,18 @@ def _quiet_scapy():
         logger.setLevel(level)
 
 
+#: Comments kept waiting for their packet's frame: a frame with no record of its own (a
+#: summary counts it only) leaves its comment unread, so the oldest go beyond this many.
+MAX_PENDING_COMMENTS = 10_000
+
+
+def keep_comment(comments: dict[int, list[str]], packet: int, texts: list[str]) -> None:
+    """A packet's comments, kept until a record of its frame takes them, in bounded memory."""
+    comments[packet] = texts
+    while len(comments) > MAX_PENDING_COMMENTS:
+        del comments[next(iter(comments))]
+
+
 def _read_pcapng(f: BinaryIO, stats: dict, waits: bool, tap: PacketTap | None) -> Iterator[Segment]:
     from scapy.error import Scapy_Exception
     from scapy.utils import RawPcapNgReader
@@ -431,7 +443,9 @@ def _read_pcapng(f: BinaryIO, stats: dict, waits: bool, tap: PacketTap | None) -
         if meta.comments:
             # A packet's comments (a proxy's faults, an analyst's remarks): notes of the frame it completes.
             texts = meta.comments if isinstance(meta.comments, list) else [meta.comments]
-            stats.setdefault("comments", {})[number] = [t.decode("utf-8", "replace") for t in texts]
+            keep_comment(
+                stats.setdefault("comments", {}), number, [t.decode("utf-8", "replace") for t in texts]
+            )
         if seg is not None or tap is not None:
             ticks = (meta.tshigh << 32) | meta.tslow
             ts_ns = ticks * 1_000_000_000 // meta.tsresol

@@ -16,7 +16,7 @@ import os
 import struct
 from collections.abc import Callable, Iterator
 
-from wallaroo_proto.capture.pcap import WAIT_SEGMENT, CaptureError, Segment
+from wallaroo_proto.capture.pcap import WAIT_SEGMENT, CaptureError, Segment, keep_comment
 from wallaroo_proto.pcap_writer import DEFAULT_SEGMENT_SIZE, TcpSession
 
 #: kind, connection number, timestamp (seconds), length of what follows.
@@ -108,7 +108,7 @@ class SegmentFeed:
         key = (src[0], src[1], dst[0], dst[1])
         self.segments.append((self.packets, sec * 1_000_000_000 + usec * 1000, key, seq, flags, payload))
         if comment:
-            self.comments[self.packets] = [comment]
+            keep_comment(self.comments, self.packets, [comment])
 
 
 def segments(read: Callable[[int], bytes], stats: dict | None = None) -> Iterator[Segment]:

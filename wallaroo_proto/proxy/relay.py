@@ -44,6 +44,8 @@ class RelayStats:
 
     accepted: int = 0
     refused_upstream: int = 0
+    #: Connects to the upstream tried again after a refusal (``wait_for_upstream``).
+    connect_retries: int = 0
     bytes: dict[bool, int] = field(default_factory=lambda: {True: 0, False: 0})
 
 
@@ -125,6 +127,7 @@ class Relay:
                 break
             except ConnectionRefusedError:
                 if time.monotonic() < deadline:
+                    self.stats.connect_retries += 1
                     await asyncio.sleep(0.05)  # not listening yet: it may be about to
                     continue
                 self.stats.refused_upstream += 1
