@@ -469,7 +469,17 @@ def test_the_live_view_in_a_terminal_shows_the_connection_and_its_protocol_state
     with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
         with proxy_in_a_terminal(worker.address, *options) as (proxy, terminal, address):
             source = subprocess.Popen(
-                [*COMMAND, "mock-source", "--connect", address, "-q", "--streams", "2", "--count", "100000"],
+                [
+                    *COMMAND,
+                    "mock-source",
+                    "--connect",
+                    address,
+                    "-q",
+                    "--streams",
+                    "2",
+                    "--count",
+                    "100000000",
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -511,7 +521,17 @@ def test_a_fault_applied_shows_on_its_connections_leg_in_the_live_view() -> None
             address,
         ):
             source = subprocess.Popen(
-                [*COMMAND, "mock-source", "--connect", address, "-q", "--streams", "2", "--count", "100000"],
+                [
+                    *COMMAND,
+                    "mock-source",
+                    "--connect",
+                    address,
+                    "-q",
+                    "--streams",
+                    "2",
+                    "--count",
+                    "100000000",
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
