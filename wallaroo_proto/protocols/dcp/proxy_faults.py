@@ -58,14 +58,21 @@ class DcpAdapter:
         if self._raw[from_client]:
             return [data] if data else []
         splitter = self._splitters[from_client]
-        held = bytes(splitter.buf)
+        held = len(splitter.buf)
+        # Held bytes as long as a header have had that header read, so a bad header is found in
+        # them only when they are fewer: only those few are copied, to go on with the rest.
+        short = bytes(splitter.buf) if held < codec.HEADER_SIZE else b""
         try:
             return [wire for _, wire in splitter.feed(data)]
         except ProtocolError as err:
             good = [wire for _, wire in err.packets]
-            rest = (held + data)[sum(len(w) for w in good) :]
+            rest = (short + data)[sum(map(len, good)) - held + len(short) :]
             self._raw[from_client] = True
             return [*good, rest] if rest else good
+
+    def tail(self, from_client: bool) -> bytes:
+        """The part of a packet not yet whole in this direction: at its end, a packet cut short."""
+        return b"" if self._raw[from_client] else bytes(self._splitters[from_client].buf)
 
     # ------------------------------------------------------------------ fields
 
