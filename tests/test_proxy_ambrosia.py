@@ -136,6 +136,26 @@ def test_bytes_that_cannot_be_framed_pass_as_they_come_and_none_is_lost():
     assert a.error_frame("x", to_client=True) is None
 
 
+def sent_through_engine(*reads: tuple[bool, bytes]) -> dict[bool, bytes]:
+    """What the engine sends of each side's reads once both sides end (no rules), by side."""
+    engine = faults.ConnectionFaults([], "ambrosia", adapter=adapter())
+    steps = [step for from_client, data in reads for step in engine.feed(from_client, data)]
+    steps += engine.end(True) + engine.end(False)
+    return {
+        side: b"".join(s.data for s in steps if isinstance(s, Send) and s.to_upstream == side)
+        for side in (True, False)
+    }
+
+
+def test_a_record_or_message_cut_short_at_the_end_still_goes_on():
+    """The IC's second record cut inside its body, the LB's message inside its body:
+    every byte goes on when the sides end."""
+    ic = RECORD_0 + RECORD_1[:30]
+    lb = INITIAL + RPC_TO_SERVER[:5]
+    sent = sent_through_engine((False, ic[:40]), (False, ic[40:]), (True, lb[:3]), (True, lb[3:]))
+    assert sent == {True: lb, False: ic}
+
+
 RECORDS = st.lists(
     st.sampled_from([TAKE_CHECKPOINT, CHECKPOINT_RECORD + BLOB, RECORD_0, RECORD_1]), max_size=8
 )
@@ -145,17 +165,24 @@ MESSAGES = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.booleans(), RECORDS, MESSAGES, st.lists(st.integers(1, 40), max_size=30))
-def test_any_chunking_passes_every_byte_in_frames_of_the_same_types(from_client, records, messages, cuts):
+@given(st.booleans(), RECORDS, MESSAGES, st.lists(st.integers(1, 40), max_size=30), st.integers(0, 30))
+def test_any_chunking_passes_every_byte_in_frames_of_the_same_types(
+    from_client, records, messages, cuts, short
+):
+    """However the bytes come, and wherever the stream stops (``short`` of its end), the frames
+    and then the tail are every byte, in order."""
     data = b"".join(messages if from_client else records)
+    data = data[: max(0, len(data) - short)]
     whole = adapter()
-    expected = [whole.fields(f, from_client)["type"] for f in whole.frames(from_client, data)]
+    at_once = whole.frames(from_client, data)
+    assert b"".join(at_once) + whole.tail(from_client) == data
+    expected = [whole.fields(f, from_client)["type"] for f in at_once]
     a = adapter()
     got, pos = [], 0
     for cut in [*cuts, len(data)]:
         got += a.frames(from_client, data[pos : pos + cut])
         pos += cut
-    assert b"".join(got) == data
+    assert b"".join(got) + a.tail(from_client) == data
     types = [a.fields(f, from_client)["type"] for f in got]
     # A checkpoint's bytes may come in more pieces; every other frame is the same.
     assert [t for t in types if t != "CheckpointBytes"] == [t for t in expected if t != "CheckpointBytes"]

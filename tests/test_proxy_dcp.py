@@ -85,10 +85,28 @@ def test_frames_are_the_packets_whatever_the_reads_and_every_byte_comes_out(pack
     joined = b"".join(out)
     assert stream.startswith(joined)
     leftover = stream[len(joined) :]
+    assert a.tail(True) == leftover  # what the engine forwards when the side ends
     # What is held back is less than a header, or a good header whose body has not all come.
     if len(leftover) >= 24:
         assert leftover[0] in codec.MAGICS
         assert len(leftover) < 24 + int.from_bytes(leftover[8:12], "big")
+
+
+def sent_through_engine(from_client: bool, *reads: bytes) -> bytes:
+    """What the engine sends of this side's reads once the side ends (no rules)."""
+    engine = ConnectionFaults([], "dcp", adapter=adapter())
+    steps = [step for data in reads for step in engine.feed(from_client, data)]
+    steps += engine.end(from_client)
+    return b"".join(s.data for s in steps if isinstance(s, Send) and s.to_upstream == from_client)
+
+
+@pytest.mark.parametrize("from_client", [True, False])
+def test_a_packet_cut_short_at_the_end_still_goes_on(from_client):
+    """A whole packet, then 5 bytes of the next header, then the side ends: all 29 bytes go on."""
+    stream = CONTROL_OK + MARKER[:5]
+    assert sent_through_engine(from_client, stream[:20], stream[20:]) == stream
+    # A header whole and its body not: held across reads, then given back whole.
+    assert sent_through_engine(from_client, MUTATION, MARKER[:30], MARKER[30:40]) == MUTATION + MARKER[:40]
 
 
 def test_bytes_after_a_bad_header_pass_as_they_come():
@@ -97,6 +115,17 @@ def test_bytes_after_a_bad_header_pass_as_they_come():
     assert a.frames(False, MUTATION + torn) == [MUTATION, torn]
     assert a.frames(False, b"more") == [b"more"]
     assert a.fields(b"more", False)["type"] == "INVALID"
+
+
+def test_a_bad_header_across_reads_passes_with_every_byte_held_before_it():
+    """The bad header's first bytes were held by an earlier read, or a packet's were."""
+    a = adapter()
+    assert a.frames(False, MUTATION + b"\x00\x01") == [MUTATION]
+    assert a.frames(False, b"x" * 30) == [b"\x00\x01" + b"x" * 30]
+    a = adapter()
+    assert a.frames(False, MUTATION[:30]) == []
+    bad = b"\x00 is no magic, nor is this a header"
+    assert a.frames(False, MUTATION[30:] + bad) == [MUTATION, bad]
 
 
 # ------------------------------------------------------------------------------------------ fields

@@ -196,6 +196,31 @@ def test_a_line_that_never_ends_is_not_held_without_bound_and_no_byte_is_lost():
     assert b.frames(False, b"\n" * 101) == [b"\n" * 101]
 
 
+def sent_through_engine(*reads: tuple[bool, bytes]) -> dict[bool, bytes]:
+    """What the engine sends of each side's reads once both sides end (no rules), by side."""
+    engine = faults.ConnectionFaults([], "kinesis", adapter=adapter())
+    steps = [step for from_client, data in reads for step in engine.feed(from_client, data)]
+    steps += engine.end(True) + engine.end(False)
+    return {
+        side: b"".join(s.data for s in steps if isinstance(s, Send) and s.to_upstream == side)
+        for side in (True, False)
+    }
+
+
+def test_a_last_line_without_its_line_end_still_goes_on():
+    """The daemon's last line lacks its newline; the processor's blank line and half a line wait
+    for a line end that never comes: every byte goes on when the sides end."""
+    daemon_tail = b'{"action":"shutdownRequested"}'
+    processor = STATUS_INIT + b'\n{"action": "checkpoint"'
+    sent = sent_through_engine(
+        (True, INITIALIZE[:30]), (True, INITIALIZE[30:] + daemon_tail[:10]), (True, daemon_tail[10:]),
+        (False, processor[:5]), (False, processor[5:]),
+    )  # fmt: skip
+    assert sent == {True: INITIALIZE + daemon_tail, False: processor}
+    # Blank lines alone, held to open the next frame, go on too.
+    assert sent_through_engine((True, INITIALIZE), (False, b"\n\n")) == {True: INITIALIZE, False: b"\n\n"}
+
+
 def test_there_is_no_error_message_for_strict():
     assert adapter().error_frame("any", to_client=True) is None
 
@@ -209,7 +234,8 @@ LINES = st.lists(
 @given(LINES, st.lists(st.integers(1, 64), max_size=40))
 def test_any_chunking_gives_the_same_lines_and_every_byte_of_them(lines, cuts):
     data = b"".join(lines)
-    whole = adapter().frames(True, data)
+    at_once = adapter()
+    whole = at_once.frames(True, data)
     a = adapter()
     pieces, pos = [], 0
     for cut in cuts:
@@ -217,11 +243,12 @@ def test_any_chunking_gives_the_same_lines_and_every_byte_of_them(lines, cuts):
         pos += cut
     pieces += a.frames(True, data[pos:])
     # Every byte up to the last line end is in a frame, in order: none lost, none repeated...
-    for frames in (whole, pieces):
+    for frames, taker in ((whole, at_once), (pieces, a)):
         framed = b"".join(frames)
         assert framed == data[: len(framed)]
         rest = data[len(framed) :].lstrip(b"\r\n")  # a processor's blank lines wait for their line
         assert b"\r" not in rest and b"\n" not in rest
+        assert framed + taker.tail(True) == data  # the rest is what the engine forwards at the end
     # ...and the lines are the same, however the bytes came (only where a \r\n's \n goes may differ).
     assert [f.strip(b"\r\n") for f in pieces] == [f.strip(b"\r\n") for f in whole]
 

@@ -132,6 +132,27 @@ def test_a_frame_too_big_to_be_one_ends_the_framing_and_loses_no_byte():
     assert a.fields(huge, False) == {"type": "INVALID", "sender": "server"}
 
 
+def sent_through_engine(*reads: tuple[bool, bytes]) -> dict[bool, bytes]:
+    """What the engine sends of each side's reads once both sides end (no rules), by side."""
+    engine = faults.ConnectionFaults([], "tremor", adapter=adapter())
+    steps = [step for from_client, data in reads for step in engine.feed(from_client, data)]
+    steps += engine.end(True) + engine.end(False)
+    return {
+        side: b"".join(s.data for s in steps if isinstance(s, Send) and s.to_upstream == side)
+        for side in (True, False)
+    }
+
+
+def test_a_head_or_a_frame_cut_short_at_the_end_still_goes_on():
+    """An upgrade request cut before its blank line; a node's frame cut inside its payload:
+    every byte goes on when the sides end."""
+    head = REQUEST[:25]
+    assert sent_through_engine((True, head[:10]), (True, head[10:])) == {True: head, False: b""}
+    node = RESPONSE + VERSION + CONNECT_ACK[:7]
+    sent = sent_through_engine((True, REQUEST), (False, node[:100]), (False, node[100:]))
+    assert sent == {True: REQUEST, False: node}
+
+
 def test_the_close_fault_sends_a_close_with_the_status_to_the_frames_receiver():
     fault = NAMED_FAULTS["close"]
     assert fault.direction == "client" and fault.params["status"] == (int, 1011)
@@ -223,9 +244,11 @@ _OPCODES = st.sampled_from([Opcode.TEXT, Opcode.BINARY, Opcode.PING, Opcode.CLOS
     client=st.booleans(),
     items=st.lists(st.tuples(_OPCODES, st.binary(max_size=70_000)), max_size=5),
     cuts=st.lists(st.integers(1, 5000), max_size=30),
+    short=st.integers(0, 200),
 )
-def test_frames_wsproto_writes_come_out_whole_whatever_the_chunking(client, items, cuts):
-    """wsproto's FrameProtocol serialises (masking a client's); each frame comes out as its own bytes."""
+def test_frames_wsproto_writes_come_out_whole_whatever_the_chunking(client, items, cuts, short):
+    """wsproto's FrameProtocol serialises (masking a client's); each frame comes out as its own bytes.
+    With the stream ``short`` of its end, the frames cut short are the tail, every byte of it."""
     proto = FrameProtocol(client=client, extensions=[])
     written = []
     for opcode, payload in items:
@@ -234,7 +257,9 @@ def test_frames_wsproto_writes_come_out_whole_whatever_the_chunking(client, item
         else:
             written.append(proto._serialize_frame(opcode, payload))
     head = REQUEST if client else RESPONSE
-    wire = head + b"".join(written)
+    whole = [head, *written]
+    wire = b"".join(whole)
+    wire = wire[: len(wire) - short]
     a = adapter()
     if not client:
         a.fields(*a.frames(True, REQUEST), True)
@@ -243,10 +268,11 @@ def test_frames_wsproto_writes_come_out_whole_whatever_the_chunking(client, item
         got += a.frames(client, wire[pos : pos + cut])
         pos += cut
     got += a.frames(client, wire[pos:])
-    assert got == [head, *written]
-    assert [a.fields(f, client)["type"] for f in got][:1] == [
-        "UPGRADE_REQUEST" if client else "UPGRADE_RESPONSE"
-    ]
+    ends = [sum(map(len, whole[: i + 1])) for i in range(len(whole))]
+    assert got == [f for f, end in zip(whole, ends, strict=True) if end <= len(wire)]
+    assert b"".join(got) + a.tail(client) == wire
+    types = [a.fields(f, client)["type"] for f in got]
+    assert types[:1] == (["UPGRADE_REQUEST" if client else "UPGRADE_RESPONSE"] if got else [])
 
 
 # ----------------------------------------------------------------------------- real peers through the proxy

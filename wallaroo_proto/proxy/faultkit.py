@@ -95,9 +95,11 @@ class Adapter(Protocol):
         """The protocol's own error message for ``--strict`` to send before closing, or None."""
         ...
 
-    # Optional: ``tail(from_client) -> bytes``, the bytes taken and not given out as frames
-    # (after a ``ValueError``: every byte of that side not returned by an earlier call). The
-    # engine forwards them when the side ends, and when ``frames`` raises, so none is lost.
+    def tail(self, from_client: bool) -> bytes:
+        """The bytes of this side taken and not given out as frames (after a ``ValueError`` from
+        ``frames``: every byte of that side no earlier call returned). The engine forwards them
+        when the side ends, and when ``frames`` raises, so that no byte is lost."""
+        ...
 
 
 #: A named fault's action: (the frame it matched, the rule's parameters, the connection's

@@ -398,7 +398,7 @@ class ConnectionFaults:
         except ValueError:
             # Not the protocol's framing after all: what it held, then the rest, pass as they come.
             self._unframed[from_client] = True
-            rest = self._tail(from_client, data)
+            rest = self.adapter.tail(from_client)
             return [Took(from_client, rest), Send(from_client, rest)]
         steps: list[Step] = []
         for raw in frames:
@@ -416,14 +416,10 @@ class ConnectionFaults:
         held, self._held[from_client] = self._held[from_client], []
         steps += held
         if self.adapter is not None and not self._unframed[from_client]:
-            rest = self._tail(from_client, b"")
+            rest = self.adapter.tail(from_client)
             if rest:  # a last frame cut short: it goes on as it came
                 steps += [Took(from_client, rest), Send(from_client, rest)]
         return steps
-
-    def _tail(self, from_client: bool, default: bytes) -> bytes:
-        tail = getattr(self.adapter, "tail", None)
-        return tail(from_client) if tail is not None else default
 
     def _frame(self, from_client: bool, raw: bytes) -> list[Step]:
         assert self.adapter is not None

@@ -98,6 +98,10 @@ class AmbrosiaAdapter:
         side.start += end
         return out
 
+    def tail(self, from_client: bool) -> bytes:
+        """The bytes of this direction not yet in a frame: a record or message cut short."""
+        return bytes(self.sides[from_client].buf)
+
     def fields(self, frame: bytes, from_client: bool) -> dict[str, Any]:
         side = self.sides[from_client]
         part = side.parts.popleft()

@@ -58,14 +58,21 @@ class DcpAdapter:
         if self._raw[from_client]:
             return [data] if data else []
         splitter = self._splitters[from_client]
-        held = bytes(splitter.buf)
+        held = len(splitter.buf)
+        # Held bytes as long as a header have had that header read, so a bad header is found in
+        # them only when they are fewer: only those few are copied, to go on with the rest.
+        short = bytes(splitter.buf) if held < codec.HEADER_SIZE else b""
         try:
             return [wire for _, wire in splitter.feed(data)]
         except ProtocolError as err:
             good = [wire for _, wire in err.packets]
-            rest = (held + data)[sum(len(w) for w in good) :]
+            rest = (short + data)[sum(map(len, good)) - held + len(short) :]
             self._raw[from_client] = True
             return [*good, rest] if rest else good
+
+    def tail(self, from_client: bool) -> bytes:
+        """The part of a packet not yet whole in this direction: at its end, a packet cut short."""
+        return b"" if self._raw[from_client] else bytes(self._splitters[from_client].buf)
 
     # ------------------------------------------------------------------ fields
 
@@ -256,12 +263,6 @@ def _packet(frame: Frame) -> Packet:
         raise FaultError(f"not a DCP packet: {err}") from None
 
 
-class _Params(dict):
-    """A named fault's parameters, hashable by identity: the engine keeps each fault's filter by it."""
-
-    __hash__ = object.__hash__
-
-
 def _stream_req(frame: Frame) -> tuple[Packet, codec.StreamReq]:
     p = _packet(frame)
     if not (p.is_request and p.opcode == codec.STREAM_REQ):
@@ -346,14 +347,13 @@ NAMED_FAULTS: dict[str, NamedFault] = {
     "rollback": NamedFault(
         help="a stream request changed so that the producer answers ROLLBACK to seqno (default 0)",
         where='type == "DCP_STREAM_REQ"',
-        params=_Params(seqno=(int, 0)),
+        params={"seqno": (int, 0)},
         act=_rollback,
         direction="upstream",
     ),
     "not-my-vbucket": NamedFault(
         help="a stream request changed so that the producer answers NOT_MY_VBUCKET (with its cluster map)",
         where='type == "DCP_STREAM_REQ"',
-        params=_Params(),
         act=_not_my_vbucket,
         direction="upstream",
     ),
@@ -361,14 +361,13 @@ NAMED_FAULTS: dict[str, NamedFault] = {
         help="the matched packet's stream ended toward the client (STREAM_END with reason, default "
         "state_changed) and closed upstream; its later packets withheld",
         where=f'type in {{{_STREAM_TYPES} "DCP_CLOSE_STREAM_RESPONSE"}}',
-        params=_Params(reason=(str, "state_changed"), streams=(int, 1)),
+        params={"reason": (str, "state_changed"), "streams": (int, 1)},
         act=_stream_end,
         direction="client",
     ),
     "stall-buffer-ack": NamedFault(
         help="the client's buffer acknowledgements withheld: the producer's window fills and it stops",
         where='type == "DCP_BUFFER_ACKNOWLEDGEMENT"',
-        params=_Params(),
         action="drop",
         direction="upstream",
     ),

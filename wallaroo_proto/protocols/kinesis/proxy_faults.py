@@ -101,6 +101,11 @@ class KinesisAdapter:
             return out + side.give_up()  # no line end within what the reader takes
         return out
 
+    def tail(self, from_client: bool) -> bytes:
+        """The bytes of this direction not yet in a frame: blank lines held to open the next
+        frame, and a last line without its line end."""
+        return bytes(self.sides[from_client].buf)
+
     def fields(self, frame: bytes, from_client: bool) -> dict[str, Any]:
         lines = self.sides[from_client].named.popleft()
         sender = self._sender(from_client)

@@ -94,6 +94,11 @@ class TremorAdapter:
         del buf[:pos]
         return out
 
+    def tail(self, from_client: bool) -> bytes:
+        """The bytes of this direction not yet in a frame: an HTTP head without its blank line,
+        or a WebSocket frame cut short."""
+        return bytes(self.sides[from_client].buf)
+
     def fields(self, frame: bytes, from_client: bool) -> dict[str, Any]:
         side = self.sides[from_client]
         sender = CLIENT if from_client else SERVER
