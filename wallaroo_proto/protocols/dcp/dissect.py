@@ -65,6 +65,29 @@ def _json_fields(record: dict, opcode: int, value: bytes) -> None:
         record["config_rev"] = obj.get("rev")
 
 
+def type_name(p: Packet) -> str:
+    """A packet's ``type``: a response is its request's name with ``_RESPONSE``."""
+    return p.name if p.is_request else f"{p.name}_RESPONSE"
+
+
+def packet_fields(record: dict, p: Packet) -> None:
+    """A packet's header fields, as every record of it names them (after ``type``)."""
+    record["dcp_magic"] = p.magic
+    record["dcp_opcode"] = p.opcode
+    record["opaque"] = p.opaque
+    if p.is_request:
+        record["vbucket"] = p.vbucket
+    else:
+        record["status"] = codec.STATUSES.get(p.status, f"0x{p.status:04x}")
+    if p.key:
+        record["dcp_key"] = p.key.decode("utf-8", "replace")
+    if p.value:
+        record["value_len"] = len(p.value)
+    sid = codec.stream_id_of(p)
+    if sid is not None:
+        record["dcp_stream_id"] = sid
+
+
 def message_fields(record: dict, p: Packet, msg: Any) -> None:
     """The record fields a DCP message gives of itself (the connection's own, like a rollback's
     vbucket or the bytes outstanding, are the tracker's)."""
@@ -363,25 +386,10 @@ class DcpTracker(ConnectionTracker):
         verdict = (
             self.conn.from_consumer(p, offset) if sender == CONSUMER else self.conn.from_producer(p, offset)
         )
-        name = p.name if p.is_request else f"{p.name}_RESPONSE"
-        record["sender"] = sender
-        record["type"] = name
+        record["sender"], record["type"] = sender, type_name(p)
         record["verdict"] = verdict.kind.value
-        self.types[name] += 1
-        record["dcp_magic"] = p.magic
-        record["dcp_opcode"] = p.opcode
-        record["opaque"] = p.opaque
-        if p.is_request:
-            record["vbucket"] = p.vbucket
-        else:
-            record["status"] = codec.STATUSES.get(p.status, f"0x{p.status:04x}")
-        if p.key:
-            record["dcp_key"] = p.key.decode("utf-8", "replace")
-        if p.value:
-            record["value_len"] = len(p.value)
-        sid = codec.stream_id_of(p)
-        if sid is not None:
-            record["dcp_stream_id"] = sid
+        self.types[record["type"]] += 1
+        packet_fields(record, p)
         if verdict.event:
             record["dcp_event"] = verdict.event
         if verdict.kind is not Kind.ACCEPTED:

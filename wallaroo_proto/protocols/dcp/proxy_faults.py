@@ -19,7 +19,7 @@ from wallaroo_proto.proxy.faultkit import FaultError, Frame, NamedFault, Send
 from . import codec
 from .codec import Packet, PacketSplitter, ProtocolError, decode_packet
 from .core import CONSUMER, PRODUCER
-from .dissect import message_fields
+from .dissect import message_fields, packet_fields, type_name
 
 #: Requests awaiting their answer remembered by opaque at most; the oldest go first.
 MAX_OPAQUES = 4096
@@ -85,19 +85,8 @@ class DcpAdapter:
         except (ValueError, IndexError):  # ProtocolError is a ValueError
             record["type"] = "INVALID"
             return record
-        record["type"] = p.name if p.is_request else f"{p.name}_RESPONSE"
-        record["dcp_magic"], record["dcp_opcode"], record["opaque"] = p.magic, p.opcode, p.opaque
-        if p.is_request:
-            record["vbucket"] = p.vbucket
-        else:
-            record["status"] = codec.STATUSES.get(p.status, f"0x{p.status:04x}")
-        if p.key:
-            record["dcp_key"] = p.key.decode("utf-8", "replace")
-        if p.value:
-            record["value_len"] = len(p.value)
-        sid = codec.stream_id_of(p)
-        if sid is not None:
-            record["dcp_stream_id"] = sid
+        record["type"] = type_name(p)
+        packet_fields(record, p)
         message_fields(record, p, msg)
         self._follow(p, msg, from_client, record)
         return record
