@@ -117,6 +117,15 @@ def packet_spans(data: bytes) -> list[tuple[int, int]]:
     return spans
 
 
+def wait_for(condition, what: str, timeout: float = 60) -> None:
+    """Poll ``condition`` until it holds, failing with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
 def as_foreground() -> None:
     """``preexec_fn`` for a child a test sends Ctrl-C: SIGINT at its default, as a shell gives a
     foreground job (a test run started in the background inherits it ignored)."""

@@ -13,25 +13,16 @@ import socket
 import struct
 import subprocess
 import threading
-import time
 from pathlib import Path
 
 import pytest
-from support import Server, delivered, run_cli
+from support import Server, delivered, run_cli, wait_for
 
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import Hello, Message
 from wallaroo_proto.protocols.wallaroo.inputs import stream_id_for
 
 DEADLINE = 60
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class Upstream:

@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 from rich.console import Console
-from support import COMMAND, Server, run_cli
+from support import COMMAND, Server, run_cli, wait_for
 
 from wallaroo_proto.proxy import checker
 from wallaroo_proto.proxy.relay import Relay
@@ -35,14 +35,6 @@ from wallaroo_proto.proxy.view import COLUMNS, LiveView, protocol_state
 from wallaroo_proto.proxy.watch import Watch
 
 DEADLINE = 60
-
-
-def wait_for(condition, what: str) -> None:
-    deadline = time.monotonic() + DEADLINE
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 class WatchedRelay:

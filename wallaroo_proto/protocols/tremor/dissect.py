@@ -54,6 +54,18 @@ def detect(payload: bytes, max_frame_size: int = 0, final: bool = True) -> bool 
     return None if b"GET ".startswith(payload[:4]) else False
 
 
+def verdict_fields(record: dict, verdict: Any) -> None:
+    """The fields a session's verdict on a text message gives its record."""
+    if verdict.alias is not None:
+        record["alias"] = verdict.alias
+    if verdict.protocol is not None:
+        record["tremor_protocol"] = verdict.protocol
+    if verdict.code is not None:
+        record["status_code"] = verdict.code
+    elif verdict.type == "error-close":
+        record["status_code"] = verdict.message.code
+
+
 class _Direction:
     __slots__ = ("tracker", "client", "half", "phase", "head", "splitter", "assembler", "bytes")
 
@@ -243,14 +255,7 @@ class TremorTracker(ConnectionTracker):
         record["type"] = verdict.type
         self.types[verdict.type] += 1
         record["message_json"] = text if len(text) <= _MAX_JSON_FIELD else text[:_MAX_JSON_FIELD] + "..."
-        if verdict.alias is not None:
-            record["alias"] = verdict.alias
-        if verdict.protocol is not None:
-            record["tremor_protocol"] = verdict.protocol
-        if verdict.code is not None:
-            record["status_code"] = verdict.code
-        elif verdict.type == "error-close":
-            record["status_code"] = verdict.message.code
+        verdict_fields(record, verdict)
         if not verdict.ok:
             problems.append(verdict.reason or "violation")
 

@@ -21,6 +21,7 @@ from typing import Any
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, NamedFault, Send
 
 from .core import CLIENT, SERVER, Session
+from .dissect import verdict_fields
 from .messages import ErrorClose, encode, status_text
 from .wsframes import (
     CLOSE,
@@ -128,14 +129,7 @@ class TremorAdapter:
             verdict = self.session.client(message.text) if from_client else self.session.server(message.text)
             out["type"] = verdict.type
             out["message_json"] = message.text
-            if verdict.alias is not None:
-                out["alias"] = verdict.alias
-            if verdict.protocol is not None:
-                out["tremor_protocol"] = verdict.protocol
-            if verdict.code is not None:
-                out["status_code"] = verdict.code
-            elif verdict.type == "error-close":
-                out["status_code"] = verdict.message.code
+            verdict_fields(out, verdict)
         return out
 
     def rewrite(self, frame: Frame, field_name: str, value: Any) -> bytes:
