@@ -136,7 +136,7 @@ def test_dissect_cli_summary_and_jsonl():
     assert "check-bytes" in text.stdout and "receive port" in text.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_spark_replay_builds_the_ambrosia_tables(replayed_everything):
     paths = [str(CAPTURES / f"ambrosia-{name}.pcap") for name in ("first-start", "recovery", "faults")]
     rows = replayed_everything.ok().rows

@@ -95,7 +95,7 @@ def test_wire_faults_are_named_by_the_lb(fault, rule):
     assert [v for v in lb_sum["violations"] if rule in v], lb_sum["violations"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_crash_at_a_record_then_recovery_from_the_log(tmp_path):
     ic, rport, sport = start_ic(
         "--rpcs",
@@ -123,7 +123,7 @@ def test_crash_at_a_record_then_recovery_from_the_log(tmp_path):
     assert lb_sum["state"] == RpcSource(600).expected()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize(("dialect", "extra"), [("current", 1), ("seed", 0)])
 def test_upgrade_on_recovery(tmp_path, dialect, extra):
     ic, rport, sport = start_ic("--rpcs", "200", "--log-dir", str(tmp_path), "--crash-at", "1")

@@ -39,7 +39,7 @@ def crash_free_state(tmp_path) -> dict:
     return ic_sum["last_checkpoint"]["state"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("seed", [1, 2])
 def test_state_survives_random_kill_9(tmp_path, seed):
     rng = random.Random(seed)

@@ -100,7 +100,7 @@ def test_every_sample_capture_is_found_and_has_records():
         assert _original(path.name, False), path.name
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("moved", [False, True], ids=["own-ports", "moved-ports"])
 @pytest.mark.parametrize("name", [p.name for p in CAPTURES])
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -30,7 +30,7 @@ def _records(output: str, row: str) -> int:
     return int(match.group(1).replace(",", ""))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(not shutil.which("tshark"), reason=NO_TSHARK)
 def test_dcp_case_measures_tshark_and_dissect_on_the_same_packets():
     out = _bench("--case", "dcp", "--dcp-vbuckets", "2", "--dcp-items", "50")
@@ -49,7 +49,7 @@ def test_dcp_case_measures_tshark_and_dissect_on_the_same_packets():
     assert "load average" in out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(not shutil.which("tshark"), reason=NO_TSHARK)
 def test_dcp_case_can_leave_out_the_large_capture():
     out = _bench("--case", "dcp", "--dcp-vbuckets", "1", "--dcp-items", "10", "--dcp-skip-large")
@@ -57,7 +57,7 @@ def test_dcp_case_can_leave_out_the_large_capture():
     assert ", 4x" not in out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_samples_case_times_every_protocol_workload():
     out = _bench("--case", "samples", "--samples-scale", "0.005")
     for protocol in ("wallaroo", "kinesis", "dcp", "ambrosia", "tremor"):
@@ -70,7 +70,7 @@ def test_samples_case_times_every_protocol_workload():
     assert re.search(r"^start-up \(in every row above\): [\d.]+ CPU s", out, re.MULTILINE), out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.skipif(not shutil.which("tshark"), reason=NO_TSHARK)
 def test_wallaroo_case_still_compares_with_tshark_and_scapy():
     out = _bench("--case", "wallaroo", "--packets", "400", "--large", "800", "--scapy-packets", "50")
@@ -79,7 +79,7 @@ def test_wallaroo_case_still_compares_with_tshark_and_scapy():
         assert line in out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_filter_case_times_y_against_the_older_options_and_no_filter():
     out = _bench("--case", "filter", "--samples-scale", "0.01")
     frames = int(re.search(r"^wallaroo: [\d.]+ MB, ([\d,]+) frames", out, re.MULTILINE)[1].replace(",", ""))

@@ -86,7 +86,7 @@ def test_report_draws_a_cut_capture_and_exits_1(tmp_path):
 PORTS = re.compile(r"receive port (\d+), send port (\d+)")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_recorder_killed_9_leaves_a_capture_that_reads_to_its_death(tmp_path):
     """mock-ic kills itself -9 right after logging record 3: its recording holds what it sent."""
     pcap = tmp_path / "ic.pcap"

@@ -158,7 +158,7 @@ def test_the_docs_list_every_case_of_every_suite() -> None:
 # --- our mocks pass every case ----------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_worker_with_strict_credits_passes_every_worker_case(tmp_path) -> None:
     junit = tmp_path / "worker.xml"
     with Server(
@@ -171,7 +171,7 @@ def test_mock_worker_with_strict_credits_passes_every_worker_case(tmp_path) -> N
     assert suite.get("failures") == "0" and suite.get("tests") == str(len(get_suite("worker").cases))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_worker_that_takes_frames_beyond_its_credit_fails_that_case_only() -> None:
     """mock-worker counts credits as the shipped worker does unless --strict-credits: exit 1, one failure."""
     with Server("mock-worker", "--port", "0", "--no-live", "--checkpoint-ms", "50") as worker:
@@ -209,7 +209,7 @@ def _stop(pidfile: Path) -> None:
             os.kill(int(text), signal.SIGKILL)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_sink_passes_every_sink_case_across_kill_9_restarts(tmp_path) -> None:
     port = free_port()
     sink = [*COMMAND, "mock-sink", "--port", str(port), "--out-dir", str(tmp_path / "out"), "-q"]
@@ -223,7 +223,7 @@ def test_mock_sink_passes_every_sink_case_across_kill_9_restarts(tmp_path) -> No
     every_case_passed(report, "sink")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_source_passes_every_connector_case() -> None:
     source = [*COMMAND, "mock-source", "--connect", "{host}:{port}", "--streams", "2", "--count", "20"]
     code, report = conformance("connector", "--window-ms", "300", "--", *source, "-q")
@@ -231,7 +231,7 @@ def test_mock_source_passes_every_connector_case() -> None:
     every_case_passed(report, "connector")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_listen_runs_a_case_on_a_connector_started_by_hand() -> None:
     port = free_port()
     tester = subprocess.Popen(
@@ -277,7 +277,7 @@ SHIPPED_SINK_FAILS = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @needs_peers
 def test_the_shipped_connector_library_fails_only_its_known_deviations(tmp_path) -> None:
     (tmp_path / "celsius.msg").write_bytes((PEERS / "celsius.msg").read_bytes())
@@ -303,7 +303,7 @@ def test_the_shipped_connector_library_fails_only_its_known_deviations(tmp_path)
     assert "_FramedFileReader__next" in resume["seen"]  # its own traceback, from the connector's output
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @needs_peers
 def test_the_shipped_aloc_sink_fails_only_its_known_deviations(tmp_path) -> None:
     port = free_port()
@@ -329,7 +329,7 @@ def test_the_shipped_aloc_sink_fails_only_its_known_deviations(tmp_path) -> None
 # --- Kinesis: the processor suite -------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_processor_passes_every_processor_case_and_a_faulty_one_fails_with_the_cores_reason() -> None:
     processor = [*COMMAND, "kinesis", "mock-processor", "--checkpoint-every", "2"]
     code, report = conformance("processor", "--", *processor)
@@ -347,7 +347,7 @@ def test_mock_processor_passes_every_processor_case_and_a_faulty_one_fails_with_
     assert reasons == {"status with responseFor 'processRecordz', expected 'processRecords'"}
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_kclpy_record_processor_passes_every_processor_case(tmp_path) -> None:
     pytest.importorskip("amazon_kclpy")
     from test_kinesis_e2e import KCLPY_PROCESSOR
@@ -362,7 +362,7 @@ def test_a_kclpy_record_processor_passes_every_processor_case(tmp_path) -> None:
     assert "checkpoint" in logged and "shardEnded" in logged
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("end", [[], ["--shard-end"]], ids=["graceful-stop", "shard-end"])
 def test_mock_daemon_passes_every_daemon_case_and_ends_every_shard_cleanly(end) -> None:
     shards = str(len(get_suite("daemon").cases))
@@ -376,7 +376,7 @@ def test_mock_daemon_passes_every_daemon_case_and_ends_every_shard_cleanly(end) 
     assert exit_code == 0 and summary["failures"] == [], err
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_daemon_refusing_good_checkpoints_fails_that_case() -> None:
     args = [
         "--listen",
@@ -397,7 +397,7 @@ def test_a_daemon_refusing_good_checkpoints_fails_that_case() -> None:
 # --- the command-line grammar (docs/cli.md) -------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_protocol_version_and_the_older_version_are_taken_and_errors_are_one_line() -> None:
     port = free_port()  # nothing listens there: the words parse, then the target is unreachable
     for words in (["--protocol-version", "0.0.1"], ["--version", "0.0.1"]):

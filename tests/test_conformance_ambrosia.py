@@ -82,7 +82,7 @@ def test_an_lb_that_exits_at_once_fails_with_its_exit_code_and_output() -> None:
     assert case["seen"].endswith("no IC for me")
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_lb_passes_every_lb_case() -> None:
     code, report = conformance("--", *COMMAND, "ambrosia", "mock-lb", *ADDRESSES)
     bad = [f"{c['id']}: {c['reason']}\n{c['seen']}" for c in report["cases"] if c["status"] != "pass"]
@@ -92,7 +92,7 @@ def test_mock_lb_passes_every_lb_case() -> None:
     assert seen["close.exits"] == "the LB exited with code 0"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_sloppy_lb_fails_exactly_the_rules_it_breaks() -> None:
     sloppy = [sys.executable, str(PEERS / "sloppy_ambrosia_lb.py"), *PORTS]
     code, report = conformance("--timeout", "4", "--", *sloppy)
@@ -125,7 +125,7 @@ def ic_address(ic: Server) -> str:
     return f"{ic.host}:{match.group(1)}:{match.group(2)}"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_ic_passes_every_ic_case_first_started_and_then_recovered() -> None:
     with Server("ambrosia", "mock-ic", "--rpcs", "0") as ic:
         for start, where in (("a first start", ic_addresses(ic)), ("a recovery", [ic_address(ic)])):
@@ -138,7 +138,7 @@ def test_mock_ic_passes_every_ic_case_first_started_and_then_recovered() -> None
     assert "violation" not in err
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("fault", "reason"),
     [("--gap-at", "sequence-gap: record 3 after 1"), ("--bad-check-at", "check-bytes: check bytes 0x")],
@@ -151,7 +151,7 @@ def test_an_ic_that_breaks_the_record_rules_fails_with_the_cores_reason(fault, r
     assert list(reasons) == ["records.self-calls"] and reasons["records.self-calls"].startswith(reason)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_lb_cases_run_on_a_binding_started_by_hand_at_the_ports_given() -> None:
     receive, send = free_port(), free_port()
     ports = ["--receive-port", str(receive), "--send-port", str(send)]  # older spellings, both commands

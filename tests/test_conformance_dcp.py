@@ -37,7 +37,7 @@ def test_the_producer_suite_refuses_a_bad_vbucket_option() -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_producer_after_a_failover_passes_every_producer_case(tmp_path) -> None:
     state = str(tmp_path / "producer.json")
     with Server("dcp", "mock-producer", "--port", "0", "--vbuckets", "4", "--items", "60", "--state", state):
@@ -99,7 +99,7 @@ SLOPPY_FAILURES = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_sloppy_producer_fails_exactly_the_rules_it_breaks() -> None:
     proc = subprocess.Popen(
         [sys.executable, str(PEERS / "sloppy_dcp_producer.py")], stdout=subprocess.PIPE, text=True
@@ -143,7 +143,7 @@ def test_the_consumer_suite_needs_a_command() -> None:
     assert done.returncode == 2 and "give the consumer's command" in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_consumer_with_a_state_and_a_small_buffer_passes_every_consumer_case() -> None:
     consumer = [*COMMAND, "dcp", "mock-consumer", "--connect", "{host}:{port}", "--state", "{state}"]
     code, report = consumer_conformance("--", *consumer, "--buffer-size", "4096")
@@ -152,7 +152,7 @@ def test_mock_consumer_with_a_state_and_a_small_buffer_passes_every_consumer_cas
     assert [c["id"] for c in report["cases"]] == [c.id for c in get_suite("consumer").cases]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_sloppy_consumer_fails_exactly_the_rules_it_breaks() -> None:
     sloppy = [sys.executable, str(PEERS / "sloppy_dcp_consumer.py"), "--connect", "{host}:{port}"]
     code, report = consumer_conformance("--", *sloppy)

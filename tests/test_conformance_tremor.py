@@ -51,7 +51,7 @@ def test_the_node_suite_refuses_what_is_no_address() -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_node_passes_every_node_case(tmp_path) -> None:
     junit = tmp_path / "node.xml"
     with Server("tremor", "mock-node", "--port", "0") as node:
@@ -102,7 +102,7 @@ SLOPPY_FAILURES = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_sloppy_node_fails_exactly_the_rules_it_breaks() -> None:
     proc = subprocess.Popen(
         [sys.executable, str(PEERS / "sloppy_tremor_node.py")], stdout=subprocess.PIPE, text=True

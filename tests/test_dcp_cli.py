@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support import COMMAND, Server, as_foreground, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def test_listen_output_and_quiet_as_the_grammar_says(tmp_path):

@@ -26,7 +26,7 @@ from support import COMMAND, Server, as_foreground, run_cli
 
 from wallaroo_proto.protocols.dcp import codec
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 UUID = 0x5EED
 

@@ -232,7 +232,7 @@ def test_tshark_sees_the_same_opcodes_opaques_vbuckets_and_keys(name):
     assert ours == theirs
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_spark_replay_builds_the_dcp_tables(replayed_everything):
     stream, rollback = (CAPTURES / n for n in SAMPLES)  # read on their producers' ports
     rows = replayed_everything.ok().rows

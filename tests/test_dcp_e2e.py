@@ -16,7 +16,7 @@ from support import COMMAND, Server, run_cli
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.store import Bucket
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def producer(*args: str) -> Server:

@@ -18,7 +18,7 @@ from support import Server, run_cli
 
 from wallaroo_proto.protocols.dcp.store import Bucket
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 # DCP_CLIENT_PEER names the client's folder; by default shared/peers/couchbase-dcp beside the checkout.
 BESIDE = Path(__file__).resolve().parents[2] / "shared" / "peers" / "couchbase-dcp"

@@ -24,7 +24,7 @@ import pytest
 from support import COMMAND, Server
 from test_dcp_e2e import consumer_items, producer_items
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 SEEDS = (11, 42, 1)
 ROUNDS = 4

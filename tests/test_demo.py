@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import COMMAND, as_foreground, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.timeout(300)
@@ -58,10 +58,14 @@ def test_ctrl_c_stops_the_demo_and_its_peers_with_130_and_one_line(tmp_path) -> 
         for line in demo.stdout:
             if "mock-worker" in line:  # the sink and the worker run, the source starts next
                 break
+        # A peer is seen between its fork and its setsid(): wait until each leads its own group.
         deadline = time.monotonic() + 60
-        while len(_children(demo.pid)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
         peers = _children(demo.pid)
+        while time.monotonic() < deadline and not (
+            len(peers) >= 2 and all(group == pid for pid, group in peers)
+        ):
+            time.sleep(0.05)
+            peers = _children(demo.pid)
         assert len(peers) >= 2, peers
         assert all(group == pid for pid, group in peers), (
             f"each peer leads a process group of its own: {peers}"

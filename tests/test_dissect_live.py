@@ -139,14 +139,14 @@ def feed_one_by_one(head: bytes, pieces: list[bytes], expected: dict[int, int], 
         proc.wait()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_pcap_on_a_pipe_prints_each_frame_as_its_packet_arrives() -> None:
     path = CAPTURES / "sink-2pc.pcap"
     head, pieces = pcap_pieces(path)
     feed_one_by_one(head, pieces, expected_by_packet(path))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_pcapng_on_a_pipe_prints_each_frame_as_its_packet_arrives_filtered_too() -> None:
     # --connection sends the records through the filtering path, not the plain JSONL one.
     path = CAPTURES / "sink-2pc-ns.pcapng"
@@ -218,7 +218,7 @@ def connect_and_hello(port: int) -> socket.socket:
     return sock
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_tcpdump_piped_into_dissect_shows_a_mock_workers_traffic_live() -> None:
     tcpdump = shutil.which("tcpdump")
     if tcpdump is None:
@@ -260,7 +260,7 @@ def test_tcpdump_piped_into_dissect_shows_a_mock_workers_traffic_live() -> None:
                 proc.wait()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_mocks_record_to_stdout_piped_into_dissect_is_live() -> None:
     worker = subprocess.Popen(
         [*COMMAND, "mock-worker", "--port", "0", "--record", "-"],
@@ -294,7 +294,7 @@ def test_a_mocks_record_to_stdout_piped_into_dissect_is_live() -> None:
         proc.wait()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_mock_whose_record_pipe_reader_left_keeps_serving() -> None:
     worker = subprocess.Popen(
         [*COMMAND, "mock-worker", "--port", "0", "--record", "-"],
@@ -327,7 +327,7 @@ def test_a_mock_whose_record_pipe_reader_left_keeps_serving() -> None:
         worker.wait()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_dcp_producers_record_to_stdout_piped_into_dissect_is_live() -> None:
     producer = subprocess.Popen(
         [*COMMAND, "dcp", "mock-producer", "--port", "0", "--no-require-auth"]

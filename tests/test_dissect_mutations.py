@@ -25,7 +25,7 @@ from wallaroo_proto.capture.dissector import dissect
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.records import to_json
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 SAMPLES = {p.name: p.read_bytes() for p in sorted(CAPTURES.glob("*.pcap*"))}

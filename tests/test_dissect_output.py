@@ -284,7 +284,7 @@ def test_a_stream_name_of_other_digits_is_a_name() -> None:
     assert "no frame matched --stream ²" in proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_write_to_stdout_ends_when_its_reader_leaves_though_the_input_stays_open() -> None:
     data = Path(SINK).read_bytes()
     head, rest = data[:24], data[24:]

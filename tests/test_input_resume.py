@@ -87,7 +87,7 @@ def gen_lines(count: int) -> bytes:
     return b"".join(f"{i:031d}\n".encode() for i in range(count))
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["gen", "file"])
 def test_worker_killed_at_random_points_resumes_exactly_once(tmp_path: Path, kind: str) -> None:
     rng = random.Random(f"input-resume-{kind}")

@@ -40,7 +40,7 @@ DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFP
 
 _missing = [tool for tool in ("node", "npm") if shutil.which(tool) is None]
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.e2e,
     pytest.mark.timeout(900),
     pytest.mark.skipif(
         not (PEER / "Ambrosia-Node" / "package.json").is_file(),

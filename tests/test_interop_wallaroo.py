@@ -131,7 +131,7 @@ def free_port() -> int:
 # --- the shipped connector library into mock-worker ---------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 # Two bugs of the shipped library shape the faults tried here. It cannot follow a RESTART:
 # handle_restart raises OSError outside its reconnect loop, handle_error then closes for good
 # and join() never returns; a dropped connection is what it does recover from. And its
@@ -158,7 +158,7 @@ def test_shipped_connector_delivers_every_record_once_and_finishes(tmp_path, inp
     assert_each_record_once(out, tmp_path, inputs)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_shipped_connector_survives_a_worker_killed_mid_stream(tmp_path, inputs) -> None:
     """kill -9 after the first checkpoint, restart from --state on the same port: nothing lost or doubled.
 
@@ -198,7 +198,7 @@ def test_shipped_connector_survives_a_worker_killed_mid_stream(tmp_path, inputs)
 # --- mock-worker --sink into the shipped aloc_sink ------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "rules", ["", "['txnid-regexp', 'c_id=2$', False, False, False]\n"], ids=["commit", "abort"]
 )

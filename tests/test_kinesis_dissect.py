@@ -194,7 +194,7 @@ def test_a_processor_sending_a_daemons_request_is_recorded_as_ignored(tmp_path):
     assert shown.returncode == 0 and "Traceback" not in shown.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_spark_replay_builds_the_kinesis_tables(replayed_everything):
     recorded, bad = replayed_everything.paths["kinesis"], replayed_everything.paths["kinesis-bad"]
     rows = replayed_everything.ok().rows

@@ -18,7 +18,7 @@ from support import COMMAND, Server, as_foreground, run_cli
 PY = sys.executable
 PROCESSOR = [PY, "-m", "wallaroo_proto_cli", "kinesis", "mock-processor"]
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 # A record processor written against amazon_kclpy's v3 interface, as a KCL user writes one: it
 # checkpoints at the end of each batch, retries a failed checkpoint, and logs what it saw.

@@ -2,7 +2,7 @@
 kclpy one, against moto's Kinesis and DynamoDB served over cleartext HTTP/2 by hypercorn.
 
 Skipped, with the reason, only where Java or the JARs are absent. Each run takes the KCL's
-start-up (tens of seconds: a lease-table wait) and is marked slow.
+start-up (tens of seconds: a lease-table wait) and is marked e2e.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from test_kinesis_e2e import KCLPY_PROCESSOR
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PEERS = Path(__file__).resolve().parent / "peers"
 RECORDS = 40

@@ -492,7 +492,7 @@ def test_shipped_dialect_eos_is_eight_bytes_and_last_seen_ack_finishes(listener)
     assert summary["streams_done"] == 1 and summary["connections"] == 1
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(90)
 def test_re_acking_the_same_point_is_not_progress_and_retries_run_out(listener):
     proc = start_source(

@@ -852,7 +852,7 @@ def test_an_output_path_through_a_file_says_what_is_wrong(tmp_path) -> None:
     assert "File exists" not in result.stderr and "Not a directory" not in result.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_sink_never_reached_is_one_line_and_a_bounded_wait() -> None:
     with socket.socket() as bound:  # bound, never listening: a connection to it is refused
         bound.bind(("127.0.0.1", 0))

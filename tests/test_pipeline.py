@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from support import COMMAND, Server, run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 SEEDS = int(os.environ.get("WALLAROO_PIPELINE_SEEDS", "4"))
 LINES = 1200

@@ -57,7 +57,7 @@ def read_all(sock: socket.socket) -> bytes:
     return b"".join(parts)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_source_through_the_proxy_reaches_the_worker_exactly_once_and_the_recording_is_dissects(
     tmp_path: Path,
 ) -> None:
@@ -99,7 +99,7 @@ def test_a_source_through_the_proxy_reaches_the_worker_exactly_once_and_the_reco
     assert "violation" not in stderr.lower()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_violation_is_reported_while_the_proxy_runs() -> None:
     with Server("mock-worker", "--port", "0", "--no-live") as worker:
         with Server(
@@ -126,7 +126,7 @@ def test_a_violation_is_reported_while_the_proxy_runs() -> None:
     assert code == 0, stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_half_close_is_passed_on_and_the_other_way_keeps_flowing() -> None:
     def peer(conn: socket.socket) -> None:
         got = read_all(conn)  # until the client's half-close arrives through the proxy
@@ -147,7 +147,7 @@ def test_half_close_is_passed_on_and_the_other_way_keeps_flowing() -> None:
     assert code == 0, stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_reset_is_passed_on_as_a_reset() -> None:
     def peer(conn: socket.socket) -> None:
         assert conn.recv(5) == b"hello"
@@ -168,7 +168,7 @@ def test_a_reset_is_passed_on_as_a_reset() -> None:
     assert code == 0, stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_an_upstream_that_refuses_is_a_refused_client_and_the_proxy_serves_on() -> None:
     # Bound but not listening: a connect is refused, and no other process can take the port.
     refusing = socket.socket()
@@ -205,7 +205,7 @@ def test_a_port_in_use_is_a_clear_error() -> None:
     assert "cannot listen on" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_dcp_consumer_through_the_proxy_streams_every_item_and_the_proxy_sees_no_violation(
     tmp_path: Path,
 ) -> None:
@@ -246,7 +246,7 @@ def children(pid: int) -> list[int]:
     return found
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_an_ipv6_client_is_relayed_and_recorded(tmp_path: Path) -> None:
     recording = tmp_path / "v6.pcap"
 
@@ -281,7 +281,7 @@ def test_an_ipv6_client_is_relayed_and_recorded(tmp_path: Path) -> None:
     assert ["::1", "8"] in rows and ["::ffff:127.0.0.1", "13"] in rows
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_stopping_with_a_connection_open_is_clean() -> None:
     def peer(conn: socket.socket) -> None:
         read_all(conn)  # until the proxy closes it on the way out
@@ -300,7 +300,7 @@ def test_stopping_with_a_connection_open_is_clean() -> None:
     assert "Traceback" not in stderr and "Exception" not in stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_checker_that_dies_is_reported_and_the_exit_is_1() -> None:
     with Server("mock-worker", "--port", "0", "--no-live") as worker:
         with Server("proxy", "--listen", "127.0.0.1:0", "--upstream", worker.address) as proxy:

@@ -201,7 +201,7 @@ def test_the_engine_finds_ambrosia_by_the_ics_first_record_and_cuts_before_the_s
 # ------------------------------------------------------------------ the Node binding through the proxy
 
 _NODE_PEER = [
-    pytest.mark.slow,
+    pytest.mark.e2e,
     pytest.mark.timeout(900),
     pytest.mark.skipif(
         not (node_peer.PEER / "Ambrosia-Node" / "package.json").is_file(),

@@ -113,7 +113,7 @@ def test_a_checker_gone_stops_the_writes_without_an_error() -> None:
     os.close(w)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_proxy_is_ready_once_its_checker_is_and_the_checker_runs_second_for_the_cpu() -> None:
     """Checked from the first byte on; the checker's work waits in the pipe, the relay's and
     the peers' holds up the traffic."""

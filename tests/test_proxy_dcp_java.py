@@ -21,7 +21,7 @@ import pytest
 from support import Server, run_cli
 from test_dcp_java import classpath, live_keys, producer_keys, stream  # noqa: F401 (a fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 LOGIN = ("default", "Administrator", "password", "2000")
 

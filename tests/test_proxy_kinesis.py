@@ -293,7 +293,7 @@ def proxy_summary_is_dissects(stdout: str, recording: Path) -> None:
     assert stdout.split("\n", 1)[1].strip() == dissected.stdout.strip()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_mock_daemon_through_the_proxy_to_the_mock_processor(tmp_path):
     daemon, processor, (code, stdout, stderr), recording = proxied_run(tmp_path)
     assert code == 0, stderr
@@ -306,7 +306,7 @@ def test_the_mock_daemon_through_the_proxy_to_the_mock_processor(tmp_path):
     assert re.findall(r"^violations +(\d+)", stdout, re.M) == ["0", "0"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_checkpoint_error_injected_by_the_proxy_reaches_the_processor(tmp_path):
     rule = "checkpoint-error error=ThrottlingException count=1"
     daemon, processor, (code, stdout, stderr), recording = proxied_run(tmp_path, "--fault", rule)

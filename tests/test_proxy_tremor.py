@@ -307,7 +307,7 @@ def proxy_summary_is_dissects(stdout: str, recording: Path) -> None:
     assert stdout.split("\n", 1)[1].strip() == dissected.stdout.strip()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_mock_client_through_the_proxy_to_the_mock_node(tmp_path):
     (code, summary, err), node, (pcode, stdout, stderr), recording = proxied(
         tmp_path, ("--messages", "300", "--window", "16")
@@ -321,7 +321,7 @@ def test_the_mock_client_through_the_proxy_to_the_mock_node(tmp_path):
     assert re.findall(r"^violations +(\d+)", stdout, re.M) == ["0"]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_close_injected_by_the_proxy_reaches_the_client_with_its_status():
     rule = "close status=4001 reason=overloaded type=echo"
     with Server("tremor", "mock-node", "--port", "0", "--format", "json") as node:

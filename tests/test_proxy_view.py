@@ -59,7 +59,7 @@ class WatchedRelay:
         assert self.watch.error is None, self.watch.error
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_checker_reports_a_wallaroo_connections_state_while_it_streams_and_once_it_ended() -> None:
     with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
         proxy = WatchedRelay(worker.port)
@@ -97,7 +97,7 @@ def test_the_checker_reports_a_wallaroo_connections_state_while_it_streams_and_o
     assert frames == sorted(frames)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_checker_reports_a_dcp_connections_open_streams_when_the_flow_pauses() -> None:
     with Server(
         "dcp", "mock-producer", "--port", "0", "--vbuckets", "4", "--items", "300", "--keys", str(10**9)
@@ -155,7 +155,7 @@ OTHERS = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("protocol", sorted(OTHERS))
 def test_the_checker_reports_each_connections_protocol_state_for_kinesis_and_tremor(protocol: str) -> None:
     upstream, client = OTHERS[protocol]
@@ -455,7 +455,7 @@ def proxy_in_a_terminal(upstream: str, *options: str):
         os.close(terminal)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("options", [["--live"], []], ids=["forced", "by-default"])
 def test_the_live_view_in_a_terminal_shows_the_connection_and_its_protocol_state(options) -> None:
     with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
@@ -490,7 +490,7 @@ def test_the_live_view_in_a_terminal_shows_the_connection_and_its_protocol_state
     assert proxy.returncode == 0
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_quiet_leaves_the_live_view_out_even_in_a_terminal() -> None:
     with Server("mock-worker", "--port", "0", "--no-live") as worker:
         with proxy_in_a_terminal(worker.address, "-q") as (proxy, terminal, address):
@@ -503,7 +503,7 @@ def test_quiet_leaves_the_live_view_out_even_in_a_terminal() -> None:
     assert "frames/s" not in shown and "protocol state" not in shown
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_fault_applied_shows_on_its_connections_leg_in_the_live_view() -> None:
     with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
         rule = "delay type=ACK ms=1 count=1"

@@ -419,7 +419,7 @@ def aloc_sink(tmp_path: Path, rules: str = ""):
 
 
 @shipped
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_the_shipped_connector_through_the_proxy_delivers_every_record_once(tmp_path, inputs) -> None:
     out, recording = tmp_path / "out.jsonl", tmp_path / "proxy.pcap"
     args = ["--cookie", interop.COOKIE, "--out", str(out), "--checkpoint-every", "100", "--format", "json"]
@@ -444,7 +444,7 @@ def test_the_shipped_connector_through_the_proxy_delivers_every_record_once(tmp_
 
 
 @shipped
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_mock_worker_through_the_proxy_drives_the_shipped_sink_to_its_whole_output(tmp_path, inputs) -> None:
     recording = tmp_path / "proxy.pcap"
     with aloc_sink(tmp_path) as sink_port, proxy(f"127.0.0.1:{sink_port}", recording) as relay:
@@ -469,7 +469,7 @@ def test_mock_worker_through_the_proxy_drives_the_shipped_sink_to_its_whole_outp
 # --- end to end: --strict answers with Wallaroo's ERROR ------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_strict_tells_the_violating_client_why_with_an_error_frame() -> None:
     """A MESSAGE on a stream never notified: the client gets an ERROR whose reason is the
     violation the proxy reports, then the end of the connection."""
@@ -546,7 +546,7 @@ def assert_summary_is_dissects_and_rules(stdout: str, recording: Path, rule: str
 
 
 @shipped
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_vote_turned_to_abort_is_rolled_back_and_the_shipped_sink_keeps_every_record_once(
     tmp_path, inputs
 ) -> None:
@@ -599,7 +599,7 @@ def test_a_vote_turned_to_abort_is_rolled_back_and_the_shipped_sink_keeps_every_
 
 
 @shipped
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_restart_sent_to_the_shipped_connector_is_followed_and_every_record_arrives_once(
     tmp_path, inputs
 ) -> None:

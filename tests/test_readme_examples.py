@@ -106,7 +106,7 @@ def run_block(body: str, cwd: Path, env: dict) -> tuple[int, str]:
     return shell.returncode, said
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", sorted(examples()))
 def test_a_readme_recipe_runs_as_written(name: str, tmp_path: Path) -> None:

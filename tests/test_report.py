@@ -27,7 +27,7 @@ def connections(*names: str, **kwargs) -> list[model.ConnectionReport]:
     return [c for cap in report.captures for c in cap.connections]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_kinesis_latencies_checkpoints_and_lag(tmp_path) -> None:
     mld = tmp_path / "mld.pcap"
     recorded = run_cli(

@@ -13,7 +13,7 @@ import pytest
 from report_captures import CAPTURES, SAMPLE_FRAMES, long_session, unnotified_message
 from support import run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 #: Flags that keep a headless Chromium quiet and local (no network of its own, no GPU, no sandbox as root).

@@ -8,7 +8,7 @@ import re
 import pytest
 from support import run_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def ladders(page: str) -> dict[str, dict]:

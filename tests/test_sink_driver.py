@@ -442,7 +442,7 @@ def _assert_durable(out: Path, size: int) -> None:
     assert (inst["committed"], inst["undecided"]) == (size, [])
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_randomized_faults_commit_the_input_exactly_once_in_order(tmp_path, seed):
@@ -515,7 +515,7 @@ def test_randomized_faults_commit_the_input_exactly_once_in_order(tmp_path, seed
     assert stats["committed_bytes"] == source.stat().st_size
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("seed", range(11, 17))
 def test_worker_and_sink_kill_9_with_checkpoint_tied_commits_exactly_once(tmp_path, seed):

@@ -18,7 +18,7 @@ from support import COMMAND, Server, delivered, run_cli
 
 from wallaroo_proto.protocols.wallaroo.inputs import stream_id_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def expected_generated(streams: int, count: int, size: int) -> dict[int, list[tuple[int, str]]]:

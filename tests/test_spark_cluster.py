@@ -20,7 +20,7 @@ from support import COMMAND
 
 from wallaroo_proto.spark.standalone import StandaloneCluster
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def table_rows(directory: Path) -> list[str]:

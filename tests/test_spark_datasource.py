@@ -28,7 +28,7 @@ from wallaroo_proto.protocols.wallaroo.frames import Ack, Hello, Message, Notify
 from wallaroo_proto.protocols.wallaroo.twopc import Phase1, Phase2, Reply, twopc_frame
 from wallaroo_proto.spark import datasource
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 TOP = 2**64 - 1
 #: Stream ids in the order they are sent; sorted as numbers they are LOW, EDGE, ABOVE, TOP.

@@ -48,7 +48,7 @@ from wallaroo_proto.spark import jobs, reports
 from wallaroo_proto.spark.example_job import key_counts
 from wallaroo_proto.spark.session import build_session
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 EPOCH_MS = 1_700_000_000_000  # 2023-11-14 22:13:20 UTC, a multiple of 10 s
 

@@ -120,7 +120,7 @@ def test_the_generated_exchange_stops_at_the_nodes_error_close():
     assert result.sent == 1  # nothing after the close
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("act", "upgrade", "said"),
     [
@@ -139,7 +139,7 @@ def test_a_node_that_answers_the_upgrade_badly_is_the_nodes_failure_exit_1(act, 
     assert result.returncode == 1 and said in result.stderr, result.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_script_that_is_not_utf8_is_a_usage_error_naming_the_line(tmp_path):
     script = tmp_path / "s.jsonl"
     script.write_bytes(b'{"tremor":"version"}\n{"e":"caf\xe9"}\n')
@@ -161,7 +161,7 @@ def test_a_node_that_never_reads_fails_the_send_after_the_timeout_saying_so():
         done.set()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_while_a_silent_node_is_awaited_is_exit_130(tmp_path, sig):
     accepted = threading.Event()

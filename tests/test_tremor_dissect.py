@@ -154,7 +154,7 @@ def test_dissect_cli_summary_and_jsonl():
     assert "streams" in result.stdout and "0.207" in result.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_spark_replay_builds_the_tremor_tables(replayed_everything):
     tables = replayed_everything.ok().tables
     sessions = {(r["capture"], r["conn_index"]): r for r in tables["tremor_sessions"]}

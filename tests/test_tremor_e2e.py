@@ -13,7 +13,7 @@ from wsproto.events import BytesMessage
 
 from wallaroo_proto.protocols.tremor.peers import MockClient
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 def client(*args: str, timeout: float = 120) -> tuple[int, dict | None, str]:

@@ -143,7 +143,7 @@ def test_a_peer_that_never_reads_is_aborted_at_the_write_timeout_and_the_others_
     assert len(lines) == 1 and "read nothing of ours for 1 s" in lines[0] and "connection reset" in lines[0]
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_slow_reader_that_keeps_taking_bytes_is_never_aborted():
     """The rule is about progress, not time: replies taken a little at a time, for longer than
     the write timeout and with the node's bytes waiting all along, are all delivered."""
