@@ -114,20 +114,12 @@ def _starts_a_process(item: pytest.Function) -> bool:
     return bool(names & STARTS_A_PROCESS)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if not isinstance(item, pytest.Function):
             continue
         if not item.get_closest_marker("e2e") and _starts_a_process(item):
             item.add_marker(pytest.mark.e2e)
-        # pytest-xdist hands each group to one worker: a module's tests share its fixtures' start-up
-        # (a Spark session, the real daemon), and the tests that read the one shared spark-replay
-        # run where it ran.
-        if "replayed_everything" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group("replayed-everything"))
-        else:
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 _starts = {"count": 0}
@@ -165,9 +157,12 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 @pytest.fixture(scope="session")
-def replayed_everything(tmp_path_factory):
-    """One spark-replay over every protocol's captures (see replay_everything.py)."""
+def replayed_everything(tmp_path_factory, worker_id):
+    """One spark-replay over every protocol's captures for the whole run (see replay_everything.py)."""
     pytest.importorskip("pyspark")
-    from replay_everything import replay
+    from replay_everything import shared_replay
 
-    return replay(tmp_path_factory.mktemp("replay-everything"))
+    run_dir = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # each worker's folder is in the run's own
+        run_dir = run_dir.parent
+    return shared_replay(run_dir / "replay-everything")

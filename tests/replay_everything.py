@@ -11,6 +11,7 @@ also shows that they do not disturb each other.
 
 from __future__ import annotations
 
+import fcntl
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,17 @@ class Replay:
     def __post_init__(self) -> None:
         for row in self.rows:
             self.tables.setdefault(row["table"], []).append(row)
+
+    def save(self, path: Path) -> None:
+        fields = {"paths": {k: str(v) for k, v in self.paths.items()}, "args": self.args, "rows": self.rows}
+        fields |= {"output": str(self.output), "report": str(self.report)}
+        path.write_text(json.dumps(fields | {"returncode": self.returncode, "stderr": self.stderr}))
+
+    @classmethod
+    def load(cls, path: Path) -> Replay:
+        fields = json.loads(path.read_text())
+        fields["paths"] = {k: Path(v) for k, v in fields["paths"].items()}
+        return cls(**fields | {"output": Path(fields["output"]), "report": Path(fields["report"])})
 
     def ok(self) -> Replay:
         """The run, once it is known to have read everything but the damaged capture.
@@ -82,6 +94,20 @@ def build_inputs(root: Path) -> tuple[dict[str, Path], list[str]]:
     for port in sorted(ports):
         args += ["--port", str(port)]
     return paths, args
+
+
+def shared_replay(root: Path) -> Replay:
+    """The one run for every test process of a test run (pytest-xdist's workers share ``root``):
+    the first to come runs it, the others wait for it and read what it saved."""
+    root.mkdir(exist_ok=True)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        saved = root / "replay.json"
+        if saved.exists():
+            return Replay.load(saved)
+        result = replay(root)
+        result.save(saved)
+        return result
 
 
 def replay(root: Path) -> Replay:
