@@ -37,6 +37,7 @@ from wallaroo_proto_cli.options import (
     os_reason,
     output_option,
     plural,
+    record_option,
     stderr_or_nothing,
     summary_format,
     usage_error,
@@ -330,12 +331,7 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     help="With --wait-at-end: an empty processRecords every S seconds "
     "(the KCL's callProcessRecordsEvenForEmptyRecordList).",
 )
-@click.option(
-    "--record",
-    type=click.Path(dir_okay=False, writable=True),
-    default=None,
-    help="Record every shard's conversation as a loopback TCP connection into this pcap.",
-)
+@record_option("Record every shard's conversation as a loopback TCP connection into this pcap")
 @summary_format
 @verbosity(
     quiet="No notes of the daemon's on stderr (the processors' stderr still shows): errors, the summary.",
