@@ -356,6 +356,8 @@ class Dissector:
                         self._closing(half)
                     elif type(half) is _Unread and half.over:
                         self._skip(key).closed = True
+                elif type(half) is HalfStream and half.fin_seen:  # a FIN that waited behind a hole
+                    self._closing(half)
                 if limit is not None and made + _frames_in(out) >= limit:
                     break
                 if holding and self._holding_back(len(payload), packet, ts):
@@ -391,9 +393,13 @@ class Dissector:
             self._held_bytes += size
             if self._held_bytes <= self.max_out_of_order:
                 return True
-            for holder in list(holding):  # waited a whole window: holes are lost, frames go out
+            holders = list(holding)
+            for holder in holders:  # waited a whole window: holes are lost, frames go out
                 holder.flush(packet, ts)
             holding.clear()
+            for holder in holders:
+                if type(holder) is HalfStream and holder.fin_seen:  # a FIN that waited: maybe the end
+                    self._closing(holder)
         self._held_bytes = 0
         in_packet_order(self._out)
         return False
