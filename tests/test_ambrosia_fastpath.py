@@ -321,6 +321,11 @@ def test_generated_mixed_bodies_are_built_once_a_shape_and_the_same() -> None:
         0, 300
     )
     assert not lines._bodies  # bodies of given lines are never kept
+    large = RpcSource(10**7, batching="mixed")  # shapes of 10,000 RPCs that do not come back soon
+    for first in range(0, 600_000, 9_973):
+        large.body(first, first + 10_000)
+        assert large._kept <= 8 << 20 and large._kept == sum(map(len, large._bodies.values()))
+    assert large.body(9_973, 19_973) == RpcSource(10**7, batching="mixed")._mixed(9_973, 19_973)
 
 
 @settings(max_examples=300, deadline=None)

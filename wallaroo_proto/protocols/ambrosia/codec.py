@@ -455,22 +455,22 @@ def scan_batched_rpcs(body: bytes) -> tuple[bytes, list[bytes]] | None:
     rpcs = parts[2::3]
     methods = bytes(map(_METHOD_BYTE, rpcs)).translate(_HALVE)
     if any(heads):
-        count = len(rpcs)
+        total = len(rpcs)
         after = 0  # the index of the RPC after the last batch
         types = None
         known = _HEADS.get
-        for first in compress(range(count), heads):
+        for first in compress(range(total), heads):
             fields = known(heads[first]) or _batch_head(heads[first])
             if fields is None or first < after:  # a head inside the batch before
                 return None
-            inner, size, replayable = fields
-            after = first + size
-            if after > count or len(b"".join(rpcs[first:after])) != inner:
+            inner, count, replayable = fields
+            after = first + count
+            if after > total or len(b"".join(rpcs[first:after])) != inner:
                 return None
             if replayable >= 0:
                 if types is None:
                     types = bytes(map(_RPC_TYPE_BYTE, rpcs))
-                if types.count(IMPULSE, first, after) != size - replayable:
+                if types.count(IMPULSE, first, after) != count - replayable:
                     return None
     return methods, list(map(_INCOMING_ARGS, rpcs))
 

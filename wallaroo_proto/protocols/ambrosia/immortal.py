@@ -28,6 +28,8 @@ _MASK = (1 << 64) - 1
 _IS_ZERO = bytes([1] + [0] * 255)  # a byte translation: 1 for 0, else 0
 _IS_ADD = bytes(int(b == ADD) for b in range(256))
 _PERIOD = 1000  # generated args: (index * 7919) % _PERIOD + 1
+#: The most bytes of generated mixed bodies kept to be sent again (one shape each).
+_KEPT_BODIES = 8 << 20
 
 
 _JSON_HEAD = b'{"value":'
@@ -193,6 +195,7 @@ class RpcSource:
         self.floor = 0  # lines below it are in the log already: dropped as they come
         self._period: list[bytes] | None = None
         self._bodies: dict[tuple[int, int], bytes] = {}  # generated mixed bodies, by shape
+        self._kept = 0  # their bytes
 
     @classmethod
     def streamed(cls, method_id: int = ADD, batching: str = "none") -> RpcSource:
@@ -243,9 +246,12 @@ class RpcSource:
         key = (first % (21 * _PERIOD), last - first)
         body = self._bodies.get(key)
         if body is None:
-            if len(self._bodies) >= 4096:
+            body = self._mixed(first, last)
+            self._kept += len(body)
+            if self._kept > _KEPT_BODIES:  # shapes that do not repeat soon: start again
                 self._bodies.clear()
-            body = self._bodies[key] = self._mixed(first, last)
+                self._kept = len(body)
+            self._bodies[key] = body
         return body
 
     def _mixed(self, first: int, last: int) -> bytes:
