@@ -32,6 +32,7 @@ from wallaroo_proto_cli.options import (
     open_failure,
     os_reason,
     plural,
+    record_option,
     summary_format,
     usage_error,
     verbosity,
@@ -299,7 +300,7 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
     "(a real IC stays up; so does mock-ic without it).",
 )
 @write_timeout_option("an LB")
-@click.option("--record", default=None, metavar="FILE", help="Write both sockets' traffic to this pcap.")
+@record_option("Write both sockets' traffic to this pcap")
 @summary_format
 @verbosity(
     quiet="No log lines but rule breaks, faults and what a restart skipped: errors and the summary.",

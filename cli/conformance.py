@@ -24,6 +24,7 @@ from wallaroo_proto_cli.options import (
     examples,
     format_address,
     open_failure,
+    plural,
     usage_error,
 )
 
@@ -184,13 +185,18 @@ def make_command(suite: Suite) -> click.Command:
             if verbose or (fmt == "text" and progress.is_terminal and not quiet):
                 progress.print(f"{STYLES[result.status]} {result.case.id}", highlight=False)
 
-        def report(results: list[Result]) -> None:
+        def report(results: list[Result], interrupted: bool = False) -> None:
+            cut = {"interrupted": interrupted, "not_run": cases[len(results) :] if interrupted else ()}
             if junit:
-                Path(junit).write_bytes(junit_xml(suite, target, results))
+                Path(junit).write_bytes(junit_xml(suite, target, results, **cut))
             if fmt == "json":
-                click.echo(json.dumps(as_json(suite, target, results)))
+                click.echo(json.dumps(as_json(suite, target, results, **cut)))
             else:
                 render(console, suite, target, results, time.monotonic() - started)
+                if cut["not_run"]:
+                    console.print(
+                        f"interrupted: {plural(len(cut['not_run']), 'case')} not run", highlight=False
+                    )
 
         started = time.monotonic()
         try:
@@ -200,7 +206,7 @@ def make_command(suite: Suite) -> click.Command:
         except SuiteUnavailable as err:
             raise usage_error(str(err)) from None
         except KeyboardInterrupt:
-            report(finished)  # the cases that ended before the stop, then "interrupted" and 130
+            report(finished, interrupted=True)  # the cases that ended, those not run, "interrupted", 130
             raise
         report(results)
         if any(r.status == FAIL for r in results):

@@ -476,7 +476,7 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     type=click.IntRange(0),
     default=0,
     show_default=True,
-    help="Reconnect this many times when the connection drops.",
+    help="Reconnect this many times when the connection drops (a refused login is not retried).",
 )
 @click.option("--retry-delay", type=click.FloatRange(0), default=0.2, show_default=True, help="Seconds.")
 @click.option(
@@ -520,8 +520,9 @@ def mock_consumer(verbosity: int, **opts) -> None:
     """Stream vbuckets from a DCP producer into a durable copy, as a replica or connector does.
 
     Exit 0 when every stream ended ok, 1 when the producer broke the protocol
-    (the first violation ends the run unless --keep-going), went silent or a
-    stream could not be had (the summary says which), 2 on bad usage or when the
+    (the first violation ends the run unless --keep-going), went silent, refused
+    the login, the bucket or DCP_OPEN (not retried) or a stream could not be had
+    (the summary says which), 2 on bad usage or when the
     producer could not be reached (after --retries), 130 when interrupted.
     """
     host, port = opts["connect"]

@@ -515,6 +515,7 @@ def command(
     violations = 0
     unusable = False
     cut_short = False
+    summed = matched = 0  # with --summary: connections summarised, and those --connection kept
     for path in files:
         if left == 0:
             break
@@ -652,8 +653,10 @@ def command(
                 print_stats(console, result, path)
         if summary:
             for s in dissector.summaries():
+                summed += 1
                 if not keep.match_connection(s["conn_index"], s["connection"]):
                     continue
+                matched += 1
                 if jsonl:
                     emit([to_json({"capture": path, "summary": s})])
                 else:
@@ -675,6 +678,9 @@ def command(
         write_to.close()
     if filtering and not summary and not shown and verbosity >= 0:
         errors.print(f"{NAME}: no frame matched {escape(asked)} ({read} frame(s) read)")
+    if summary and connections and not matched and verbosity >= 0:
+        chosen = " ".join(f"--connection {shlex.quote(c)}" for c in connections)
+        errors.print(f"{NAME}: no connection matched {escape(chosen)} ({summed} connection(s) read)")
     if unusable:
         raise SystemExit(EXIT_UNUSABLE)
     if strict and violations:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import io
 import json
 import os
 import shutil
 import signal
 import sys
 import time
+from typing import TextIO
 
 import click
 from rich.console import Console
@@ -35,6 +37,8 @@ from wallaroo_proto_cli.options import (
     os_reason,
     output_option,
     plural,
+    record_option,
+    stderr_or_nothing,
     summary_format,
     usage_error,
     verbosity,
@@ -327,12 +331,7 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     help="With --wait-at-end: an empty processRecords every S seconds "
     "(the KCL's callProcessRecordsEvenForEmptyRecordList).",
 )
-@click.option(
-    "--record",
-    type=click.Path(dir_okay=False, writable=True),
-    default=None,
-    help="Record every shard's conversation as a loopback TCP connection into this pcap.",
-)
+@record_option("Record every shard's conversation as a loopback TCP connection into this pcap")
 @summary_format
 @verbosity(
     quiet="No notes of the daemon's on stderr (the processors' stderr still shows): errors, the summary.",
@@ -459,10 +458,21 @@ def _refuse_faults_that_cannot_fire(opts: dict, most: int) -> None:
 
 
 def _print_processor_summary(result: dict, fmt: str, *, err: bool, rows: int | None = None) -> None:
+    """The summary on stdout, or with ``err`` on stderr if anyone still reads it (under the MLD,
+    whose JVM may have exited and closed it: never on stdout, the daemon's pipe)."""
+    if err:
+        text = io.StringIO()
+        _write_processor_summary(result, fmt, text, rows)
+        stderr_or_nothing(text.getvalue())
+    else:
+        _write_processor_summary(result, fmt, sys.stdout, rows)
+
+
+def _write_processor_summary(result: dict, fmt: str, file: TextIO, rows: int | None) -> None:
     if fmt == "json":
-        click.echo(json.dumps(result), err=err)
+        file.write(json.dumps(result) + "\n")
         return
-    out = Console(file=sys.stderr if err else sys.stdout, highlight=False, soft_wrap=True)
+    out = Console(file=file, highlight=False, soft_wrap=True)
     out.print(
         f"kinesis mock-processor summary: {plural(result['records'], 'record')}, "
         f"{plural(result['checkpoints'], 'checkpoint')}, "
@@ -611,15 +621,21 @@ def mock_processor(**opts) -> None:
     stdio = not (opts["listen"] or opts["connect"])
     _tune_gc()
     if stdio:
-        log = command_log("kinesis mock-processor", opts["verbosity"] >= 0)
+        # Spawned by a daemon, whose pipes may be gone by the end: notes go to stderr while read.
+        def note(line: str) -> None:
+            stderr_or_nothing(f"wallaroo-proto kinesis mock-processor: {line}\n")
+
+        def log(line: str) -> None:
+            if opts["verbosity"] >= 0:
+                note(line)
+
         try:
             stats = asyncio.run(serve_stdio(config, log))
         except Crash as err:
-            command_log("kinesis mock-processor")(str(err))
-            sys.stderr.flush()
+            note(str(err))
             os._exit(1)
         except KeyboardInterrupt:
-            command_log("kinesis mock-processor")("interrupted")
+            note("interrupted")
             sys.exit(EXIT_INTERRUPTED)
         result = summary([stats])
     else:

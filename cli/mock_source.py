@@ -20,6 +20,7 @@ from wallaroo_proto_cli.options import (
     Command,
     examples,
     hidden_alias,
+    record_option,
     summary_format,
     usage_error,
     verbosity,
@@ -134,7 +135,7 @@ from wallaroo_proto.protocols.wallaroo.source import MockSource, SourceFailed, S
     show_default=True,
     help="shipped: 8-byte EOS_MESSAGE, and an ACK at the last message id finishes the stream.",
 )
-@click.option("--record", type=click.Path(dir_okay=False), default=None, help="Record the session to a pcap.")
+@record_option("Record the session to a pcap")
 @summary_format
 @verbosity(
     quiet="No progress bar or log lines: errors and the summary.",

@@ -282,6 +282,33 @@ def command_log(command: str, shown: bool = True) -> Callable[[str], None]:
     return log
 
 
+def stderr_or_nothing(text: str) -> None:
+    """Write ``text`` on stderr if anyone still reads it.
+
+    A child's stderr may be closed, or its reader gone (the KCL MultiLangDaemon's JVM exits
+    before its processors end): a diagnostic that cannot be shown must not turn a clean run into
+    a failure, so the first failed write sends the rest of stderr, Python's last flush too, to
+    /dev/null.
+    """
+    stream = sys.stderr
+    if stream is None:  # started with descriptor 2 closed
+        return
+    try:
+        stream.write(text)
+        stream.flush()
+    except (OSError, ValueError):
+        _stderr_to_devnull()
+
+
+def _stderr_to_devnull() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)  # the old stream's buffered bytes then go nowhere when it is dropped
+    finally:
+        os.close(devnull)
+    sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+
+
 def plural(count: int, word: str, many: str | None = None) -> str:
     """``1 record``, ``2 records``, ``3 recoveries`` (``many`` where an s will not do)."""
     return f"{count:,} {word if count == 1 else many or word + 's'}"

@@ -33,6 +33,7 @@ from wallaroo_proto_cli.options import (
     os_reason,
     plural,
     problem,
+    record_option,
     summary_format,
     usage_error,
     verbosity,
@@ -264,9 +265,7 @@ def _print_client(result: dict, fmt: str, verbosity: int) -> None:
     help="Fail the run when the node sends no reply, or reads none of our bytes, for this many seconds.",
 )
 @hidden_alias("--timeout", "idle_timeout", type=click.FloatRange(0.1))
-@click.option(
-    "--record", type=click.Path(dir_okay=False), default=None, help="Record the connection into this pcap."
-)
+@record_option("Record the connection into this pcap")
 @summary_format
 @verbosity(
     quiet="The summary line and failures only: no exchange table, no notes.",

@@ -46,6 +46,16 @@ def test_lost_segment_frames_come_out_in_packet_order():
     ]
     lines = [json.loads(line) for line in Dissector(str(LOST)).run_jsonl(LOST)]
     assert lines == records
+    # numbered as shown: the ACK, judged before the messages after the hole came in, is frame 12
+    assert [r["frame_index"] for r in records] == list(range(13))
+
+
+def numbered_as_shown(records: list[dict]) -> bool:
+    """Each connection's frames numbered 0, 1, 2, ... in the order they come out."""
+    by_conn: dict[int, list[int]] = {}
+    for r in records:
+        by_conn.setdefault(r["conn_index"], []).append(r["frame_index"])
+    return all(indices == list(range(len(indices))) for indices in by_conn.values())
 
 
 def test_lost_segment_ladder_never_runs_backwards():
@@ -137,6 +147,7 @@ def test_any_reordering_gives_records_in_packet_order(count, cuts, order, duplic
     expected = records(in_order)
     got = records(with_acks(shaken))
     assert packets(got) == sorted(packets(got))
+    assert numbered_as_shown(got) and numbered_as_shown(expected)
     if not dropped:
         assert comparable(got) == comparable(expected)
     else:  # some frames are lost, none is made up or shown twice (after a lost hole, stream

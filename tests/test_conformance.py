@@ -127,7 +127,32 @@ def test_junit_xml_has_one_testcase_per_case_with_failures_and_skips() -> None:
     assert cases[1].find("failure").text == "c1 <- close"
     assert cases[2].find("skipped").get("message") == "not here"
     summary = as_json(suite, Target(address="127.0.0.1:7100"), results)["summary"]
-    assert summary == {"passed": 1, "failed": 1, "skipped": 1, "total": 3}
+    assert summary == {"passed": 1, "failed": 1, "skipped": 1, "not_run": 0, "total": 3}
+
+
+def test_a_report_written_after_an_interrupt_says_the_run_was_cut_short() -> None:
+    suite = get_suite("worker")
+    a, b, c, d = suite.cases[:4]
+    results = [Result(a, "pass", seconds=0.01)]
+    target = Target(address="127.0.0.1:7100")
+    doc = as_json(suite, target, results, interrupted=True, not_run=[b, c, d])
+    assert doc["interrupted"] is True and doc["not_run"] == [b.id, c.id, d.id]
+    assert doc["summary"] == {"passed": 1, "failed": 0, "skipped": 0, "not_run": 3, "total": 4}
+    assert as_json(suite, target, results)["interrupted"] is False
+    node = ET.fromstring(junit_xml(suite, target, results, interrupted=True, not_run=[b, c, d])).find(
+        "testsuite"
+    )
+    assert (node.get("tests"), node.get("failures"), node.get("errors"), node.get("skipped")) == (
+        "4",
+        "0",
+        "1",
+        "2",
+    )
+    assert {p.get("name"): p.get("value") for p in node.iter("property")}["interrupted"] == "true"
+    cases = node.findall("testcase")
+    assert [t.get("name") for t in cases] == [a.id, b.id, c.id, d.id]
+    assert cases[1].find("error").get("message") == "the run was interrupted before this case concluded"
+    assert [t.find("skipped").get("message") for t in cases[2:]] == ["not run: the run was interrupted"] * 2
 
 
 def test_cli_lists_cases_and_refuses_bad_usage_with_exit_2() -> None:
@@ -418,6 +443,37 @@ def _children(pid: int) -> list[tuple[int, int]]:
             if int(fields[1]) == pid:  # after the name: state, ppid, pgrp
                 found.append((int(stat.parent.name), int(fields[2])))
     return found
+
+
+@pytest.mark.timeout(120)
+def test_the_json_and_junit_of_an_interrupted_run_say_it_was_cut_short(tmp_path) -> None:
+    junit = tmp_path / "connector.xml"
+    suite = subprocess.Popen(
+        [*COMMAND, "conformance", "connector", "--timeout", "0.5", "-v", "--format", "json"]
+        + ["--junit", str(junit), "--", "sleep", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=as_foreground,
+        start_new_session=True,
+    )
+    try:
+        first = suite.stderr.readline()  # -v: the first case has ended; the second is under way
+        os.killpg(suite.pid, signal.SIGINT)
+        out, err = suite.communicate(timeout=60)
+    finally:
+        suite.kill()
+    assert suite.returncode == 130, err
+    doc = json.loads(out)
+    ran = [c["id"] for c in doc["cases"]]
+    assert doc["interrupted"] is True and first.split()[-1] == ran[0]
+    assert doc["not_run"] and doc["summary"]["not_run"] == len(doc["not_run"])
+    assert ran + doc["not_run"] == [
+        c["id"] for c in json.loads(run_cli("conformance", "connector", "--list", "--format", "json").stdout)
+    ]
+    node = ET.parse(junit).getroot().find("testsuite")
+    assert node.get("errors") == "1" and node.get("tests") == str(len(ran) + len(doc["not_run"]))
+    assert {p.get("name"): p.get("value") for p in node.iter("property")}["interrupted"] == "true"
 
 
 @pytest.mark.timeout(120)

@@ -201,6 +201,22 @@ def test_a_packet_whose_parts_exceed_its_body_is_counted_at_sigterm(tmp_path):
     assert stderr.count("exceed the body length 10 (at byte offset 0); closing") == 1
 
 
+def test_a_refused_login_or_bucket_is_one_line_and_exit_1_without_retries():
+    """The same account gets the same answer: --retries is for connections lost, not refusals."""
+    account = ("--username", "reader", "--password", "s3cret", "--bucket", "travel")
+    with producer("--vbuckets", "2", "--items", "5", *account) as server:
+        for wrong in (("--password", "nope"), ("--bucket", "nowhere")):
+            args = ("--username", "reader", "--password", "s3cret", "--bucket", "travel", *wrong)
+            result = run_cli(
+                "dcp", "mock-consumer", "--connect", server.address, "--format", "json", "--retries", "3",
+                "--retry-delay", "0", *args, timeout=120,
+            )  # fmt: skip
+            summary = json.loads(result.stdout.splitlines()[-1])
+            assert result.returncode == 1 and summary["connections"] == 1, result.stderr
+            lines = result.stderr.splitlines()
+            assert len(lines) == 1 and "refused" in lines[0] and "reconnecting" not in lines[0], lines
+
+
 def test_usage_errors_exit_2(tmp_path):
     bad = tmp_path / "state.json"
     bad.write_text("{not json")
@@ -224,10 +240,8 @@ def test_a_consumer_logs_in_with_scram_and_selects_the_bucket_a_producer_require
         wrong, refused = consume(server, "--username", "reader", "--password", "nope", "--bucket", "travel")
         anonymous, nothing = consume(server, "--no-auth")
     assert rc == 0 and summary["ok"], summary
-    assert wrong == 1 and refused["failures"] == [
-        "connection lost: SASL SCRAM-SHA512 as 'reader' refused: AUTH_ERROR"
-    ]
-    assert anonymous == 1 and nothing["failures"] == ["connection lost: DCP_OPEN refused: EACCESS"]
+    assert wrong == 1 and refused["failures"] == ["SASL SCRAM-SHA512 as 'reader' refused: AUTH_ERROR"]
+    assert anonymous == 1 and nothing["failures"] == ["DCP_OPEN refused: EACCESS"]
     # The first connection's setup, as the capture holds it: SCRAM-SHA512 in two steps, then the bucket.
     done = run_cli("dissect", str(pcap), "--format", "jsonl")
     records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

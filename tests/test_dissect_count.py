@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from support import TABLE, run_cli
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
@@ -62,3 +63,18 @@ def test_a_filter_matching_nothing_says_so():
     assert run_cli("dissect", "-q", "--type", "error", LOST).stderr == ""
     found = run_cli("dissect", "--format", "jsonl", "--type", "ack", LOST)
     assert found.stdout and "no frame matched" not in found.stderr
+
+
+@pytest.mark.parametrize("fmt", ["text", "jsonl"])
+def test_a_summary_of_a_connection_that_is_not_there_says_so(fmt):
+    proc = run_cli(
+        "dissect", "--summary", "--format", fmt, "--connection", "9", "--connection", "nowhere", LOST, SOURCE
+    )
+    assert proc.returncode == 0 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "wallaroo-proto dissect: no connection matched --connection 9 --connection nowhere "
+        "(2 connection(s) read)"
+    ]
+    assert run_cli("dissect", "-q", "--summary", "--connection", "9", LOST).stderr == ""
+    found = run_cli("dissect", "--summary", "--format", "jsonl", "--connection", "1", LOST)
+    assert found.stdout and found.stderr == ""

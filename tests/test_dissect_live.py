@@ -8,6 +8,7 @@ import io
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import socket
@@ -409,3 +410,71 @@ def test_a_pipe_written_in_any_pieces_reads_as_the_file(name: str, data) -> None
     assert [seg for seg in got if not seg[4] & WAIT] == list(read_segments(io.BytesIO(blob)))
     assert got[-1][4] & WAIT  # before the read that finds the end, a WAIT: nothing was there yet
     assert not any(seg[4] & WAIT for seg in read_segments(io.BytesIO(blob), waits=True))  # a file: none
+
+
+def _recorded(command: list[str], peer=None) -> tuple[list[dict], bytes]:
+    """Run a mock with ``--record -`` piped into ``dissect -``; ``peer(stderr_lines)`` drives it
+    from its ready line if it needs one. The frames dissect read, and the mock's stderr."""
+    end = command.index("--") if "--" in command else len(command)  # before a child's command
+    mock = subprocess.Popen(
+        [*COMMAND, *command[:end], "--record", "-", *command[end:]],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc = subprocess.Popen(
+        [*COMMAND, "dissect", "-", "--format", "jsonl"], stdin=mock.stdout, stdout=subprocess.PIPE
+    )
+    mock.stdout.close()  # dissect holds the pipe now
+    try:
+        errors = Lines(mock.stderr)
+        if peer is not None:
+            peer(errors)
+        assert mock.wait(timeout=DEADLINE * 2) == 0
+        out, _ = proc.communicate(timeout=DEADLINE)
+        assert proc.returncode == 0
+        rest = []
+        while (line := errors.queue.get(timeout=DEADLINE)) is not None:
+            rest.append(line)
+        return [json.loads(line) for line in out.splitlines()], b"".join(rest)
+    finally:
+        for p in (mock, proc):
+            p.kill()
+            p.wait()
+
+
+def _ic_peer(errors: Lines) -> None:
+    """mock-lb for a mock-ic whose ready line (on stderr) names its two ports."""
+    ports = re.search(rb"receive port (\d+), send port (\d+)", errors.next("mock-ic's ready line on stderr"))
+    assert ports, "no ready line on stderr"
+    lb = run_cli("ambrosia", "mock-lb", "--receive-port", ports[1].decode(), "--send-port", ports[2].decode())
+    assert lb.returncode == 0, lb.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "mock", ["ambrosia mock-ic", "kinesis mock-daemon", "mock-source", "tremor mock-client"]
+)
+def test_every_mock_with_a_recording_records_to_stdout_for_dissect(mock) -> None:
+    """``--record -`` on each mock that records: the pcap on stdout, its own text on stderr."""
+    if mock == "ambrosia mock-ic":
+        frames, err = _recorded(
+            ["ambrosia", "mock-ic", "--listen", "127.0.0.1:0", "--rpcs", "30", "--exit-when-done"], _ic_peer
+        )
+        want, summary = {"Record", "RPCBatch", "InitialMessage"}, b"ambrosia mock-ic summary"
+    elif mock == "kinesis mock-daemon":
+        processor = [*COMMAND, "kinesis", "mock-processor"]
+        frames, err = _recorded(
+            ["kinesis", "mock-daemon", "--shards", "1", "--records", "5", "--", *processor]
+        )
+        want, summary = {"initialize", "processRecords", "status"}, b"kinesis mock-daemon summary"
+    elif mock == "mock-source":
+        with Server("mock-worker", "--port", "0") as worker:
+            frames, err = _recorded(["mock-source", "--connect", worker.address, "--count", "5"])
+        want, summary = {"HELLO", "OK", "MESSAGE"}, b"mock-source"
+    else:
+        with Server("tremor", "mock-node", "--port", "0") as node:
+            frames, err = _recorded(["tremor", "mock-client", "--connect", node.address, "--messages", "3"])
+        want, summary = {"connect", "connect-ack"}, b"tremor mock-client"
+    types = {f.get("type") for f in frames}
+    assert want <= types, (types, err)
+    assert summary in err and b"Traceback" not in err

@@ -656,6 +656,43 @@ def test_input_closed_between_requests_is_the_end_of_a_processor_not_a_failure(t
     assert "end: input closed (daemon stopped)" in result.stderr and "FAILED" not in result.stderr
 
 
+@pytest.mark.parametrize("stderr", ["reader gone", "closed"])
+def test_input_closed_is_exit_0_whether_or_not_stderr_is_still_read(tmp_path, stderr):
+    """The real KCL 3.1.3 daemon's default stop: its JVM exits, closing the processor's stderr,
+    before the processor's input ends. The summary is then lost, never the exit code, and never
+    written to stdout (the daemon's pipe)."""
+    mld = tmp_path / "from-mld.txt"
+    mld.write_bytes(
+        b'{"action":"initialize","shardId":"shardId-000000000003","sequenceNumber":"TRIM_HORIZON",'
+        b'"subSequenceNumber":0}\n'
+        b'{"action":"processRecords","millisBehindLatest":0,"records":[{"action":"record",'
+        b'"data":"ZXZlbnQgMA==","partitionKey":"pk-0","sequenceNumber":"5","subSequenceNumber":0,'
+        b'"approximateArrivalTimestamp":1700000000000}]}\n'
+    )
+    out = tmp_path / "records.jsonl"
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads the processor's stderr: each write fails with EPIPE
+    try:
+        with open(mld, "rb") as stdin:
+            result = subprocess.run(
+                [*PROCESSOR, "--output", str(out), "--checkpoint-every", "0"],
+                stdin=stdin,
+                stdout=subprocess.PIPE,
+                stderr=write_end if stderr == "reader gone" else None,
+                preexec_fn=(lambda: os.close(2)) if stderr == "closed" else None,
+                timeout=120,
+            )
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0
+    # kclpy's answers (a blank line before each, as kclpy writes them) and nothing else
+    assert result.stdout == (
+        b'\n{"action": "status", "responseFor": "initialize"}\n'
+        b'\n{"action": "status", "responseFor": "processRecords"}\n'
+    )
+    assert [json.loads(line)["data"] for line in out.read_text().splitlines()] == ["event 0"]
+
+
 def stop_mid_delivery(tmp_path: Path, *daemon_args: str, ctrl_c: bool = False) -> tuple[int, dict, str]:
     """mock-daemon over two slow mock-processors, signalled once records flow: (exit, summary, stderr).
 

@@ -192,9 +192,20 @@ def test_mock_processor_under_the_real_daemon_gets_every_record_once(jars, endpo
     name = "mockproc"
     _stream(endpoint, name)
     out = tmp_path / "out-{shard}.jsonl"
-    executable = (
-        f"{sys.executable} -m wallaroo_proto_cli kinesis mock-processor --checkpoint-every 5 --out {out}"
+    # Each processor's exit code kept by a wrapper that shares its descriptors (the daemon sees it
+    # as the processor): the daemon's default stop has no grace, and its JVM exits, closing their
+    # stderr, before they write their summary.
+    wrapper = tmp_path / "exit_code.py"
+    wrapper.write_text(
+        "import os, subprocess, sys\n"
+        "code = subprocess.call([sys.executable, '-m', 'wallaroo_proto_cli', *sys.argv[1:]])\n"
+        f"path = os.path.join({str(tmp_path)!r}, f'exit-{{os.getpid()}}')\n"
+        "with open(path + '.tmp', 'w') as f:\n"
+        "    f.write(str(code))\n"
+        "os.replace(path + '.tmp', path + '.code')\n"
+        "sys.exit(code)\n"
     )
+    executable = f"{sys.executable} {wrapper} kinesis mock-processor --checkpoint-every 5 --out {out}"
     mld = _daemon(jars, endpoint, tmp_path, name, executable)
     try:
 
@@ -218,6 +229,13 @@ def test_mock_processor_under_the_real_daemon_gets_every_record_once(jars, endpo
         _stop(mld)
     assert sorted(r["data"] for r in got) == sorted(f"event {n}" for n in range(RECORDS))
     assert len(got) == RECORDS and len({r["shard"] for r in got}) == 2
+
+    def codes() -> list[str] | None:
+        found = [p.read_text() for p in tmp_path.glob("exit-*.code")]
+        return found if len(found) >= 2 else None
+
+    got_codes = _wait(codes, 120, "both processors' exit")
+    assert set(got_codes) == {"0"}, got_codes
 
 
 def _kclpy_events(jars, endpoint, tmp_path, name, **props) -> list[dict]:

@@ -112,16 +112,65 @@ def test_gap_declared_when_out_of_order_buffer_is_full():
     assert h.pending_bytes == 0 and h.lost_bytes == 5
 
 
-def test_fin_and_rst_flush_the_holes():
+def test_a_fin_behind_a_hole_waits_for_it_and_rst_and_the_end_flush_the_holes():
     h, rec = half()
     h.segment(0, TCP_SYN, b"", 1, 0)
     h.segment(5, DATA, b"xyz", 2, 0)
     h.segment(8, TCP_FIN | TCP_ACK, b"", 3, 0)
-    assert rec.events == [("gap", 0, 4, 2), ("data", 4, b"xyz", 2)]
+    assert rec.events == [] and not h.fin_seen  # the FIN comes after bytes 1-4, not yet here
+    h.flush(4, 0)  # the direction's end (the capture's, or the window's): the hole is lost
+    assert rec.events == [("gap", 0, 4, 2), ("data", 4, b"xyz", 2)] and h.fin_seen
     h2, rec2 = half()
     h2.segment(0, TCP_SYN, b"", 1, 0)
     h2.segment(3, TCP_RST | DATA, b"late", 2, 0)
     assert rec2.events[0][0] == "gap" and h2.rst_seen
+
+
+@pytest.mark.parametrize("fin_payload", [b"", b"jkl"])
+def test_a_fin_that_comes_before_the_bytes_it_follows_ends_the_stream_after_them(fin_payload):
+    """Captured out of order: the FIN (with or without bytes of its own) before a segment it
+    follows. The late segment's bytes are delivered, not dropped as a retransmission."""
+    h, rec = half()
+    h.segment(0, TCP_SYN, b"", 1, 0)
+    h.segment(1, DATA, b"abc", 2, 0)
+    h.segment(7, TCP_FIN | DATA, fin_payload, 3, 0)  # bytes 4-6 not yet here
+    assert not h.fin_seen
+    h.segment(4, DATA, b"def", 4, 0)
+    assert rec.stream() == b"abcdef" + fin_payload and h.fin_seen
+    assert not [e for e in rec.events if e[0] == "gap"] and h.retransmitted == 0
+    h.segment(7 + len(fin_payload), TCP_FIN | TCP_ACK, b"", 5, 0)  # the FIN again: nothing new
+    assert rec.stream() == b"abcdef" + fin_payload and h.fin_seen
+
+
+def test_a_fin_in_order_ends_the_stream_at_once():
+    h, rec = half()
+    h.segment(0, TCP_SYN, b"", 1, 0)
+    h.segment(1, TCP_FIN | DATA, b"abc", 2, 0)
+    assert h.fin_seen and rec.stream() == b"abc"
+    h2, _ = half()
+    h2.segment(0, TCP_SYN, b"", 1, 0)
+    h2.segment(1, TCP_FIN | TCP_ACK, b"", 2, 0)
+    assert h2.fin_seen
+
+
+def test_both_fins_before_a_late_segment_still_give_its_frame_to_the_connection():
+    """The client's last MESSAGE is captured after both FINs (a retransmission): the connection
+    ends after it, and the frame is dissected there, not lost with the closed connection."""
+    msgs = [message(1, i, b"payload-%d" % i) for i in range(1, 4)]
+    segs, base = opening()
+    first, last = b"".join(msgs[:2]), msgs[2]
+    end = base + len(first) + len(last)
+    segs += [
+        (True, base, DATA, first),
+        (True, end, TCP_FIN | TCP_ACK, b""),
+        (False, 500 + len(OK_20) + len(NOTIFY_ACK_1), TCP_FIN | TCP_ACK, b""),
+        (True, base + len(first), DATA, last),  # the late segment the client's FIN follows
+    ]
+    records, d = run(capture(segs))
+    assert [r["message_id"] for r in records if r["type"] == "MESSAGE"] == [1, 2, 3]
+    [summary] = d.summaries()
+    assert summary["tcp"]["initiator>responder"]["lost_bytes"] == 0
+    assert len(d.summaries()) == 1
 
 
 def test_mid_connection_start_is_announced():

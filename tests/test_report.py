@@ -225,10 +225,10 @@ def test_an_interrupted_report_is_one_line_and_130(tmp_path, sig) -> None:
             writer.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
             writer.flush()
             proc.send_signal(sig)
-        # The writer is closed after the signal: one that lands while the report is between two
-        # reads (not blocked in one) only sets Python's flag, and the handler then runs once the
-        # next read returns, here at the end of the capture instead of never.
-        out, err = proc.communicate(timeout=60)
+            # The writer stays open: a signal that lands while the report is between two reads
+            # (not blocked in one) only sets Python's flag, and a read that then blocked for the
+            # next bytes would never see it; the reads of a pipe wait in short slices instead.
+            out, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 130, err

@@ -213,3 +213,60 @@ def test_a_lost_segment_is_reported_and_reading_resyncs(tmp_path):
     assert first["state"] == "closed" and first["messages"] == whole.summaries()[0]["messages"] - 1
     later = [r for r in records if r["conn_index"] == 1 and r["packet"] > lost["packet"]]
     assert {"disconnect-ack", "close-ack"} <= {r["type"] for r in later}
+
+
+def test_a_client_frame_before_the_101_is_a_violation_of_rfc_6455_4_1(tmp_path):
+    """The client sends its first message in the same packet as the upgrade request, before the
+    server's 101: that frame breaks RFC 6455 4.1 (as mock-node reports it); the next does not."""
+    from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
+
+    from wallaroo_proto.capture.pcap import TCP_ACK, TCP_FIN, TCP_PSH, TCP_SYN
+
+    upgrade = (
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+
+    def masked(text: bytes) -> bytes:  # a final text frame, masked with the key 0: the payload as it is
+        return b"\x81" + bytes([0x80 | len(text)]) + b"\x00\x00\x00\x00" + text
+
+    def plain(text: bytes) -> bytes:
+        return b"\x81" + bytes([len(text)]) + text
+
+    accept = (
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"  # RFC 6455 1.3's example
+    )
+    first = upgrade + masked(b'{"tremor":{"connect":{"protocol":"echo"}}}')
+    answer = accept + plain(b'{"tremor":{"connect-ack":{"protocol":"echo","alias":"echo"}}}')
+    second = masked(b'{"echo":"beep"}')
+    data = TCP_PSH | TCP_ACK
+    segs = [
+        (True, 99, TCP_SYN, b""),
+        (False, 499, TCP_SYN | TCP_ACK, b""),
+        (True, 100, TCP_ACK, b""),
+        (True, 100, data, first),
+        (False, 500, data, answer),
+        (True, 100 + len(first), data, second),
+        (True, 100 + len(first) + len(second), TCP_FIN | TCP_ACK, b""),
+        (False, 500 + len(answer), TCP_FIN | TCP_ACK, b""),
+    ]
+    packets = []
+    for i, (client, seq, flags, payload) in enumerate(segs):
+        sport, dport, src, dst = (40000, 9899, A4, B4) if client else (9899, 40000, B4, A4)
+        packets.append((T + i * 1000, ether(ipv4(src, dst, tcp_header(sport, dport, seq, flags, payload)))))
+    path = tmp_path / "early.pcap"
+    path.write_bytes(pcap_file(packets))
+    records, _ = dissect(path)
+    judged = [(r["packet"], r["type"], r.get("violations", [])) for r in records]
+    rule = (
+        "sent before the server's 101 (RFC 6455 4.1: the client must wait for the handshake's answer "
+        "before it sends)"
+    )
+    assert judged == [
+        (4, "UPGRADE_REQUEST", []),
+        (4, "connect", [rule]),
+        (5, "UPGRADE_RESPONSE", []),
+        (5, "connect-ack", []),
+        (6, "echo", []),
+    ]

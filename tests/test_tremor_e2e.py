@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from support import Server, run_cli
+from support import Server, run_cli, wait_for
 from wsproto.events import BytesMessage
 
 from wallaroo_proto.protocols.tremor.peers import MockClient
@@ -171,3 +171,39 @@ def test_handshake_and_write_timeouts_are_options():
         rc, out, err = n.stop(signal.SIGTERM)
     assert rc == 0 and "no WebSocket upgrade within 1 s" in err
     assert json.loads(out.splitlines()[-1])["timeouts"] == 1
+
+
+def test_a_frame_sent_with_the_upgrade_is_answered_and_reported_as_a_violation():
+    """RFC 6455 4.1: a client waits for the 101 before it sends. One that sends its first frame in
+    the same write as the upgrade request gets its answer, and the broken rule is reported."""
+    upgrade = (
+        b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    connect = b'{"tremor":{"connect":{"protocol":"echo"}}}'
+    # a final text frame, masked with the key 0 (legal, and the payload then reads as it is)
+    frame = b"\x81" + bytes([0x80 | len(connect)]) + b"\x00\x00\x00\x00" + connect
+    ack = b'{"tremor":{"connect-ack":{"protocol":"echo","alias":"echo"}}}'
+    with node() as n:
+        raw = socket.create_connection((n.host, n.port), timeout=60)
+        raw.sendall(upgrade + frame)
+        got = bytearray()
+
+        def acked() -> bool:
+            got.extend(raw.recv(4096))
+            return b"\x81" + bytes([len(ack)]) + ack in got
+
+        wait_for(acked, "the connect-ack", timeout=120)
+        raw.close()
+        rc, out, err = n.stop(signal.SIGTERM)
+    # the RFC's own example key and accept token (1.3)
+    assert (
+        got.startswith(b"HTTP/1.1 101 ") and b"Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n" in got
+    )
+    assert rc == 0
+    assert (
+        "violation: session 1: 48 bytes came after the upgrade request before the node's 101 (RFC 6455 4.1"
+        in err
+    )
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["violations"] == 1 and summary["messages_in"] == 1

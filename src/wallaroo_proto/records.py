@@ -73,7 +73,7 @@ FRAME_FIELDS: tuple[Field, ...] = (
     ("packet", "long", "packet number (1-based) completing the frame (see docs/dissect.md)"),
     ("offset", "long", "byte offset of the frame's length prefix in its direction's stream"),
     ("length", "long", "frame bytes on the wire, 4-byte length prefix included"),
-    ("frame_index", "long", "frame number in the connection, 0-based, both directions"),
+    ("frame_index", "long", "frame number in the connection, 0-based, both directions, in capture order"),
     ("type", "string", "frame type name: HELLO, OK, ..., WORKERS_LEFT, or UNKNOWN(n)"),
     ("verdict", "string", "protocol core verdict: accepted, replayed, ignored, violation, malformed"),
     ("violations", "array<string>", "protocol violations found at this frame"),

@@ -356,6 +356,8 @@ class Dissector:
                         self._closing(half)
                     elif type(half) is _Unread and half.over:
                         self._skip(key).closed = True
+                elif type(half) is HalfStream and half.fin_seen:  # a FIN that waited behind a hole
+                    self._closing(half)
                 if limit is not None and made + _frames_in(out) >= limit:
                     break
                 if holding and self._holding_back(len(payload), packet, ts):
@@ -391,9 +393,13 @@ class Dissector:
             self._held_bytes += size
             if self._held_bytes <= self.max_out_of_order:
                 return True
-            for holder in list(holding):  # waited a whole window: holes are lost, frames go out
+            holders = list(holding)
+            for holder in holders:  # waited a whole window: holes are lost, frames go out
                 holder.flush(packet, ts)
             holding.clear()
+            for holder in holders:
+                if type(holder) is HalfStream and holder.fin_seen:  # a FIN that waited: maybe the end
+                    self._closing(holder)
         self._held_bytes = 0
         in_packet_order(self._out)
         return False
@@ -596,7 +602,9 @@ def in_packet_order(items: list) -> None:
     """Sort records (dicts, JSON lines, blocks) by packet, in place and stably.
 
     A block whose rows span packets is cut into one block per run of rows of a
-    packet, so another record can go between them.
+    packet, so another record can go between them. Where frames of a connection
+    moved, their ``frame_index`` values are given out again in the new order, so a
+    connection's frames are numbered as they are shown.
     """
     keyed: list[tuple[int, Any]] = []
     for item in items:
@@ -610,6 +618,56 @@ def in_packet_order(items: list) -> None:
         return
     keyed.sort(key=lambda pair: pair[0])
     items[:] = [item for _, item in keyed]
+    _renumber(items)
+
+
+def _renumber(items: list) -> None:
+    """Each connection's ``frame_index`` values, in the order of ``items``, made increasing: the
+    same values given out again (records before and after these keep theirs)."""
+    # (item, row or None, connection, index) for every frame with an index, in order
+    frames: list[tuple[int, int | None, Any, int]] = []
+    parsed: dict[int, dict] = {}
+    for position, item in enumerate(items):
+        if type(item) is FrameBlock:
+            names = [name for name, kind in item.layout if kind != SHARED]
+            if "frame_index" not in names:
+                continue
+            column = names.index("frame_index")
+            conn = item.shared.get("conn_index")
+            frames += [(position, row, conn, values[column]) for row, values in enumerate(item.rows)]
+            continue
+        record = item
+        if type(item) is str:
+            record = parsed[position] = json.loads(item)
+        index = record.get("frame_index")
+        if index is not None:
+            frames.append((position, None, record.get("conn_index"), index))
+    by_conn: dict[Any, list[int]] = {}
+    for _, _, conn, index in frames:
+        by_conn.setdefault(conn, []).append(index)
+    given = {conn: iter(sorted(indices)) for conn, indices in by_conn.items() if indices != sorted(indices)}
+    if not given:
+        return
+    for position, row, conn, index in frames:
+        if conn not in given:
+            continue
+        new = next(given[conn])
+        if new == index:
+            continue
+        item = items[position]
+        if row is not None:
+            names = [name for name, kind in item.layout if kind != SHARED]
+            column = names.index("frame_index")
+            values = list(item.rows[row])
+            values[column] = new
+            if item.rows is not None and not isinstance(item.rows, list):
+                item.rows = list(item.rows)
+            item.rows[row] = tuple(values)
+        elif type(item) is str:
+            parsed[position]["frame_index"] = new
+            items[position] = to_json(parsed[position])
+        else:
+            item["frame_index"] = new
 
 
 def _block_runs(block: FrameBlock) -> list[tuple[int, FrameBlock]]:

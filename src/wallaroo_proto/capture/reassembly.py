@@ -6,10 +6,15 @@ bytes with a 64-bit stream offset, whatever the capture did to them:
 * retransmissions are dropped, overlapping segments contribute only their new
   bytes (the first copy wins, as in most stacks);
 * out-of-order segments wait in a buffer bounded in bytes; when it is full, or
-  the direction ends (FIN, RST, end of capture), the hole before the earliest
+  the direction ends (RST, end of capture), the hole before the earliest
   waiting segment is declared lost: the consumer hears ``gap(offset, missing)``
   and delivery carries on after it, each waiting segment's bytes with its own
   packet (nothing later completed them);
+* a FIN takes its place in the sequence space: one that comes behind a hole
+  waits, as a segment does, so the late bytes before it are still delivered;
+  ``fin_seen`` is set once every byte before the FIN is delivered or declared
+  lost (the direction's end, a retransmission that comes after the FIN in the
+  capture, no longer dropped);
 * a late segment that fills a hole completes what waited behind it: those
   bytes are delivered with the late segment's packet and time, as Wireshark
   shows a reassembled frame at the packet completing it;
@@ -102,10 +107,10 @@ class HalfStream:
         if flags & TCP_RST:
             self.rst_seen = True
         if not payload:
-            if flags & (TCP_FIN | TCP_RST):
-                if flags & TCP_FIN:
-                    self.fin_seen = True
+            if flags & TCP_RST:
                 self.flush(packet, ts)
+            elif flags & TCP_FIN:
+                self._fin(seq, 0, packet, ts)
             return
         if not self.started:
             self.started = True
@@ -136,15 +141,31 @@ class HalfStream:
                 self.holds[self] = None
             key = self.offset + rel
             held = self.pending.get(key)
-            if held is None or len(held[0]) < size:
+            if held is None or len(held[0]) < size:  # (a FIN waiting there is an empty one)
                 self.pending_bytes += size - (len(held[0]) if held else 0)
                 self.pending[key] = (payload, packet, ts)
             while self.pending_bytes > self.max_out_of_order:
                 self._skip_hole(packet, ts)
-        if flags & (TCP_FIN | TCP_RST):
-            if flags & TCP_FIN:
-                self.fin_seen = True
+        if flags & TCP_RST:
             self.flush(packet, ts)
+        elif flags & TCP_FIN:
+            self._fin(seq, size, packet, ts)
+
+    def _fin(self, seq: int, size: int, packet: int, ts: int) -> None:
+        """A FIN after ``size`` bytes from ``seq``: the end of the stream once what comes before it
+        is in; behind a hole it waits in ``pending`` as an empty segment (the hole's bound and the
+        driver's hold cover it as any waiting segment)."""
+        if not self.started:  # a FIN is all that was seen of this direction
+            self.fin_seen = True
+            return
+        rel = (seq + size - self.next_seq) & _MASK
+        if rel & 0x8000_0000 or rel == 0:  # at or before what was delivered: the end is here
+            self.fin_seen = True
+            self.flush(packet, ts)  # bytes after a FIN are no part of the stream
+            return
+        if not self.pending and self.holds is not None:
+            self.holds[self] = None
+        self.pending.setdefault(self.offset + rel, (b"", packet, ts))
 
     def flush(self, packet: int, ts: int) -> None:
         """No more segments will fill the holes: declare them lost and deliver what waits."""
@@ -165,6 +186,9 @@ class HalfStream:
             if first > self.offset:
                 return
             payload, packet, ts = pending.pop(first)
+            if not payload:  # the FIN, its bytes before it all in: the stream ends here
+                self.fin_seen = True
+                continue
             self.pending_bytes -= len(payload)
             if late_packet >= 0:
                 packet, ts = late_packet, late_ts

@@ -22,6 +22,7 @@ import operator
 import re
 import struct
 from dataclasses import dataclass
+from itertools import compress
 from operator import itemgetter
 from typing import NamedTuple
 
@@ -382,11 +383,40 @@ def _short_rpcs(head: bytes, fixed: int, types: bytes) -> re.Pattern[bytes]:
     return re.compile(b"|".join(branches), re.DOTALL)
 
 
+def _evens(first: int, last: int) -> bytes:
+    """A class of the even bytes from ``first`` to ``last`` (one-byte ZigZag integers >= 0)."""
+    return b"[" + re.escape(bytes(range(first, last + 1, 2))) + b"]"
+
+
 #: An incoming RPC (IC -> LB): size, type RPC, reserved (any byte), method id, RPC type, args.
 _INCOMING_RPC = _short_rpcs(b"\\x00.", 4, bytes((ASYNC, FORK, IMPULSE)))
 #: A self call (LB -> IC) that is not an Impulse: size, type RPC, destination "", reserved, method, type.
 _SELF_CALL = _short_rpcs(b"\\x00\\x00.", 5, bytes((ASYNC, FORK)))
+_ONE_BYTE = _evens(0, 0x7E)
+#: A batch's head, in groups: its size (one or two bytes), then RPCBatch and its
+#: count, or CountReplayableRPCBatch, its count and its replayable count (one byte each).
+_BATCH_HEAD = re.compile(
+    b"(" + _evens(2, 0x7E) + b"|" + _evens(0x80, 0xFE) + b"[\\x01-\\x7f])"
+    b"(?:(\\x05)(" + _ONE_BYTE + b")|(\\x0d)(" + _ONE_BYTE + b")(" + _ONE_BYTE + b"))",
+    re.DOTALL,
+)
+#: Each RPC as a group, after the head of the batch it opens if it does (a second group, else
+#: None): ``split`` gives both and anything else between two, which must be nothing. A batch
+#: head is tried first where the RPC would start: a plain RPC's second byte is 0, a head's not.
+_HEADED_RPC_SPLIT = re.compile(
+    b"((?:" + _evens(2, 0x7E) + b"|" + _evens(0x80, 0xFE) + b"[\\x01-\\x7f])"
+    b"(?:\\x05" + _ONE_BYTE + b"|\\x0d" + _ONE_BYTE + _ONE_BYTE + b"))?"
+    b"(" + _INCOMING_RPC.pattern + b")",
+    re.DOTALL,
+)
+#: A batch head's size field (each one- and two-byte form the head takes): the size.
+_SIZE_VALUES = {bytes((b,)): b >> 1 for b in range(2, 0x80, 2)} | {
+    bytes((low, high)): ((low & 0x7F) | high << 7) >> 1
+    for low in range(0x80, 0x100, 2)
+    for high in range(1, 0x80)
+}
 _METHOD_BYTE = itemgetter(3)
+_RPC_TYPE_BYTE = itemgetter(4)
 _SIZE_BYTE = itemgetter(0)
 _SELF_CALL_REST = itemgetter(slice(3, None))
 _INCOMING_ARGS = itemgetter(slice(5, None))
@@ -407,6 +437,62 @@ def scan_rpcs(body: bytes) -> tuple[bytes, list[bytes]] | None:
     if len(b"".join(found)) != len(body):  # matches tile the body only if every message is one
         return None
     return bytes(map(_METHOD_BYTE, found)).translate(_HALVE), list(map(_INCOMING_ARGS, found))
+
+
+def scan_batched_rpcs(body: bytes) -> tuple[bytes, list[bytes]] | None:
+    """``scan_rpcs`` for a body that may also hold RPCBatch and CountReplayableRPCBatch messages of
+    such RPCs (mock-ic's default, as a busy IC logs them): every RPC in order, as if plain.
+
+    One regular-expression pass splits the body into RPCs, each after the head of the batch it
+    opens if it does; each batch is then checked as ``Session._batch`` checks it (its size, its
+    count, its replayable count), so a body comes back only where the general path finds nothing
+    wrong; None otherwise. The loop runs once a batch, not once an RPC.
+    """
+    parts = _HEADED_RPC_SPLIT.split(body)
+    if any(parts[0::3]):  # bytes that are neither an RPC nor a batch's head
+        return None
+    heads = parts[1::3]  # before each RPC: the head of the batch it opens, or None
+    rpcs = parts[2::3]
+    methods = bytes(map(_METHOD_BYTE, rpcs)).translate(_HALVE)
+    if any(heads):
+        total = len(rpcs)
+        after = 0  # the index of the RPC after the last batch
+        types = None
+        known = _HEADS.get
+        for first in compress(range(total), heads):
+            fields = known(heads[first]) or _batch_head(heads[first])
+            if fields is None or first < after:  # a head inside the batch before
+                return None
+            inner, count, replayable = fields
+            after = first + count
+            if after > total or len(b"".join(rpcs[first:after])) != inner:
+                return None
+            if replayable >= 0:
+                if types is None:
+                    types = bytes(map(_RPC_TYPE_BYTE, rpcs))
+                if types.count(IMPULSE, first, after) != count - replayable:
+                    return None
+    return methods, list(map(_INCOMING_ARGS, rpcs))
+
+
+#: Batch heads seen, by their bytes: (the bytes of their RPCs, their count, the replayable count or -1).
+_HEADS: dict[bytes, tuple[int, int, int]] = {}
+
+
+def _batch_head(head: bytes) -> tuple[int, int, int] | None:
+    """A batch head's fields (see ``_HEADS``), None if ``head`` is not exactly one."""
+    match = _BATCH_HEAD.fullmatch(head)
+    if match is None:
+        return None
+    size, _, count, counted, counted_count, replayable = match.groups()
+    if counted:
+        fields = (_SIZE_VALUES[size] - 3, counted_count[0] >> 1, replayable[0] >> 1)
+    else:
+        fields = (_SIZE_VALUES[size] - 2, count[0] >> 1, -1)
+    if len(_HEADS) >= 1 << 16:
+        _HEADS.clear()
+    _HEADS[head] = fields
+    return fields
 
 
 def scan_self_calls(data: bytes) -> list[bytes] | None:

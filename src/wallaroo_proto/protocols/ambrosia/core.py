@@ -54,6 +54,7 @@ from .codec import (
     checkpoint_length,
     decode_rpc,
     record_messages,
+    scan_batched_rpcs,
     scan_rpcs,
     scan_self_calls,
     type_name,
@@ -151,6 +152,8 @@ class Session:
         self.checkpoints_out = 0  # Checkpoint messages from the LB
         self.requests: dict[str, int] = {}
         self.violations = 0
+        #: Which one-pass scanner ``from_ic_rpcs`` tries first (a hint of speed, not a rule).
+        self._batches_seen = False
 
     # --- IC -> LB ---------------------------------------------------------------------------------
 
@@ -185,7 +188,8 @@ class Session:
     def from_ic_rpcs(self, header: Header, body: bytes) -> tuple[Verdict, tuple[bytes, list[bytes]] | None]:
         """``from_ic`` for a record of plain RPCs, read in one pass: (verdict, (method ids, args)).
 
-        Method ids come one a byte (``codec.scan_rpcs``).
+        Method ids come one a byte (``codec.scan_rpcs``); RPCs in batches come as if plain, in
+        order (``codec.scan_batched_rpcs``), where every batch is one the general path accepts.
 
         The record-level rules are the same; the RPCs come as two lists instead
         of messages in the verdict. Any other record (a control or checkpoint
@@ -193,7 +197,16 @@ class Session:
         whose verdict holds its messages, with None for the lists.
         """
         seq = header.seq
-        rpcs = scan_rpcs(body) if seq >= 0 else None
+        rpcs = None
+        if seq < 0:
+            pass
+        elif self._batches_seen:  # an IC that batches: its bodies read by the scanner that knows batches
+            rpcs = scan_batched_rpcs(body)
+        else:  # else the plain scan, quicker where there are no batches, and the other if it fails
+            rpcs = scan_rpcs(body)
+            if rpcs is None:
+                rpcs = scan_batched_rpcs(body)
+                self._batches_seen = rpcs is not None
         if rpcs is None:
             return self.from_ic(header, body), None
         if (  # the usual record, checked inline: the next one, in the normal phase, nothing wrong

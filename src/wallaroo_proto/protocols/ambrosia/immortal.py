@@ -28,6 +28,8 @@ _MASK = (1 << 64) - 1
 _IS_ZERO = bytes([1] + [0] * 255)  # a byte translation: 1 for 0, else 0
 _IS_ADD = bytes(int(b == ADD) for b in range(256))
 _PERIOD = 1000  # generated args: (index * 7919) % _PERIOD + 1
+#: The most bytes of generated mixed bodies kept to be sent again (one shape each).
+_KEPT_BODIES = 8 << 20
 
 
 _JSON_HEAD = b'{"value":'
@@ -192,6 +194,8 @@ class RpcSource:
         self.base = 0  # the index of lines[0]
         self.floor = 0  # lines below it are in the log already: dropped as they come
         self._period: list[bytes] | None = None
+        self._bodies: dict[tuple[int, int], bytes] = {}  # generated mixed bodies, by shape
+        self._kept = 0  # their bytes
 
     @classmethod
     def streamed(cls, method_id: int = ADD, batching: str = "none") -> RpcSource:
@@ -234,7 +238,23 @@ class RpcSource:
         if self.batching == "none" or last - first < 2:
             return self._plain(first, last)
         if self.batching == "all":
-            return encode_batch(list(self.encoded(first, last)))
+            return encode_batch(self._rpcs(first, last))
+        if self.lines is not None:
+            return self._mixed(first, last)
+        # Generated: the body depends on ``first`` only through its args' period and the runs'
+        # pattern (of 21 indices), so each shape is built once.
+        key = (first % (21 * _PERIOD), last - first)
+        body = self._bodies.get(key)
+        if body is None:
+            body = self._mixed(first, last)
+            self._kept += len(body)
+            if self._kept > _KEPT_BODIES:  # shapes that do not repeat soon: start again
+                self._bodies.clear()
+                self._kept = len(body)
+            self._bodies[key] = body
+        return body
+
+    def _mixed(self, first: int, last: int) -> bytes:
         parts: list[bytes] = []
         at = first
         while at < last:
@@ -243,17 +263,21 @@ class RpcSource:
             if take == 1 or kind == 0:
                 parts.append(self._plain(at, at + take))
             elif kind == 1:
-                parts.append(encode_batch(list(self.encoded(at, at + take))))
+                parts.append(encode_batch(self._rpcs(at, at + take)))
             else:  # its last RPC an Impulse: the IC counts the replayable ones apart
-                rpcs = [*self.encoded(at, at + take - 1)]
+                rpcs = self._rpcs(at, at + take - 1)
                 rpcs.append(encode_incoming_rpc(self.method_id, IMPULSE, self.args(at + take - 1)))
                 parts.append(encode_batch(rpcs, replayable=take - 1))
             at += take
         return b"".join(parts)
 
     def _plain(self, first: int, last: int) -> bytes:
+        return b"".join(self._rpcs(first, last))
+
+    def _rpcs(self, first: int, last: int) -> list[bytes]:
+        """RPCs ``first`` to ``last``, each encoded (generated ones from one period encoded once)."""
         if self.lines is not None:
-            return b"".join(self.encoded(first, last))
+            return list(self.encoded(first, last))
         if self._period is None:  # generated args repeat every 1000 RPCs: encode one period once
             self._period = list(self.encoded(0, _PERIOD))
         parts: list[bytes] = []
@@ -262,7 +286,7 @@ class RpcSource:
             take = min(_PERIOD - at, last - first)
             parts += self._period[at : at + take]
             first += take
-        return b"".join(parts)
+        return parts
 
     def encoded(self, first: int, last: int) -> Iterator[bytes]:
         """RPCs ``first`` to ``last`` as the IC puts them in a record (Fork, reserved byte 0)."""

@@ -107,6 +107,11 @@ class Unreachable(ConnectionError):
     """The producer could not be connected to at all (not a connection lost once made)."""
 
 
+class Refused(Exception):
+    """The producer refused the login, the bucket or the DCP connection: asking again with the same
+    account gets the same answer, so it is not retried (``retries`` is for connections lost)."""
+
+
 class RuleBroken(Exception):
     """The producer broke the protocol and the consumer stops (it goes on only with ``keep_going``)."""
 
@@ -181,6 +186,10 @@ class MockConsumer:
                 break
             except RuleBroken:
                 self.run_state.failures.append("stopped at the first violation (--keep-going goes on)")
+                break
+            except Refused as err:
+                self.run_state.failures.append(str(err))
+                self.log(str(err))
                 break
             except (ConnectionLost, ConnectionError, OSError) as err:
                 if self.stop_requested:
@@ -369,10 +378,10 @@ class MockConsumer:
                 codec.request(codec.SELECT_BUCKET, opaque=self.next_opaque(), key=cfg.bucket.encode())
             )
             if answer.status != SUCCESS:
-                raise ConnectionLost(f"SELECT_BUCKET {cfg.bucket} refused: {answer.status_name}")
+                raise Refused(f"SELECT_BUCKET {cfg.bucket} refused: {answer.status_name}")
         answer = await self.call(codec.open_request(cfg.name, codec.OPEN_PRODUCER, self.next_opaque()))
         if answer.status != SUCCESS:
-            raise ConnectionLost(f"DCP_OPEN refused: {answer.status_name}")
+            raise Refused(f"DCP_OPEN refused: {answer.status_name}")
         controls = []
         if cfg.noop_interval:
             controls += [("enable_noop", "true"), ("set_noop_interval", f"{cfg.noop_interval:g}")]
@@ -397,9 +406,7 @@ class MockConsumer:
         offered = answer.value.decode("ascii", "replace").split()
         mechanism = sasl.choose(offered)
         if mechanism is None:
-            raise ConnectionLost(
-                f"no SASL mechanism in common: the producer offers {' '.join(offered) or 'none'}"
-            )
+            raise Refused(f"no SASL mechanism in common: the producer offers {' '.join(offered) or 'none'}")
         refused = f"SASL {mechanism} as {user!r} refused"
         if mechanism == "PLAIN":
             message = sasl.plain_message(user, password)
@@ -407,7 +414,7 @@ class MockConsumer:
                 codec.request(codec.SASL_AUTH, opaque=self.next_opaque(), key=b"PLAIN", value=message)
             )
             if answer.status != SUCCESS:
-                raise ConnectionLost(f"{refused}: {answer.status_name}")
+                raise Refused(f"{refused}: {answer.status_name}")
             return
         scram = sasl.ScramClient(user, password, mechanism)
         key = mechanism.encode()
@@ -415,17 +422,17 @@ class MockConsumer:
             codec.request(codec.SASL_AUTH, opaque=self.next_opaque(), key=key, value=scram.first())
         )
         if answer.status != codec.AUTH_CONTINUE:
-            raise ConnectionLost(f"{refused}: {answer.status_name}")
+            raise Refused(f"{refused}: {answer.status_name}")
         try:
             final = scram.final(answer.value)
             answer = await self.call(
                 codec.request(codec.SASL_STEP, opaque=self.next_opaque(), key=key, value=final)
             )
             if answer.status != SUCCESS:
-                raise ConnectionLost(f"{refused}: {answer.status_name}")
+                raise Refused(f"{refused}: {answer.status_name}")
             scram.verify(answer.value)
         except sasl.AuthFailed as err:
-            raise ConnectionLost(f"{refused}: {err}") from None
+            raise Refused(f"{refused}: {err}") from None
 
     def stream_request(self, vb: int) -> None:
         state = self.run_state.vbuckets.setdefault(vb, ConsumerVBucket(vb))

@@ -66,6 +66,13 @@ def verdict_fields(record: dict, verdict: Any) -> None:
         record["status_code"] = verdict.message.code
 
 
+#: A client frame the capture has before the server's answer to the upgrade.
+EARLY_FRAME = (
+    "sent before the server's 101 (RFC 6455 4.1: the client must wait for the handshake's answer "
+    "before it sends)"
+)
+
+
 class _Direction:
     __slots__ = ("tracker", "client", "half", "phase", "head", "splitter", "assembler", "bytes")
 
@@ -228,6 +235,8 @@ class TremorTracker(ConnectionTracker):
             ws_length_bits=f.length_bits,
             ws_payload_len=len(f.payload),
         )
+        if direction.client and self.request is not None and self.response is None:
+            problems.append(EARLY_FRAME)
         if f.opcode == CLOSE:
             code = direction.assembler.close_code if len(f.payload) >= 2 else None
             record["ws_close_code"] = code

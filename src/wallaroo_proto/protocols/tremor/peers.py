@@ -269,6 +269,12 @@ class _NodeConnection:
                     greeting = self.node.opened()
                     self._send_texts(greeting)
                     stats.messages_out += len(greeting)
+                    try:
+                        events.extend(self._early_frames())
+                    except RemoteProtocolError as err:
+                        self.violation(f"WebSocket: {err}")
+                        await self.writer.drain()
+                        return
                 elif isinstance(event, TextMessage):
                     self.size += len(event.data)
                     if self.size > MAX_MESSAGE:
@@ -325,6 +331,25 @@ class _NodeConnection:
                 if self.closing and ws.state is not ConnectionState.CLOSED:
                     await self._await_close()
                 return
+
+    def _early_frames(self) -> list:
+        """Frames that came in the same reads as the upgrade request, judged and then answered.
+
+        RFC 6455 4.1 has a client wait for the 101 before it sends; one that does not has broken
+        that rule, which is reported, but its frames are answered as if they came after the 101,
+        as wsproto-based and most other servers do. (wsproto's server keeps the bytes after the
+        request in its HTTP parser and drops them at the accept: they are taken from there.)
+        """
+        http = getattr(self.ws.handshake, "_h11_connection", None)
+        early = http.trailing_data[0] if http is not None else b""
+        if not early:
+            return []
+        self.violation(
+            f"{len(early)} bytes came after the upgrade request before the node's 101 (RFC 6455 4.1: "
+            "the client must wait for the handshake's answer before it sends); answered as if after it"
+        )
+        self.ws.receive_data(bytes(early))
+        return list(self.ws.events())
 
     async def _await_close(self) -> None:
         """After our close frame, the client's answers it; wait a little for it, then hang up."""
