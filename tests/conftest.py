@@ -114,7 +114,23 @@ def _starts_a_process(item: pytest.Function) -> bool:
     return bool(names & STARTS_A_PROCESS)
 
 
+#: The modules that take longest (BENCHMARKS.md): run first, so that pytest-xdist's workers, which
+#: take a module whole, do not end on one of them while the other worker sits idle. The standalone
+#: cluster's module also makes the one shared spark-replay the others read.
+LONGEST_FIRST = (
+    "test_spark_cluster",
+    "test_kinesis_real_daemon",
+    "test_interop_ambrosia_node",
+    "test_readme_examples",
+    "test_proxy_dcp_java",
+    "test_conformance_tremor",
+    "test_spark_replay",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(getattr(item.module, "__name__", ""), len(rank)))  # stable
     for item in items:
         if not isinstance(item, pytest.Function):
             continue

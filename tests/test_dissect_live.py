@@ -450,7 +450,7 @@ def _ic_peer(errors: Lines) -> None:
     assert lb.returncode == 0, lb.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     "mock", ["ambrosia mock-ic", "kinesis mock-daemon", "mock-source", "tremor mock-client"]
 )
