@@ -114,17 +114,19 @@ def _starts_a_process(item: pytest.Function) -> bool:
     return bool(names & STARTS_A_PROCESS)
 
 
-#: The modules that take longest (BENCHMARKS.md): run first, so that pytest-xdist's workers, which
-#: take a module whole, do not end on one of them while the other worker sits idle. The standalone
-#: cluster's module also makes the one shared spark-replay the others read.
+#: The modules that take longest (BENCHMARKS.md), sent to pytest-xdist's workers first (with
+#: --no-loadscope-reorder it keeps this order, a module a worker at a time), so that neither worker
+#: ends on one of them while the other sits idle. The standalone cluster's module comes first: it
+#: also makes the one shared spark-replay that the others read.
 LONGEST_FIRST = (
     "test_spark_cluster",
     "test_kinesis_real_daemon",
-    "test_interop_ambrosia_node",
+    "test_spark_replay",
     "test_readme_examples",
+    "test_conformance",
     "test_proxy_dcp_java",
     "test_conformance_tremor",
-    "test_spark_replay",
+    "test_interop_ambrosia_node",
 )
 
 
