@@ -28,6 +28,9 @@ from wallaroo_proto.records import to_json
 
 #: Seconds between state lines while bytes come.
 STATE_EVERY = 0.5
+#: Violations of one connection, direction and frame type sent to the proxy; the rest are counted.
+SHOWN_REPEATS = 10
+KEYS_KEPT = 10_000
 
 
 def connection_state(tracker: Any) -> dict:
@@ -132,10 +135,34 @@ class _StateLines:
             self.out.flush()
 
 
+class Repeats:
+    """Whether a violation is sent on: the first ``SHOWN_REPEATS`` of a connection's direction
+    and frame type are, the last of them marked ``repeats_hidden``, and the rest only counted
+    in the summary. Garbage is a violation a line; a line each on stderr cost the proxy more
+    CPU than the relaying. The keys of the last ``KEYS_KEPT`` kinds are remembered."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, int] = {}
+
+    def __call__(self, item: dict) -> bool:
+        key = (item.get("conn_index"), item.get("direction"), item.get("type"))
+        n = self.seen.get(key, 0) + 1
+        if n > SHOWN_REPEATS:
+            return False
+        self.seen[key] = n
+        if len(self.seen) > KEYS_KEPT:
+            del self.seen[next(iter(self.seen))]
+        if n == SHOWN_REPEATS:
+            item["repeats_hidden"] = True
+        return True
+
+
 def main(argv: list[str]) -> int:
     name, protocol, ports, *wanted = argv
-    # Ctrl-C reaches the whole process group: the proxy ends the stream, and this reads to its end.
+    # Ctrl-C, and a SIGTERM to the group (timeout, a service manager, a container's stop), reach
+    # this process too: the proxy ends the stream, and this reads to its end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Second to the relay and the peers for the CPU: its work waits in the pipe, theirs holds up the traffic.
     os.nice(10)
     dissector = Dissector(
@@ -152,9 +179,10 @@ def main(argv: list[str]) -> int:
         source = _PacedFile(source, Pacer(source.fileno(), STATE_EVERY, _StateLines(dissector.trackers, out)))
     error = None
     try:
+        shown = Repeats()
         for item in dissector.segment_frames(segments(source.read1, dissector.stats)):
             # Blocks hold accepted frames only: a violation is always a record of its own.
-            if type(item) is dict and item.get("violations"):
+            if type(item) is dict and item.get("violations") and shown(item):
                 out.write(to_json(item) + "\n")
                 out.flush()
     except CaptureError as err:
