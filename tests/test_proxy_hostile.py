@@ -394,3 +394,24 @@ def _queues(sock: socket.socket) -> tuple[int, int] | None:
         elif ports == (there, here):
             unread = rx
     return None if sent is None or unread is None else (sent, unread)
+
+
+@pytest.mark.slow
+def test_with_fault_rules_and_a_forced_protocol_both_sides_are_checked_live() -> None:
+    """The client's side is recorded as a connection to the proxy's own port, which garbage's
+    first bytes do not tell: only the upstream's side was checked."""
+    never = "--fault", "drop skip=1000000000"
+    with Echo() as echo, Proxy("--listen", "127.0.0.1:0", "--upstream", echo.address, "--protocol", "kinesis",
+                               *never) as proxy:  # fmt: skip
+        data = b"not json\n" * 3
+        assert echoed(proxy.port, data) == data
+        wait_for(
+            lambda: "(client side)" in proxy.stderr() and "(upstream side)" in proxy.stderr(),
+            "violations from both sides",
+            DEADLINE,
+        )
+        code, _, stderr = proxy.stop()
+    assert code == 0
+    client = [x for x in stderr.splitlines() if "(client side) client→upstream" in x and "INVALID" in x]
+    upstream = [x for x in stderr.splitlines() if "(upstream side) client→upstream" in x and "INVALID" in x]
+    assert len(client) == len(upstream) == 3, stderr

@@ -18,11 +18,11 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, TextIO
 
 from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.pcap import CaptureError
+from wallaroo_proto.capture.pcap import TCP_ACK, TCP_SYN, WAIT, CaptureError, Segment
 from wallaroo_proto.proxy.chunks import segments
 from wallaroo_proto.records import to_json
 
@@ -157,6 +157,18 @@ class Repeats:
         return True
 
 
+def every_connection_is(dissector: Dissector, feed: Iterator[Segment]) -> Iterator[Segment]:
+    """With ``--protocol`` forced, every relayed connection is of it, whatever its server port:
+    with fault rules the client's side is recorded as a connection to the proxy's own port,
+    which its first bytes (garbage, say) may not tell, and which went unchecked."""
+    plugin = dissector.plugins[0]
+    claim = dissector.port_plugins.setdefault
+    for segment in feed:
+        if segment[4] & (TCP_SYN | TCP_ACK | WAIT) == TCP_SYN:  # a connection's first packet
+            claim(segment[2][3], plugin)
+        yield segment
+
+
 def main(argv: list[str]) -> int:
     name, protocol, ports, *wanted = argv
     # Ctrl-C, and a SIGTERM to the group (timeout, a service manager, a container's stop), reach
@@ -180,7 +192,10 @@ def main(argv: list[str]) -> int:
     error = None
     try:
         shown = Repeats()
-        for item in dissector.segment_frames(segments(source.read1, dissector.stats)):
+        feed = segments(source.read1, dissector.stats)
+        if protocol != "-":
+            feed = every_connection_is(dissector, feed)
+        for item in dissector.segment_frames(feed):
             # Blocks hold accepted frames only: a violation is always a record of its own.
             if type(item) is dict and item.get("violations") and shown(item):
                 out.write(to_json(item) + "\n")
