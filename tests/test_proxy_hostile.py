@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from support import COMMAND, READY, as_foreground, wait_for
+from support import COMMAND, READY, Server, as_foreground, wait_for
 
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import Hello
@@ -415,3 +415,64 @@ def test_with_fault_rules_and_a_forced_protocol_both_sides_are_checked_live() ->
     client = [x for x in stderr.splitlines() if "(client side) client→upstream" in x and "INVALID" in x]
     upstream = [x for x in stderr.splitlines() if "(upstream side) client→upstream" in x and "INVALID" in x]
     assert len(client) == len(upstream) == 3, stderr
+
+
+@pytest.mark.slow
+def test_tremor_bytes_that_are_no_http_upgrade_are_a_violation_not_silence() -> None:
+    """Garbage with no HTTP head's end was judged nowhere: 0 violations, though the node answered 400."""
+    with (
+        Server("tremor", "mock-node", "--listen", "127.0.0.1:0") as node,
+        Proxy("--listen", "127.0.0.1:0", "--upstream", node.address, "--protocol", "tremor") as proxy,
+    ):
+        answer = echoed(proxy.port, b"garbage that is not http\n" * 4)
+        wait_for(lambda: "INVALID" in proxy.stderr(), "the violation", DEADLINE)
+        code, summary, stderr = proxy.stop()
+    assert answer.startswith(b"HTTP/1.1 400")
+    assert "client→upstream" in stderr and (
+        "INVALID: no HTTP upgrade request before its end: the client sent 100 bytes that are none" in stderr
+    ), stderr
+    assert re.search(r"violations +1\b", summary) and "-> 400" in summary, summary
+    assert code == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rules", [(), ("--fault", "drop skip=1000000000")], ids=["unframed", "faults"])
+def test_many_connections_of_long_unfinished_frames_keep_the_checks(rules: tuple[str, ...]) -> None:
+    """The checker's pipe bound holds: with fault rules each connection's end gives out what it
+    held at once (three 24 MiB frames cut short overran it, the live checks given up); without
+    rules, the same load through the unframed path (a guard: it held before too)."""
+    sink = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_drain_all, args=(sink,), daemon=True).start()
+    never = rules
+    up = f"127.0.0.1:{sink.getsockname()[1]}"
+    with Proxy("--listen", "127.0.0.1:0", "--upstream", up, "--protocol", "kinesis", *never) as proxy:
+        clients = [socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE) for _ in range(3)]
+        for client in clients:
+            client.sendall(b'{"action":"initialize","shardId":"' + b"s" * (24 << 20))
+        for client in clients:
+            wait_for(lambda c=client: _queues(c) == (0, 0), "the proxy to hold every byte", DEADLINE)
+        for client in clients:
+            client.shutdown(socket.SHUT_WR)
+        for client in clients:
+            assert client.recv(100) == b""  # the upstream read all, and closed: passed on
+            client.close()
+        code, _, stderr = proxy.stop()
+    sink.close()
+    assert "live checks" not in stderr, stderr
+    assert code == 0
+
+
+def _drain_all(server: socket.socket) -> None:
+    """Each connection read to its end, then closed."""
+    while True:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        threading.Thread(target=_drain, args=(conn,), daemon=True).start()
+
+
+def _drain(conn: socket.socket) -> None:
+    with conn:
+        while conn.recv(1 << 20):
+            pass

@@ -24,8 +24,9 @@ _BATCH = 1 << 18
 class Spool:
     """Bytes for ``fd``, queued by the caller and written by a thread of this spool's own.
 
-    ``write`` never blocks. ``backlog`` is what waits; once it passes ``limit`` the spool
-    stops (``stop``), ``on_stop(reason)`` is called once and nothing more is written; the
+    ``write`` never blocks. ``backlog`` is what waits; once a write would take it past
+    ``limit`` (one write alone, a frame held whole, may be larger) the spool stops
+    (``stop``): ``on_stop(reason)`` is called once and nothing more is written; the
     same when a write fails (a full disk, a reader gone). With ``drop_lines`` a write that
     does not fit is dropped and counted instead, and ``dropped_line(n)`` goes where they were
     lost once there is room again (or at the end): for stderr, where a line lost is better
@@ -72,7 +73,7 @@ class Spool:
         with self._lock:
             if self.stopped is not None or self._closing:
                 return
-            if self.backlog + size > self.limit:
+            if self.backlog + size > self.limit and self.backlog:
                 if self._drop_lines:
                     self.dropped += 1
                     return

@@ -57,18 +57,19 @@ class _Side(asyncio.Protocol):
         tap = link.tap
         if tap is not None:
             tap.data(link.conn, self.from_client, data, time.time())
-            if tap.congested and "tap" not in self.holds:
+            if tap.congested:
+                if "tap" not in self.holds:
+                    tap.when_room(lambda: self.release("tap"))
                 self.hold("tap")
-                tap.when_room(lambda: self.release("tap"))
         out = self.other.transport
         if not out.is_closing():  # else the other side is gone: its own direction told how
             out.write(data)
 
     def hold(self, why: str) -> None:
         """Read nothing more from this side until ``release(why)``."""
-        if not self.holds and not self.transport.is_closing():
-            self.transport.pause_reading()
         self.holds.add(why)
+        if self.transport.is_reading():
+            self.transport.pause_reading()
 
     def release(self, why: str) -> None:
         if why in self.holds:
@@ -148,6 +149,6 @@ async def pass_through(
             side.connection_lost(held.exception())
         elif held.at_eof():
             side.eof_received()
-        elif not side.transport.is_closing() and not side.transport.is_reading():
+        elif not side.transport.is_closing() and not side.transport.is_reading() and not side.holds:
             side.transport.resume_reading()  # the stream may have paused it, its buffer full
     await link.finished

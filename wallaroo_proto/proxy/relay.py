@@ -306,6 +306,8 @@ class Relay:
                     _reset(own)
                     return False
             elif type(step) is fault_steps.Took:
+                if self.tap is not None and self.tap.congested:
+                    await self.tap.room()  # a connection's end may give out many frames at once
                 legs.received(step.from_client, step.data)
                 legs.held[step.from_client] -= len(step.data)
             elif type(step) is fault_steps.Applied:

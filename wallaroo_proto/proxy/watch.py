@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable
+from functools import partial
 
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 from wallaroo_proto.proxy.chunks import ChunkPipe, widen_pipe
@@ -44,6 +45,11 @@ LIMIT = 64 << 20
 STALL_SECONDS = 5.0
 #: How often the relay looks whether a congested output drained.
 _POLL = 0.02
+
+
+def _set(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Watch:
@@ -183,10 +189,11 @@ class Watch:
             callback()
 
     async def room(self) -> None:
-        """Wait until no output is congested."""
-        if self.congested:
+        """Wait until no output is congested (again, if another waiter filled it first: the
+        end of many connections, each giving out a whole frame held, comes all at once)."""
+        while self.congested:
             ready = asyncio.get_running_loop().create_future()
-            self.when_room(lambda: ready.done() or ready.set_result(None))
+            self.when_room(partial(_set, ready))
             await ready
 
     # relay.Tap -------------------------------------------------------------------------
