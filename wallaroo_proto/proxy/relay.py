@@ -298,6 +298,8 @@ class Relay:
         for step in steps:
             if type(step) is fault_steps.Send:
                 writer = legs.writers[step.to_upstream]
+                if self.tap is not None and self.tap.congested:
+                    await self.tap.room()  # recorded on its own leg too: the same bytes again
                 legs.sent(step.to_upstream, step.data)
                 try:
                     writer.write(step.data)
