@@ -476,3 +476,20 @@ def _drain(conn: socket.socket) -> None:
     with conn:
         while conn.recv(1 << 20):
             pass
+
+
+@pytest.mark.slow
+def test_a_recording_whose_reader_went_away_is_one_line_with_the_commands_name() -> None:
+    """It said 'recording stopped: its pipe's reader went away' without saying whose."""
+    gone_r, gone_w = os.pipe()
+    os.close(gone_r)  # the reader, gone before the first packet
+    with Echo() as echo, Proxy("--listen", "127.0.0.1:0", "--upstream", echo.address, "--record", "-",
+                               stdout=gone_w) as proxy:  # fmt: skip
+        os.close(gone_w)
+        assert echoed(proxy.port, b"still relayed") == b"still relayed"
+        wait_for(lambda: "recording stopped" in proxy.stderr(), "the line", DEADLINE)
+        code, _, stderr = proxy.stop()
+    assert [x for x in stderr.splitlines() if "recording" in x] == [
+        "wallaroo-proto proxy: recording stopped: Broken pipe; the relay goes on"
+    ]
+    assert code == 1 and "Traceback" not in stderr
