@@ -14,6 +14,7 @@ import itertools
 import signal
 import sys
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 
 import click
@@ -34,11 +35,16 @@ from wallaroo_proto_cli.options import (
 from wallaroo_proto.protocols import get_plugin, names
 from wallaroo_proto.proxy import faults as fault_rules
 from wallaroo_proto.proxy.faultkit import FaultError
-from wallaroo_proto.proxy.relay import Relay, RelayStats
+from wallaroo_proto.proxy.outlet import Spool, SpoolText, Throttled
+from wallaroo_proto.proxy.relay import Budget, Relay, RelayStats
 from wallaroo_proto.proxy.view import LiveView
 from wallaroo_proto.proxy.watch import Watch
 
 NAME = "wallaroo-proto proxy"
+#: Bytes of stderr lines that may wait for a reader; past it lines are dropped and counted.
+STDERR_BACKLOG = 1 << 20
+#: Seconds the last lines may wait at the end for a stderr nobody reads.
+STDERR_WAIT = 2.0
 #: Seconds a pair after the first tries again a connect its upstream refused.
 SECOND_SOCKET_WAIT = 10.0
 
@@ -52,11 +58,13 @@ def _who(r: dict, relays: list[Relay]) -> tuple[int, str | None]:
 
 
 def _violation_line(r: dict, conn: int, side: str | None) -> str:
-    """One violation as it happens: the client is always the connection's initiator."""
+    """One violation as it happens: the client is always the connection's initiator. Bytes that
+    are no frame (a Wallaroo frame that cannot be read) have no frame number: their packet's."""
     direction = "client→upstream" if r["direction"].startswith("initiator") else "upstream→client"
     reasons = "; ".join(r["violations"])
     leg = f" ({side} side)" if side else ""
-    return f"{NAME}: connection #{conn}{leg} {direction} frame {r['frame_index']} {r['type']}: {reasons}"
+    where = f"frame {r['frame_index']}" if r.get("frame_index") is not None else f"packet {r.get('packet')}"
+    return f"{NAME}: connection #{conn}{leg} {direction} {where} {r['type']}: {reasons}"
 
 
 def _sent_by_a_peer(r: dict, side: str | None) -> bool:
@@ -66,9 +74,26 @@ def _sent_by_a_peer(r: dict, side: str | None) -> bool:
     return side is None or (side == "client") == from_initiator
 
 
-async def _serve(relays: list[Relay], loop_ready) -> None:
+def _quiet_accept_errors(say: Callable[[str], None]) -> Callable:
+    """The loop's exception handler: an accept that fails for want of file descriptors is
+    one line a second at most (asyncio logs a traceback each time and tries again); anything
+    else as asyncio reports it."""
+    once_a_second = Throttled(say)
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        err = context.get("exception")
+        if isinstance(err, OSError) and "accept" in context.get("message", ""):
+            once_a_second(f"cannot accept a connection: {os_reason(err)}; trying again")
+            return
+        loop.default_exception_handler(context)
+
+    return handle
+
+
+async def _serve(relays: list[Relay], loop_ready, say) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(_quiet_accept_errors(say))
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     bound = []
@@ -80,7 +105,9 @@ async def _serve(relays: list[Relay], loop_ready) -> None:
                 raise usage_error(
                     f"cannot listen on {format_address(relay.listen)}: {os_reason(err)}"
                 ) from err
-            bound.append(f"listening on {host}:{port}, forwarding to {format_address(relay.upstream)}")
+            bound.append(
+                f"listening on {format_address((host, port))}, forwarding to {format_address(relay.upstream)}"
+            )
         loop_ready(loop)
         click.echo(f"{NAME}: " + "; ".join(bound))
         sys.stdout.flush()
@@ -156,6 +183,15 @@ def _strict_close(relays: list[Relay], r: dict) -> None:
     help="Close a connection at its first violation, the sender told with the protocol's own "
     "error where it has one; exit 1 if any was found.",
 )
+@click.option(
+    "--max-buffered",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    metavar="MIB",
+    help="With fault rules, what all connections together may hold of frames not yet whole, in "
+    "MiB: past it, the connection asking for more is reset with one line, the others go on.",
+)
 @record_option(
     "Record what passes into this pcap file (with faults: pcapng, each side its own connection, "
     "each fault a comment on its frame)"
@@ -171,7 +207,17 @@ def _strict_close(relays: list[Relay], r: dict) -> None:
     verbose="Also the relay's counts at the end: connections, bytes each way.",
 )
 def command(
-    listen, upstream, protocol, fault_options, fault_files, strict, record, summary, live, verbosity
+    listen,
+    upstream,
+    protocol,
+    fault_options,
+    fault_files,
+    strict,
+    max_buffered,
+    record,
+    summary,
+    live,
+    verbosity,
 ) -> None:
     """Forward TCP connections from --listen to --upstream unchanged, both ways, and check them live.
 
@@ -179,13 +225,31 @@ def command(
     `dissect` reads a capture: a violation is printed as it happens (stderr), and
     on SIGINT or SIGTERM the proxy stops and prints `dissect --summary`'s summary.
     """
-    errors = Console(stderr=True, highlight=False, soft_wrap=True)
     if len(listen) != len(upstream):
         raise usage_error(f"{len(listen)} --listen but {len(upstream)} --upstream: give them in pairs")
     try:
         rules = fault_rules.parse_rules(fault_options, fault_files, protocol)
     except FaultError as err:
         raise usage_error(f"fault rules: {err}") from err
+    live = live if live is not None else sys.stderr.isatty() and verbosity >= 0
+    # Without the live view, stderr's lines are written by a thread of their own: a stderr
+    # nobody reads costs lines (counted, and said once it is read again), never the relay.
+    stderr_spool = None
+    if live:
+        errors = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+    else:
+        stderr_spool = Spool(
+            sys.stderr.fileno(),
+            limit=STDERR_BACKLOG,
+            drop_lines=True,
+            dropped_line=lambda n: f"{NAME}: {n} line(s) dropped: stderr was not read\n".encode(),
+            name="stderr",
+        )
+        errors = Console(file=SpoolText(stderr_spool), highlight=False, soft_wrap=True, emoji=False)
+
+    def say(line: str) -> None:
+        errors.print(escape(f"{NAME}: {line}"))
+
     relays: list[Relay] = []
     loop_box: list[asyncio.AbstractEventLoop] = []
     violations = Counter[int]()
@@ -194,14 +258,16 @@ def command(
         conn, side = _who(r, relays)
         violations[conn] += 1
         if verbosity >= 0:
-            errors.print(escape(_violation_line(r, conn, side)))
+            line = _violation_line(r, conn, side)
+            if r.get("repeats_hidden"):
+                line += f" (more {r['type']} this way on #{conn}: counted in the summary, not shown)"
+            errors.print(escape(line))
         if strict and conn not in struck and _sent_by_a_peer(r, side) and loop_box:
             struck.add(conn)
             loop_box[0].call_soon_threadsafe(_strict_close, relays, r)
 
     struck: set[int] = set()
 
-    live = live if live is not None else sys.stderr.isatty() and verbosity >= 0
     view = LiveView("forwarding to " + ", ".join(format_address(a) for a in upstream))
 
     def on_fault(conn: int, step: fault_rules.Applied) -> None:
@@ -218,10 +284,12 @@ def command(
             on_violation=on_violation,
             notes=bool(rules),
             on_state=view.state if live else None,
+            say=say,
         )
     except OSError as err:
         raise usage_error(f"--record {record}: {os_reason(err)}") from err
     numbers, stats = itertools.count(1), RelayStats()
+    budget = Budget(max_buffered << 20) if rules else None  # without rules bytes pass as they come
     tap = view.wrap(watch) if live else watch  # the view counts each connection's bytes
     for n, (here, there) in enumerate(zip(listen, upstream, strict=True)):
         shaper = partial(fault_rules.ConnectionFaults, rules, protocol, there[1]) if rules else None
@@ -235,11 +303,13 @@ def command(
                 numbers=numbers,
                 stats=stats,
                 wait_for_upstream=wait,
+                say=say,
+                budget=budget,
             )
         )
     try:
         with view.shown(Console(stderr=True)) if live else contextlib.nullcontext():
-            asyncio.run(_serve(relays, loop_box.append))
+            asyncio.run(_serve(relays, loop_box.append, say))
     finally:
         watch.close()
     if watch.error is not None:
@@ -257,5 +327,7 @@ def command(
             f"{stats.bytes[False]} bytes upstream→client"
             + (f", {stats.refused_upstream} refused by the upstream" if stats.refused_upstream else "")
         )
-    if watch.error is not None or (strict and violations):
+    if stderr_spool is not None:
+        stderr_spool.close(STDERR_WAIT)
+    if watch.error is not None or watch.recording_stopped is not None or (strict and violations):
         raise SystemExit(1)

@@ -297,3 +297,14 @@ def test_an_explicit_shard_end_checkpoint_ends_the_shard_like_a_bare_one():
     )
     assert all(v.kind is Kind.ACCEPTED for v in verdicts), [v.describe() for v in verdicts]
     assert conv.done and conv.violations == [] and conv.last_checkpoint == ("SHARD_END", 0)
+
+
+def test_a_kinesis_conversation_keeps_a_bounded_number_of_violations() -> None:
+    """The checker grew linearly with garbage (110 MB for 331k bad lines): each verdict was kept."""
+    from wallaroo_proto.protocols.kinesis.core import KEEP_VERDICTS, Conversation, Kind
+
+    conv = Conversation()
+    verdicts = [conv.from_daemon(b"not json") for _ in range(5000)]
+    assert all(v.kind is Kind.VIOLATION for v in verdicts)
+    assert conv.violation_count == 5000
+    assert len(conv.violations) == KEEP_VERDICTS

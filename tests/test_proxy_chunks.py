@@ -13,6 +13,7 @@ from test_proxy import children
 from wallaroo_proto.capture.pcap import WAIT, CaptureError, read_segments
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.proxy.chunks import ChunkPipe, segments
+from wallaroo_proto.proxy.outlet import Spool
 
 V4 = (("127.0.0.1", 51000), ("127.0.0.1", 7100))
 V6 = (("::1", 51001), ("127.0.0.1", 7100))  # a dual-stack peer: recorded as IPv4-mapped IPv6
@@ -81,18 +82,28 @@ def test_the_checker_rebuilds_the_recordings_segments_numbers_times_and_notes() 
     recorded: dict = {}
     expected = list(read_segments(io.BytesIO(recording.file.getvalue()), recorded))
     rebuilt: dict = {}
-    got = piped(lambda fd: events(ChunkPipe(fd)), rebuilt)
+    got = piped(lambda fd: spooled(fd, events), rebuilt)
     assert got == expected
     assert rebuilt["comments"] == recorded["comments"] and len(recorded["comments"]) == 1
     assert len(expected) > 10 and max(len(s[5]) for s in expected) < len(BIG)  # BIG was split
 
 
+def spooled(fd: int, write) -> None:
+    """``write(tap)`` through a ``ChunkPipe`` and its spool, all of it out before returning."""
+    spool = Spool(fd, limit=1 << 30)
+    write(ChunkPipe(spool))
+    assert spool.close(60)
+
+
 def test_a_stream_cut_mid_event_is_a_capture_error_after_everything_before_it() -> None:
     r, w = os.pipe()
-    tap = ChunkPipe(w)
-    tap.opened(1, *V4, 1.0)
-    tap.data(1, True, b"whole", 1.1)
-    os.write(w, b"\x03\x01\x00")  # three bytes of a 17-byte header: the relay was killed there
+
+    def whole_then_cut(tap: ChunkPipe) -> None:
+        tap.opened(1, *V4, 1.0)
+        tap.data(1, True, b"whole", 1.1)
+        tap.spool.write(b"\x03\x01\x00")  # three bytes of a 17-byte header: the relay was killed there
+
+    spooled(w, whole_then_cut)
     os.close(w)
     got = []
     with pytest.raises(CaptureError, match="ends mid-event") as err:
@@ -106,10 +117,14 @@ def test_a_stream_cut_mid_event_is_a_capture_error_after_everything_before_it() 
 def test_a_checker_gone_stops_the_writes_without_an_error() -> None:
     r, w = os.pipe()
     os.close(r)
-    tap = ChunkPipe(w)
+    stopped: list[str] = []
+    spool = Spool(w, limit=1 << 20, on_stop=stopped.append)
+    tap = ChunkPipe(spool)
     tap.opened(1, *V4, 1.0)  # EPIPE: the checker is gone
-    assert not tap.open
+    spool.close(60)
+    assert stopped == ["Broken pipe"]
     tap.data(1, True, b"more", 1.1)  # nothing written, nothing raised
+    assert spool.backlog == 0
     os.close(w)
 
 

@@ -309,8 +309,13 @@ class Upstream:
 class EndsSeen:
     """A tap that keeps only how each recorded connection's sides ended."""
 
+    congested = False  # its output never falls behind
+
     def __init__(self) -> None:
         self.ends: list[tuple[object, bool, bool]] = []
+
+    async def room(self) -> None:
+        pass
 
     def opened(self, *args) -> None:
         pass
@@ -638,3 +643,19 @@ def read_packets(path: Path) -> list[tuple[int, bytes]]:
 
     with RawPcapNgReader(str(path)) as reader:
         return [((m.tshigh << 32 | m.tslow) * 1_000_000_000 // m.tsresol, bytes(d)) for d, m in reader]
+
+
+def test_a_rules_file_that_is_not_utf8_is_one_line_naming_it_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_bytes(b"\xff\xfe[[fault]]\n")
+    done = run_cli("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9", "--faults", str(bad))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"wallaroo-proto proxy: fault rules: {bad}: not UTF-8 text (byte 0): a rules file is TOML"
+    ]
+
+
+def test_a_rule_of_count_0_is_refused() -> None:
+    done = run_cli("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9", "--fault", "drop count=0")
+    assert done.returncode == 2
+    assert "count must be at least 1" in done.stderr and "Traceback" not in done.stderr

@@ -36,6 +36,8 @@ async def linked_pair():
 
 
 class Tap:
+    congested = False  # its output never falls behind
+
     def __init__(self) -> None:
         self.events: list[tuple] = []
 

@@ -18,16 +18,19 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, TextIO
 
 from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.pcap import CaptureError
+from wallaroo_proto.capture.pcap import TCP_ACK, TCP_SYN, WAIT, CaptureError, Segment
 from wallaroo_proto.proxy.chunks import segments
 from wallaroo_proto.records import to_json
 
 #: Seconds between state lines while bytes come.
 STATE_EVERY = 0.5
+#: Violations of one connection, direction and frame type sent to the proxy; the rest are counted.
+SHOWN_REPEATS = 10
+KEYS_KEPT = 10_000
 
 
 def connection_state(tracker: Any) -> dict:
@@ -132,10 +135,46 @@ class _StateLines:
             self.out.flush()
 
 
+class Repeats:
+    """Whether a violation is sent on: the first ``SHOWN_REPEATS`` of a connection's direction
+    and frame type are, the last of them marked ``repeats_hidden``, and the rest only counted
+    in the summary. Garbage is a violation a line; a line each on stderr cost the proxy more
+    CPU than the relaying. The keys of the last ``KEYS_KEPT`` kinds are remembered."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, int] = {}
+
+    def __call__(self, item: dict) -> bool:
+        key = (item.get("conn_index"), item.get("direction"), item.get("type"))
+        n = self.seen.get(key, 0) + 1
+        if n > SHOWN_REPEATS:
+            return False
+        self.seen[key] = n
+        if len(self.seen) > KEYS_KEPT:
+            del self.seen[next(iter(self.seen))]
+        if n == SHOWN_REPEATS:
+            item["repeats_hidden"] = True
+        return True
+
+
+def every_connection_is(dissector: Dissector, feed: Iterator[Segment]) -> Iterator[Segment]:
+    """With ``--protocol`` forced, every relayed connection is of it, whatever its server port:
+    with fault rules the client's side is recorded as a connection to the proxy's own port,
+    which its first bytes (garbage, say) may not tell, and which went unchecked."""
+    plugin = dissector.plugins[0]
+    claim = dissector.port_plugins.setdefault
+    for segment in feed:
+        if segment[4] & (TCP_SYN | TCP_ACK | WAIT) == TCP_SYN:  # a connection's first packet
+            claim(segment[2][3], plugin)
+        yield segment
+
+
 def main(argv: list[str]) -> int:
     name, protocol, ports, *wanted = argv
-    # Ctrl-C reaches the whole process group: the proxy ends the stream, and this reads to its end.
+    # Ctrl-C, and a SIGTERM to the group (timeout, a service manager, a container's stop), reach
+    # this process too: the proxy ends the stream, and this reads to its end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Second to the relay and the peers for the CPU: its work waits in the pipe, theirs holds up the traffic.
     os.nice(10)
     dissector = Dissector(
@@ -152,9 +191,13 @@ def main(argv: list[str]) -> int:
         source = _PacedFile(source, Pacer(source.fileno(), STATE_EVERY, _StateLines(dissector.trackers, out)))
     error = None
     try:
-        for item in dissector.segment_frames(segments(source.read1, dissector.stats)):
+        shown = Repeats()
+        feed = segments(source.read1, dissector.stats)
+        if protocol != "-":
+            feed = every_connection_is(dissector, feed)
+        for item in dissector.segment_frames(feed):
             # Blocks hold accepted frames only: a violation is always a record of its own.
-            if type(item) is dict and item.get("violations"):
+            if type(item) is dict and item.get("violations") and shown(item):
                 out.write(to_json(item) + "\n")
                 out.flush()
     except CaptureError as err:

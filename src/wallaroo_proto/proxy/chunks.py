@@ -12,12 +12,12 @@ of the recording cannot disagree.
 from __future__ import annotations
 
 import fcntl
-import os
 import struct
 from collections.abc import Callable, Iterator
 
 from wallaroo_proto.capture.pcap import WAIT_SEGMENT, CaptureError, Segment, keep_comment
 from wallaroo_proto.pcap_writer import DEFAULT_SEGMENT_SIZE, TcpSession
+from wallaroo_proto.proxy.outlet import Spool
 
 #: kind, connection number, timestamp (seconds), length of what follows.
 _HEADER = struct.Struct("<BIdI")
@@ -40,12 +40,11 @@ def widen_pipe(fd: int, size: int = PIPE_SIZE) -> None:
 
 
 class ChunkPipe:
-    """The relay's side: every event written whole to ``fd`` (a blocking pipe: a full one waits)."""
+    """The relay's side: every event queued whole on a ``Spool`` that writes the checker's pipe
+    (the relay never waits on a busy checker; ``Watch`` slows the peers instead)."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        #: False once the checker went away: nothing more is written.
-        self.open = True
+    def __init__(self, spool: Spool) -> None:
+        self.spool = spool
 
     def opened(self, conn: int, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
         self._send(OPENED, conn, when, f"{client[0]} {client[1]} {server[0]} {server[1]}".encode())
@@ -61,19 +60,7 @@ class ChunkPipe:
         self._send(NOTE | from_client, conn, when, text.encode())
 
     def _send(self, kind: int, conn: int, when: float, data: bytes) -> None:
-        if not self.open:
-            return
-        parts = [_HEADER.pack(kind, conn, when, len(data)), data]
-        try:
-            while parts:
-                written = os.writev(self.fd, parts)
-                while parts and written >= len(parts[0]):
-                    written -= len(parts[0])
-                    parts.pop(0)
-                if parts:  # a signal cut the write short: the rest, from where it stopped
-                    parts[0] = memoryview(parts[0])[written:]
-        except (BrokenPipeError, OSError):
-            self.open = False  # the checker is gone; its exit is reported by its reader
+        self.spool.write(_HEADER.pack(kind, conn, when, len(data)), data)
 
 
 class SegmentFeed:

@@ -154,6 +154,8 @@ def load_rules_file(path: str) -> list[dict[str, Any]]:
         raise FaultError(f"{path}: {err.strerror or err}") from err
     except tomllib.TOMLDecodeError as err:
         raise FaultError(f"{path}: {err}") from err
+    except UnicodeDecodeError as err:
+        raise FaultError(f"{path}: not UTF-8 text (byte {err.start}): a rules file is TOML") from err
     unknown = set(document) - {"fault"}
     if unknown:
         raise FaultError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}: rules are [[fault]] tables")
@@ -238,6 +240,8 @@ def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None)
         rule.reset = _kind(table.get("reset", False), bool, "reset")
         if min(rule.skip, rule.after_bytes, rule.ms, 1 if rule.count is None else rule.count) < 0:
             raise FaultError("skip, count, bytes and ms cannot be negative")
+        if rule.count == 0:
+            raise FaultError("count must be at least 1: a rule of count 0 never acts")
         if action == "rewrite":
             if "field" not in table or "value" not in table:
                 raise FaultError("rewrite needs field and value")

@@ -47,15 +47,35 @@ class _Side(asyncio.Protocol):
         self.other: _Side | None = None
         #: The side's bytes are over: its FIN came, or its connection was lost.
         self.done = False
+        #: Why reading from this side is paused ("writes": the other side's write buffer is
+        #: full; "tap": the proxy's own output is behind); it resumes when none is left.
+        self.holds: set[str] = set()
 
     def data_received(self, data: bytes) -> None:
         link = self.link
         link.counts[self.from_client] += len(data)
-        if link.tap is not None:
-            link.tap.data(link.conn, self.from_client, data, time.time())
+        tap = link.tap
+        if tap is not None:
+            tap.data(link.conn, self.from_client, data, time.time())
+            if tap.congested:
+                if "tap" not in self.holds:
+                    tap.when_room(lambda: self.release("tap"))
+                self.hold("tap")
         out = self.other.transport
         if not out.is_closing():  # else the other side is gone: its own direction told how
             out.write(data)
+
+    def hold(self, why: str) -> None:
+        """Read nothing more from this side until ``release(why)``."""
+        self.holds.add(why)
+        if self.transport.is_reading():
+            self.transport.pause_reading()
+
+    def release(self, why: str) -> None:
+        if why in self.holds:
+            self.holds.discard(why)
+            if not self.holds and not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def eof_received(self) -> bool:
         link = self.link
@@ -81,10 +101,10 @@ class _Side(asyncio.Protocol):
 
     # A full write buffer on this side stops reading from the other side, until it drains.
     def pause_writing(self) -> None:
-        self.other.transport.pause_reading()
+        self.other.hold("writes")
 
     def resume_writing(self) -> None:
-        self.other.transport.resume_reading()
+        self.other.release("writes")
 
     def _over(self) -> None:
         if not self.done:
@@ -129,6 +149,6 @@ async def pass_through(
             side.connection_lost(held.exception())
         elif held.at_eof():
             side.eof_received()
-        elif not side.transport.is_closing() and not side.transport.is_reading():
+        elif not side.transport.is_closing() and not side.transport.is_reading() and not side.holds:
             side.transport.resume_reading()  # the stream may have paused it, its buffer full
     await link.finished

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from wallaroo_proto.proxy import faults as fault_steps
+from wallaroo_proto.proxy.outlet import Throttled
 from wallaroo_proto.proxy.passthrough import pass_through, reset_transport
 
 #: Bytes read at a time from either side.
@@ -36,6 +38,38 @@ class Tap(Protocol):
 
     def note(self, conn: int, from_client: bool, text: str, when: float) -> None:
         """A fault applied at the frame just passed (or withheld) in this direction."""
+
+    @property
+    def congested(self) -> bool:
+        """The tap's own output is behind: read nothing more from the peers for now."""
+
+    def when_room(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the relay's loop once the tap is no longer congested."""
+
+    async def room(self) -> None:
+        """Return once the tap is no longer congested."""
+
+
+class Budget:
+    """What every connection of a proxy holds of frames not yet whole (with fault rules, a
+    frame is forwarded only once it is whole), bounded all together: each connection may
+    hold its protocol's largest frame, and nothing else bounded the sum."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.total = 0
+        self._held: dict[int, int] = {}
+
+    def hold(self, conn: int, held: int) -> bool:
+        """``conn`` now holds ``held`` bytes; False when that is more than before and takes
+        the sum past the limit (the connection asking for more is the one to go)."""
+        before = self._held.get(conn, 0)
+        self.total += held - before
+        self._held[conn] = held
+        return held <= before or self.total <= self.limit
+
+    def release(self, conn: int) -> None:
+        self.total -= self._held.pop(conn, 0)
 
 
 @dataclass
@@ -68,12 +102,20 @@ class Relay:
         numbers: Iterator[int] | None = None,
         stats: RelayStats | None = None,
         wait_for_upstream: float = 0.0,
+        say: Callable[[str], None] | None = None,
+        budget: Budget | None = None,
     ) -> None:
         """``faults()`` makes one connection's ``faults.ConnectionFaults`` (None: bytes pass
         unframed); ``numbers`` and ``stats`` may be shared by the relays of one proxy;
         ``wait_for_upstream``: seconds a refused connect is tried again before the client is
         refused (a second socket's upstream may listen only once the first is accepted)."""
         self.wait_for_upstream = wait_for_upstream
+        #: Told why a connect to the upstream failed, other than a refusal (no descriptors left),
+        #: and why a connection was cut for holding too much (``budget``).
+        self.say = say
+        self._cannot_connect = Throttled(say) if say is not None else None
+        #: Bounds what all connections hold of unfinished frames (shared by a proxy's relays).
+        self.budget = budget
         self.listen = listen
         self.upstream = upstream
         self.tap = tap
@@ -133,9 +175,12 @@ class Relay:
                 self.stats.refused_upstream += 1
                 _reset(client_w)  # as the upstream refused us, so we refuse our client
                 return
-            except OSError:
+            except OSError as err:
                 self.stats.refused_upstream += 1
                 _reset(client_w)
+                if self._cannot_connect is not None:  # one line a second at most: a flood
+                    reason = os.strerror(err.errno) if err.errno and err.errno > 0 else str(err)
+                    self._cannot_connect(f"cannot connect to the upstream: {reason}; its client is reset")
                 return
         ups = downs = None
         shaper = self.faults() if self.faults is not None else None
@@ -161,6 +206,20 @@ class Relay:
                 ups = asyncio.create_task(self._shaped(conn, True, client_r, legs, shaper))
                 downs = asyncio.create_task(self._shaped(conn, False, server_r, legs, shaper))
             await asyncio.gather(*(p for p in (ups, downs) if p is not None))
+        except _OverBudget as over:
+            for pump in (ups, downs):
+                if pump is not None:
+                    pump.cancel()
+            await asyncio.gather(*(p for p in (ups, downs) if p is not None), return_exceptions=True)
+            for w in (client_w, server_w):
+                _reset(w)
+            legs.cut(True)
+            if self.say is not None:
+                assert self.budget is not None
+                self.say(
+                    f"connection #{conn} reset: it holds {_mib(over.held)} of frames not yet whole, "
+                    f"and all connections together more than --max-buffered {_mib(self.budget.limit)}"
+                )
         except _Cut as cut:
             # A fault ends the connection: the other direction stops too, both sides closed alike.
             for pump in (ups, downs):
@@ -177,6 +236,8 @@ class Relay:
                     pump.cancel()
             raise
         finally:
+            if self.budget is not None:
+                self.budget.release(conn)
             for end in ends:
                 self._open.pop(end, None)
             for w in (client_w, server_w):
@@ -197,7 +258,10 @@ class Relay:
     ) -> None:
         counts = self.stats.bytes
         own, other = legs.writers[not from_client], legs.writers[from_client]
+        held = legs.held
         while True:
+            if self.tap is not None:
+                await self.tap.room()  # the recording or the checker is behind: the peer waits
             try:
                 if shaper.deciding:
                     data = await asyncio.wait_for(reader.read(READ_SIZE), fault_steps.DETECT_WAIT)
@@ -215,7 +279,11 @@ class Relay:
             if not data:
                 break
             counts[from_client] += len(data)
-            if not await self._steps(conn, from_client, shaper.feed(from_client, data), legs, own):
+            held[from_client] += len(data)  # until a Took step gives it out as a frame
+            going_on = await self._steps(conn, from_client, shaper.feed(from_client, data), legs, own)
+            if self.budget is not None and not self.budget.hold(conn, held[True] + held[False]):
+                raise _OverBudget(held[True] + held[False])
+            if not going_on:
                 return
         await self._steps(conn, from_client, shaper.end(from_client), legs, own)
         legs.ended(from_client, False)
@@ -230,6 +298,8 @@ class Relay:
         for step in steps:
             if type(step) is fault_steps.Send:
                 writer = legs.writers[step.to_upstream]
+                if self.tap is not None and self.tap.congested:
+                    await self.tap.room()  # recorded on its own leg too: the same bytes again
                 legs.sent(step.to_upstream, step.data)
                 try:
                     writer.write(step.data)
@@ -238,7 +308,10 @@ class Relay:
                     _reset(own)
                     return False
             elif type(step) is fault_steps.Took:
+                if self.tap is not None and self.tap.congested:
+                    await self.tap.room()  # a connection's end may give out many frames at once
                 legs.received(step.from_client, step.data)
+                legs.held[step.from_client] -= len(step.data)
             elif type(step) is fault_steps.Applied:
                 legs.note(step.frame.from_client, fault_steps.describe(step))
                 if self.on_fault is not None:
@@ -269,9 +342,24 @@ class Relay:
         for to_client, writer in ((True, client_w), (False, server_w)):
             if not writer.transport.is_closing():
                 if first.get(to_client):
-                    writer.write(first[to_client])
+                    # A side the proxy already half-closed (its peer's FIN passed on) takes no
+                    # error frame: it is closed all the same.
+                    with contextlib.suppress(RuntimeError):
+                        writer.write(first[to_client])
                 writer.close()
         return True
+
+
+class _OverBudget(Exception):
+    """The connection's unfinished frames took all connections' past ``Budget.limit``."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__("over budget")
+        self.held = held
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n % (1 << 20) else f"{n >> 20} MiB"
 
 
 class _Cut(Exception):
@@ -293,6 +381,8 @@ class _Legs:
         self.client = (conn, "client")
         self.upstream = (conn, "upstream")
         self.writers = {True: server_w, False: client_w}
+        #: Bytes each side sent that the fault rules hold, not yet a whole frame (``Budget``).
+        self.held = {True: 0, False: 0}
         #: Set once either direction is over.
         self.over = asyncio.Event()
         if tap is not None:

@@ -162,6 +162,18 @@ class LiveView:
         if self.inner is not None:
             self.inner.note(conn, from_client, text, when)
 
+    @property
+    def congested(self) -> bool:
+        return self.inner is not None and self.inner.congested
+
+    def when_room(self, callback: Callable[[], None]) -> None:
+        if self.inner is not None:
+            self.inner.when_room(callback)
+
+    async def room(self) -> None:
+        if self.inner is not None:
+            await self.inner.room()
+
     def ended(self, conn: Hashable, from_client: bool, reset: bool, when: float) -> None:
         row = self._rows.get(conn)
         if row is not None:

@@ -6,24 +6,50 @@ packets as a mock's ``--record``) to the recording file if asked, and always, ra
 rebuilds the same packets and runs the capture ``Dissector`` over them. So the
 live checks, the violations and the summary are ``dissect``'s of that very
 recording, rule for rule: a proxy run and ``dissect`` of its recording cannot
-disagree. The pipe is bounded (1 MiB): a checker that falls behind slows the relay,
-and memory stays flat.
+disagree.
+
+Neither output is written from the relay's loop: each is a ``outlet.Spool``, written by a
+thread of its own. While either holds more than ``HIGH`` bytes the relay reads nothing more
+from the peers (``congested``, ``when_room``): a checker or a recording reader that falls
+behind slows the peers, as a slow peer does, and memory stays flat. One that takes nothing
+for ``STALL_SECONDS`` is given up with one line, and the traffic goes on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import json
+import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable
+from functools import partial
 
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 from wallaroo_proto.proxy.chunks import ChunkPipe, widen_pipe
+from wallaroo_proto.proxy.outlet import Spool, SpoolFile
 
 #: How long a checker may take to start before the proxy serves without waiting for it.
 READY_SECONDS = 60
+#: Bytes an output (the recording, the checker's pipe) may hold unwritten before the relay
+#: stops reading from the peers until it drains (beyond the pipe's own 1 MiB).
+HIGH = 4 << 20
+#: Bytes past which an output is given up: the relay may read once more on each connection
+#: after ``HIGH``, so this bounds what those reads add.
+LIMIT = 64 << 20
+#: Seconds an output may take nothing while the relay waits for it, before it is given up.
+STALL_SECONDS = 5.0
+#: How often the relay looks whether a congested output drained.
+_POLL = 0.02
+
+
+def _set(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class Watch:
@@ -45,9 +71,24 @@ class Watch:
         on_violation: Callable[[dict], None] | None = None,
         notes: bool = False,
         on_state: Callable[[list[dict]], None] | None = None,
+        say: Callable[[str], None] | None = None,
     ) -> None:
-        """``notes``: the recording is pcapng, its packets commented with the faults applied."""
-        self._record = PcapWriter(record, pcapng=notes) if record is not None else None
+        """``notes``: the recording is pcapng, its packets commented with the faults applied;
+        ``say(line)``: how an output given up is told (one line, from any thread)."""
+        self._say = say or (lambda line: None)
+        #: Why the recording was given up (a full disk, a reader that takes nothing), or None.
+        self.recording_stopped: str | None = None
+        self._record_spool: Spool | None = None
+        self._record: PcapWriter | None = None
+        if record is not None:
+            if record == "-":
+                fd, owned = sys.__stdout__.fileno(), False
+            else:
+                fd, owned = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), True
+            self._record_spool = Spool(
+                fd, limit=LIMIT, on_stop=self._recording_stopped, close_fd=owned, name="recording"
+            )
+            self._record = PcapWriter(SpoolFile(self._record_spool), pcapng=notes)
         self._checker = subprocess.Popen(
             [
                 *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
@@ -59,7 +100,14 @@ class Watch:
         )
         widen_pipe(self._checker.stdin.fileno())
         # A checker that dies is reported by close(); the relay and the recording carry on.
-        self._pipe = ChunkPipe(self._checker.stdin.fileno())
+        self._check_spool = Spool(
+            self._checker.stdin.fileno(), limit=LIMIT, on_stop=self._checks_stopped, name="checker-pipe"
+        )
+        self._spools = [s for s in (self._record_spool, self._check_spool) if s is not None]
+        self._pipe = ChunkPipe(self._check_spool)
+        self._waiting: list[Callable[[], None]] = []
+        self._polling = False
+        self.checks_stopped: str | None = None
         self._on_violation = on_violation
         self._on_state = on_state
         #: Each open connection's (or leg's) number on the pipe, and its recording.
@@ -101,6 +149,52 @@ class Watch:
         if not finished:
             self._checker.wait()
             self.error = f"the checker stopped before the end (exit {self._checker.returncode})"
+
+    def _recording_stopped(self, reason: str) -> None:
+        self.recording_stopped = reason
+        self._say(f"recording stopped: {reason}; the relay goes on")
+
+    def _checks_stopped(self, reason: str) -> None:
+        if reason == os.strerror(errno.EPIPE):
+            return  # the checker died: its reader says how
+        self.checks_stopped = f"the checker was given up: {reason}"
+        self._say(f"live checks stopped: {reason}; the relay goes on")
+
+    # back-pressure ------------------------------------------------------------------------
+
+    @property
+    def congested(self) -> bool:
+        """An output holds more than ``HIGH`` bytes: the relay should read no more for now."""
+        return any(s.backlog > HIGH for s in self._spools)
+
+    def when_room(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the relay's loop once no output is congested (one given up for
+        taking nothing for ``STALL_SECONDS`` makes room too)."""
+        self._waiting.append(callback)
+        if not self._polling:
+            self._polling = True
+            asyncio.get_running_loop().call_later(_POLL, self._poll)
+
+    def _poll(self) -> None:
+        now = time.monotonic()
+        for spool in self._spools:
+            if spool.backlog > HIGH and now - spool.progress_at > STALL_SECONDS:
+                spool.stop(f"its reader took nothing for {STALL_SECONDS:g} s")
+        if self.congested:
+            asyncio.get_running_loop().call_later(_POLL, self._poll)
+            return
+        self._polling = False
+        waiting, self._waiting = self._waiting, []
+        for callback in waiting:
+            callback()
+
+    async def room(self) -> None:
+        """Wait until no output is congested (again, if another waiter filled it first: the
+        end of many connections, each giving out a whole frame held, comes all at once)."""
+        while self.congested:
+            ready = asyncio.get_running_loop().create_future()
+            self.when_room(partial(_set, ready))
+            await ready
 
     # relay.Tap -------------------------------------------------------------------------
 
@@ -150,10 +244,17 @@ class Watch:
     # the end ------------------------------------------------------------------------------
 
     def close(self, timeout: float | None = None) -> None:
-        """End the recording (open connections stay open in it) and let the checker finish."""
-        if self._record is not None:
-            self._record.close()
-        with contextlib.suppress(BrokenPipeError):
+        """End the recording (open connections stay open in it) and let the checker finish,
+        as long as each keeps taking what waits for it (``STALL_SECONDS`` at most without)."""
+        if self._record_spool is not None and not self._record_spool.close(STALL_SECONDS):
+            self._record_spool.stop(f"its reader took nothing for {STALL_SECONDS:g} s at the end")
+        if not self._check_spool.close(STALL_SECONDS):
+            self._check_spool.stop(f"the checker took nothing for {STALL_SECONDS:g} s at the end")
+        if self.checks_stopped is not None:
+            self._checker.kill()  # it may sit on a half event; what it said is all there is
+        with contextlib.suppress(OSError):
             self._checker.stdin.close()
         self._reader.join(timeout)
         self._checker.wait(timeout)
+        if self.checks_stopped is not None:
+            self.error = self.checks_stopped

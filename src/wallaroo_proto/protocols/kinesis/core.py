@@ -49,6 +49,8 @@ DAEMON, PROCESSOR = "daemon", "processor"
 #: Requests that end the conversation once answered.
 FINAL = ("leaseLost", "shardEnded", "shutdown")
 SHARD_END = "SHARD_END"
+#: Violations a conversation keeps whole (the rest are counted): garbage is a violation a line.
+KEEP_VERDICTS = 100
 
 
 class Kind(StrEnum):
@@ -145,7 +147,9 @@ class Conversation:
         self.checkpoints = 0
         self.checkpoint_errors = 0
         self.last_checkpoint: tuple[str, int | None] | None = None
+        #: The first ``KEEP_VERDICTS`` violations; ``violation_count`` counts them all.
         self.violations: list[Verdict] = []
+        self.violation_count = 0
         self._line = {DAEMON: 0, PROCESSOR: 0}
 
     # ------------------------------------------------------------------ daemon side
@@ -347,7 +351,9 @@ class Conversation:
 
     def _violation(self, sender: str, line: int | None, msg: Message | None, reason: str) -> Verdict:
         verdict = Verdict(Kind.VIOLATION, sender, line, msg, reason)
-        self.violations.append(verdict)
+        self.violation_count += 1
+        if len(self.violations) < KEEP_VERDICTS:  # a stream of garbage costs no memory a line
+            self.violations.append(verdict)
         return verdict
 
 

@@ -93,10 +93,7 @@ class _Direction:
             end = head_length(bytes(self.head[:_MAX_HEAD]))
             if end is None:
                 if len(self.head) > _MAX_HEAD:
-                    self.tracker.note(
-                        f"{self.tracker.dir_label(self)}: no HTTP head in the first {_MAX_HEAD} bytes"
-                    )
-                    self.phase = "body"
+                    self.tracker.no_head(self, packet, ts, f"in the first {_MAX_HEAD} bytes")
                 return
             head, rest = bytes(self.head[:end]), bytes(self.head[end:])
             self.head = bytearray()
@@ -221,6 +218,18 @@ class TremorTracker(ConnectionTracker):
         self._emit(record, hs.problems)
         return phase
 
+    def no_head(self, direction: _Direction, packet: int, ts: int, where: str) -> None:
+        """Bytes that never made an HTTP head: a violation, not silence (the connection must
+        open with the upgrade, RFC 6455 §4.1); the rest of the direction is skipped."""
+        who = "client" if direction.client else "server"
+        what = "upgrade request" if direction.client else "answer to the upgrade"
+        record = self._record(direction, packet, ts, 0, len(direction.head), "INVALID")
+        self._emit(
+            record, [f"no HTTP {what} {where}: the {who} sent {len(direction.head)} bytes that are none"]
+        )
+        direction.head = bytearray()
+        direction.phase = "body"
+
     # frames -----------------------------------------------------------------------------
 
     def frame(self, direction: _Direction, f, packet: int, ts: int) -> None:
@@ -275,6 +284,15 @@ class TremorTracker(ConnectionTracker):
             half = direction.half
             if half is not None:
                 half.flush(self.last_packet, int(self.last_ts * 1e9))
+        for direction in self.dirs.values():
+            half = direction.half
+            if (
+                direction.phase == "http"
+                and direction.head
+                and half is not None
+                and (half.fin_seen or half.rst_seen)
+            ):
+                self.no_head(direction, self.last_packet, int(self.last_ts * 1e9), "before its end")
         halves = [d.half for d in self.dirs.values() if d.half is not None]
         if any(h.rst_seen for h in halves):
             self.closed = "reset"
