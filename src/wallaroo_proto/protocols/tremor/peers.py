@@ -174,6 +174,10 @@ class _NodeConnection:
         )
 
     def _out(self, data: bytes) -> None:
+        """Write, unless the connection is gone: a peer that floods pings and resets would
+        otherwise have asyncio log "socket.send() raised exception." for every pong after it."""
+        if self.writer.transport.is_closing():
+            return
         self.writer.write(data)
         if self.watch is not None:
             self.watch.wrote(len(data))
