@@ -28,7 +28,17 @@ SERVERS = {
     "sink": ["mock-sink", "--listen", "127.0.0.1:0", "-o", "{tmp}/sink", "-q"],
     "dcp": ["dcp", "mock-producer", "--listen", "127.0.0.1:0", "--vbuckets", "4", "--items", "10", "-q"],
     "tremor": ["tremor", "mock-node", "--listen", "127.0.0.1:0", "-q"],
-    "ic": ["ambrosia", "mock-ic", "--listen", "127.0.0.1:0", "--send-listen", "127.0.0.1:0", "--rpcs", "50", "-q"],
+    "ic": [
+        "ambrosia",
+        "mock-ic",
+        "--listen",
+        "127.0.0.1:0",
+        "--send-listen",
+        "127.0.0.1:0",
+        "--rpcs",
+        "50",
+        "-q",
+    ],
     "daemon": ["kinesis", "mock-daemon", "--listen", "127.0.0.1:0", "--shards", "1", "--records", "10", "-q"],
     "processor": ["kinesis", "mock-processor", "--listen", "127.0.0.1:0", "-q"],
 }
@@ -41,7 +51,11 @@ class Mock:
         self.name = name
         args = [a.replace("{tmp}", TMP) for a in SERVERS[name]] + list(extra)
         self.p = subprocess.Popen(
-            [*W, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+            [*W, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
             preexec_fn=(lambda: __import__("resource").setrlimit(7, (nofile, nofile))) if nofile else None,
         )
         self.out, self.err = [], []
@@ -134,7 +148,16 @@ def good_client(m, timeout=60):
     tmp = tempfile.mkdtemp(dir=TMP)
     cmd = {
         "worker": ["mock-source", os.path.join(ROOT, "samples", "orders.txt"), "--connect", a],
-        "sink": ["mock-worker", "--sink-connect", a, "--input", "gen:20", "-q", "--sink-instance", os.path.basename(tmp)],
+        "sink": [
+            "mock-worker",
+            "--sink-connect",
+            a,
+            "--input",
+            "gen:20",
+            "-q",
+            "--sink-instance",
+            os.path.basename(tmp),
+        ],
         "dcp": ["dcp", "mock-consumer", "--connect", a, "--state", f"{tmp}/s.json", "-o", f"{tmp}/o.jsonl"],
         "tremor": ["tremor", "mock-client", "--connect", a],
         "ic": ["ambrosia", "mock-lb", "--connect", a, "--send-connect", f"127.0.0.1:{m.send_port}"],
@@ -173,7 +196,7 @@ def closed_by_peer(s, timeout=0.0):
             d = s.recv(65536)
             if not d:
                 return True
-    except (BlockingIOError, socket.timeout):
+    except (TimeoutError, BlockingIOError):
         return False
     except OSError:
         return True
