@@ -303,7 +303,7 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
 @click.option(
     "--pair-timeout",
     type=click.FloatRange(0),
-    default=10.0,
+    default=5.0,
     show_default=True,
     help="Close a receive-port connection whose LB does not connect to the send port within "
     "this many seconds (0: never), so a stray client cannot hold the IC.",

@@ -94,7 +94,7 @@ class IcConfig:
     write_timeout: float = 30.0
     #: Seconds a receive-port connection may wait for its send-port one (0: forever): a port
     #: scanner or a stray client that connects and never goes on would hold the IC.
-    pair_timeout: float = 10.0
+    pair_timeout: float = 5.0
     record: str | None = None
     log: Callable[[str], None] = lambda line: None
     #: Lines only a verbose run shows: each LB connection, each checkpoint stored.
