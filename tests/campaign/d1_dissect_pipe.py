@@ -31,7 +31,7 @@ SHB = struct.pack("<IIIHHq", 0x0A0D0D0A, 28, 0x1A2B3C4D, 1, 0, -1) + struct.pack
 
 def run(label, chunks, *args, stall=None, sig=None, sample_every=None):
     """Feed chunks (bytes or a generator) to `dissect - ARGS`; stall: seconds of silence then sig."""
-    p = subprocess.Popen(
+    p = spawn(
         [*W, "dissect", "-", *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,

@@ -4,6 +4,7 @@ Loopback only. Every process a script starts is stopped by its PID before the sc
 The command is ``wallaroo-proto`` on PATH, or the one ``WALLAROO_PROTO`` names (split like a shell).
 """
 
+import atexit
 import os
 import re
 import shlex
@@ -20,6 +21,26 @@ PY = sys.executable
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 TMP = tempfile.mkdtemp(prefix="campaign-")
+STARTED: list = []  # every process a script started: what atexit stops if the script fails midway
+
+
+def _stop_all():
+    for p in STARTED:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+atexit.register(_stop_all)
+
+
+def spawn(cmd, **kw):
+    """subprocess.Popen, remembered so that a script that fails midway stops it all the same."""
+    p = subprocess.Popen(cmd, **kw)
+    STARTED.append(p)
+    return p
+
+
 READY = re.compile(r"listening on \[?([^\s\]]+)\]?:(\d+)")
 
 #: name -> the server's command line (without the command), with TMP folders filled in.
@@ -37,7 +58,7 @@ SERVERS = {
         "127.0.0.1:0",
         "--rpcs",
         "50",
-        "-q",
+        "-v",
     ],
     "daemon": ["kinesis", "mock-daemon", "--listen", "127.0.0.1:0", "--shards", "1", "--records", "10", "-q"],
     "processor": ["kinesis", "mock-processor", "--listen", "127.0.0.1:0", "-q"],
@@ -50,7 +71,7 @@ class Mock:
     def __init__(self, name, *extra, env=None, nofile=None):
         self.name = name
         args = [a.replace("{tmp}", TMP) for a in SERVERS[name]] + list(extra)
-        self.p = subprocess.Popen(
+        self.p = spawn(
             [*W, *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -165,6 +186,14 @@ def good_client(m, timeout=60):
         "processor": ["kinesis", "mock-daemon", "--connect", a, "--records", "10"],
     }[m.name]
     t0 = time.monotonic()
+    if m.name == "ic":  # mock-lb runs as long as the IC stays up: served is the IC's "an LB connected"
+        before = m.stderr().count("an LB connected")
+        try:
+            subprocess.run([*W, *cmd], capture_output=True, text=True, timeout=min(timeout, 15))
+        except subprocess.TimeoutExpired:
+            pass
+        served = m.stderr().count("an LB connected") > before
+        return ("served" if served else "NOT served"), round(time.monotonic() - t0, 1), ""
     try:
         r = subprocess.run([*W, *cmd], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:

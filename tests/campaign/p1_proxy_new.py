@@ -17,7 +17,7 @@ noread.listen(5000)  # accepts (backlog), never reads
 
 
 def proxy(upport, tag):
-    p = subprocess.Popen(
+    p = spawn(
         [*W, "proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{upport}", "--no-live"],
         stdout=subprocess.PIPE,
         stderr=open(f"{TMP}/{tag}.err", "w"),
