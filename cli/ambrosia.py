@@ -300,6 +300,14 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
     "(a real IC stays up; so does mock-ic without it).",
 )
 @write_timeout_option("an LB")
+@click.option(
+    "--pair-timeout",
+    type=click.FloatRange(0),
+    default=5.0,
+    show_default=True,
+    help="Close a receive-port connection whose LB does not connect to the send port within "
+    "this many seconds (0: never), so a stray client cannot hold the IC.",
+)
 @record_option("Write both sockets' traffic to this pcap")
 @summary_format
 @verbosity(
@@ -346,6 +354,7 @@ def mock_ic(**opts) -> None:
         dialect=opts["dialect"],
         exit_when_done=opts["exit_when_done"],
         write_timeout=opts["write_timeout"],
+        pair_timeout=opts["pair_timeout"],
         record=opts["record"],
         log=_log(IC, verbosity),
         trace=_trace(IC, verbosity),

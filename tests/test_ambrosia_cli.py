@@ -189,3 +189,14 @@ def test_a_mistyped_ambrosia_command_is_one_line_with_the_nearest_names():
     assert done.stderr == (
         "wallaroo-proto ambrosia: No such command 'mock-ix'. (Did you mean one of: 'mock-ic', 'mock-lb'?)\n"
     )
+
+
+def test_a_receive_port_connection_without_its_send_port_one_is_closed_and_the_next_lb_served():
+    ic = Server("ambrosia", "mock-ic", "--exit-when-done", "--rpcs", "5", "--pair-timeout", "1")
+    with ic:
+        with socket.create_connection(("127.0.0.1", ic.port), timeout=DEADLINE) as stray:
+            assert stray.recv(1) == b""  # a port scanner's connection, closed at the pair timeout
+        lb = run_cli("ambrosia", "mock-lb", *lb_options(ic), timeout=DEADLINE)
+        code, _, err = ic.stop(sig=None, timeout=DEADLINE)
+    assert (code, lb.returncode) == (0, 0), err + lb.stderr
+    assert "to the receive port had no send-port connection within 1 s; closed it, waiting for an LB" in err

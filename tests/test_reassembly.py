@@ -17,7 +17,8 @@ from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import TCP_ACK, TCP_FIN, TCP_PSH, TCP_RST, TCP_SYN
 from wallaroo_proto.capture.reassembly import HalfStream
-from wallaroo_proto.protocols.wallaroo.resync import find_boundary
+from wallaroo_proto.protocols.wallaroo import resync
+from wallaroo_proto.protocols.wallaroo.resync import BoundaryScan, DirectionFramer, find_boundary
 
 
 class Recorder:
@@ -298,6 +299,31 @@ def test_find_boundary_prefers_a_decodable_chain():
     junk = b"\x00\x00\x00\x02\x63" + b"\xff" * 3  # plausible length, impossible type byte
     pos, _ = find_boundary(junk + frames, 4 * 1024 * 1024)
     assert pos == len(junk)
+
+
+def test_a_resync_judges_each_candidate_once_however_the_bytes_come(monkeypatch):
+    """Tiny undecodable frames packet after packet: the scan once cost 12k decodes a packet."""
+    calls = []
+    real = resync.decode
+    monkeypatch.setattr(resync, "decode", lambda body: calls.append(1) or real(body))
+    framer = DirectionFramer(None, True, 4 * 1024 * 1024)
+    framer.reader = None  # resyncing
+    packet = b"\x00\x00\x00\x01\x09" * 200  # 1000 bytes, each 5 a frame no decoder takes
+    for n in range(100):
+        framer.data(n * len(packet), packet, n + 1, 0)
+    assert framer.reader is None
+    assert len(calls) <= 2 * 100 * 200  # at most the two candidates of each 5 bytes, once
+
+
+@pytest.mark.parametrize("cut", range(0, 40, 3))
+def test_a_boundary_found_bit_by_bit_is_the_one_found_at_once(cut):
+    frames = message(1, 7, b"abc") + message(1, 8, b"def")
+    data = b"\x00\x00\x00\x02\x63" + b"\xff" * 3 + b"\x00\x00\x01\x09\x00" + frames
+    scan = BoundaryScan(4 * 1024 * 1024)
+    got = scan.find(data[:cut])
+    if got[0] < 0:
+        got = scan.find(data)
+    assert got == find_boundary(data, 4 * 1024 * 1024)
 
 
 def test_oversize_frame_is_reported_then_resynced():

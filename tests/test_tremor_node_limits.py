@@ -181,3 +181,23 @@ def test_a_slow_reader_that_keeps_taking_bytes_is_never_aborted():
     assert messages == count + 2  # the greeting, the connect-ack and every echo
     assert took > 1.0  # longer than the write timeout, so the rule was put to the test
     assert node.stats.timeouts == 0
+
+
+def test_a_ping_flood_then_a_reset_is_not_answered_into_the_closed_connection(caplog):
+    """Pongs for pings read after the peer reset are not written: asyncio would log a warning each."""
+    node = MockNode(port=0, log=lambda line: None)
+
+    def flooder(host, port):
+        sock = socket.create_connection((host, port), timeout=60)
+        sock.sendall(_UPGRADE)
+        sock.recv(4096)  # the 101 (and perhaps the greeting); nothing more is read
+        sock.sendall(bytes([0x89, 0x80, 0, 0, 0, 0]) * 20000)  # empty masked pings
+        sock.close()  # unread pongs: the close is a reset
+        deadline = time.monotonic() + 60
+        while node._live and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not node._live
+
+    with caplog.at_level("WARNING", logger="asyncio"):
+        assert _serve(node, flooder)
+    assert not [r for r in caplog.records if "socket.send() raised exception" in r.getMessage()]

@@ -45,3 +45,31 @@ def run(main: Coroutine[Any, Any, T]) -> T:
     tune_gc()
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         return runner.run(main)
+
+
+def quiet_accept_errors(name: str) -> None:
+    """On the running loop: an accept that fails (out of file descriptors) is one line a second at
+    most on stderr, naming the server; asyncio would log a traceback for every retry (thousands a
+    second). Anything else is reported as asyncio does."""
+    import sys
+    import time
+
+    loop = asyncio.get_running_loop()
+    last = [0.0]
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        err = context.get("exception")
+        if isinstance(err, OSError) and "accept" in context.get("message", ""):
+            now = time.monotonic()
+            if now - last[0] >= 1.0:
+                last[0] = now
+                reason = err.strerror or str(err)
+                print(
+                    f"wallaroo-proto {name}: cannot accept a connection: {reason}; trying again",
+                    file=sys.stderr,
+                )
+                sys.stderr.flush()
+            return
+        loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handle)

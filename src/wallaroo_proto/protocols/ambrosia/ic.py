@@ -92,6 +92,9 @@ class IcConfig:
     dialect: str = "current"
     exit_when_done: bool = False
     write_timeout: float = 30.0
+    #: Seconds a receive-port connection may wait for its send-port one (0: forever): a port
+    #: scanner or a stray client that connects and never goes on would hold the IC.
+    pair_timeout: float = 5.0
     record: str | None = None
     log: Callable[[str], None] = lambda line: None
     #: Lines only a verbose run shows: each LB connection, each checkpoint stored.
@@ -259,15 +262,26 @@ class MockIC:
         return note
 
     async def _accept_pair(self) -> tuple[socket.socket, socket.socket]:
+        """The next LB's two connections; a receive-port one whose send-port one does not come
+        within ``pair_timeout`` is closed with a line, and the IC waits for the next LB."""
         loop = asyncio.get_running_loop()
-        conn_r, _ = await loop.sock_accept(self.rsock)
-        self.ssock.listen(1)
-        try:
-            conn_s, _ = await loop.sock_accept(self.ssock)
-        finally:
-            self.ssock.close()  # refuse until the next LB's receive-port connection
-            self.ssock = _bound(self.send_host, self.send_port)
-        return conn_r, conn_s
+        wait = self.config.pair_timeout or None
+        while True:
+            conn_r, peer = await loop.sock_accept(self.rsock)
+            self.ssock.listen(1)
+            try:
+                conn_s, _ = await asyncio.wait_for(loop.sock_accept(self.ssock), wait)
+            except TimeoutError:
+                conn_r.close()
+                self.config.log(
+                    f"a connection from {peer[0]} to the receive port had no send-port "
+                    f"connection within {wait:g} s; closed it, waiting for an LB"
+                )
+                continue
+            finally:
+                self.ssock.close()  # refuse until the next LB's receive-port connection
+                self.ssock = _bound(self.send_host, self.send_port)
+            return conn_r, conn_s
 
     def stream_input(self, stream) -> None:
         """Feed the source from ``stream`` (a binary file, stdin) line by line as lines come, at most

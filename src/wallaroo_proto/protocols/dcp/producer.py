@@ -32,6 +32,7 @@ from operator import add, attrgetter
 from typing import Any
 
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.runtime import quiet_accept_errors
 from wallaroo_proto.write_watch import WriteWatch
 
 from . import cluster, codec, controls, errormap, sasl
@@ -192,6 +193,7 @@ class MockProducer:
 
     async def start(self) -> tuple[str, int]:
         """Listen (the second node on a free port of the same host); the first node's address."""
+        quiet_accept_errors("dcp mock-producer")
         for node, port in enumerate((self.config.port, 0)[: 2 if self.config.faults.move else 1]):
             server = await asyncio.start_server(
                 lambda r, w, node=node: self._accept(r, w, node), self.config.host, port

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
+from wallaroo_proto.runtime import quiet_accept_errors
 
 from .codec import (
     CURRENT,
@@ -576,6 +577,7 @@ class MockDaemon:
             async def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
                 await self._accepted.put((reader, writer))
 
+            quiet_accept_errors("kinesis mock-daemon")
             self._server = await asyncio.start_server(accepted, host, port, limit=_READ_SIZE)
             return self._server.sockets[0].getsockname()[:2]
         return None

@@ -22,6 +22,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from wallaroo_proto.runtime import quiet_accept_errors
+
 from .codec import (
     V1,
     Checkpoint,
@@ -381,6 +383,7 @@ class TcpProcessors:
             finally:
                 self._tasks.discard(task)
 
+        quiet_accept_errors("kinesis mock-processor")
         self.server = await asyncio.start_server(accepted, host, port, limit=_READ_SIZE)
         return self.server.sockets[0].getsockname()[:2]
 

@@ -34,6 +34,7 @@ from wsproto.frame_protocol import CloseReason
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
+from wallaroo_proto.runtime import quiet_accept_errors
 from wallaroo_proto.write_watch import WriteWatch
 
 from .core import Session
@@ -104,6 +105,7 @@ class MockNode:
         self._next = 0
 
     async def start(self) -> tuple[str, int]:
+        quiet_accept_errors("tremor mock-node")
         self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=_READ)
         host, port = self._server.sockets[0].getsockname()[:2]
         return host, port
@@ -174,6 +176,10 @@ class _NodeConnection:
         )
 
     def _out(self, data: bytes) -> None:
+        """Write, unless the connection is gone: a peer that floods pings and resets would
+        otherwise have asyncio log "socket.send() raised exception." for every pong after it."""
+        if self.writer.transport.is_closing():
+            return
         self.writer.write(data)
         if self.watch is not None:
             self.watch.wrote(len(data))

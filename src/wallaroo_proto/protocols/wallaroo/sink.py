@@ -26,6 +26,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wallaroo_proto.runtime import quiet_accept_errors
+
 from .errors import ProtocolError
 from .faults import NO_FAULTS, Faults
 from .frames import (
@@ -421,6 +423,7 @@ class SinkServer:
         self.stores.clear()
 
     async def start(self, host: str = "127.0.0.1", port: int = 7200) -> asyncio.base_events.Server:
+        quiet_accept_errors("mock-sink")
         return await asyncio.start_server(self.handle, host, port)
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

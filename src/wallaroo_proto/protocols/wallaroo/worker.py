@@ -40,6 +40,7 @@ from typing import Any, Protocol
 
 from wallaroo_proto.latency import LatencyHistogram
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
+from wallaroo_proto.runtime import quiet_accept_errors
 
 from .errors import ProtocolError
 from .frames import (
@@ -727,6 +728,7 @@ class MockWorker:
 
     async def start(self) -> tuple[str, int]:
         """Bind and listen; returns the (host, port) actually bound."""
+        quiet_accept_errors("mock-worker")
         self._server = await asyncio.start_server(self._accept, self.config.host, self.config.port)
         sockname = self._server.sockets[0].getsockname()
         self.address = (sockname[0], sockname[1])
