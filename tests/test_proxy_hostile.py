@@ -128,7 +128,7 @@ def echoed(port: int, data: bytes, host: str = "127.0.0.1") -> bytes:
     return b"".join(got)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_recording_pipe_nobody_reads_costs_the_recording_and_never_the_traffic() -> None:
     """It was: every connection frozen, Ctrl-C ignored, the proxy asleep in a pipe write."""
     quiet_r, quiet_w = os.pipe()  # the recording's reader, which never reads
@@ -148,7 +148,7 @@ def test_a_recording_pipe_nobody_reads_costs_the_recording_and_never_the_traffic
     assert code == 1 and "Traceback" not in stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_stderr_nobody_reads_while_violations_flow_stalls_nothing() -> None:
     """Kinesis garbage is a violation a line; with stderr unread, relaying used to stop at 6.6 MiB."""
     quiet_r, quiet_w = os.pipe()
@@ -192,7 +192,7 @@ def test_stderr_lines_past_the_bound_are_dropped_and_counted_never_waited_for() 
     assert len(kept) + sum(notes) == 20_000
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_full_disk_stops_the_recording_with_one_line_and_the_relay_goes_on() -> None:
     """/dev/full fails every write with ENOSPC, as a filled filesystem does."""
     with (
@@ -210,7 +210,7 @@ def test_a_full_disk_stops_the_recording_with_one_line_and_the_relay_goes_on() -
     assert summary.count("connection") >= 3  # the summary of each, as ever
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_sigterm_to_the_whole_process_group_is_a_clean_stop_with_the_summary() -> None:
     """As timeout(1), a service manager or a container's stop send it: the checker must live on."""
     with Echo() as echo, Proxy("--listen", "127.0.0.1:0", "--upstream", echo.address,
@@ -223,7 +223,7 @@ def test_sigterm_to_the_whole_process_group_is_a_clean_stop_with_the_summary() -
     assert "connection" in summary
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_strict_after_the_upstream_half_closed_closes_without_a_traceback() -> None:
     """The proxy passed the upstream's FIN on to the client; --strict's error frame then has
     nowhere to go, and ``write()`` after ``write_eof()`` raised."""
@@ -254,7 +254,7 @@ def test_strict_after_the_upstream_half_closed_closes_without_a_traceback() -> N
     assert "Traceback" not in stderr and "RuntimeError" not in stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_kinesis_garbage_repeats_are_summarised_not_a_line_each() -> None:
     """A violation a bad line: 154k stderr lines for 20 MiB, 8.4 s of the proxy's CPU."""
     with (
@@ -274,7 +274,7 @@ def test_kinesis_garbage_repeats_are_summarised_not_a_line_each() -> None:
     assert re.search(r"violations +500\b", summary), summary
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_wallaroo_frame_that_cannot_be_read_is_named_by_its_packet_not_frame_none() -> None:
     with (
         Echo() as echo,
@@ -288,7 +288,7 @@ def test_a_wallaroo_frame_that_cannot_be_read_is_named_by_its_packet_not_frame_n
     assert re.search(r"client→upstream packet \d+ INVALID", stderr), stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_an_ipv6_ready_line_brackets_its_address() -> None:
     if not socket.has_ipv6:
         pytest.skip("no IPv6 here")
@@ -304,7 +304,7 @@ def test_an_ipv6_ready_line_brackets_its_address() -> None:
     assert code == 0
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_file_descriptors_running_out_is_a_line_not_a_traceback_each_time() -> None:
     """asyncio logs a traceback for each failed accept: 99 of them with ``ulimit -n 100``."""
 
@@ -344,7 +344,7 @@ def _echo_works(port: int) -> bool:
         return False
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_frames_not_yet_whole_are_bounded_across_connections_the_one_asking_more_is_reset() -> None:
     """With fault rules a frame goes on once whole: 4 Kinesis lines of 60 MiB, never ended, took
     the proxy to 452 MB. Past --max-buffered the connection whose bytes pass it is reset."""
@@ -396,7 +396,7 @@ def _queues(sock: socket.socket) -> tuple[int, int] | None:
     return None if sent is None or unread is None else (sent, unread)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_with_fault_rules_and_a_forced_protocol_both_sides_are_checked_live() -> None:
     """The client's side is recorded as a connection to the proxy's own port, which garbage's
     first bytes do not tell: only the upstream's side was checked."""
@@ -417,7 +417,7 @@ def test_with_fault_rules_and_a_forced_protocol_both_sides_are_checked_live() ->
     assert len(client) == len(upstream) == 3, stderr
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_tremor_bytes_that_are_no_http_upgrade_are_a_violation_not_silence() -> None:
     """Garbage with no HTTP head's end was judged nowhere: 0 violations, though the node answered 400."""
     with (
@@ -435,7 +435,7 @@ def test_tremor_bytes_that_are_no_http_upgrade_are_a_violation_not_silence() -> 
     assert code == 0
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.parametrize("rules", [(), ("--fault", "drop skip=1000000000")], ids=["unframed", "faults"])
 def test_many_connections_of_long_unfinished_frames_keep_the_checks(rules: tuple[str, ...]) -> None:
     """The checker's pipe bound holds: with fault rules each connection's end gives out what it
@@ -478,7 +478,7 @@ def _drain(conn: socket.socket) -> None:
             pass
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_recording_whose_reader_went_away_is_one_line_with_the_commands_name() -> None:
     """It said 'recording stopped: its pipe's reader went away' without saying whose."""
     gone_r, gone_w = os.pipe()

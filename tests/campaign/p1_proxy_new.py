@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 from lib import *
@@ -24,6 +25,9 @@ def proxy(upport, tag):
         text=True,
     )
     port = int(READY.search(p.stdout.readline()).group(2))
+    # Its summary (a block a connection: 2000 here) comes to stdout at the end: read it, or the
+    # proxy waits in a pipe write as any program writing to a pipe nobody reads would.
+    threading.Thread(target=p.stdout.read, daemon=True).start()
     return p, port
 
 
