@@ -222,8 +222,19 @@ def test_cut_after_n_bytes_and_stall() -> None:
     steps = shaper.feed(True, frame("A", b"xy") + frame("B") + frame("C"))
     assert sent(steps) == [(True, frame("A", b"xy"))]
     assert faults.Close(reset=True) in steps
-    steps = shaper.feed(False, frame("Z"))
+    steps = engine("stall direction=client").feed(False, frame("Z"))
     assert steps[-2:] == [faults.Stall(None), Send(False, frame("Z"))]
+
+
+def test_frames_after_a_cut_are_neither_sent_nor_counted() -> None:
+    """A busy peer's next frames, read with the one cut before (or after), are not cut again."""
+    shaper = engine("cut type=A skip=1")
+    steps = shaper.feed(True, frame("A") + frame("A") + frame("A") + frame("A"))
+    steps += shaper.feed(True, frame("A")) + shaper.feed(False, frame("A"))
+    assert sent(steps) == [(True, frame("A"))]
+    assert [type(s) for s in steps].count(faults.Close) == 1
+    (rule,) = shaper.rules
+    assert (rule.seen, rule.fired) == (2, 1)
 
 
 def test_rewrite_and_a_rewrite_the_frame_cannot_take() -> None:

@@ -332,6 +332,7 @@ class ConnectionFaults:
         self._held: dict[bool, list[Send]] = {True: [], False: []}
         self._unframed = {True: False, False: False}
         self._waiting: list[tuple[bool, bytes]] = []
+        self._cut = False
         self._deciding = protocol is None
         if protocol is None:
             from wallaroo_proto.protocols import plugins
@@ -392,6 +393,8 @@ class ConnectionFaults:
 
     def feed(self, from_client: bool, data: bytes) -> list[Step]:
         """What to do with these bytes from one side, in order."""
+        if self._cut:
+            return []
         if self._deciding:
             return self._detect(from_client, data)
         if self._unframed[from_client]:
@@ -406,7 +409,13 @@ class ConnectionFaults:
             return [Took(from_client, rest), Send(from_client, rest)]
         steps: list[Step] = []
         for raw in frames:
-            steps.extend(self._frame(from_client, raw))
+            done = self._frame(from_client, raw)
+            steps.extend(done)
+            if any(type(step) is Close for step in done):
+                # The connection ends here: the frames after the cut, read with it, are neither
+                # sent nor matched (a busy peer's next records would count as cut again).
+                self._cut = True
+                break
         return steps
 
     def end(self, from_client: bool) -> list[Step]:
