@@ -411,6 +411,37 @@ class Dissector:
     def summaries(self) -> list[dict]:
         return [t.summary.as_dict() for t in self.trackers]
 
+    # what a live connection holds (the proxy's checker bounds it) ---------------------
+
+    def tracker_of(self, key: tuple) -> Any | None:
+        """The tracker of the live connection a segment's 4-tuple belongs to, if one dissects it."""
+        half = self._flows.get(key)
+        return half.consumer.tracker if type(half) is HalfStream else None
+
+    def held_by(self, tracker: Any) -> int:
+        """Bytes ``tracker``'s connection keeps for what is not yet whole: its plug-in's unfinished
+        frames (``held_bytes()``) and the segments its directions hold behind a hole."""
+        held = tracker.held_bytes() if hasattr(tracker, "held_bytes") else 0
+        for direction in tracker.dirs.values():
+            half = direction.half
+            if half is not None:
+                held += half.pending_bytes
+        return held
+
+    def give_up(self, tracker: Any, reason: str) -> None:
+        """Stop dissecting a live connection: its buffers are freed, its later segments passed by,
+        and its summary says ``reason`` where it says how the connection ended."""
+        if self._live.get(tracker.canon) is not tracker:
+            return
+        del self._live[tracker.canon]
+        self._holding.pop(tracker, None)
+        for direction in tracker.dirs.values():
+            self._holding.pop(direction.half, None)
+        client = tracker.dirs[True].half
+        self._skip(tracker.canon, client.isn if client is not None else None)
+        tracker.release()
+        tracker.summary.closed = reason
+
     # flow table ----------------------------------------------------------------------
 
     def _closing(self, half: HalfStream) -> None:

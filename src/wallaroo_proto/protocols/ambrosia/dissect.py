@@ -443,6 +443,10 @@ class AmbrosiaTracker:
         elif halves and all(h.fin_seen for h in halves):
             self.closed = "closed"
 
+    def held_bytes(self) -> int:
+        """Bytes kept of records not yet whole, both ways (the live checker bounds their sum)."""
+        return sum(len(d.splitter.buf) - d.splitter.pos for d in self.dirs.values() if d.splitter is not None)
+
     def release(self) -> None:
         for direction in self.dirs.values():
             direction.half = None

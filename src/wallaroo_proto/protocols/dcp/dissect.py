@@ -425,6 +425,10 @@ class DcpTracker(ConnectionTracker):
         for direction in self.dirs.values():
             direction.block = None  # handed out: a finished tracker kept for its summary holds no rows
 
+    def held_bytes(self) -> int:
+        """Bytes kept of packets not yet whole, both ways (the live checker bounds their sum)."""
+        return sum(len(direction.splitter.buf) for direction in self.dirs.values())
+
     def release(self) -> None:
         for direction in self.dirs.values():
             direction.half = None

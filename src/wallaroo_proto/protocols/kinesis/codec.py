@@ -299,6 +299,11 @@ class LineSplitter:
         self._resync: str | None = None  # after a gap: drop bytes up to the next line end
         self._note: str | None = None  # for the next line
 
+    @property
+    def held(self) -> int:
+        """Bytes kept of the unfinished line."""
+        return len(self._buf)
+
     def feed(self, chunk: bytes) -> list[Line]:
         """Bytes in, whole lines out; the unfinished tail is kept for the next call."""
         out: list[Line] = []

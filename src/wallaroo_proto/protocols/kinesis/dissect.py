@@ -269,6 +269,10 @@ class KinesisTracker(ConnectionTracker):
         elif halves and all(h.fin_seen for h in halves):
             self.closed = "closed"
 
+    def held_bytes(self) -> int:
+        """Bytes kept of lines not yet ended, both ways (the live checker bounds their sum)."""
+        return sum(direction.splitter.held for direction in self.dirs.values())
+
     def release(self) -> None:
         for direction in self.dirs.values():
             direction.half = None

@@ -299,6 +299,13 @@ class TremorTracker(ConnectionTracker):
         elif halves and all(h.fin_seen for h in halves):
             self.closed = "closed"
 
+    def held_bytes(self) -> int:
+        """Bytes kept of a head, frames and messages not yet whole, both ways (the live checker
+        bounds their sum)."""
+        return sum(
+            len(d.head) + len(d.splitter.buf) + sum(map(len, d.assembler.parts)) for d in self.dirs.values()
+        )
+
     def release(self) -> None:
         for direction in self.dirs.values():
             direction.half = None

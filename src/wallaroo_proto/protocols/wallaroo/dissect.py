@@ -755,6 +755,13 @@ class _Tracker:
             state["phase1"] = _text(conn.phase1_txn)
         return state
 
+    def held_bytes(self) -> int:
+        """Bytes kept of frames not yet whole (or scanned for a frame's start after lost bytes),
+        both ways: the live checker bounds their sum."""
+        return sum(
+            (d.reader.buffered if d.reader is not None else 0) + len(d.resync_buf) for d in self.dirs.values()
+        )
+
     def release(self) -> None:
         """The connection is over and finished: free its buffers."""
         for direction in self.dirs.values():
