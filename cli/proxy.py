@@ -34,6 +34,7 @@ from wallaroo_proto_cli.options import (
 
 from wallaroo_proto.protocols import get_plugin, names
 from wallaroo_proto.proxy import faults as fault_rules
+from wallaroo_proto.proxy.checker import mib as _mib
 from wallaroo_proto.proxy.faultkit import FaultError
 from wallaroo_proto.proxy.outlet import Spool, SpoolText, Throttled
 from wallaroo_proto.proxy.relay import Budget, Relay, RelayStats
@@ -189,8 +190,10 @@ def _strict_close(relays: list[Relay], r: dict) -> None:
     default=128,
     show_default=True,
     metavar="MIB",
-    help="With fault rules, what all connections together may hold of frames not yet whole, in "
-    "MiB: past it, the connection asking for more is reset with one line, the others go on.",
+    help="What all connections together may hold of frames not yet whole, in MiB, in the relay "
+    "(with fault rules: past it, the connection asking for more is reset with one line) and in "
+    "the live checker (past it, that connection is no longer checked, with one line); the "
+    "others go on.",
 )
 @record_option(
     "Record what passes into this pcap file (with faults: pcapng, each side its own connection, "
@@ -275,6 +278,20 @@ def command(
         if verbosity >= 0:
             errors.print(escape(f"{NAME}: connection #{conn} {fault_rules.describe(step)}"))
 
+    # With fault rules each side of a connection is checked as one of its own, both holding its frame.
+    max_held = (max_buffered << 20) * (2 if rules else 1)
+
+    def on_given_up(r: dict) -> None:
+        conn, side = _who(r, relays)
+        leg = f" ({side} side)" if side else ""
+        bound = f"--max-buffered {_mib(r['limit'])}"
+        if rules:
+            bound = f"{_mib(r['limit'])} (twice --max-buffered: each side checked apart)"
+        say(
+            f"connection #{conn}{leg}: live checks given up: it holds {_mib(r['held'])} of frames not yet "
+            f"whole, and all connections together more than {bound}; its traffic goes on"
+        )
+
     ports = [address[1] for address in upstream]
     try:
         watch = Watch(
@@ -285,6 +302,8 @@ def command(
             notes=bool(rules),
             on_state=view.state if live else None,
             say=say,
+            max_held=max_held,
+            on_given_up=on_given_up,
         )
     except OSError as err:
         raise usage_error(f"--record {record}: {os_reason(err)}") from err

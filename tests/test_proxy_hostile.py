@@ -380,6 +380,68 @@ def test_frames_not_yet_whole_are_bounded_across_connections_the_one_asking_more
     assert code == 0, stderr
 
 
+def _status_kib(pid: int, field: str) -> int:
+    """A field of /proc/PID/status in KiB (VmRSS, VmHWM: the peak)."""
+    for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if row.startswith(field + ":"):
+            return int(row.split()[1])
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def _children(pid: int) -> list[int]:
+    return [
+        int(c)
+        for t in os.listdir(f"/proc/{pid}/task")
+        for c in Path(f"/proc/{pid}/task/{t}/children").read_text().split()
+    ]
+
+
+@pytest.mark.e2e
+def test_the_checker_bounds_frames_not_yet_whole_across_connections_the_one_asking_more_goes_unchecked() -> (
+    None
+):
+    """4 Kinesis connections each sending a 60 MiB line without its end took the checker to 267 MB.
+    Past --max-buffered the connection whose bytes pass it is no longer checked, with one line,
+    its traffic goes on, and the others are still checked."""
+    sink = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_drain_all, args=(sink,), daemon=True).start()
+    up = f"127.0.0.1:{sink.getsockname()[1]}"
+    head = b'{"action":"initialize","shardId":"'
+    args = "--listen", "127.0.0.1:0", "--upstream", up, "--protocol", "kinesis", "--max-buffered", "8"
+    with Proxy(*args) as proxy:
+        (checker,) = _children(proxy.proc.pid)
+        before = _status_kib(checker, "VmRSS")
+        first = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+        first.sendall(head + b"a" * (6 << 20))  # under the bound alone
+        # All of it in the proxy (so in the checker's pipe) before the second sends: the second asks for more.
+        wait_for(lambda: _queues(first) == (0, 0), "the proxy to read the first's bytes", DEADLINE)
+        second = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+        second.sendall(head + b"b" * (56 << 20))  # passed on whole: nothing is cut for the checker
+        wait_for(lambda: _queues(second) == (0, 0), "the proxy to read the second's bytes", DEADLINE)
+        # The first is still checked: a line that is no JSON, after all the second's bytes in the pipe.
+        first.sendall(b'"}\nnot json\n')
+        wait_for(
+            lambda: "connection #1 client→upstream frame 1 INVALID" in proxy.stderr(), "#1 checked", DEADLINE
+        )
+        peak = _status_kib(checker, "VmHWM")
+        second.shutdown(socket.SHUT_WR)
+        assert second.recv(100) == b""  # the upstream read it all and closed: passed on, never reset
+        second.close()
+        first.close()
+        code, summary, stderr = proxy.stop()
+    sink.close()
+    lines = [x for x in stderr.splitlines() if "live checks" in x]
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("wallaroo-proto proxy: connection #2: live checks given up: it holds "), lines
+    bound = "of frames not yet whole, and all connections together more than --max-buffered 8 MiB"
+    assert lines[0].endswith(f"{bound}; its traffic goes on"), lines
+    # Without the bound the checker held 62 MiB of lines (its peak 60 MiB more than at the start).
+    assert peak - before < 32 << 10, (before, peak)
+    assert "not checked to its end" in summary.split("connection #2")[1], summary
+    assert "not checked" not in summary.split("connection #2")[0], summary
+    assert code == 0, stderr
+
+
 def _queues(sock: socket.socket) -> tuple[int, int] | None:
     """(what ``sock`` sent that its peer's kernel has not taken, what its peer's kernel holds
     unread by the peer's process) from /proc/net/tcp: both 0 once the peer read everything."""

@@ -1,14 +1,16 @@
 """The proxy's live checker, a process of its own: the relayed bytes in, violations and summaries out.
 
-Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS [state]`` (PROTOCOL
-``-``: detected; PORTS comma-separated) with the relay's events (``proxy.chunks``) on
-stdin. The first line, ``{"ready": true}``, says it has started (its imports take a few
-hundred ms). Each frame with a violation is written to stdout as its JSONL record the
-moment it is read; with ``state``, while frames flow, at most every ``STATE_EVERY``
-seconds (and once when they pause), a line ``{"state": [...]}`` with each connection that
-changed (``connection_state``); at the end, one line ``{"summaries": [...]}``. A process,
-not a thread: dissecting costs
-about as much as relaying, and a second core is worth more than a shared one.
+Run as ``python -m wallaroo_proto.proxy.checker NAME PROTOCOL PORTS LIMIT [state]`` (PROTOCOL
+``-``: detected; PORTS comma-separated; LIMIT the bytes all connections may keep of frames
+not yet whole, ``HeldBound``, or ``-``) with the relay's events (``proxy.chunks``) on stdin.
+The first line, ``{"ready": true}``, says it has started (its imports take a few hundred ms).
+Each frame with a violation is written to stdout as its JSONL record the moment it is read;
+with ``state``, while frames flow, at most every ``STATE_EVERY`` seconds (and once when they
+pause), a line ``{"state": [...]}`` with each connection that changed (``connection_state``);
+a line ``{"given_up": {...}}`` (the connection's ident, ``held``, ``limit``) for each
+connection no longer checked past LIMIT; at the end, one line ``{"summaries": [...]}``. A
+process, not a thread: dissecting costs about as much as relaying, and a second core is worth
+more than a shared one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO, TextIO
 
 from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.pcap import TCP_ACK, TCP_SYN, WAIT, CaptureError, Segment
+from wallaroo_proto.capture.pcap import TCP_ACK, TCP_FIN, TCP_RST, TCP_SYN, WAIT, CaptureError, Segment
 from wallaroo_proto.proxy.chunks import segments
 from wallaroo_proto.records import to_json
 
@@ -169,8 +171,72 @@ def every_connection_is(dissector: Dissector, feed: Iterator[Segment]) -> Iterat
         yield segment
 
 
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB" if n % (1 << 20) else f"{n >> 20} MiB"
+
+
+class HeldBound:
+    """What all connections keep of frames not yet whole (``Dissector.held_by``), bounded
+    together by ``limit`` bytes: each connection may hold its protocol's largest frame, and
+    nothing else bounds the sum. Each connection is measured after each of its segments is
+    dissected; the one whose segment takes the sum past the limit while asking for more is
+    given up (``Dissector.give_up``: its held bytes freed, the rest of it passed by) and told
+    to ``say``, and the others go on being checked. A closed connection frees what it held
+    (``release``): it is dropped from the sum the next time the sum is counted again."""
+
+    def __init__(self, dissector: Dissector, limit: int, say: Callable[[dict], None]) -> None:
+        self.dissector = dissector
+        self.limit = limit
+        self.say = say
+        self.total = 0
+        self._held: dict[Any, int] = {}  # by tracker: bytes at its last measure, if any
+
+    def feed(self, feed: Iterator[Segment]) -> Iterator[Segment]:
+        """``feed``'s segments, each connection measured once the dissector took its segment."""
+        last = None
+        for segment in feed:
+            if last is not None:
+                self.measure(last)
+                last = None
+            if segment[5] or segment[4] & (TCP_FIN | TCP_RST):
+                last = segment[2]
+            yield segment
+        if last is not None:
+            self.measure(last)
+
+    def measure(self, key: tuple) -> None:
+        tracker = self.dissector.tracker_of(key)
+        if tracker is None:  # not dissected, or over: what it held was freed
+            return
+        held = self.dissector.held_by(tracker)
+        before = self._held.pop(tracker, 0)
+        if held:
+            self._held[tracker] = held
+        self.total += held - before
+        if held <= before or self.total <= self.limit:
+            return
+        self.total = sum(self._recount())
+        if self.total <= self.limit:
+            return
+        self._held.pop(tracker, None)
+        self.total -= held
+        reason = f"not checked to its end: live checks given up holding {mib(held)} of frames not yet whole"
+        self.dissector.give_up(tracker, reason)
+        self.say({"given_up": {**tracker.ident, "held": held, "limit": self.limit}})
+
+    def _recount(self) -> Iterator[int]:
+        """Each connection's bytes afresh: those over since are dropped."""
+        for tracker in list(self._held):
+            held = self.dissector.held_by(tracker)
+            if held:
+                self._held[tracker] = held
+                yield held
+            else:
+                del self._held[tracker]
+
+
 def main(argv: list[str]) -> int:
-    name, protocol, ports, *wanted = argv
+    name, protocol, ports, limit, *wanted = argv
     # Ctrl-C, and a SIGTERM to the group (timeout, a service manager, a container's stop), reach
     # this process too: the proxy ends the stream, and this reads to its end.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -190,11 +256,18 @@ def main(argv: list[str]) -> int:
     if wanted == ["state"]:
         source = _PacedFile(source, Pacer(source.fileno(), STATE_EVERY, _StateLines(dissector.trackers, out)))
     error = None
+
+    def say(item: dict) -> None:
+        out.write(to_json(item) + "\n")
+        out.flush()
+
     try:
         shown = Repeats()
         feed = segments(source.read1, dissector.stats)
         if protocol != "-":
             feed = every_connection_is(dissector, feed)
+        if limit != "-":
+            feed = HeldBound(dissector, int(limit), say).feed(feed)
         for item in dissector.segment_frames(feed):
             # Blocks hold accepted frames only: a violation is always a record of its own.
             if type(item) is dict and item.get("violations") and shown(item):

@@ -72,9 +72,15 @@ class Watch:
         notes: bool = False,
         on_state: Callable[[list[dict]], None] | None = None,
         say: Callable[[str], None] | None = None,
+        max_held: int | None = None,
+        on_given_up: Callable[[dict], None] | None = None,
     ) -> None:
         """``notes``: the recording is pcapng, its packets commented with the faults applied;
-        ``say(line)``: how an output given up is told (one line, from any thread)."""
+        ``say(line)``: how an output given up is told (one line, from any thread);
+        ``max_held``: the bytes the checker may keep of frames not yet whole over all
+        connections (``checker.HeldBound``), ``on_given_up(item)`` called on a reader thread
+        for each connection it stops checking past it (its ident, ``held``, ``limit``)."""
+        self._on_given_up = on_given_up
         self._say = say or (lambda line: None)
         #: Why the recording was given up (a full disk, a reader that takes nothing), or None.
         self.recording_stopped: str | None = None
@@ -93,6 +99,7 @@ class Watch:
             [
                 *(sys.executable, "-m", "wallaroo_proto.proxy.checker"),
                 *(record or "proxy", protocol or "-", ",".join(map(str, ports))),
+                "-" if max_held is None else str(max_held),
                 *(["state"] if on_state is not None else []),
             ],
             stdin=subprocess.PIPE,
@@ -134,6 +141,12 @@ class Watch:
                 self.summaries = item["summaries"]
                 self.error = item["error"]
                 finished = True
+            elif "given_up" in item and "violations" not in item:
+                if self._on_given_up is not None:
+                    try:
+                        self._on_given_up(item["given_up"])
+                    except Exception as err:  # noqa: BLE001 - the checker's output must still be read
+                        self.error = f"reporting a connection given up failed: {err}"
             elif "state" in item and "violations" not in item:  # a state line
                 if self._on_state is not None:
                     try:
