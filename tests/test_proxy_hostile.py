@@ -119,12 +119,24 @@ def echoed(port: int, data: bytes, host: str = "127.0.0.1") -> bytes:
     """Send ``data`` through the proxy while reading what comes back, then a FIN; all that came."""
     sock = socket.create_connection((host, port), timeout=DEADLINE)
     got: list[bytes] = []
-    reader = threading.Thread(target=lambda: got.extend(iter(lambda: sock.recv(1 << 20), b"")))
+    failed: list[OSError] = []
+
+    def read() -> None:
+        try:
+            got.extend(iter(lambda: sock.recv(1 << 20), b""))
+        except OSError as err:  # a reset: the caller's, not a stray thread's, to judge
+            failed.append(err)
+
+    reader = threading.Thread(target=read)
     reader.start()
-    sock.sendall(data)
-    sock.shutdown(socket.SHUT_WR)
-    reader.join(DEADLINE)
-    sock.close()
+    try:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+    finally:
+        reader.join(DEADLINE)
+        sock.close()
+    if failed:
+        raise failed[0]
     return b"".join(got)
 
 
