@@ -14,7 +14,6 @@ import itertools
 import signal
 import sys
 from collections import Counter
-from collections.abc import Callable
 from functools import partial
 
 import click
@@ -40,6 +39,7 @@ from wallaroo_proto.proxy.outlet import Spool, SpoolText, Throttled
 from wallaroo_proto.proxy.relay import Budget, Relay, RelayStats
 from wallaroo_proto.proxy.view import LiveView
 from wallaroo_proto.proxy.watch import Watch
+from wallaroo_proto.runtime import accept_error_handler
 
 NAME = "wallaroo-proto proxy"
 #: Bytes of stderr lines that may wait for a reader; past it lines are dropped and counted.
@@ -75,26 +75,10 @@ def _sent_by_a_peer(r: dict, side: str | None) -> bool:
     return side is None or (side == "client") == from_initiator
 
 
-def _quiet_accept_errors(say: Callable[[str], None]) -> Callable:
-    """The loop's exception handler: an accept that fails for want of file descriptors is
-    one line a second at most (asyncio logs a traceback each time and tries again); anything
-    else as asyncio reports it."""
-    once_a_second = Throttled(say)
-
-    def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
-        err = context.get("exception")
-        if isinstance(err, OSError) and "accept" in context.get("message", ""):
-            once_a_second(f"cannot accept a connection: {os_reason(err)}; trying again")
-            return
-        loop.default_exception_handler(context)
-
-    return handle
-
-
 async def _serve(relays: list[Relay], loop_ready, say) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    loop.set_exception_handler(_quiet_accept_errors(say))
+    loop.set_exception_handler(accept_error_handler(Throttled(say)))
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     bound = []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -47,29 +47,33 @@ def run(main: Coroutine[Any, Any, T]) -> T:
         return runner.run(main)
 
 
-def quiet_accept_errors(name: str) -> None:
-    """On the running loop: an accept that fails (out of file descriptors) is one line a second at
-    most on stderr, naming the server; asyncio would log a traceback for every retry (thousands a
-    second). Anything else is reported as asyncio does."""
-    import sys
-    import time
-
-    loop = asyncio.get_running_loop()
-    last = [0.0]
+def accept_error_handler(say: Callable[[str], None]) -> Callable[[asyncio.AbstractEventLoop, dict], None]:
+    """A loop exception handler: an accept that fails (out of file descriptors) is a line given
+    to ``say``, which decides how often to show it; asyncio would log a traceback for every retry
+    (thousands a second). Anything else is reported as asyncio does."""
 
     def handle(loop: asyncio.AbstractEventLoop, context: dict) -> None:
         err = context.get("exception")
         if isinstance(err, OSError) and "accept" in context.get("message", ""):
-            now = time.monotonic()
-            if now - last[0] >= 1.0:
-                last[0] = now
-                reason = err.strerror or str(err)
-                print(
-                    f"wallaroo-proto {name}: cannot accept a connection: {reason}; trying again",
-                    file=sys.stderr,
-                )
-                sys.stderr.flush()
+            say(f"cannot accept a connection: {err.strerror or err}; trying again")
             return
         loop.default_exception_handler(context)
 
-    loop.set_exception_handler(handle)
+    return handle
+
+
+def quiet_accept_errors(name: str) -> None:
+    """On the running loop: a failing accept is one line a second at most on stderr, naming the
+    server (``accept_error_handler``)."""
+    import sys
+    import time
+
+    last = [-1.0]
+
+    def say(line: str) -> None:
+        now = time.monotonic()
+        if last[0] < 0 or now - last[0] >= 1.0:
+            last[0] = now
+            print(f"wallaroo-proto {name}: {line}", file=sys.stderr, flush=True)
+
+    asyncio.get_running_loop().set_exception_handler(accept_error_handler(say))
