@@ -40,6 +40,8 @@ type string
 verdict string
 violations array<string>
 notes array<string>
+severity string
+finding string
 version string
 cookie_b64 string
 cookie_len int

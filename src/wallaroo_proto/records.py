@@ -78,6 +78,8 @@ FRAME_FIELDS: tuple[Field, ...] = (
     ("verdict", "string", "protocol core verdict: accepted, replayed, ignored, violation, malformed"),
     ("violations", "array<string>", "protocol violations found at this frame"),
     ("notes", "array<string>", "capture notes: gap or mid-connection start before it, resync"),
+    ("severity", "string", "the plug-in's finding at this frame, if any: error, warning or note"),
+    ("finding", "string", "what this frame shows happened and why (a rollback and its cause, ...)"),
 )
 
 COMMON_FIELDS: tuple[Field, ...] = CONNECTION_FIELDS + FRAME_FIELDS
