@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
-from wallaroo_proto_cli.dissect_stats import check_stats, print_stats
+from wallaroo_proto_cli.dissect_stats import check_stats, print_stats, print_summary_findings
 from wallaroo_proto_cli.options import (
     EXIT_INTERRUPTED,
     AliasChoice,
@@ -366,11 +366,12 @@ class _RichFrames:
     "--stats",
     "stats",
     multiple=True,
-    metavar="io,SECONDS|conv",
+    metavar="io,SECONDS|conv|expert",
     callback=check_stats,
     help="After each capture's frames (instead of them with -q), a table (repeat): io,SECONDS: frames "
-    "and bytes per interval (io,0: the whole capture); conv: one row per connection. Over the frames "
-    "shown (the filters and -c apply); as JSON objects with --format jsonl.",
+    "and bytes per interval (io,0: the whole capture); conv: one row per connection; expert: the "
+    "findings (errors, warnings, notes) with their causes. Over the frames shown (the filters and -c "
+    "apply); as JSON objects with --format jsonl.",
 )
 @click.option(
     "-c",
@@ -652,11 +653,15 @@ def command(
             else:
                 print_stats(console, result, path)
         if summary:
+            kept = []
             for s in dissector.summaries():
                 summed += 1
-                if not keep.match_connection(s["conn_index"], s["connection"]):
-                    continue
-                matched += 1
+                if keep.match_connection(s["conn_index"], s["connection"]):
+                    kept.append(s)
+            matched += len(kept)
+            if not jsonl and kept:
+                print_summary_findings(console, kept, path)
+            for s in kept:
                 if jsonl:
                     emit([to_json({"capture": path, "summary": s})])
                 else:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import click
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from wallaroo_proto.capture.stats import StatsError, parse_spec
+from wallaroo_proto.findings import SEVERITIES, of_summary
 
 
 def check_stats(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -26,7 +30,9 @@ def _seconds(value: float) -> str:
 
 def print_stats(console: Console, result: dict, capture: str) -> None:
     """One statistic (``IoStats.result`` or ``ConvStats.result``) as a table."""
-    if result["stats"] == "io":
+    if result["stats"] == "expert":
+        heading, table = _expert(result, capture)
+    elif result["stats"] == "io":
         interval = result["interval"]
         title = f"io, {_seconds(interval)} s intervals" if interval else "io, whole capture"
         heading = f"{title}: {capture}"
@@ -64,10 +70,78 @@ def print_stats(console: Console, result: dict, capture: str) -> None:
             )
     # Its own line, not the table's title: a title wraps at a narrow table's width.
     console.print(heading, style="italic", soft_wrap=True)
+    print_table(console, table)
+
+
+#: How each severity looks (Wireshark's expert colours: red, yellow, cyan).
+SEVERITY_STYLES = {"error": "bold red", "warning": "yellow", "note": "cyan"}
+
+
+def findings_table(rows: list[dict], with_count: bool) -> Table:
+    """Findings as rows: severity, (count,) connection, packet, type, protocol, finding."""
+    table = Table(box=None, header_style="bold")
+    table.add_column("severity")
+    if with_count:
+        table.add_column("count", justify="right")
+    table.add_column("conn", justify="right")
+    table.add_column("packet", justify="right")
+    table.add_column("type")
+    table.add_column("protocol")
+    table.add_column("finding")
+    for row in rows:
+        severity = row["severity"]
+        cells = [Text(severity, style=SEVERITY_STYLES[severity])]
+        if with_count:
+            cells.append(f"{row['count']:,}")
+        packet = row.get("packet")
+        cells += [
+            f"#{row['conn_index']}",
+            "" if packet is None else str(packet),
+            row.get("type") or "",
+            row.get("protocol") or "",
+            row["finding"],
+        ]
+        table.add_row(*cells)
+    return table
+
+
+def _expert(result: dict, capture: str) -> tuple[str, Table]:
+    counts = ", ".join(f"{severity}s {n:,}" for severity, n in result["counts"].items())
+    left_out = sum(result["left_out"].values())
+    more = (
+        f"; {left_out:,} more findings, past the first {len(result['rows']):,} distinct ones"
+        if left_out
+        else ""
+    )
+    return f"expert: {capture} ({counts}{more})", findings_table(result["rows"], with_count=True)
+
+
+#: Findings ``--summary`` lists before the connections (``--stats expert`` lists them all).
+SUMMARY_FINDINGS = 40
+
+
+def print_summary_findings(console: Console, summaries: list[dict], capture: str) -> None:
+    """``--summary`` opens on what went wrong or explains the rest: the connections' findings."""
+    rows = [row for s in summaries for row in of_summary(s)]
+    if not rows:
+        console.print(f"findings: none in {capture}", style="italic", soft_wrap=True)
+        return
+    counts = Counter(row["severity"] for row in rows)
+    said = ", ".join(f"{severity}s {counts[severity]:,}" for severity in SEVERITIES if counts[severity])
+    console.print(f"findings: {capture} ({said})", style="bold", soft_wrap=True)
+    print_table(console, findings_table(rows[:SUMMARY_FINDINGS], with_count=False))
+    if len(rows) > SUMMARY_FINDINGS:
+        console.print(
+            f"... {len(rows) - SUMMARY_FINDINGS:,} more: dissect --stats expert lists them all",
+            style="italic",
+        )
+
+
+def print_table(console: Console, table: Table) -> None:
+    """A table, at its own width when not on a terminal: a cut or folded cell hides words from scripts."""
     if console.is_terminal:
         console.print(table)
         return
-    # Not a terminal: as wide as the table needs, since a cut or folded cell would hide numbers from scripts.
     width = console.width
     console.width = max(width, Measurement.get(console, console.options.update_width(1 << 20), table).maximum)
     try:

@@ -173,7 +173,7 @@ def test_violations_are_counted():
         ("io,nan", "finite"),
         ("io,1e-12", "shorter than a nanosecond"),
         ("conv,2", "conv takes no argument"),
-        ("flows", "give io,SECONDS or conv"),
+        ("flows", "give io,SECONDS, conv or expert"),
     ],
 )
 def test_bad_values_are_usage_errors(value, said):

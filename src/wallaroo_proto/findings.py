@@ -65,4 +65,27 @@ def has_findings(record: dict) -> bool:
     return bool(record.get("violations") or record.get("notes") or record.get("finding") is not None)
 
 
-__all__ = ["KEEP", "SEVERITIES", "has_findings", "mark", "of_record"]
+def of_summary(summary: dict) -> list[dict]:
+    """A connection summary's findings, in frame order: the violations and plug-in findings it kept
+    (``violation_list``, ``findings``), then its capture notes (which name their packet in their text)."""
+    about = {"conn_index": summary["conn_index"], "protocol": summary.get("protocol", "wallaroo")}
+    rows = [
+        {
+            **about,
+            "severity": "error",
+            "packet": v.get("packet"),
+            "type": v.get("type"),
+            "finding": v["reason"],
+        }
+        for v in summary.get("violation_list") or ()
+    ]
+    rows += [{**about, **f} for f in summary.get("findings") or ()]
+    rows.sort(key=lambda row: row["packet"] or 0)
+    rows += [
+        {**about, "severity": "warning", "packet": None, "type": None, "finding": note}
+        for note in summary.get("capture_notes") or ()
+    ]
+    return rows
+
+
+__all__ = ["KEEP", "SEVERITIES", "has_findings", "mark", "of_record", "of_summary"]

@@ -409,7 +409,13 @@ class Dissector:
         return sum(t.summary.violations for t in self.trackers)
 
     def summaries(self) -> list[dict]:
-        return [t.summary.as_dict() for t in self.trackers]
+        """Each connection's summary, with the findings its plug-in marked (``findings.mark``)."""
+        out = []
+        for t in self.trackers:
+            s = t.summary.as_dict()
+            s.setdefault("findings", list(getattr(t, "findings", ())))
+            out.append(s)
+        return out
 
     # what a live connection holds (the proxy's checker bounds it) ---------------------
 

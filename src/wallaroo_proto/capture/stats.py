@@ -1,4 +1,4 @@
-"""Statistics over dissected frames, as tshark's ``-z io,stat`` and ``-z conv,tcp`` give for packets.
+"""Statistics over dissected frames, as tshark's ``-z io,stat``, ``-z conv,tcp`` and ``-z expert`` give.
 
 Accumulators are fed frame by frame, each a record dict (``add``) or a whole
 ``FrameBlock`` (``add_block``, which reads the block's shared values and rows
@@ -18,15 +18,23 @@ dissector keeps one summary per connection.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Iterable
 from functools import cache
 from typing import Any
+
+from wallaroo_proto.findings import SEVERITIES, has_findings, of_record
 
 from .frame_block import SHARED, FrameBlock
 
 #: The most rows an io table may have: a day at 1 s, or a week at 10 s, fits; a table longer than
 #: that is read by nobody, and a mistyped interval (0.0001 over days) would be gigabytes.
 MAX_INTERVALS = 100_000
+#: The most distinct findings ``--stats expert`` lists; a capture with more is broken throughout,
+#: and the first ones say how.
+MAX_FINDINGS = 10_000
+#: The record fields a finding lives in.
+_FINDING_FIELDS = frozenset({"violations", "notes", "finding"})
 _NS = 1_000_000_000
 
 
@@ -35,15 +43,16 @@ class StatsError(ValueError):
 
 
 def parse_spec(value: str) -> tuple[str, float | None]:
-    """``io,SECONDS`` -> ("io", seconds), 0 meaning one row for the whole capture; ``conv`` -> ("conv", None).
+    """``io,SECONDS`` -> ("io", seconds), 0 meaning one row for the whole capture; ``conv`` and
+    ``expert`` -> (that, None).
 
     A ``StatsError`` says what is wrong with any other value."""
     kind, _, arg = value.strip().partition(",")
     kind = kind.strip().lower()
-    if kind == "conv":
+    if kind in ("conv", "expert"):
         if arg:
-            raise StatsError(f"{value!r}: conv takes no argument")
-        return "conv", None
+            raise StatsError(f"{value!r}: {kind} takes no argument")
+        return kind, None
     if kind == "io":
         if not arg:
             raise StatsError(f"{value!r}: give the interval, io,SECONDS (io,0 for the whole capture)")
@@ -56,13 +65,15 @@ def parse_spec(value: str) -> tuple[str, float | None]:
         if seconds and round(seconds * _NS) < 1:
             raise StatsError(f"{value!r}: the interval is shorter than a nanosecond")
         return "io", seconds
-    raise StatsError(f"{value!r}: give io,SECONDS or conv")
+    raise StatsError(f"{value!r}: give io,SECONDS, conv or expert")
 
 
-def make(value: str) -> IoStats | ConvStats:
+def make(value: str) -> IoStats | ConvStats | ExpertStats:
     """The accumulator a ``--stats`` value asks for (``StatsError`` when it is not one)."""
     kind, seconds = parse_spec(value)
-    return IoStats(seconds) if kind == "io" else ConvStats()
+    if kind == "io":
+        return IoStats(seconds)
+    return ConvStats() if kind == "conv" else ExpertStats()
 
 
 @cache
@@ -283,7 +294,79 @@ class ConvStats:
         return {"stats": "conv", "rows": rows}
 
 
-def add_item(accumulators: Iterable[IoStats | ConvStats], item: dict | FrameBlock) -> None:
+class ExpertStats:
+    """The frames' findings (``findings.of_record``), as tshark's ``-z expert``: each distinct
+    finding of a protocol once, with its count and the first frame that had it, the most severe first.
+
+    Memory: at most ``MAX_FINDINGS`` distinct findings are kept; the rest are counted per severity.
+    """
+
+    kind = "expert"
+
+    def __init__(self, max_findings: int = MAX_FINDINGS) -> None:
+        self.origin_ns: int | None = None
+        self.max_findings = max_findings
+        #: (severity, protocol, text) -> [count, conn_index, connection, packet, frame_index, type]
+        self._rows: dict[tuple[str, str, str], list] = {}
+        self._counts: Counter[str] = Counter()
+        self._left_out: Counter[str] = Counter()
+
+    def add(self, record: dict) -> None:
+        if not has_findings(record):
+            return
+        protocol = record.get("protocol") or ""
+        for severity, text in of_record(record):
+            self._counts[severity] += 1
+            row = self._rows.get((severity, protocol, text))
+            if row is not None:
+                row[0] += 1
+            elif len(self._rows) < self.max_findings:
+                self._rows[(severity, protocol, text)] = [
+                    1,
+                    record["conn_index"],
+                    record["connection"],
+                    record.get("packet"),
+                    record.get("frame_index"),
+                    record.get("type"),
+                ]
+            else:
+                self._left_out[severity] += 1
+
+    def add_block(self, block: FrameBlock) -> None:
+        if _FINDING_FIELDS.isdisjoint(_columns(block.layout)) and _FINDING_FIELDS.isdisjoint(block.shared):
+            return  # the fast paths' blocks: accepted frames, no findings
+        for record in block.records():
+            self.add(record)
+
+    def result(self) -> dict:
+        rank = {severity: i for i, severity in enumerate(SEVERITIES)}
+        ordered = sorted(self._rows.items(), key=lambda kv: (rank[kv[0][0]], kv[1][1], kv[1][4] or 0))
+        rows = [
+            {
+                "severity": severity,
+                "protocol": protocol,
+                "finding": text,
+                "count": count,
+                "conn_index": conn_index,
+                "connection": connection,
+                "packet": packet,
+                "frame_index": frame_index,
+                "type": type_,
+            }
+            for (severity, protocol, text), (
+                count,
+                conn_index,
+                connection,
+                packet,
+                frame_index,
+                type_,
+            ) in ordered
+        ]
+        counts = {severity: self._counts[severity] for severity in SEVERITIES}
+        return {"stats": "expert", "counts": counts, "rows": rows, "left_out": dict(self._left_out)}
+
+
+def add_item(accumulators: Iterable[IoStats | ConvStats | ExpertStats], item: dict | FrameBlock) -> None:
     """Feed one item of ``Dissector.frames`` (a record or a block) to each accumulator."""
     if type(item) is FrameBlock:
         for acc in accumulators:
@@ -294,7 +377,9 @@ def add_item(accumulators: Iterable[IoStats | ConvStats], item: dict | FrameBloc
 
 
 def feed(
-    accumulators: list[IoStats | ConvStats], items: Iterable[dict | FrameBlock], limit: int | None = None
+    accumulators: list[IoStats | ConvStats | ExpertStats],
+    items: Iterable[dict | FrameBlock],
+    limit: int | None = None,
 ) -> int:
     """Feed ``Dissector.frames`` items, at most ``limit`` frames (a block cut to fit); frames fed."""
     fed = 0
@@ -312,4 +397,15 @@ def feed(
     return fed
 
 
-__all__ = ["MAX_INTERVALS", "ConvStats", "IoStats", "StatsError", "add_item", "feed", "make", "parse_spec"]
+__all__ = [
+    "MAX_FINDINGS",
+    "MAX_INTERVALS",
+    "ConvStats",
+    "ExpertStats",
+    "IoStats",
+    "StatsError",
+    "add_item",
+    "feed",
+    "make",
+    "parse_spec",
+]

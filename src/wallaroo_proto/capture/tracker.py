@@ -38,6 +38,7 @@ class ConnectionTracker:
         self.types: Counter[str] = Counter()
         self.violation_list: list[dict] = []
         self.violations = 0
+        self.findings: list[dict] = []  # the plug-in's own (findings.mark), for the summary
         self.first_packet = self.last_packet = 0
         self.first_ts = self.last_ts = 0.0
         self.closed = "open at end of capture"

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import difflib
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, BinaryIO
 
 from wallaroo_proto import records
+from wallaroo_proto.protocols import as_hex, hex_fields
 
 from .frame_block import SHARED, FrameBlock
 
@@ -149,6 +151,10 @@ def field_text(value: Any) -> str:
     return _text(str(value))
 
 
+def _hex_text(value: Any, digits: int) -> str:
+    return as_hex(int(value), digits)
+
+
 class FieldRows:
     """``-T fields`` lines: the ``-e`` fields of each frame, joined by the separator."""
 
@@ -159,6 +165,9 @@ class FieldRows:
         self.header = options["header"] == "y"
         self.clock = clock
         self._kinds = [records.FIELD_TYPES.get(name, "string") for name in names]
+        hexes = hex_fields()
+        #: Digits of each field shown in hex (as the table shows it), else None.
+        self._hex = [hexes.get(name) for name in names]
 
     def header_line(self) -> str:
         return self.separator.join(self._quoted(name) for name in self.names)
@@ -170,7 +179,12 @@ class FieldRows:
     def record(self, r: dict) -> str:
         get = r.get
         values = [
-            self.clock(r["ts_ns"]) if name == TIME_FIELD else field_text(get(name)) for name in self.names
+            self.clock(r["ts_ns"])
+            if name == TIME_FIELD
+            else field_text(get(name))
+            if digits is None or get(name) is None
+            else as_hex(int(get(name)), digits)
+            for name, digits in zip(self.names, self._hex, strict=True)
         ]
         if self.quote:
             values = [self._quoted(v) for v in values]
@@ -183,7 +197,7 @@ class FieldRows:
             return []
         columns: list[Iterable[str]] = []
         positions = {name: i for i, name in enumerate(name for name, kind in block.layout if kind != SHARED)}
-        for name, kind in zip(self.names, self._kinds, strict=True):
+        for name, kind, digits in zip(self.names, self._kinds, self._hex, strict=True):
             if name == TIME_FIELD:
                 if "ts_ns" in block.shared:
                     stamps: Iterable[int] = (block.shared["ts_ns"],) * n
@@ -192,10 +206,17 @@ class FieldRows:
                     stamps = [row[at] for row in block.rows]
                 columns.append([self._cell(self.clock(ns)) for ns in stamps])
             elif name in block.shared:
-                columns.append((self._cell(field_text(block.shared[name])),) * n)
+                value = block.shared[name]
+                text = field_text(value) if digits is None or value is None else as_hex(int(value), digits)
+                columns.append((self._cell(text),) * n)
             elif name in positions:
                 at = positions[name]
-                convert = str if kind in ("int", "long", "u64") else field_text
+                if digits is not None:
+                    convert: Callable[[Any], str] = partial(_hex_text, digits=digits)
+                elif kind in ("int", "long", "u64"):
+                    convert = str
+                else:
+                    convert = field_text
                 column = [convert(row[at]) if row[at] is not None else "" for row in block.rows]
                 columns.append([self._quoted(v) for v in column] if self.quote else column)
             else:

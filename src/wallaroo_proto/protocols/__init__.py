@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -85,6 +85,9 @@ class ProtocolPlugin:
     #: dissection of one connection reads another's state gives them one key (default: each
     #: connection its own).
     part_key: Callable[[Any], tuple] = own_connection
+    #: Optional: integer fields shown in hex (as Wireshark's BASE_HEX), name -> digits, so the
+    #: table, ``-T fields`` and the summary write one value one way: ``0x`` and zero-padded.
+    hex_fields: Mapping[str, int] = field(default_factory=dict)
 
 
 @cache
@@ -112,9 +115,28 @@ def get_plugin(name: str) -> ProtocolPlugin:
     raise KeyError(f"unknown protocol {name!r} (known: {', '.join(names())})")
 
 
+@cache
+def hex_fields() -> dict[str, int]:
+    """Every plug-in's hex fields (``ProtocolPlugin.hex_fields``), joined."""
+    return {name: digits for plugin in plugins() for name, digits in plugin.hex_fields.items()}
+
+
+def as_hex(value: int, digits: int) -> str:
+    return f"0x{value:0{digits}x}"
+
+
 def table_name(protocol: str, table: str) -> str:
     """A protocol's report as a table: ``<protocol>_<table>``; Wallaroo's keep their plain names."""
     return table if protocol == "wallaroo" else f"{protocol}_{table}"
 
 
-__all__ = ["ProtocolPlugin", "get_plugin", "names", "own_connection", "plugins", "table_name"]
+__all__ = [
+    "ProtocolPlugin",
+    "as_hex",
+    "get_plugin",
+    "hex_fields",
+    "names",
+    "own_connection",
+    "plugins",
+    "table_name",
+]

@@ -20,6 +20,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from wallaroo_proto.capture.pcap import format_address
+from wallaroo_proto.findings import mark
 from wallaroo_proto.records import to_json
 
 from .codec import (
@@ -46,7 +47,7 @@ from .codec import (
     read_message,
     read_zz,
 )
-from .core import IC, LB, Kind, Session
+from .core import IC, LB, Kind, Phase, Session
 
 if TYPE_CHECKING:
     from wallaroo_proto.capture.dissector import Dissector
@@ -211,6 +212,7 @@ class AmbrosiaTracker:
         self.types: Counter[str] = Counter()
         self.violation_list: list[dict] = []
         self.violations = 0
+        self.findings: list[dict] = []  # findings.mark's, for the summary
         self.first_packet = self.last_packet = 0
         self.first_ts = self.last_ts = 0.0
         self.closed = "open at end of capture"
@@ -345,7 +347,7 @@ class AmbrosiaTracker:
     def _apply(self, record: dict, verdict) -> None:
         record["verdict"] = verdict.kind.value
         if verdict.note:
-            record.setdefault("notes", []).append(verdict.note)
+            mark(record, "note", verdict.note, self.findings)
         if not verdict.ok:
             self._violate(record, *verdict.violations)
         record["phase"] = self.pair.session.phase.value
@@ -353,6 +355,7 @@ class AmbrosiaTracker:
     def _record(self, direction: _Direction, frame: RecordFrame, packet: int, ts: int) -> None:
         header = frame.header
         record = self._row(direction, packet, ts, frame.offset, header.size)
+        before = self.pair.session.phase
         verdict = self.pair.session.from_ic(header, frame.body)
         record["seq_id"] = header.seq
         record["committer_id"] = header.committer
@@ -377,7 +380,24 @@ class AmbrosiaTracker:
             )
             record["message_types"] = sorted({m.name for m in msgs})
         self._apply(record, verdict)
+        self._phase_finding(record, before, self.pair.session.phase)
         self._emit(record)
+
+    def _phase_finding(self, record: dict, before: Phase, after: Phase) -> None:
+        """A recovery's start and end, and a first start, said where the IC's records show them."""
+        if after is before:
+            return
+        if after is Phase.REPLAY:
+            size = record.get("checkpoint_length")
+            of = f"a checkpoint of {size:,} bytes" if size is not None else "a checkpoint"
+            text = f"recovery: the IC restores the LB from {of}, then replays the log records after it"
+        elif before is Phase.REPLAY:
+            text = f"recovery ends: {record['type']} ends the replay, and the LB goes on as primary"
+        elif after is Phase.FIRST_START:
+            text = "first start: no checkpoint to recover from; the LB is asked for its first checkpoint"
+        else:
+            return
+        mark(record, "note", text, self.findings)
 
     def _message(self, direction: _Direction, frame: MessageFrame, packet: int, ts: int) -> None:
         msg = frame.message

@@ -89,6 +89,10 @@ class Verdict(NamedTuple):
     #: What this packet did, for records and summaries: "snapshot complete", "rollback to 4", ...
     event: str | None = None
     request_opcode: int | None = None
+    #: A response's vbucket: its request's (a response's own vbucket field carries its status).
+    vbucket: int | None = None
+    #: (severity, text) of what this packet explains, with its cause (``findings.mark``).
+    finding: tuple[str, str] | None = None
 
     @property
     def ok(self) -> bool:
@@ -204,6 +208,8 @@ class Connection:
         self.streams: dict[int, Stream] = {}  # open streams by opaque
         self.ended: list[Stream] = []
         self.rollbacks: list[tuple[int, int]] = []  # (vbucket, seqno)
+        #: The newest failover log the producer gave per vbucket (a stream's or GET_FAILOVER_LOG's).
+        self.failover_logs: dict[int, list[tuple[int, int]]] = {}
         self.acked = 0
         self.violations = 0
 
@@ -217,11 +223,15 @@ class Connection:
         reasons: list[str],
         event: str | None = None,
         request_opcode: int | None = None,
+        vbucket: int | None = None,
+        finding: tuple[str, str] | None = None,
     ) -> Verdict:
         if reasons:
             self.violations += 1
-            return Verdict(Kind.VIOLATION, sender, p, msg, "; ".join(reasons), event, request_opcode)
-        return Verdict(Kind.ACCEPTED, sender, p, msg, None, event, request_opcode)
+            return Verdict(
+                Kind.VIOLATION, sender, p, msg, "; ".join(reasons), event, request_opcode, vbucket, finding
+            )
+        return Verdict(Kind.ACCEPTED, sender, p, msg, None, event, request_opcode, vbucket, finding)
 
     def _malformed(self, sender: str, p: Packet | None, err: ProtocolError) -> Verdict:
         self.violations += 1
@@ -490,28 +500,32 @@ class Connection:
     def _producer_response(self, p: Packet, msg: Response, pending: _Pending | None) -> Verdict:
         if pending is None:
             return self._verdict(PRODUCER, p, msg, [f"response opaque 0x{p.opaque:08x} answers no request"])
+        vb = pending.vbucket
         if pending.opcode != p.opcode:
             reason = (
                 f"{p.name} response to a {codec.OPCODES.get(pending.opcode, hex(pending.opcode))} request"
             )
-            return self._verdict(PRODUCER, p, msg, [reason], request_opcode=pending.opcode)
+            return self._verdict(PRODUCER, p, msg, [reason], request_opcode=pending.opcode, vbucket=vb)
         reasons: list[str] = []
-        event = None
+        event = finding = None
         ok = msg.status == SUCCESS
         if p.opcode == codec.OPEN and ok:
             self.opened = pending.message
         elif p.opcode == codec.CONTROL and ok:
             self._apply_control(pending.message)
         elif p.opcode == codec.STREAM_REQ:
-            event, reasons = self._stream_req_answer(p, msg, pending)
+            event, reasons, finding = self._stream_req_answer(p, msg, pending)
         elif p.opcode == codec.CLOSE_STREAM and ok:
             # Closed now, unless a STREAM_END (closed) is to follow, which ends it then.
-            stream = self.stream_for(pending.vbucket)
+            stream = self.stream_for(vb)
             if stream is not None and self.controls.get("send_stream_end_on_client_close_stream") != "true":
                 self.end_stream(stream.opaque, "closed")
+        elif p.opcode == codec.GET_FAILOVER_LOG and ok and msg.failover_log:
+            self.failover_logs[vb] = msg.failover_log
         elif not ok:
             event = f"{msg.status_name}"
-        return self._verdict(PRODUCER, p, msg, reasons, event, pending.opcode)
+            finding = _refusal(p.name, vb if p.opcode in _VBUCKET_REQUESTS else None, msg)
+        return self._verdict(PRODUCER, p, msg, reasons, event, pending.opcode, vb, finding)
 
     def _apply_control(self, c: Control) -> None:
         self.controls[c.key] = c.value
@@ -525,7 +539,9 @@ class Connection:
         elif c.key == "enable_stream_id" and c.value == "true":
             self.stream_ids = True
 
-    def _stream_req_answer(self, p: Packet, msg: Response, pending: _Pending) -> tuple[str | None, list[str]]:
+    def _stream_req_answer(
+        self, p: Packet, msg: Response, pending: _Pending
+    ) -> tuple[str | None, list[str], tuple[str, str] | None]:
         req: StreamReq = pending.message
         vb = pending.vbucket
         bad_range = req.start > req.end or not req.snap_start <= req.start <= req.snap_end
@@ -537,9 +553,9 @@ class Connection:
                 problems.append(f"rollback to {seqno}, after the requested start {req.start}")
             if req.start == 0 and req.vbucket_uuid == 0:
                 problems.append("rollback of a request from seqno 0 (such a request never rolls back)")
-            return f"rollback to {seqno}", problems
+            return f"rollback to {seqno}", problems, ("warning", self._rollback_cause(vb, req, seqno))
         if msg.status != SUCCESS:
-            return f"stream request {msg.status_name}", []
+            return f"stream request {msg.status_name}", [], _refusal("stream request", vb, msg)
         problems = []
         if bad_range:
             problems.append("stream request with a bad seqno range accepted (must be ERANGE)")
@@ -552,10 +568,28 @@ class Connection:
             problems.append("failover log not newest first (seqnos must not increase)")
         if self.stream_for(vb) is not None:
             problems.append(f"a second stream for vbucket {vb} accepted (must be KEY_EEXISTS)")
+        if log:
+            self.failover_logs[vb] = log
         sid = _json_sid(req.json)
         stream = Stream(vb, p.opaque, req, sid, log, req.start, req.snap_start, req.snap_end)
         self.streams[p.opaque] = stream
-        return f"stream open from {req.start}", problems
+        return f"stream open from {req.start}", problems, None
+
+    def _rollback_cause(self, vb: int, req: StreamReq, seqno: int) -> str:
+        """Why vbucket ``vb`` rolls back, from what the request asked and what the producer's
+        failover log says, as far as this connection has seen it (the rule: ``needs_rollback``)."""
+        asked = (
+            f"vb {vb} rolls back to {seqno}: the consumer asked to resume at {req.start} "
+            f"(snapshot {req.snap_start}..{req.snap_end}) with vbucket uuid 0x{req.vbucket_uuid:016x}"
+        )
+        log = self.failover_logs.get(vb)
+        shown = f"; its failover log seen last, newest first: {_failover(log)}" if log else ""
+        if seqno == 0:
+            return (
+                f"{asked}, a history the producer does not hold (not in its failover log, or purged){shown}"
+            )
+        ends = f"the producer's history with that uuid ends at {seqno}, where its failover log branches"
+        return f"{asked}; {ends}{shown}"
 
     def _stream_message(self, p: Packet, msg: Any) -> Verdict:
         reasons: list[str] = []
@@ -590,6 +624,11 @@ class Connection:
             del self.streams[p.opaque]
             self.ended.append(stream)
             event = f"stream end {msg.reason_name}"
+            why = _END_WHY.get(msg.reason)
+            if why is not None or msg.reason_name.startswith("unknown"):
+                text = f"the producer ended the stream of vb {stream.vbucket} at seqno {stream.last_seqno}: "
+                finding = ("warning", text + (why or msg.reason_name))
+                return self._verdict(PRODUCER, p, msg, reasons, event, finding=finding)
         return self._verdict(PRODUCER, p, msg, reasons, event)
 
     def _marker(self, s: Stream, m: SnapshotMarker, reasons: list[str]) -> str | None:
@@ -644,3 +683,36 @@ def _json_sid(raw: bytes) -> int | None:
         return None
     sid = obj.get("sid") if isinstance(obj, dict) else None
     return sid if isinstance(sid, int) else None
+
+
+_AUTH_CONTINUE = 0x21
+#: Requests about one vbucket, whose header's vbucket a refusal names.
+_VBUCKET_REQUESTS = frozenset({codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG})
+
+#: Why a producer ends a stream, for the reasons a consumer must act on (ok and closed are routine).
+_END_WHY = {
+    codec.END_STATE_CHANGED: "state_changed (the vbucket changed state, e.g. it moved to another node)",
+    codec.END_DISCONNECTED: "disconnected (the producer is closing the connection)",
+    codec.END_TOO_SLOW: "too_slow (the consumer did not read fast enough; it must ask again)",
+    5: "backfill_failed (the producer could not read the vbucket's history from disk)",
+    6: "rollback (the vbucket rolled back; a new request learns where to)",
+    7: "filter_empty (every collection the stream filtered on was dropped)",
+    8: "lost_privileges (the connection may no longer read this bucket)",
+}
+
+
+def _failover(log: list[tuple[int, int]]) -> str:
+    entries = [f"0x{uuid:016x} from {seqno}" for uuid, seqno in log[:4]]
+    return ", ".join(entries) + (f", ... ({len(log)} entries)" if len(log) > 4 else "")
+
+
+def _refusal(what: str, vb: int | None, msg: Response) -> tuple[str, str] | None:
+    """A request the producer refused: which, for which vbucket, and what its status means
+    (None for AUTH_CONTINUE, a SASL exchange's next step and no refusal)."""
+    status = msg.status_name
+    if msg.status == _AUTH_CONTINUE:
+        return None
+    on = f" for vb {vb}" if vb is not None else ""
+    if msg.status == codec.NOT_MY_VBUCKET:
+        return "warning", f"{what}{on} refused NOT_MY_VBUCKET: this node does not hold vb {vb} as active"
+    return "warning", f"{what}{on} refused: {status}"

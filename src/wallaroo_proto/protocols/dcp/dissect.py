@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from wallaroo_proto.capture.frame_block import COLUMN, MAX_ROWS, OPTIONAL, PLAIN, SHARED, FrameBlock
 from wallaroo_proto.capture.tracker import ConnectionTracker
+from wallaroo_proto.findings import mark
 from wallaroo_proto.records import to_json
 
 from . import codec
@@ -70,14 +71,19 @@ def type_name(p: Packet) -> str:
     return p.name if p.is_request else f"{p.name}_RESPONSE"
 
 
-def packet_fields(record: dict, p: Packet) -> None:
-    """A packet's header fields, as every record of it names them (after ``type``)."""
+def packet_fields(record: dict, p: Packet, vbucket: int | None = None) -> None:
+    """A packet's header fields, as every record of it names them (after ``type``).
+
+    A response's header carries its status where a request has its vbucket: ``vbucket`` is the
+    request's, when the judge matched one (so ``-Y 'vbucket == 2'`` finds the answers too)."""
     record["dcp_magic"] = p.magic
     record["dcp_opcode"] = p.opcode
     record["opaque"] = p.opaque
     if p.is_request:
         record["vbucket"] = p.vbucket
     else:
+        if vbucket is not None:
+            record["vbucket"] = vbucket
         record["status"] = codec.STATUSES.get(p.status, f"0x{p.status:04x}")
     if p.key:
         record["dcp_key"] = p.key.decode("utf-8", "replace")
@@ -389,19 +395,19 @@ class DcpTracker(ConnectionTracker):
         record["sender"], record["type"] = sender, type_name(p)
         record["verdict"] = verdict.kind.value
         self.types[record["type"]] += 1
-        packet_fields(record, p)
+        packet_fields(record, p, verdict.vbucket)
         if verdict.event:
             record["dcp_event"] = verdict.event
         if verdict.kind is not Kind.ACCEPTED:
             self._violation(record, verdict.reason or "")
         if verdict.message is not None:
             self._fields(record, p, verdict.message)
+        if verdict.finding is not None:
+            mark(record, *verdict.finding, self.findings)
         self.out.append(to_json(record) if self.jsonl else record)
 
     def _fields(self, record: dict, p: Packet, msg: Any) -> None:
         message_fields(record, p, msg)
-        if record.get("rollback_seqno") is not None and self.conn.rollbacks:
-            record["vbucket"] = self.conn.rollbacks[-1][0]
         if self.conn.buffer_size and p.is_request and p.opcode in codec.STREAM_MESSAGES | {codec.BUFFER_ACK}:
             record["outstanding"] = self.conn.outstanding
 

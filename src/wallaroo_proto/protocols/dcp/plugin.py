@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from wallaroo_proto.protocols import ProtocolPlugin
+from wallaroo_proto.protocols import ProtocolPlugin, as_hex
 
 from . import codec
 from .codec import PacketSplitter, decode_packet
@@ -60,6 +60,10 @@ TITLES = {
 }
 
 
+#: Shown in hex everywhere, as Wireshark's couchbase dissector shows them (BASE_HEX).
+HEX_FIELDS = {"opaque": 8, "vb_uuid": 16}
+
+
 def describe(r: dict) -> str:
     """The record's own fields, as ``dissect``'s table shows them."""
     if r.get("type") == "INVALID":
@@ -82,14 +86,14 @@ def describe(r: dict) -> str:
         ("error_map", "error_map_version"),
         ("error_map_rev", "error_map_revision"),
     )
-    parts = [f"opaque=0x{r['opaque']:08x}"] if r.get("opaque") is not None else []
+    parts = [f"opaque={as_hex(r['opaque'], 8)}"] if r.get("opaque") is not None else []
     for label, k in keys:
         if k is None:
             if r.get("snap_start") is not None and r.get("start_seqno") is None:
                 end, flags = r.get("snap_end", "?"), r.get("snap_flags") or 0
                 parts.append(f"snap={r['snap_start']}..{end}/0x{flags:x}")
         elif r.get(k) is not None:
-            parts.append(f"{label}={int(r[k]):#x}" if label == "uuid" else f"{label}={r[k]}")
+            parts.append(f"{label}={as_hex(int(r[k]), 16)}" if label == "uuid" else f"{label}={r[k]}")
     if r.get("dcp_event"):
         parts.append(f"({r['dcp_event']})")
     return " ".join(parts)
@@ -164,4 +168,5 @@ PLUGIN = ProtocolPlugin(
     spark_reports=_spark_reports,
     report_titles=TITLES,
     report_signals=DcpSignals,
+    hex_fields=HEX_FIELDS,
 )

@@ -21,6 +21,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from wallaroo_proto.capture.tracker import ConnectionTracker
+from wallaroo_proto.findings import mark
 from wallaroo_proto.records import to_json
 
 from .codec import (
@@ -176,13 +177,10 @@ class KinesisTracker(ConnectionTracker):
         record["type"] = name
         record["verdict"] = kind.value
         self.types[name] += 1
-        notes = []
         if self.notes:
-            notes, self.notes = self.notes, []
+            record["notes"], self.notes = self.notes, []
         if verdict.note:
-            notes.append(verdict.note)
-        if notes:
-            record["notes"] = notes
+            mark(record, "note", verdict.note, self.findings)
         if kind is Kind.VIOLATION:
             self._violation(record, verdict.reason or "")
         if conv.shard_id is not None:
@@ -190,6 +188,19 @@ class KinesisTracker(ConnectionTracker):
         if msg is not None:
             self._fields(record, msg, kind, ts)
         self.out.append(to_json(record) if self.jsonl else record)
+
+    def _refused(self, reply: Checkpoint) -> str:
+        """Why the daemon refused a checkpoint: what was asked, and what the checkpointer allows."""
+        conv = self.conv
+        asked = (
+            _seq(reply.sequence_number, reply.sub_sequence_number) if reply.sequence_number else "the latest"
+        )
+        text = f"checkpoint at {asked} refused: {reply.error}"
+        if reply.error == "InvalidStateException":
+            return f"{text} (no checkpointer now: the processor is handling {conv.pending or 'no request'})"
+        low = "any" if conv.last_checkpoint is None else _seq(*conv.last_checkpoint)
+        high = "none delivered yet" if conv.largest_seq is None else _seq(*conv.largest_seq)
+        return f"{text}; allowed: from the last checkpoint ({low}) to the largest record delivered ({high})"
 
     def _fields(self, record: dict, msg: Any, kind: Kind, ts: int) -> None:
         accepted = kind is Kind.ACCEPTED
@@ -219,6 +230,7 @@ class KinesisTracker(ConnectionTracker):
                 record["checkpoint_error"] = msg.error
                 if accepted and msg.error is not None:
                     self.errors[msg.error] += 1
+                    mark(record, "warning", self._refused(msg), self.findings)
         if accepted and record["sender"] == DAEMON and not isinstance(msg, Checkpoint):
             self.request_ts = ts
 
@@ -325,3 +337,7 @@ class KinesisTracker(ConnectionTracker):
             "capture_notes": self.capture_notes,
             "closed": self.closed,
         }
+
+
+def _seq(sequence_number: str, sub: int | None) -> str:
+    return sequence_number if not sub else f"{sequence_number}/{sub}"

@@ -15,6 +15,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from wallaroo_proto.capture.tracker import KEEP_VIOLATIONS, ConnectionTracker
+from wallaroo_proto.findings import mark
 from wallaroo_proto.records import to_json
 
 from .core import CLIENT, SERVER, Session
@@ -65,6 +66,18 @@ def verdict_fields(record: dict, verdict: Any) -> None:
     elif verdict.type == "error-close":
         record["status_code"] = verdict.message.code
 
+
+#: Close codes of an orderly end (RFC 6455 7.4.1): normal closure and going away.
+_ROUTINE_CLOSES = frozenset({1000, 1001})
+_CLOSE_MEANINGS = {
+    1002: "protocol error",
+    1003: "data it cannot accept",
+    1007: "invalid payload data",
+    1008: "policy violation",
+    1009: "message too big",
+    1010: "an extension the server did not agree to",
+    1011: "the server's internal error",
+}
 
 #: A client frame the capture has before the server's answer to the upgrade.
 EARLY_FRAME = (
@@ -249,7 +262,19 @@ class TremorTracker(ConnectionTracker):
         if f.opcode == CLOSE:
             code = direction.assembler.close_code if len(f.payload) >= 2 else None
             record["ws_close_code"] = code
-            self.close_codes[CLIENT if direction.client else SERVER] = code
+            side = CLIENT if direction.client else SERVER
+            echo = (SERVER if direction.client else CLIENT) in self.close_codes  # answers the other's close
+            self.close_codes[side] = code
+            if code is not None and code not in _ROUTINE_CLOSES and not echo:
+                meaning = _CLOSE_MEANINGS.get(code, "not one RFC 6455 defines")
+                said = direction.assembler.close_reason
+                why = f": {said!r}" if said else ""
+                mark(
+                    record,
+                    "warning",
+                    f"the {side} closes the WebSocket with {code} ({meaning}){why}",
+                    self.findings,
+                )
         if message is not None:
             if message.opcode == BINARY:
                 problems.append(
@@ -274,6 +299,13 @@ class TremorTracker(ConnectionTracker):
         self.types[verdict.type] += 1
         record["message_json"] = text if len(text) <= _MAX_JSON_FIELD else text[:_MAX_JSON_FIELD] + "..."
         verdict_fields(record, verdict)
+        if verdict.type == "error-close":
+            mark(
+                record,
+                "warning",
+                f"the server ends the session with an error: {verdict.message.text!r}",
+                self.findings,
+            )
         if not verdict.ok:
             problems.append(verdict.reason or "violation")
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from wallaroo_proto.capture.frame_block import COLUMN, MAX_ROWS, PLAIN, SHARED, FrameBlock
 from wallaroo_proto.capture.pcap import format_address
+from wallaroo_proto.findings import mark
 from wallaroo_proto.records import to_json
 
 from .codec import decode
@@ -106,6 +107,10 @@ def _key_text(known: dict[bytes, str], key: bytes) -> str:
     return text
 
 
+def _where(where: list[dict]) -> str:
+    return ", ".join(f"stream {w['stream_id']} {w['start_por']}..{w['end_por']}" for w in where)
+
+
 def _text(value) -> str:
     return show_text(value)
 
@@ -156,6 +161,7 @@ class _Tracker:
         self.holds = dissector._holding
         self.midstream = False
         self.summary = ConnectionSummary(index, "")
+        self.findings: list[dict] = []  # findings.mark's, for the summary
         self._set_label()
 
     # identity -----------------------------------------------------------------------
@@ -678,6 +684,17 @@ class _Tracker:
                 else:
                     txn.decision = msg.commit
                     txn.phase2_packet = packet
+            if not msg.commit:
+                asked = (
+                    f" (its PHASE1 at packet {txn.phase1_packet}: {_where(txn.where)})"
+                    if txn and txn.where
+                    else ""
+                )
+                if isinstance(msg, Reply):
+                    text = f"the {record['sender']} votes to abort transaction {txn_id}{asked}"
+                else:
+                    text = f"the {record['sender']} aborts transaction {txn_id}: its data is to be sent again"
+                mark(record, "warning", text, self.findings)
 
     def _other(self, record: dict, frame: Frame, s: ConnectionSummary, packet: int) -> None:
         ftype = type(frame)
@@ -707,6 +724,12 @@ class _Tracker:
         elif ftype is Error:
             record["reason"] = _text(frame.reason)
             s.errors.append({"packet": packet, "sender": record["sender"], "reason": record["reason"]})
+            mark(
+                record,
+                "error",
+                f"the {record['sender']} ends the connection: ERROR {record['reason']!r}",
+                self.findings,
+            )
         elif ftype is Notify:
             record["stream_id"] = frame.stream_id
             record["stream_name"] = _text(frame.stream_name)
@@ -721,6 +744,14 @@ class _Tracker:
             st = s.stream(frame.stream_id)
             if not frame.success:
                 st.notify_failures += 1
+                named = f" ({st.name})" if st.name else ""
+                mark(
+                    record,
+                    "warning",
+                    f"the {record['sender']} refuses stream {frame.stream_id}{named}: NOTIFY_ACK false, "
+                    "so nothing may be sent on it (another connection may hold it)",
+                    self.findings,
+                )
             st.next_expected = None
         elif ftype is EosMessage:
             record["stream_id"] = frame.stream_id
@@ -731,6 +762,14 @@ class _Tracker:
                 record["address"] = _text(frame.address)
             s.restarts.append(
                 {"packet": packet, "sender": record["sender"], "address": record.get("address")}
+            )
+            at = f" at {record['address']}" if record.get("address") else ""
+            mark(
+                record,
+                "warning",
+                f"the {record['sender']} asks for a restart{at}: the connector reconnects and resends "
+                "from the last acknowledged points of reference",
+                self.findings,
             )
         elif ftype is WorkersLeft:
             record["rtag"] = frame.rtag
