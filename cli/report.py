@@ -56,7 +56,7 @@ EXIT_UNUSABLE = 2
     "--protocol", type=click.Choice(names()), default=None, help="Read every connection as this protocol."
 )
 @click.option("--frames", "shown", type=click.IntRange(1), default=20, show_default=True,
-              help="The ladder opens on the first and last N frames of each connection.")  # fmt: skip
+              help="A ladder without findings opens on its first and last N frames.")  # fmt: skip
 @click.option("--max-frames", type=click.IntRange(2), default=1000, show_default=True,
               help="Frames kept per connection for paging (its first and last halves).")  # fmt: skip
 @click.option("--max-connections", type=click.IntRange(0), default=20, show_default=True,
@@ -78,9 +78,9 @@ EXIT_UNUSABLE = 2
 def command(
     captures, output, ports, protocol, shown, max_frames, max_connections, display_filter, title, verbosity
 ) -> None:
-    """Draw pcap/pcapng CAPTURES as one HTML file that opens offline: a ladder diagram per
-    connection, throughput and the protocol's signals over time, latency distributions,
-    and the summary and violations tables. Prints the report's path.
+    """Draw pcap/pcapng CAPTURES as one HTML file that opens offline: the findings first, each
+    linked to its frame, then a ladder diagram per connection, throughput and the protocol's
+    signals over time, latency distributions and the summary tables. Prints the report's path.
 
     Exit 0 when written; 1 when a capture was cut short; 2 when a capture cannot be read
     or the report cannot be written.

@@ -28,9 +28,11 @@ def unnotified_message(path: Path) -> Path:
     return path
 
 
-def long_session(path: Path, messages: int, credits: int = 10) -> Path:
+def long_session(path: Path, messages: int, credits: int = 10, unnotified: tuple[int, ...] = ()) -> Path:
     """A source streaming ``messages`` MESSAGEs, 1 ms apart; the worker grants ``credits`` per ACK
-    each time the connector runs out, so the level falls to zero ``messages // credits`` times."""
+    each time the connector runs out, so the level falls to zero ``messages // credits`` times.
+    The MESSAGEs numbered in ``unnotified`` (from 1) go to stream 9, never NOTIFYed: a violation
+    each, at frame 4 + (i - 1) + (i - 1) // credits."""
     with PcapWriter(path) as w:
         t = 2000.0
         s = w.tcp_session(("127.0.0.1", 52000), ("127.0.0.1", 7100), timestamp=t)
@@ -40,7 +42,7 @@ def long_session(path: Path, messages: int, credits: int = 10) -> Path:
         s.send(False, encode(NotifyAck(True, 1, 0)), t + 0.004)
         t += 0.005
         for i in range(1, messages + 1):
-            s.send(True, encode(Message(1, i, i, b"", b"m")), t)
+            s.send(True, encode(Message(9 if i in unnotified else 1, i, i, b"", b"m")), t)
             t += 0.001
             if i % credits == 0:
                 t += 0.002  # the spell at zero credits

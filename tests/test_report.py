@@ -14,6 +14,8 @@ import pytest
 from report_captures import CAPTURES, SAMPLE_FRAMES, long_session, unnotified_message
 from support import COMMAND, as_foreground, run_cli
 
+from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.findings import mark
 from wallaroo_proto.protocols import ProtocolPlugin, get_plugin
 from wallaroo_proto.report import model
 from wallaroo_proto.report.collect import build_report
@@ -121,8 +123,8 @@ def test_violations_are_listed_and_linked(tmp_path) -> None:
     path = unnotified_message(tmp_path / "bad.pcap")
     (conn,) = connections(path)
     assert conn.violations == 1
-    (listed,) = conn.violation_list
-    assert listed[0] == 2 and listed[3] == "MESSAGE" and "stream_id 9" in listed[4]
+    (listed,) = conn.finding_list
+    assert listed[0] == 2 and listed[3:5] == ["MESSAGE", "error"] and "stream_id 9" in listed[5]
     assert conn.head[2][6] is True  # drawn red
     page = render(build_report([path]))
     assert 'data-goto="c1-1:2"' in page
@@ -132,10 +134,98 @@ def test_gaps_are_noted_on_the_frame_after_them() -> None:
     (conn,) = connections("lost-segment.pcap")
     # captures/README.md: 120 bytes lost at stream offset 187, resynced at the frame boundary 319.
     assert conn.notes == 1
-    gap, resync = conn.note_list
-    assert "120 bytes missing at stream offset 187" in gap[4] and "resynced at stream offset 319" in resync[4]
+    gap, resync = conn.finding_list
+    assert gap[4] == resync[4] == "warning"
+    assert "120 bytes missing at stream offset 187" in gap[5] and "resynced at stream offset 319" in resync[5]
     (frame,) = [f for f in conn.head if f[8]]
     assert frame[0] == gap[0] == resync[0] and frame[3] == "MESSAGE"
+
+
+# --- findings first ------------------------------------------------------------------------------
+
+
+def dcp_rollback_with_findings(limits: ReportLimits | None = None) -> model.Report:
+    """captures/dcp-rollback.pcap as its plug-in will mark it (here by hand, as the plug-in's
+    ``findings.mark`` does): each ROLLBACK answer a warning, the NOT_MY_VBUCKET answer an error."""
+    name = str(CAPTURES / "dcp-rollback.pcap")
+    limits = limits or ReportLimits()
+    builder = model.ReportBuilder(limits)
+    for record in Dissector(name, keep_summaries=False).run(name):
+        if record.get("status") == "ROLLBACK":
+            mark(record, "warning", "rollback (cause given by the plug-in)")
+        elif record.get("status") == "NOT_MY_VBUCKET":
+            mark(record, "error", "NOT_MY_VBUCKET")
+        builder.feed(record)
+    return model.Report([model.CaptureReport(name, builder.finish())], limits)
+
+
+def _findings_rows(page: str) -> list[str]:
+    table = page[page.index('<h2 id="findings">') :]
+    table = table[: table.index("</table>")]
+    return re.findall(r"<tr>(.*?)</tr>", table)[1:]  # after the header
+
+
+def test_the_page_opens_on_its_findings_most_severe_first_each_linked_to_its_frame() -> None:
+    page = render(dcp_rollback_with_findings())
+    # The first heading after the title is the findings; limits come last, after every connection.
+    assert re.findall(r"<h2[^>]*>([^<]*)</h2>", page)[0] == "Findings"
+    assert page.index('class="bounds"') > page.rindex("<section")
+    assert "1 error, 2 warnings, 0 notes." in page
+    rows = _findings_rows(page)
+    # dissect captures/dcp-rollback.pcap -T fields -e frame_index -e packet -e status: the ROLLBACKs
+    # are frames 21 (packet 25) and 24 (packet 27), the NOT_MY_VBUCKET frame 25 (packet 28).
+    expected = [("error", 28, 25), ("warning", 25, 21), ("warning", 27, 24)]
+    for row, (severity, packet, frame) in zip(rows, expected, strict=True):
+        assert row.startswith(
+            f'<td class="sev-{severity}">{severity}</td><td><a href="#c1-1">#1</a> dcp</td>'
+        )
+        assert f'<td class="num">{packet}</td>' in row
+        assert f'<a href="#f-c1-1-{frame}" data-goto="c1-1:{frame}">#{frame}</a>' in row
+        assert "DCP_STREAM_REQ_RESPONSE" in row
+    # The ladder opens at the first finding, and draws the plug-in's finding on its arrow.
+    (conn,) = [c for cap in dcp_rollback_with_findings().captures for c in cap.connections]
+    assert conn.first_finding == 21 and '"first":21' in page
+    assert conn.head[21][9] == ["warning", "rollback (cause given by the plug-in)"]
+
+
+def test_a_report_without_findings_says_so_in_one_line() -> None:
+    page = render(build_report([CAPTURES / "source-session.pcap"]))
+    assert (
+        '<h2 id="findings">Findings</h2><p class="none">No findings: no violation, gap or event.</p><h2'
+        in page
+    )
+
+
+def test_a_finding_between_the_kept_halves_is_kept_with_its_neighbours(tmp_path) -> None:
+    path = long_session(tmp_path / "long.pcap", messages=300, unnotified=(150,))
+    limits = ReportLimits(ladder_frames=20, shown_frames=5)
+    (conn,) = connections(path, limits=limits)
+    bad = 4 + 149 + 149 // 10  # report_captures.long_session: MESSAGE 150's frame
+    assert conn.first_finding == bad
+    assert [f[0] for f in conn.middle] == list(range(bad - model.CONTEXT, bad + model.CONTEXT + 1))
+    assert [f[10] for f in conn.middle] == [f[0] for f in conn.middle]  # seq: its place among the frames
+    assert conn.middle[model.CONTEXT][6] is True
+    page = render(build_report([path], limits=limits))
+    assert f'data-goto="c1-1:{bad}"' in page and f'"first":{bad}' in page
+
+
+def test_findings_stay_bounded(tmp_path) -> None:
+    """Every MESSAGE of a long session carries a finding: the lists, the frames kept around them
+    and the page's table keep their bounds, and the counts stay exact."""
+    path = long_session(tmp_path / "long.pcap", messages=3000)
+    limits = ReportLimits(ladder_frames=100, listed=40, findings=25)
+    builder = model.ReportBuilder(limits)
+    for record in Dissector(str(path), keep_summaries=False).run(str(path)):
+        if record.get("type") == "MESSAGE":
+            mark(record, "note", f"message {record['message_id']}")
+        builder.feed(record)
+    (conn,) = builder.finish()
+    assert conn.finding_counts == {"note": 3000}
+    assert len(conn.finding_list) == 40 and conn.finding_list[-1][5] == "message 40"
+    assert len(conn.middle) <= limits.listed + 2 * model.CONTEXT
+    page = render(model.Report([model.CaptureReport(str(path), [conn])], limits))
+    assert len(_findings_rows(page)) == 25
+    assert "0 errors, 0 warnings, 3000 notes." in page and "… and 2975 more" in page
 
 
 def test_connections_past_the_limit_get_a_summary_row_only() -> None:

@@ -30,6 +30,21 @@ FLAGS = [
 #: a status, and 5 checkpoints (at 10, 20, 30 records, one throttled and retried, SHARD_END) answered.
 KINESIS_FRAMES = [20, 20]
 LONG_MESSAGES = 100  # 4 frames before, an ACK each 10 MESSAGEs: 114 frames
+#: The violations of the last capture: MESSAGEs 40 and 90 (report_captures.long_session).
+BAD_FRAMES = (4 + 39 + 39 // 10, 4 + 89 + 89 // 10)
+#: Boxes (x, y, width, height) of each chart's legends and plot areas (matplotlib's SVG ids).
+BOXES_JS = """svgs => svgs.map(svg => {
+  const box = (g) => { const r = g.getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; };
+  return {
+    width: svg.getBoundingClientRect().width,
+    legends: [...svg.querySelectorAll('g[id^="legend_"]')].map(box),
+    plots: [...svg.querySelectorAll('g[id^="axes_"] > g[id^="patch_"]:first-child')].map(box),
+  };
+})"""
+
+
+def _overlap(a: list[float], b: list[float]) -> bool:
+    return a[0] < b[0] + b[2] and b[0] < a[0] + a[2] and a[1] < b[1] + b[3] and b[1] < a[1] + a[3]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +78,8 @@ def test_the_report_in_headless_chromium(tmp_path, artifacts, capsys) -> None:
         unnotified_message(tmp_path / "bad.pcap"),
         _kinesis_capture(tmp_path / "mld.pcap"),
         long_session(tmp_path / "long.pcap", LONG_MESSAGES),
+        CAPTURES / "dcp-rollback.pcap",  # a buffer chart with its markers' legend
+        long_session(tmp_path / "long-bad.pcap", LONG_MESSAGES, unnotified=(40, 90)),
     ]
     expected = {
         "c1-1": SAMPLE_FRAMES["source-session.pcap"][0],
@@ -85,8 +102,34 @@ def test_the_report_in_headless_chromium(tmp_path, artifacts, capsys) -> None:
             page.on("console", lambda msg: msg.type == "error" and errors.append(f"console: {msg.text}"))
             page.on("request", lambda req: req.url.startswith("file:") or errors.append(f"fetched {req.url}"))
             page.goto(report.as_uri())
-            page.wait_for_function("document.body.dataset.ladders === '7'", timeout=60_000)
+            page.wait_for_function("document.body.dataset.ladders === '9'", timeout=60_000)
             page.screenshot(path=artifacts / "report-top.png")
+
+            # The first screen shows the findings table, its rows linked to their frames.
+            first_row = page.locator("#findings + p + table tbody tr").first
+            assert first_row.bounding_box()["y"] + first_row.bounding_box()["height"] < 1000
+            assert page.evaluate("window.scrollY") == 0
+            # The last ladder opens at its first violation, deep in what the first and last 20 hid.
+            bad_ladder = page.locator("#c7-1 svg.ladder")
+            assert bad_ladder.locator("#f-c7-1-0").count() == 0
+            arrow, box = page.locator(f"#f-c7-1-{BAD_FRAMES[0]}"), page.locator("#c7-1 .ladder-box")
+            assert "bad" in arrow.get_attribute("class")
+            inner, outer = arrow.bounding_box(), box.bounding_box()
+            assert outer["y"] <= inner["y"] and inner["y"] + inner["height"] <= outer["y"] + outer["height"]
+            # Its second violation's row in the findings table opens the ladder there.
+            page.locator(f'#findings + p + table a[data-goto="c7-1:{BAD_FRAMES[1]}"]').click()
+            assert "flash" in page.locator(f"#f-c7-1-{BAD_FRAMES[1]}").get_attribute("class")
+            page.locator("#c7-1").screenshot(path=artifacts / "ladder-at-finding.png")
+
+            # Each chart is as wide as the page's text, and no legend covers a plot.
+            text_width = page.locator("h1").bounding_box()["width"]
+            charts = page.locator(".chart svg").evaluate_all(BOXES_JS)
+            assert len(charts) >= 8 and any(chart["legends"] for chart in charts)
+            for chart in charts:
+                assert chart["width"] >= 0.98 * text_width
+                for legend in chart["legends"]:
+                    assert not any(_overlap(legend, plot) for plot in chart["plots"]), chart
+            page.locator("#c6-1 .chart").screenshot(path=artifacts / "charts-dcp.png")
 
             for cid, frames in expected.items():
                 arrows = page.locator(f"#{cid} svg.ladder g.arrow")
@@ -94,6 +137,11 @@ def test_the_report_in_headless_chromium(tmp_path, artifacts, capsys) -> None:
                 ids = arrows.evaluate_all("gs => gs.map(g => g.id)")
                 assert ids == [f"f-{cid}-{i}" for i in range(frames)], cid
             assert page.locator("#c3-1 svg.ladder g.arrow.bad").count() == 1
+            # An address naming a frame opens its ladder at it.
+            page.goto(f"{report.as_uri()}#f-c5-1-60")
+            page.wait_for_function("document.body.dataset.ladders === '9'", timeout=60_000)
+            assert page.locator("#c5-1 #f-c5-1-60").count() == 1
+            page.locator("#c5-1 button[data-act=ends]").click()
             page.locator("#c2-1").screenshot(path=artifacts / "ladder-restart.png")
 
             # The long connection opens on its first and last 20 frames; its pages hold all 114.
@@ -111,7 +159,7 @@ def test_the_report_in_headless_chromium(tmp_path, artifacts, capsys) -> None:
             assert float(long_ladder.get_attribute("height")) > height
 
             # A violation's row links to its red arrow.
-            page.locator('a[data-goto="c3-1:2"]').click()
+            page.locator('#c3-1 a[data-goto="c3-1:2"]').click()
             assert "flash" in page.locator("#f-c3-1-2").get_attribute("class")
             page.locator("#c3-1").screenshot(path=artifacts / "ladder-violation.png")
         finally:

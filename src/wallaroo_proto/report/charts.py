@@ -106,7 +106,7 @@ def connection_chart(conn: ConnectionReport, t0: float) -> str | None:
             ax.step(xs, ys, where="post", label=arrows[direction], color=DIRECTION_COLOURS[direction], lw=1)
         ax.set_ylabel(unit)
     axes[0].set_title(f"per direction, {bin_note}", loc="left")
-    axes[0].legend(loc="upper right", fontsize=7, frameon=False)
+    _legend_above(axes[0])
     for ax, series in zip(axes[2:], signals.series, strict=False):
         xs = [t - t0 for t, _ in series.points]
         ys = [v for _, v in series.points]
@@ -141,7 +141,15 @@ def _marker_legend(ax, signals: Signals) -> None:
     if signals.spans:
         handles.append(Patch(color="#d62828", alpha=0.15, label=signals.span_label or "spans"))
     if handles:
-        ax.legend(handles=handles, loc="lower right", fontsize=7, frameon=False, ncol=len(handles))
+        _legend_above(ax, handles)
+
+
+def _legend_above(ax, handles=None) -> None:
+    """A legend on the panel's title line, right-aligned: outside the plot, so it covers no data."""
+    kwargs = {} if handles is None else {"handles": handles}
+    count = len(handles) if handles is not None else len(ax.get_legend_handles_labels()[0])
+    ax.legend(**kwargs, loc="lower right", bbox_to_anchor=(1, 1), borderaxespad=0.1, fontsize=7,
+              frameon=False, ncol=max(count, 1))  # fmt: skip
 
 
 def _role(lane: str) -> str:
@@ -167,8 +175,9 @@ def stats(dist: Distribution) -> dict[str, float | None]:
 def distribution_chart(title: str, dists: list[Distribution]) -> str:
     """One histogram (milliseconds) per distribution, side by side."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, len(dists), figsize=(min(WIDTH_IN, 4.2 * len(dists)), 2.6), squeeze=False)
-    fig.subplots_adjust(left=0.1, right=0.97, top=0.8, bottom=0.2, wspace=0.3)
+    # The page's width whatever the count, so every chart on the page is drawn at one scale.
+    fig, axes = plt.subplots(1, len(dists), figsize=(WIDTH_IN, 2.6), squeeze=False)
+    fig.subplots_adjust(left=0.085, right=0.99, top=0.8, bottom=0.2, wspace=0.25)
     for ax, dist in zip(axes[0], dists, strict=True):
         values = [v * 1000 for v in dist.sample]
         ax.hist(values, bins=min(40, max(5, len(values) // 4)), color="#1f77b4")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import heapq
 import html
 import json
 import os
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from importlib import resources
+
+from wallaroo_proto.findings import SEVERITIES
 
 from .charts import available, connection_chart, distribution_chart, stats
 from .model import ConnectionReport, Report
@@ -44,8 +47,12 @@ def _bounds(report: Report) -> str:
     sampled = [c for c in conns if c.detailed and c.ladder_sampled]
     undrawn = [c for c in conns if not c.detailed]
     lines = [
-        f"Each ladder diagram opens on the first and last {limits.shown_frames} frames of its connection; "
-        f"the pages hold at most {limits.ladder_frames} frames per connection (its first and last halves).",
+        f"The findings table lists the first {limits.findings} findings, most severe first; each connection "
+        f"lists its first {limits.listed} of each severity and counts them all.",
+        "Each ladder diagram opens at its connection's first finding, or else on its first and last "
+        f"{limits.shown_frames} frames; the pages hold at most {limits.ladder_frames} frames per connection "
+        f"(its first and last halves) and a few around each of its first {limits.listed} findings "
+        "between them.",
         "Throughput is counted in at most 600 time bins per connection, drawn in at most 150 "
         "(the bin width is in each chart); "
         f"latency distributions keep a uniform sample of at most {MAX_SAMPLE} values per connection beside "
@@ -69,7 +76,8 @@ def _bounds(report: Report) -> str:
         lines.append(
             "The figures were aggregated on Spark, one task per share of the connections, and drawn here."
         )
-    return '<div class="bounds">' + "".join(f"<p>{line}</p>" for line in lines) + "</div>"
+    paragraphs = "".join(f"<p>{line}</p>" for line in lines)
+    return f'<h2 id="limits">Limits</h2><div class="bounds">{paragraphs}</div>'
 
 
 def _summary_rows(capture_no: int, conns: list[ConnectionReport]) -> list[str]:
@@ -87,23 +95,72 @@ def _summary_rows(capture_no: int, conns: list[ConnectionReport]) -> list[str]:
     return rows
 
 
-def _listed(capture_no: int, c: ConnectionReport, items: list[list], t0: float, what: str, total: int) -> str:
-    if not items:
-        return ""
+def _link(capture_no: int, c: ConnectionReport, index: int) -> str:
+    """A frame's link: the ladder opens at the frame (paging to it) when the link is followed."""
     cid = _cid(capture_no, c)
-    rows = []
-    for index, packet, ts, label, text in items:
-        link = (
-            f'<a href="#f-{cid}-{index}" data-goto="{cid}:{index}">#{index}</a>'
-            if c.detailed
-            else f"#{index}"
+    if not c.detailed:
+        return f"#{index}"
+    return f'<a href="#f-{cid}-{index}" data-goto="{cid}:{index}">#{index}</a>'
+
+
+def _finding_cells(capture_no: int, c: ConnectionReport, item: list, conn: str = "") -> str:
+    index, packet, _ts, label, severity, text = item
+    return (
+        f'<td class="sev-{_e(severity)}">{_e(severity)}</td>{conn}{_num(packet)}'
+        f"{_num(_link(capture_no, c, index))}<td>{_e(str(label))}</td><td>{_e(text)}</td>"
+    )
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{counts.get(s, 0)} {s}{'s' if counts.get(s, 0) != 1 else ''}" for s in SEVERITIES)
+
+
+def _findings(report: Report) -> str:
+    """The page's opening: every connection's listed findings, most severe first, the first
+    ``limits.findings`` of them, each linked to its frame; what is left out is counted."""
+    counts: Counter = Counter()
+    for capture in report.captures:
+        for c in capture.connections:
+            counts.update(c.finding_counts)
+    total = sum(counts.values())
+    if not total:
+        return '<h2 id="findings">Findings</h2><p class="none">No findings: no violation, gap or event.</p>'
+    rows = (
+        (SEVERITIES.index(item[4]), order, capture_no, c, item)
+        for order, (capture_no, c, item) in enumerate(
+            (capture_no, c, item)
+            for capture_no, capture in enumerate(report.captures, 1)
+            for c in capture.connections
+            for item in c.finding_list
         )
-        rows.append(
-            f"<tr><td>{link}</td>{_num(packet)}{_num(f'{ts - t0:.6f}')}<td>{_e(str(label))}</td>"
-            f"<td>{_e(text)}</td></tr>"
-        )
-    more = f"<p>… and more: {total} frames in all.</p>" if total > len(items) else ""
-    return f"<h4>{what}</h4>" + _table(["frame", "packet", "s", "type", what.lower()], rows) + more
+    )
+    # Most severe first, then in capture, connection and frame order; holding no more than are shown.
+    shown = heapq.nsmallest(report.limits.findings, rows, key=lambda row: row[:2])
+    several = len(report.captures) > 1
+    cells = []
+    for _rank, _order, capture_no, c, item in shown:
+        where = f"{_e(os.path.basename(c.capture))} " if several else ""
+        conn = f'<a href="#{_cid(capture_no, c)}">#{c.conn_index}</a>' if c.detailed else f"#{c.conn_index}"
+        conn = f"<td>{where}{conn} {_e(c.protocol)}</td>"
+        cells.append(f"<tr>{_finding_cells(capture_no, c, item, conn)}</tr>")
+    more = total - len(shown)
+    rest = f"<p>… and {more} more (the tables below list each connection's first ones).</p>" if more else ""
+    return (
+        f'<h2 id="findings">Findings</h2><p>{_counts(counts)}.</p>'
+        + _table(["severity", "connection", "packet", "frame", "type", "finding"], cells)
+        + rest
+    )
+
+
+def _listed(capture_no: int, c: ConnectionReport) -> str:
+    if not c.finding_list:
+        return ""
+    rows = [f"<tr>{_finding_cells(capture_no, c, item)}</tr>" for item in c.finding_list]
+    total = sum(c.finding_counts.values())
+    more = ""
+    if total > len(rows):
+        more = f"<p>… and {total - len(rows)} more ({_counts(c.finding_counts)} in all).</p>"
+    return "<h4>Findings</h4>" + _table(["severity", "packet", "frame", "type", "finding"], rows) + more
 
 
 def _types(c: ConnectionReport) -> str:
@@ -128,7 +185,9 @@ def _connection(capture_no: int, c: ConnectionReport, t0: float, shown: int) -> 
         "total": c.frames,
         "shown": shown,
         "head": c.head,
+        "middle": c.middle,
         "tail": c.tail,
+        "first": c.first_finding,
     }
     parts = [
         f'<section id="{cid}"><h3>Connection #{c.conn_index} ({_e(c.protocol)}): {_e(c.connection)}</h3>'
@@ -148,8 +207,7 @@ def _connection(capture_no: int, c: ConnectionReport, t0: float, shown: int) -> 
     signals = c.signal_values()
     if signals is not None:
         parts.extend(f"<p><em>{_e(note)}</em></p>" for note in signals.notes)
-    parts.append(_listed(capture_no, c, c.violation_list, t0, "Violations", c.violations))
-    parts.append(_listed(capture_no, c, c.note_list, t0, "Gaps and resyncs", c.notes))
+    parts.append(_listed(capture_no, c))
     parts.append("</section>")
     return "".join(parts)
 
@@ -197,7 +255,7 @@ def render(report: Report) -> str:
     names = ", ".join(_e(os.path.basename(c.name)) for c in report.captures)
     made = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     body.append(f"<p>{len(report.captures)} capture(s): {names}. Made {made}.</p>")
-    body.append(_bounds(report))
+    body.append(_findings(report))
     body.append(_latencies(report))
     shown = report.limits.shown_frames
     for capture_no, capture in enumerate(report.captures, 1):
@@ -218,6 +276,7 @@ def render(report: Report) -> str:
         for c in capture.connections:
             if c.detailed:
                 body.append(_connection(capture_no, c, t0, shown))
+    body.append(_bounds(report))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(report.title)}</title><style>{_asset('report.css')}</style></head>"

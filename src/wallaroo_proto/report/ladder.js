@@ -15,56 +15,65 @@
     return text.length > n ? text.slice(0, n - 1) + "\u2026" : text;
   }
 
+  const BEFORE = 5; // frames drawn above the one a view opens at
+
   class Ladder {
     constructor(root, data) {
       this.root = root;
       this.data = data;
-      this.kept = data.head.concat(data.tail);
+      this.kept = data.head.concat(data.middle || [], data.tail);
       this.pageSize = Math.max(2 * data.shown, 10);
-      this.page = -1; // -1: the first and the last frames
+      this.from = null; // null: the first and the last frames; else the view's first kept frame
       this.row = 26;
       this.svg = root.querySelector("svg.ladder");
       this.status = root.querySelector(".ladder-status");
       root.querySelectorAll("button[data-act]").forEach((b) =>
         b.addEventListener("click", () => this.act(b.dataset.act)));
-      this.draw();
-    }
-
-    pages() {
-      return Math.max(1, Math.ceil(this.kept.length / this.pageSize));
+      // A connection with findings opens at its first one: what went wrong, before the handshake.
+      if (data.first == null || !this.openAt(data.first)) this.draw();
     }
 
     act(what) {
-      if (what === "ends") this.page = -1;
-      else if (what === "prev") this.page = Math.max(0, (this.page < 0 ? 0 : this.page) - 1);
-      else if (what === "next") this.page = this.page < 0 ? 0 : Math.min(this.pages() - 1, this.page + 1);
+      const next = (this.from ?? -this.pageSize) + this.pageSize;
+      if (what === "ends") this.from = null;
+      else if (what === "prev") this.from = Math.max(0, (this.from ?? 0) - this.pageSize);
+      else if (what === "next" && next < this.kept.length) this.from = next;
       else if (what === "in") this.row = Math.min(80, Math.round(this.row * 1.4));
       else if (what === "out") this.row = Math.max(12, Math.round(this.row / 1.4));
       this.draw();
     }
 
+    // Open the view at the frame with this index, a few frames above it; false when not kept.
+    openAt(index) {
+      const at = this.kept.findIndex((f) => f[0] === index);
+      if (at < 0) return false;
+      this.from = Math.max(0, at - BEFORE);
+      this.draw();
+      return true;
+    }
+
     // The rows of the current view: frames, and the elisions between them.
     rows() {
       const kept = this.kept, d = this.data, n = d.shown;
-      const missing = d.total - kept.length; // frames the report did not keep (between head and tail)
       const out = [];
       const pushRange = (from, to) => {
         for (let i = from; i < to; i++) {
-          if (i === d.head.length && missing > 0 && i > 0)
+          const missing = i > 0 ? kept[i][10] - kept[i - 1][10] - 1 : 0;
+          if (missing > 0)
             out.push({ elision: `\u2026 ${missing} frames not kept in this report (bounded) \u2026` });
           out.push({ frame: kept[i] });
         }
       };
-      if (this.page < 0) {
+      if (this.from === null) {
         if (kept.length <= 2 * n) pushRange(0, kept.length);
         else {
           pushRange(0, n);
-          const hidden = d.total - 2 * n;
+          const hidden = kept[kept.length - n][10] - kept[n - 1][10] - 1;
           out.push({ elision: `\u2026 ${hidden} more frames: page through them \u2026`, paging: true });
           pushRange(kept.length - n, kept.length);
         }
       } else {
-        pushRange(this.page * this.pageSize, Math.min(kept.length, (this.page + 1) * this.pageSize));
+        pushRange(this.from, Math.min(kept.length, this.from + this.pageSize));
       }
       return out;
     }
@@ -91,7 +100,7 @@
           y += 22;
           continue;
         }
-        const [index, ts, outbound, label, fields, packet, bad, violations, notes] = r.frame;
+        const [index, ts, outbound, label, fields, packet, bad, violations, notes, finding] = r.frame;
         for (const note of notes) {
           const g = el("g", { class: "note" });
           g.appendChild(el("line", { x1: 4, x2: WIDTH - 4, y1: y + 6, y2: y + 6 }));
@@ -100,7 +109,9 @@
           y += 16;
         }
         const [x1, x2] = outbound ? [LANE_A, LANE_B] : [LANE_B, LANE_A];
-        const g = el("g", { class: bad ? "arrow bad" : "arrow", id: `f-${d.id}-${index}` });
+        const kind = bad ? "arrow bad" : finding ? `arrow finding sev-${finding[0]}` : "arrow";
+        const g = el("g", { class: kind, id: `f-${d.id}-${index}` });
+        const why = violations.length ? violations[0] : finding ? finding[1] : null;
         const top = y + Math.max(12, row * 0.55);
         g.appendChild(el("text", { x: 8, y: top, class: "time" }, (ts - d.t0).toFixed(6)));
         g.appendChild(el("text", { x: 96, y: top, class: "meta" }, `#${index} p${packet ?? "?"}`));
@@ -109,13 +120,13 @@
         const words = fields ? `${label}  ${fields}` : label;
         g.appendChild(el("text", { x: (LANE_A + LANE_B) / 2, y: top - 7, "text-anchor": "middle", class: "label" },
           cut(words, 84)));
-        if (bad && violations.length && row >= 20)
+        if (why !== null && row >= 20)
           g.appendChild(el("text", { x: (LANE_A + LANE_B) / 2, y: top + 16, "text-anchor": "middle", class: "why" },
-            cut(violations[0], 90)));
-        const tip = [`frame ${index}, packet ${packet}`, words].concat(violations, notes).join("\n");
+            cut(why, 90)));
+        const tip = [`frame ${index}, packet ${packet}`, words].concat(violations, notes, finding ? [finding.join(": ")] : []).join("\n");
         g.appendChild(el("title", {}, tip));
         body.appendChild(g);
-        y += row + (bad && violations.length && row >= 20 ? 12 : 0);
+        y += row + (why !== null && row >= 20 ? 12 : 0);
       }
       const height = y + 10;
       for (const [x, title] of [[LANE_A, d.lanes[0]], [LANE_B, d.lanes[1]]]) {
@@ -128,19 +139,18 @@
       svg.setAttribute("viewBox", `0 0 ${WIDTH} ${height}`);
       svg.setAttribute("width", WIDTH);
       svg.setAttribute("height", height);
-      const where = this.page < 0 ? "first and last frames" : `page ${this.page + 1} of ${this.pages()}`;
+      const shown = rows.filter((r) => r.frame);
+      const where = this.from === null ? "first and last frames"
+        : `frames #${shown[0].frame[0]} to #${shown[shown.length - 1].frame[0]}`;
       const kept = this.kept.length < d.total ? `, ${this.kept.length} of ${d.total} kept` : "";
       this.status.textContent = `${where} (${d.total} frames${kept})`;
     }
 
-    // Show the frame with this index (from a table's link), paging to it when needed.
+    // Show the frame with this index (from a table's link or the address), opening the view at it.
     show(index) {
       let target = this.svg.querySelector(`#f-${this.data.id}-${index}`);
       if (!target) {
-        const at = this.kept.findIndex((f) => f[0] === index);
-        if (at < 0) return false;
-        this.page = Math.floor(at / this.pageSize);
-        this.draw();
+        if (!this.openAt(index)) return false;
         target = this.svg.querySelector(`#f-${this.data.id}-${index}`);
       }
       target.scrollIntoView({ block: "center" });
@@ -160,5 +170,12 @@
       const [id, index] = a.dataset.goto.split(":");
       if (ladders[id] && ladders[id].show(Number(index))) event.preventDefault();
     }));
+  // An address such as report.html#f-c1-1-25 opens that frame's ladder at it.
+  const fromAddress = () => {
+    const m = /^#f-(c\d+-\d+)-(\d+)$/.exec(location.hash);
+    if (m && ladders[m[1]]) ladders[m[1]].show(Number(m[2]));
+  };
+  window.addEventListener("hashchange", fromAddress);
+  fromAddress();
   document.body.dataset.ladders = String(Object.keys(ladders).length);
 })();

@@ -6,7 +6,9 @@ them; every protocol works alike, because only the common record fields are
 read here, and a plug-in's ``report_signals`` adds its own signals. Per
 connection it keeps totals, throughput in at most ``MAX_BINS`` time bins, the
 first and last ``ReportLimits.ladder_frames // 2`` frames for the ladder
-diagram, and its violations and capture notes up to a limit; connections past
+diagram (and, between them, a few frames around each of its first findings, so
+that every listed finding can be drawn), and its findings (``wallaroo_proto.findings``:
+violations, capture notes and the plug-in's own) up to a limit per severity; connections past
 ``ReportLimits.connections`` get totals only. The content travels as JSON
 (``to_dict``/``from_dict``), so Spark executors can build it and the driver draw it.
 """
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
+from wallaroo_proto import findings
 from wallaroo_proto.protocols import get_plugin
 
 from .signals import Signals
@@ -24,6 +28,8 @@ from .signals import Signals
 MAX_BINS = 600
 #: The first bin width: 10 µs, doubled whenever the connection outgrows MAX_BINS bins.
 FIRST_BIN_S = 0.00001
+#: Frames kept before and after a finding outside the ladder's first and last halves.
+CONTEXT = 3
 
 
 @dataclass(frozen=True)
@@ -36,8 +42,11 @@ class ReportLimits:
     shown_frames: int = 20
     #: Connections with a ladder diagram and charts; the rest get a summary row.
     connections: int = 20
-    #: Violations and capture notes listed per connection.
+    #: Findings listed per connection and severity (all are counted); also the frames kept around
+    #: findings in the middle of a connection.
     listed: int = 200
+    #: Rows of the report's findings table, over all connections.
+    findings: int = 100
 
 
 class Throughput:
@@ -108,18 +117,24 @@ class ConnectionReport:
     notes: int = 0
     types_out: dict[str, int] = field(default_factory=dict)
     types_in: dict[str, int] = field(default_factory=dict)
-    #: Ladder frames: [frame_index, ts, outbound, label, fields, packet, bad, violations, notes].
+    #: Ladder frames: [frame_index, ts, outbound, label, fields, packet, bad, violations, notes,
+    #: finding (the plug-in's [severity, text] or None), seq (the frame's place among those fed)].
     head: list[list] = field(default_factory=list)
+    #: Frames between head and tail kept around findings, so that their links find them.
+    middle: list[list] = field(default_factory=list)
     tail: list[list] = field(default_factory=list)
-    #: Listed violations: (frame_index, packet, ts, type, reason); and capture notes alike.
-    violation_list: list[list] = field(default_factory=list)
-    note_list: list[list] = field(default_factory=list)
+    #: Listed findings, in frame order: [frame_index, packet, ts, type, severity, text].
+    finding_list: list[list] = field(default_factory=list)
+    #: Findings per severity, all counted.
+    finding_counts: dict[str, int] = field(default_factory=dict)
+    #: The frame_index of the first finding: the ladder opens there.
+    first_finding: int | None = None
     throughput: dict[str, Any] | None = None
     signals: dict[str, Any] | None = None
 
     @property
     def ladder_sampled(self) -> bool:
-        return self.frames > len(self.head) + len(self.tail)
+        return self.frames > len(self.head) + len(self.middle) + len(self.tail)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -160,6 +175,8 @@ class ConnectionBuilder:
         half = max(limits.ladder_frames // 2, 1)
         self.tail: deque = deque(maxlen=half)
         self.half = half
+        self.middle: dict[int, tuple] = {}  # seq -> the frame's arguments to _frame
+        self.after = 0  # frames still to keep after the last finding in the middle
         self.throughput: Throughput | None = None
         make = self.plugin.report_signals
         self.signals = make() if detailed and make is not None else None
@@ -187,36 +204,54 @@ class ConnectionBuilder:
         else:
             rep.bytes_in += length
             self.types_in[label] += 1
-        violations = list(r.get("violations") or ())
-        notes = list(r.get("notes") or ())
-        packet = r.get("packet")
-        if violations:
-            rep.violations += 1
-            for reason in violations:
-                if len(rep.violation_list) < self.limits.listed:
-                    rep.violation_list.append([index, packet, ts, label, reason])
-        if notes:
-            rep.notes += 1
-            for note in notes:
-                if len(rep.note_list) < self.limits.listed:
-                    rep.note_list.append([index, packet, ts, label, note])
+        rep.violations += bool(r.get("violations"))
+        rep.notes += bool(r.get("notes"))
+        found = findings.has_findings(r)
+        if found:
+            self._list_findings(r, index, ts, label)
         if not rep.detailed:
             return
         if self.throughput is None:
             self.throughput = Throughput(ts)
         self.throughput.add(ts, outbound, length)
+        kept = (r, index, ts, outbound, label, rep.frames - 1)
         if len(rep.head) < self.half:
-            rep.head.append(self._frame(r, index, ts, outbound, label))
+            rep.head.append(self._frame(*kept))
         else:  # described only if it is still among the last ones at the end
-            self.tail.append((r, index, ts, outbound, label))
+            self._keep_around_findings(kept, found)
+            self.tail.append(kept)
         if self.signals is not None:
             self.signals.feed(r)
 
-    def _frame(self, r: dict, index: int, ts: float, outbound: bool, label: str) -> list:
+    def _list_findings(self, r: dict, index: int, ts: float, label: str) -> None:
+        rep = self.report
+        if rep.first_finding is None:
+            rep.first_finding = index
+        counts = rep.finding_counts
+        for severity, text in findings.of_record(r):
+            counts[severity] = counts.get(severity, 0) + 1
+            if counts[severity] <= self.limits.listed:
+                rep.finding_list.append([index, r.get("packet"), ts, label, severity, text])
+
+    def _keep_around_findings(self, kept: tuple, found: bool) -> None:
+        """Keep a finding past the ladder's first half, and CONTEXT frames each side, while
+        ``limits.listed`` frames are not yet kept so (the last ones before come from the tail)."""
+        if found and len(self.middle) < self.limits.listed:
+            for before in islice(reversed(self.tail), CONTEXT):
+                self.middle.setdefault(before[-1], before)
+            self.middle[kept[-1]] = kept
+            self.after = CONTEXT
+        elif self.after and len(self.middle) < self.limits.listed + CONTEXT:
+            self.middle[kept[-1]] = kept
+            self.after -= 1
+
+    def _frame(self, r: dict, index: int, ts: float, outbound: bool, label: str, seq: int) -> list:
         violations = list(r.get("violations") or ())
         bad = bool(violations) or r.get("verdict") in ("violation", "malformed")
         notes = list(r.get("notes") or ())
-        return [index, ts, outbound, label, self._fields(r), r.get("packet"), bad, violations, notes]
+        finding = None if r.get("finding") is None else [r.get("severity"), r["finding"]]
+        fields = self._fields(r)
+        return [index, ts, outbound, label, fields, r.get("packet"), bad, violations, notes, finding, seq]
 
     def _fields(self, r: dict) -> str:
         try:
@@ -230,6 +265,8 @@ class ConnectionBuilder:
         rep.types_out = dict(self.types_out.most_common())
         rep.types_in = dict(self.types_in.most_common())
         rep.tail = [self._frame(*kept) for kept in self.tail]
+        first_in_tail = self.tail[0][-1] if self.tail else rep.frames
+        rep.middle = [self._frame(*kept) for seq, kept in sorted(self.middle.items()) if seq < first_in_tail]
         if self.throughput is not None:
             rep.throughput = self.throughput.to_dict()
         if self.signals is not None:
