@@ -99,3 +99,52 @@ def misnamed_options(paths) -> list[str]:
 def test_messages_name_options_their_commands_have():
     paths = sorted([*SRC.rglob("*.py"), *CLI.glob("*.py")])
     assert misnamed_options(paths) == []
+
+
+def _text(node: ast.AST) -> str:
+    """A message's literal text, with ``{}`` where an f-string fills a value in."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_text(v) if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return ""
+
+
+#: The shipped Wallaroo worker's own ERROR text, which the mock worker sends as it is.
+SHIPPED_WORDING = {"Unknown protocol version: {}"}
+
+
+def unknowns_without_the_known(paths) -> list[str]:
+    """Errors raised or returned that say "unknown X" and not what is known."""
+    found = []
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise):
+                value = node.exc
+            elif isinstance(node, ast.Return):
+                value = node.value
+            else:
+                continue
+            if value is None:
+                continue
+            inner = {id(c) for j in ast.walk(value) if isinstance(j, ast.JoinedStr) for c in j.values}
+            for part in ast.walk(value):
+                text = "" if id(part) in inner else _text(part)
+                if text in SHIPPED_WORDING:
+                    continue
+                if re.search(r"(^|: )unknown [a-z]", text, re.I) and not re.search(
+                    r"known[:;]|expected one of|choose from|supported:", text
+                ):
+                    found.append(f"{path.name}:{part.lineno}: {text[:80]!r}")
+    return found
+
+
+def test_every_unknown_x_lists_what_is_known():
+    # the proxy's fault rules are another change's (src/wallaroo_proto/proxy/faults*.py)
+    paths = [
+        p
+        for p in [*SRC.rglob("*.py"), *CLI.glob("*.py")]
+        if not fnmatch(p.name, "faults*.py") or "proxy" not in p.parts
+    ]
+    assert unknowns_without_the_known(sorted(paths)) == []
