@@ -129,14 +129,14 @@ def unknowns_without_the_known(paths) -> list[str]:
             if value is None:
                 continue
             inner = {id(c) for j in ast.walk(value) if isinstance(j, ast.JoinedStr) for c in j.values}
-            for part in ast.walk(value):
-                text = "" if id(part) in inner else _text(part)
-                if text in SHIPPED_WORDING:
-                    continue
-                if re.search(r"(^|: )unknown [a-z]", text, re.I) and not re.search(
-                    r"known[:;]|expected one of|choose from|supported:", text
-                ):
-                    found.append(f"{path.name}:{part.lineno}: {text[:80]!r}")
+            texts = [_text(part) for part in ast.walk(value) if id(part) not in inner]
+            texts = [text for text in texts if text and text not in SHIPPED_WORDING]
+            said = re.search(r"known[:;]|expected one of|choose from|supported:", " ".join(texts))
+            found += [
+                f"{path.name}:{node.lineno}: {text[:80]!r}"
+                for text in texts
+                if re.search(r"(^|: )unknown [a-z]", text, re.I) and not said
+            ]
     return found
 
 

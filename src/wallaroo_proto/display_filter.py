@@ -152,8 +152,11 @@ def _field(token: _Token) -> Field:
         import difflib  # only for the message
 
         close = difflib.get_close_matches(token.text, types, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise FilterError(token.column, f"unknown field {token.text!r}{hint}; known: {', '.join(types)}")
+        raise FilterError(
+            token.column,
+            f"unknown field {token.text!r}"
+            + (f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(types)})"),
+        )
     if kind.startswith("array<struct:"):
         keys = dict(records.STRUCTS[kind[len("array<struct:") : -1]])
         if not sub:
