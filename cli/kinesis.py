@@ -108,8 +108,8 @@ def _print_daemon_summary(summary_: dict, fmt: str) -> None:
         f"kinesis mock-daemon summary: {plural(summary_['records_delivered'], 'record')} delivered "
         f"({summary_['records_redelivered']:,} again), {summary_['records_checkpointed']:,} checkpointed, "
         f"{plural(summary_['checkpoints'], 'checkpoint')}, "
-        f"{plural(summary_['checkpoint_errors'], 'checkpoint error')}, {summary_['seconds']:.1f}s "
-        f"({summary_['records_per_second']:,.0f} records/s)"
+        f"{plural(summary_['checkpoint_errors'], 'checkpoint error')}, {summary_['seconds']:.1f}s in all, "
+        f"{summary_['delivery_seconds']:.3f}s delivering ({summary_['records_per_second']:,.0f} records/s)"
     )
     table = Table(title="shards")
     columns = (
@@ -126,7 +126,11 @@ def _print_daemon_summary(summary_: dict, fmt: str) -> None:
     for col in columns:
         table.add_column(col)
     for s in summary_["shards"]:
-        errors = ", ".join(f"{k} {v}" for k, v in s["checkpoint_errors"].items())
+        reasons = s["checkpoint_error_reasons"]
+        errors = ", ".join(
+            f"{k} {v}" + (f" (last: {reasons[k]})" if k in reasons else "")
+            for k, v in s["checkpoint_errors"].items()
+        )
         table.add_row(
             s["shard_id"],
             f"{s['records']:,}",
@@ -344,8 +348,9 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
     protocol on its stdin and stdout (stderr is echoed with the shard's name),
     or talks over TCP with --listen/--connect. SIGINT or SIGTERM stops it as a
     KCL worker stops (a second one at once, exit 130). Exit 0 when every shard
-    ended cleanly, 1 when a processor broke the protocol or went away (the
-    report says where), 2 on bad usage or when --connect reached no processor.
+    ended cleanly, also at a stop, 1 when a processor broke the protocol, went
+    away or had to be killed (the report says where), 2 on bad usage or when
+    --connect reached no processor.
     """
     transports = sum(bool(x) for x in (processor_command, opts["listen"], opts["connect"]))
     if transports != 1:

@@ -511,3 +511,31 @@ def test_an_unwritable_junit_path_is_one_line_before_any_case(tmp_path) -> None:
     assert result.returncode == 2 and "Traceback" not in result.stderr
     said = f"cannot use --junit {tmp_path}/no/such/x.xml: its folder does not exist"
     assert result.stderr.splitlines() == [f"wallaroo-proto conformance worker: {said}"]
+
+
+@pytest.mark.e2e
+def test_an_answer_that_took_what_was_to_be_refused_decides_the_case_at_once() -> None:
+    """A worker that answers OK to a bad HELLO (tests/peers/sloppy_wallaroo_worker.py) fails those
+    cases with the answer, not with 'no conclusion within N s (waiting for ERROR and a close)'."""
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "peers" / "sloppy_wallaroo_worker.py")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        match = re.search(r"listening on (\S+):(\d+)", proc.stdout.readline())
+        assert match, "the sloppy worker printed no ready line"
+        code, report = conformance(
+            "worker", f"{match.group(1)}:{match.group(2)}", "--case", "handshake", "--timeout", "30"
+        )
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    assert code == 1
+    reasons = {c["id"]: c["reason"] for c in report["cases"] if c["status"] == "fail"}
+    assert reasons == {
+        "handshake.version": "got OK where ERROR was due",
+        "handshake.cookie": "got OK where ERROR was due",
+        "handshake.hello-first": "got NOTIFY_ACK where ERROR was due",
+        "handshake.once": "got OK where ERROR was due",
+    }

@@ -283,6 +283,26 @@ def test_the_checkpointer_validates_like_the_kcl():
     assert err("١٥٠") == "IllegalArgumentException"  # digits of another script are not a sequence number
 
 
+def test_a_refused_checkpoint_says_its_sequence_number_and_the_range_allowed():
+    from wallaroo_proto.protocols.kinesis.core import checkpoint_refusal
+
+    def why(seq, sub=None, last="100", largest="200"):
+        last = None if last is None else seq_key(last, 0)
+        largest = None if largest is None else seq_key(largest, 2)
+        return checkpoint_refusal(Checkpoint(seq, sub), action="processRecords", last=last, largest=largest)
+
+    refused = "IllegalArgumentException"
+    assert why("99") == (refused, "99/0 is before the last checkpoint: allowed 100/0 to 200/2")
+    assert why("200", 3) == (refused, "200/3 is beyond the last record: allowed 100/0 to 200/2")
+    assert why("300", last=None) == (
+        refused,
+        "300/0 is beyond the last record: allowed the shard's start to 200/2",
+    )
+    assert why("150", largest=None) == (refused, "150/0: no record delivered yet")
+    assert why("150", -1) == (refused, "subsequence number -1 is below 0")
+    assert why("150", 1) is None
+
+
 def test_an_explicit_shard_end_checkpoint_ends_the_shard_like_a_bare_one():
     """The KCL takes SHARD_END as the largest permitted value at the end of a shard."""
     conv = Conversation()

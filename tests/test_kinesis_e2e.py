@@ -8,12 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from support import COMMAND, Server, as_foreground, run_cli
+from support import COMMAND, Server, as_foreground, run_cli, wait_for
 
 PY = sys.executable
 PROCESSOR = [PY, "-m", "wallaroo_proto_cli", "kinesis", "mock-processor"]
@@ -391,13 +392,39 @@ SKIPPED_STATUS_THEN_SILENCE = (
 )
 
 
-def test_timeout_fails_a_processor_that_never_answers():
-    result, summary = daemon("--timeout", "3", "--", PY, "-c", SKIPPED_STATUS_THEN_SILENCE)
+def test_idle_timeout_fails_a_processor_that_never_answers():
+    result, summary = daemon("--idle-timeout", "3", "--", PY, "-c", SKIPPED_STATUS_THEN_SILENCE)
     assert result.returncode == 1
     assert (
-        "no line from the processor within 3 s (--timeout); expected the processor's status for initialize"
-        in (summary["failures"][0])
+        "no line from the processor within 3 s (--idle-timeout); expected the processor's status for "
+        "initialize" in (summary["failures"][0])
     )
+
+
+# Answers its first batch after half a second, then never answers the second.
+SLOW_THEN_SILENT = r"""
+import json, sys, time
+batches = 0
+for line in sys.stdin:
+    action = json.loads(line)["action"]
+    if action == "processRecords":
+        batches += 1
+        if batches == 2:
+            time.sleep(3600)
+        time.sleep(0.5)
+    sys.stdout.write(json.dumps({"action": "status", "responseFor": action}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+def test_the_rate_counts_the_records_answered_over_the_span_it_covers():
+    """It was the records sent over the span to the last answer: a batch never answered counted."""
+    result, summary = daemon(
+        "--records", "200", "--batch-size", "100", "--idle-timeout", "3", "--", PY, "-c", SLOW_THEN_SILENT
+    )
+    assert result.returncode == 1 and summary["records_delivered"] == 200, result.stderr
+    answered = summary["records_per_second"] * summary["delivery_seconds"]
+    assert 95 < answered < 105, summary
 
 
 def test_sigterm_stops_a_daemon_waiting_for_processors():
@@ -637,6 +664,10 @@ def test_mock_daemon_skips_unreadable_lines_and_refuses_a_huge_checkpoint():
     assert "processor line 2 skipped: not readable JSON: a number too long" in result.stderr
     assert "reply IllegalArgumentException" in result.stderr
     assert summary["shards"][0]["checkpoint_errors"] == {"IllegalArgumentException": 1}
+    # the sequence number and the range allowed, in the error line and in the summary
+    why = "99999999...99999999 (5,000 digits)/0 is beyond the last record: allowed the shard's start to "
+    assert f"refused with IllegalArgumentException: {why}" in result.stderr, result.stderr
+    assert summary["shards"][0]["checkpoint_error_reasons"]["IllegalArgumentException"].startswith(why)
     assert "internal error" not in result.stderr and "Traceback" not in result.stderr
 
 
@@ -963,4 +994,49 @@ def test_a_processor_never_reached_is_one_line_without_a_python_tuple_and_exit_2
     assert result.stderr == (
         "wallaroo-proto kinesis mock-daemon: shardId-000000000000: cannot connect to the processor at "
         f"127.0.0.1:{port}: Connection refused\n"
+    )
+
+
+# A processor that answers every request but shutdownRequested, then never exits: a stuck
+# shutdown handler, which reads no more and outlives its input.
+STUCK_IN_SHUTDOWN = r"""
+import json, sys, time
+for line in sys.stdin:
+    action = json.loads(line)["action"]
+    if action == "shutdownRequested":
+        time.sleep(3600)
+    sys.stdout.write(json.dumps({"action": "status", "responseFor": action}) + "\n")
+    sys.stdout.flush()
+"""
+
+
+def test_a_processor_killed_at_the_stop_fails_the_daemon_and_its_silence_is_told(tmp_path):
+    """It was: after Ctrl-C, 'did not exit within 10 s; killed', 'input closed at the stop', exit 0;
+    and the wait on its answer to shutdownRequested was silent."""
+    mld = subprocess.Popen(
+        [*COMMAND, "kinesis", "mock-daemon", "--format", "json", "--records", "5", "--exit-grace", "1"]
+        + ["--", PY, "-c", STUCK_IN_SHUTDOWN],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=as_foreground,
+    )
+    err: list[str] = []
+    drain = threading.Thread(target=lambda: err.extend(mld.stderr), daemon=True)
+    drain.start()
+    try:
+        wait_for(lambda: "waiting" in "".join(err), "the note on the processor's silence", timeout=120)
+        mld.send_signal(signal.SIGINT)
+        stdout = mld.communicate(timeout=120)[0]
+    finally:
+        mld.kill()
+    drain.join(timeout=60)
+    stderr = "".join(err)
+    assert "waiting 5 s so far for the processor's status for shutdownRequested" in stderr, stderr
+    assert stderr.count("waiting") == 1, stderr  # once per wait
+    assert mld.returncode == 1, stderr
+    (shard,) = json.loads(stdout.splitlines()[-1])["shards"]
+    assert shard["end"] == "input closed at the stop; killed", shard
+    assert shard["failure"] == (
+        "the processor did not exit within 1 s (--exit-grace) after its input closed; killed"
     )

@@ -113,7 +113,8 @@ def _unquote(raw: str, column: int) -> str:
             out.append(_ESCAPES[nxt])
             i += 2
         else:
-            raise FilterError(column + i + 1, f"unknown escape '\\{nxt}' in a string")
+            known = " ".join(f"\\{e}" for e in (*_ESCAPES, "xHH"))
+            raise FilterError(column + i + 1, f"unknown escape '\\{nxt}' in a string (known: {known})")
     return "".join(out)
 
 
@@ -151,8 +152,11 @@ def _field(token: _Token) -> Field:
         import difflib  # only for the message
 
         close = difflib.get_close_matches(token.text, types, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        raise FilterError(token.column, f"unknown field {token.text!r}{hint}")
+        raise FilterError(
+            token.column,
+            f"unknown field {token.text!r}"
+            + (f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(types)})"),
+        )
     if kind.startswith("array<struct:"):
         keys = dict(records.STRUCTS[kind[len("array<struct:") : -1]])
         if not sub:

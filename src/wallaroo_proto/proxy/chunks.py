@@ -153,7 +153,8 @@ def segments(read: Callable[[int], bytes], stats: dict | None = None) -> Iterato
                         notes.pop((conn, True), None)
                         notes.pop((conn, False), None)
             else:
-                raise CaptureError(f"unknown relay event {kind}", offset=offset + pos)
+                known = f"{OPENED}, {DATA}, {FIN}, {RESET}, {NOTE}, each | 1 from the client"
+                raise CaptureError(f"unknown relay event {kind} (known: {known})", offset=offset + pos)
             pos = stop
             if made:
                 yield from made

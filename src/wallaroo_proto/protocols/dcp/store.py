@@ -184,7 +184,7 @@ class VBucket:
         except (KeyError, TypeError, ValueError) as err:
             raise StateError(f"vbucket {vb}: {err}") from None
         if not failover or any(op not in OPS for op in (v.op for v in log)):
-            raise StateError(f"vbucket {vb}: no failover log or an unknown op")
+            raise StateError(f"vbucket {vb}: no failover log or an unknown op (known: {', '.join(OPS)})")
         return cls(vb, failover, log)
 
 

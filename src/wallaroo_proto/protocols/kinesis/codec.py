@@ -516,19 +516,20 @@ def decode_from_processor(data: bytes | str, dialect: str = CURRENT) -> tuple[Me
         raise Skipped("no 'action' field")
     fields = _KNOWN_ACTIONS.get(action) if isinstance(action, str) else None
     if fields is None:
-        raise Skipped(f"unknown action {json.dumps(action)}")
+        raise Skipped(f"unknown action {json.dumps(action)} (known: {', '.join(_KNOWN_ACTIONS)})")
     where = f"{action}"
     if action == "checkpoint" and "checkpoint" in obj and dialect == V1:
         extra = set(obj) - {"action", "checkpoint", "error"}
         if extra:
-            raise Skipped(f"unknown field {sorted(extra)[0]!r} in a V1 checkpoint")
+            raise Skipped(f"unknown field {sorted(extra)[0]!r} in a V1 checkpoint (known: checkpoint, error)")
         return Checkpoint(_seq(obj["checkpoint"], where), None, None), note
     extra = set(obj) - fields
     if extra:
         name = sorted(extra)[0]
         if action == "checkpoint" and name == "checkpoint":
             raise Skipped("the V1 checkpoint form ('checkpoint' field) is an unknown field to this MLD")
-        raise Skipped(f"unknown field {name!r} in {action} (Jackson fails on unknown fields)")
+        known = ", ".join(sorted(fields - {"action"}))
+        raise Skipped(f"unknown field {name!r} in {action} (known: {known}; Jackson fails on unknown fields)")
     if action == "status":
         response_for = obj.get("responseFor")
         if response_for is not None and not isinstance(response_for, str):
@@ -684,4 +685,5 @@ def decode_from_daemon(data: bytes | str, dialect: str | None = None) -> Message
         return _ANY_MESSAGE[action](obj)
     if action == "record":
         raise Fatal("a bare record outside processRecords")
-    raise Fatal(f"unknown action {json.dumps(action)} (kclpy raises MalformedAction)")
+    known = ", ".join([*_ANY_MESSAGE, "checkpoint"])
+    raise Fatal(f"unknown action {json.dumps(action)} (known: {known}; kclpy raises MalformedAction)")

@@ -99,27 +99,58 @@ def checkpoint_error(
     largest: tuple[int, int] | None,
     reason: str | None = None,
 ) -> str | None:
-    """What the KCL checkpointer says to ``request`` during ``action``: an exception name, or None.
+    """What the KCL checkpointer says to ``request`` during ``action``: an exception name, or None."""
+    refusal = checkpoint_refusal(request, action=action, last=last, largest=largest, reason=reason)
+    return refusal[0] if refusal is not None else None
+
+
+def checkpoint_refusal(
+    request: Checkpoint,
+    *,
+    action: str | None,
+    last: tuple[int, int] | None,
+    largest: tuple[int, int] | None,
+    reason: str | None = None,
+) -> tuple[str, str] | None:
+    """The KCL checkpointer's exception name for ``request`` during ``action`` and why, or None.
 
     ``last`` is the lease's checkpoint and ``largest`` the greatest record
     delivered (both as ``seq_key``). With no sequence number the checkpointer
     takes the largest permitted value (``SHARD_END`` at the end of a shard).
+    The why names the sequence number and the range allowed, so a refused
+    processor need not be debugged by hand.
     """
     if action in ("initialize", "leaseLost") or (action == "shutdown" and reason != "TERMINATE"):
-        return "InvalidStateException"  # no checkpointer for this action
+        return "InvalidStateException", f"no checkpointer during {action}"
     if action is None:
-        return "InvalidStateException"
+        return "InvalidStateException", "no request pending"
     seq, sub = request.sequence_number, request.sub_sequence_number
     if seq is None or seq == SHARD_END:
-        return None if seq is None or action in ("shardEnded", "shutdown") else "IllegalArgumentException"
+        if seq is None or action in ("shardEnded", "shutdown"):
+            return None
+        return "IllegalArgumentException", f"SHARD_END during {action} (only at the end of a shard)"
+    shown = f"{_short(seq)}/{sub if sub is not None else 0}"
     if sub is not None and sub < 0:
-        return "IllegalArgumentException"
+        return "IllegalArgumentException", f"subsequence number {sub} is below 0"
     if not is_sequence_number(seq):
-        return "IllegalArgumentException"
+        return "IllegalArgumentException", f"{_short(seq)!r} is not a sequence number"
     key = seq_key(seq, sub)
-    if (last is not None and key < last) or largest is None or key > largest:
-        return "IllegalArgumentException"
+    if largest is None:
+        return "IllegalArgumentException", f"{shown}: no record delivered yet"
+    if (last is not None and key < last) or key > largest:
+        where = "before the last checkpoint" if last is not None and key < last else "beyond the last record"
+        low = _shown_key(last) if last is not None else "the shard's start"
+        return "IllegalArgumentException", f"{shown} is {where}: allowed {low} to {_shown_key(largest)}"
     return None
+
+
+def _shown_key(key: tuple[int, str, int]) -> str:
+    return f"{_short(key[1])}/{key[2]}"
+
+
+def _short(text: str, limit: int = 60) -> str:
+    """A sequence number for a message: thousands of digits are cut in the middle."""
+    return text if len(text) <= limit else f"{text[:8]}...{text[-8:]} ({len(text):,} digits)"
 
 
 class Conversation:

@@ -48,7 +48,7 @@ from .codec import (
     encode,
     is_sequence_number,
 )
-from .core import PROCESSOR, SHARD_END, Conversation, Kind, checkpoint_error, seq_key
+from .core import PROCESSOR, SHARD_END, Conversation, Kind, checkpoint_refusal, seq_key
 from .leases import LeaseTable
 from .records import ShardRecords
 
@@ -118,6 +118,8 @@ class DaemonConfig:
     empty_batches: float = 0.0
     record: str | None = None
     faults: Faults = field(default_factory=Faults)
+    #: Seconds without a line from a processor that owes an answer before the daemon says what it waits for.
+    wait_note: float = 5.0
 
 
 @dataclass
@@ -130,6 +132,8 @@ class ShardStats:
     checkpoint_requests: int = 0
     checkpoints: int = 0
     checkpoint_errors: Counter = field(default_factory=Counter)
+    #: Exception name -> why its last checkpoint was refused (the sequence number, the range allowed).
+    checkpoint_error_reasons: dict = field(default_factory=dict)
     checkpoint: str | None = None
     sub_sequence_number: int | None = None
     checkpointed: int = 0  # records at or before the checkpoint
@@ -153,6 +157,7 @@ class ShardStats:
             "checkpoint_requests": self.checkpoint_requests,
             "checkpoints": self.checkpoints,
             "checkpoint_errors": dict(self.checkpoint_errors),
+            "checkpoint_error_reasons": dict(self.checkpoint_error_reasons),
             "checkpoint": self.checkpoint,
             "sub_sequence_number": self.sub_sequence_number,
             "checkpointed": self.checkpointed,
@@ -394,21 +399,29 @@ class Session:
             await self.channel.wait(self.daemon.config.exit_grace)
         return self.channel.describe_exit()
 
-    async def _next_line(self) -> Line | None:
+    async def _next_line(self, *, answer_due: bool = False) -> Line | None:
+        """The processor's next line (None at its end); ``answer_due``: one wait of over
+        ``wait_note`` seconds for it is told on stderr, so a silent processor is not waited on in silence."""
         while not self.lines:
             if self.eof:
                 return None
             timeout = self.daemon.config.timeout or None
+            note = None
+            if answer_due and self.daemon.config.wait_note:
+                note = asyncio.get_running_loop().call_later(self.daemon.config.wait_note, self._note_wait)
             try:
                 async with asyncio.timeout(timeout):
                     chunk = await self.channel.read()
             except TimeoutError:
                 raise ShardFailure(
-                    f"no line from the processor within {timeout:g} s (--timeout); expected "
+                    f"no line from the processor within {timeout:g} s (--idle-timeout); expected "
                     f"{self.conv.expecting()} (after its output line {self.splitter.lines})"
                 ) from None
             except (ConnectionError, OSError):
                 chunk = b""
+            finally:
+                if note is not None:
+                    note.cancel()
             if chunk:
                 if self.pcap is not None:
                     self.pcap.send(not self.channel.daemon_is_client, chunk)
@@ -418,10 +431,16 @@ class Session:
                 self.lines.extend(self.splitter.end())
         return self.lines.popleft()
 
+    def _note_wait(self) -> None:
+        self.daemon.log(
+            f"{self.stats.shard_id}: waiting {self.daemon.config.wait_note:g} s so far for "
+            f"{self.conv.expecting()} (after its output line {self.splitter.lines})"
+        )
+
     async def until_status(self) -> None:
         """Serve the processor (answer its checkpoints) until its status for the pending request."""
         while True:
-            line = await self._next_line()
+            line = await self._next_line(answer_due=True)
             if line is None:
                 verdict = self.conv.close(PROCESSOR)
                 reason = verdict.reason if verdict is not None else "closed its output"
@@ -451,12 +470,16 @@ class Session:
         stats.checkpoint_requests += 1
         lease = self.daemon.leases.get(stats.shard_id)
         last = seq_key(*lease) if lease is not None and is_sequence_number(lease[0]) else None
-        error = checkpoint_error(
+        refusal = checkpoint_refusal(
             request, action=conv.pending, last=last, largest=conv.largest, reason=conv.pending_reason
         )
-        if error is None:
-            error = self.daemon.config.faults.checkpoint_error(stats.checkpoint_requests)
-        if error is None:
+        log = self.daemon.log
+        fault = self.daemon.config.faults.checkpoint_error(stats.checkpoint_requests)
+        if refusal is None and fault is not None:  # injected: a line with -v only
+            refusal = (fault, f"checkpoint request {stats.checkpoint_requests} (--checkpoint-error)")
+            log = self.daemon.trace
+        error = refusal[0] if refusal is not None else None
+        if refusal is None:
             if request.sequence_number is None:
                 ending = conv.pending == "shardEnded" or conv.pending_reason == "TERMINATE"
                 at = (SHARD_END, 0) if ending else conv.largest_seq
@@ -470,6 +493,8 @@ class Session:
             stats.checkpoints += 1
         else:
             stats.checkpoint_errors[error] += 1
+            stats.checkpoint_error_reasons[error] = refusal[1]
+            log(f"{stats.shard_id}: checkpoint during {conv.pending} refused with {error}: {refusal[1]}")
         reply = Checkpoint(request.sequence_number, request.sub_sequence_number, error)
         verdict = conv.daemon_sent(reply)
         assert verdict.ok, verdict.describe()
@@ -495,9 +520,10 @@ class Session:
         if self.pcap is not None:
             self.pcap.close(self.channel.daemon_is_client)
 
-    async def release(self) -> None:
+    async def release(self, *, fail_if_killed: bool = False) -> None:
         """As the MLD lets go of a processor it stops or gave up on: input closed, output drained,
-        exit awaited. The MLD never kills one; the mock does after ``--exit-grace`` seconds."""
+        exit awaited. The MLD never kills one; the mock does after ``--exit-grace`` seconds, and
+        with ``fail_if_killed`` (a stop, not a failure already) that fails the shard."""
         await self.channel.close_input()
         grace = self.daemon.config.exit_grace
         try:
@@ -506,7 +532,15 @@ class Session:
                     pass
                 code = await self.channel.wait(grace)
         except (TimeoutError, ShardFailure):
-            self.daemon.log(f"{self.stats.shard_id}: the processor did not exit within {grace:g} s; killed")
+            why = (
+                f"the processor did not exit within {grace:g} s (--exit-grace) after its input closed; killed"
+            )
+            if fail_if_killed:
+                end = self.stats.end
+                self.daemon.fail(self.stats, why)
+                self.stats.end = f"{end}; killed"
+            else:
+                self.daemon.log(f"{self.stats.shard_id}: {why}")
             await self.abort()
             return
         if code is not None:
@@ -566,6 +600,8 @@ class MockDaemon:
         #: From the first processRecords sent to the last one answered: the rate leaves process start-up out.
         self._first_batch: float | None = None
         self._last_batch = 0.0
+        #: Records in the batches answered by then: the rate's records, over the same span.
+        self._answered = 0
 
     async def start(self) -> tuple[str, int] | None:
         """Open what must be open before the shards start: the listening socket, the recording."""
@@ -670,9 +706,9 @@ class MockDaemon:
             if lease is not None and lease[0] == SHARD_END:
                 self._ended[shard.shard_id].set()
         except ShardFailure as err:
-            self._fail(stats, str(err))
+            self.fail(stats, str(err))
         except Exception as err:  # a fault of ours: the shard still fails visibly, and the others stop
-            self._fail(stats, f"internal error: {type(err).__name__}: {err}")
+            self.fail(stats, f"internal error: {type(err).__name__}: {err}")
         except asyncio.CancelledError:
             if stats.end in ("not started", "initialized"):
                 stats.end = "stopped before start" if stats.end == "not started" else "stopped"
@@ -694,7 +730,8 @@ class MockDaemon:
                 f.cancel()
         return all(self._ended[p].is_set() for p in shard.parents if p in self._ended)
 
-    def _fail(self, stats: ShardStats, reason: str) -> None:
+    def fail(self, stats: ShardStats, reason: str) -> None:
+        """The shard failed: said on stderr, in its summary, and the daemon's exit is 1."""
         stats.failure = reason
         stats.end = "failed"
         if self.failed is None:
@@ -738,7 +775,7 @@ class MockDaemon:
                     stats.end = "input closed at the stop" + (
                         " (shutdown grace over)" if self.config.shutdown_grace else ""
                     )
-                    await session.release()
+                    await session.release(fail_if_killed=True)
                 else:
                     await session.abort()
                 raise
@@ -784,6 +821,7 @@ class MockDaemon:
                 prepared = self._prepare(shard, stats.delivered, stats.kills, last)
             await session.until_status()
             self._last_batch = time.monotonic()
+            self._answered += last - index
             index = last
 
     def _end_of_delivery(self, stats: ShardStats, index: int, total: int, closed: bool = False) -> str | None:
@@ -858,6 +896,6 @@ class MockDaemon:
             "failures": failures,
             "seconds": round(seconds, 3),
             "delivery_seconds": round(delivering, 3),
-            "records_per_second": round(delivered / delivering, 1) if delivering > 0 else 0.0,
+            "records_per_second": round(self._answered / delivering, 1) if delivering > 0 else 0.0,
             "state_saves": self.leases.saves,
         }

@@ -315,7 +315,10 @@ class Session:
             if not published and stream.strict:
                 raise _Refused("2.202", f"send to {to!r}, which this stream does not publish")
             return ()
-        raise _Refused("0.202", f"unknown pubsub operation {op!r}")
+        raise _Refused(
+            "0.202",
+            f"unknown pubsub operation {op!r} (known: {', '.join(PUBSUB_LISTS)}, send; or list, version)",
+        )
 
     # ------------------------------------------------------------------------- server
 
@@ -430,7 +433,8 @@ class Session:
         op = next(iter(value))
         if op in ("list", "version") or op.endswith("-ack") and op[:-4] in PUBSUB_LISTS:
             return self._owed(stream.pending, op, {stream.alias: value}, f"pubsub {op}")
-        return f"unknown pubsub reply {op!r}"
+        acks = ", ".join(f"{o}-ack" for o in PUBSUB_LISTS)
+        return f"unknown pubsub reply {op!r} (known: {acks}, list, version)"
 
     def _end(self, how: str) -> None:
         """The session is over: nothing is owed any more (a node may refuse what this judge would take)."""

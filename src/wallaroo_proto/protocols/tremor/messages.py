@@ -255,7 +255,10 @@ def parse_value(value: Any) -> Message:
             return Close()
         if body == "version":
             return VersionRequest()
-        raise MessageError("0.202", f"unknown control operation {body!r}")
+        raise MessageError(
+            "0.202",
+            f"unknown control operation {body!r} (known: close, version, or a record: connect, disconnect)",
+        )
     if not isinstance(body, dict):
         raise MessageError(
             "0.203", f"a control operation must be a record or a keyword, not {type(body).__name__}"
@@ -293,7 +296,8 @@ def parse_value(value: Any) -> Message:
         return ErrorClose(_string(arg, "close reason"))
     if op == "version":
         return VersionInfo(arg)
-    raise MessageError("0.202", f"unknown control operation {op!r}")
+    known = "connect, disconnect, connect-ack, disconnect-ack, close-ack, close, version"
+    raise MessageError("0.202", f"unknown control operation {op!r} (known: {known})")
 
 
 #: NaN and Infinity are refused on the way out as on the way in: no JSON reader takes them.

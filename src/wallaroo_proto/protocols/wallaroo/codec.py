@@ -83,7 +83,9 @@ def decode(body: bytes) -> Frame:
     decoder = _DECODERS.get(type_byte)
     if decoder is None:
         raise UnknownFrameType(
-            f"unknown frame type {type_byte}", frame_type=type_name(type_byte), field_offset=0
+            f"unknown frame type {type_byte} (known: 0-{int(max(_DECODERS))})",
+            frame_type=type_name(type_byte),
+            field_offset=0,
         )
     name = FrameType(type_byte).name
     return decoder(Cursor(body, 1, name))

@@ -99,7 +99,10 @@ def decode_twopc(payload: bytes) -> TwoPCMessage:
     tag = payload[0]
     decoder = _DECODERS.get(tag)
     if decoder is None:
-        raise UnknownFrameType(f"unknown 2PC tag {tag}", frame_type="MESSAGE", field_offset=0)
+        known = ", ".join(f"{t} {TwoPCTag(t).name}" for t in sorted(_DECODERS))
+        raise UnknownFrameType(
+            f"unknown 2PC tag {tag} (known: {known})", frame_type="MESSAGE", field_offset=0
+        )
     cursor = Cursor(payload, 1, f"2PC {TwoPCTag(tag).name}")
     msg = decoder(cursor)
     cursor.end()

@@ -203,7 +203,7 @@ def decode_record(payload: bytes) -> Record:
         return Base(committed, crc)
     if kind == b"H":
         return Header(_short(payload, 1))
-    raise ValueError(f"unknown record kind {kind!r}")
+    raise ValueError(f"unknown record kind {kind!r} (known: B, D, H, R, V)")
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ from wallaroo_proto.conformance.runner import CaseFailed, Trace
 
 from ..codec import encode
 from ..errors import ProtocolError
-from ..frames import DEFAULT_MAX_FRAME_SIZE, Ack, Error, Frame, Message, show_text
+from ..frames import DEFAULT_MAX_FRAME_SIZE, Ack, Error, Frame, Message, NotifyAck, Ok, show_text
 from ..protocol import Connection, Side, Use, Verdict
 from ..reader import FrameReader
 from ..twopc import TWOPC_STREAM, decode_twopc
@@ -165,8 +165,12 @@ class Probe:
                 continue
             raise CaseFailed(f"sent {show(frame, sink=self._sink)} instead of {wanted}", self.trace.tail())
 
-    async def expect_error_and_close(self) -> str:
-        """ERROR (other frames before it are passed over), then the close: the reason."""
+    async def expect_error_and_close(self, deciding: tuple[type, ...] = (Ok, NotifyAck)) -> str:
+        """ERROR (other frames before it are passed over), then the close: the reason.
+
+        A frame of ``deciding`` is an answer that took what was to be refused (OK to a bad
+        HELLO, NOTIFY_ACK to a NOTIFY before one): it fails the case at once, not at the deadline.
+        """
         self.trace("   waiting for ERROR and a close")
         while True:
             try:
@@ -175,6 +179,8 @@ class Probe:
                 raise CaseFailed("closed the connection without an ERROR", self.trace.tail()) from None
             if type(frame) is Error:
                 break
+            if isinstance(frame, deciding):
+                raise CaseFailed(f"got {frame.TYPE.name} where ERROR was due", self.trace.tail())
         reason = show_text(frame.reason)
         with contextlib.suppress(PeerClosed):
             while True:
