@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
+from wallaroo_proto_cli.tables import print_table
 
 from wallaroo_proto.capture.stats import StatsError, parse_spec
 
@@ -62,17 +62,4 @@ def print_stats(console: Console, result: dict, capture: str) -> None:
                 _seconds(row["duration"]),
                 str(row["violations"]),
             )
-    # Its own line, not the table's title: a title wraps at a narrow table's width.
-    console.print(heading, style="italic", soft_wrap=True)
-    if console.is_terminal:
-        console.print(table)
-        return
-    # Not a terminal: as wide as the table needs, since a cut or folded cell would hide numbers from scripts.
-    width = console.width
-    console.width = max(width, Measurement.get(console, console.options.update_width(1 << 20), table).maximum)
-    try:
-        with console.capture() as captured:
-            console.print(table)
-    finally:
-        console.width = width
-    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    print_table(console, table, heading)
