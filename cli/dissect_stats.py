@@ -6,9 +6,9 @@ from collections import Counter
 
 import click
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+from wallaroo_proto_cli.tables import print_table
 
 from wallaroo_proto.capture.stats import StatsError, parse_spec
 from wallaroo_proto.findings import SEVERITIES, of_summary
@@ -68,9 +68,7 @@ def print_stats(console: Console, result: dict, capture: str) -> None:
                 _seconds(row["duration"]),
                 str(row["violations"]),
             )
-    # Its own line, not the table's title: a title wraps at a narrow table's width.
-    console.print(heading, style="italic", soft_wrap=True)
-    print_table(console, table)
+    print_table(console, table, heading)
 
 
 #: How each severity looks (Wireshark's expert colours: red, yellow, cyan).
@@ -135,18 +133,3 @@ def print_summary_findings(console: Console, summaries: list[dict], capture: str
             f"... {len(rows) - SUMMARY_FINDINGS:,} more: dissect --stats expert lists them all",
             style="italic",
         )
-
-
-def print_table(console: Console, table: Table) -> None:
-    """A table, at its own width when not on a terminal: a cut or folded cell hides words from scripts."""
-    if console.is_terminal:
-        console.print(table)
-        return
-    width = console.width
-    console.width = max(width, Measurement.get(console, console.options.update_width(1 << 20), table).maximum)
-    try:
-        with console.capture() as captured:
-            console.print(table)
-    finally:
-        console.width = width
-    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))

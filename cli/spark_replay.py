@@ -25,30 +25,24 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
+from wallaroo_proto_cli.tables import print_table
+
+from wallaroo_proto.spark.reports import view_names
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 NAME = "wallaroo-proto spark-replay"
 #: Table file formats, once given as --format (now --output-format).
 FILE_FORMATS = ("parquet", "csv", "json")
 
-TITLES = {
-    "connections": "Connections",
-    "audit": "Delivery audit per stream",
-    "flow_control": "Flow control",
-    "restarts": "RESTARTs and reconnects",
-    "twopc": "2PC rounds",
-    "violations": "Protocol violations",
-}
 #: Columns left out of the printed tables (they are in --output and the views).
 HIDDEN = {
     "connections": ("first_ts", "last_ts"),
     "restarts": ("restart_ts",),
     "twopc": ("phase1_packet", "phase2_packet"),
-    "violations": ("offset",),
+    "violations": ("offset", "verdict"),
+    "findings": ("ts",),
 }
 CONN_COLUMNS = ("capture", "connection", "conn_index")
-#: Printed with 'capture#n' for the connection (the Connections table has the full names).
-REPORTS_SHORTENED = ("audit", "flow_control", "restarts", "twopc", "violations")
 
 
 def _short_connection(frame):
@@ -111,22 +105,32 @@ def emit_jsonl(name: str, frame) -> None:
         click.echo(json.dumps({"table": name, **_plain(row)}, separators=(",", ":")))
 
 
-def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str] = ()) -> int:
-    """Print up to ``rows`` rows of ``frame`` as a table; returns how many rows were shown."""
+def fetch(frame, rows: int, hidden: Sequence[str] = ()) -> tuple[list[str], list]:
+    """The columns and up to ``rows + 1`` rows of ``frame`` (one more tells that some are left out)."""
     columns = [c for c in frame.columns if c not in hidden]
-    got = frame.select(*columns).limit(rows + 1).collect()
+    return columns, frame.select(*columns).limit(rows + 1).collect()
+
+
+def show(console: Console, title: str, columns: Sequence[str], got: Sequence, rows: int) -> int:
+    """Print up to ``rows`` of ``got`` as a table; returns how many rows were shown."""
     if not got:
-        console.print(f"[dim]{title}: none[/dim]")
+        console.print(f"[dim]{escape(title)}: none[/dim]", soft_wrap=True)
         return 0
-    table = Table(title=title, title_justify="left", header_style="bold")
+    table = Table(header_style="bold")
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in got[:rows]:
-        table.add_row(*(_cell(v) for v in row))
-    console.print(table)
+        table.add_row(*(escape(_cell(v)) for v in row))
+    print_table(console, table, title)
     if len(got) > rows:
         console.print("[dim]… more rows not shown (--rows, or --output DIR for all of them)[/dim]")
     return min(len(got), rows)
+
+
+def shows_standard_tables(sql: str | None, job: str | None, tables: bool, verbosity: int) -> bool:
+    """The standard tables print unless the run asks a question (--sql, --job): then only with
+    --tables or -v, so the answer is not buried under them."""
+    return not (sql or job) or tables or verbosity > 0
 
 
 @click.command(
@@ -135,7 +139,7 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
     sections={
         "Spark": ["master", "confs"],
         "What is read": ["ports", "fail_fast"],
-        "What is printed and written": ["fmt", "rows", "output", "output_format", "report_path"],
+        "What is printed and written": ["fmt", "rows", "tables", "output", "output_format", "report_path"],
         "Your own query or job": ["sql", "job"],
     },
     epilog=examples(
@@ -172,8 +176,7 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
 @click.option(
     "--sql",
     "sql",
-    help="A SQL query over the views frames, messages, audit, flow_control, restarts, twopc, "
-    "violations, connections and problems.",
+    help=f"A SQL query over the views {', '.join(view_names())}.",
 )
 @click.option("--job", "job", help="MODULE:FUNCTION taking the messages DataFrame and returning a DataFrame.")
 @click.option(
@@ -202,11 +205,16 @@ def render(console: Console, title: str, frame, rows: int, hidden: Sequence[str]
     type=click.Path(dir_okay=False),
     help="Also draw the captures as one offline HTML report (see the report command).",
 )
+@click.option(
+    "--tables",
+    is_flag=True,
+    help="With --sql or --job, also print the standard tables (they print alone without either).",
+)
 @click.option("--rows", default=20, show_default=True, type=click.IntRange(1), help="Rows printed per table.")
 @hidden_alias("--jsonl", "fmt", value="jsonl", is_flag=True)
 @verbosity(
-    quiet="No progress bars or timing lines: errors and the tables.",
-    verbose="Also where Spark's own log is written.",
+    quiet="No progress bars or timing lines: errors and the tables (with --sql or --job, the answer alone).",
+    verbose="Also where Spark's own log is written, and the standard tables with --sql or --job.",
 )
 def command(
     paths: tuple[str, ...],
@@ -221,6 +229,7 @@ def command(
     ports: tuple[int, ...],
     confs: tuple[str, ...],
     rows: int,
+    tables: bool,
     report_path: str | None,
     verbosity: int,
 ) -> None:
@@ -230,8 +239,6 @@ def command(
     if fmt in FILE_FORMATS:  # the older --format parquet|csv|json named what --output writes
         output_format, fmt = fmt, "text"
     out = Console()
-    if not out.is_terminal:
-        out = Console(width=200)  # a pipe or a file: wide rows rather than folded cells
     err = Console(stderr=True, soft_wrap=True, highlight=False)
     info = Console(stderr=True, soft_wrap=True, quiet=verbosity < 0)  # progress and timings
     conf = []
@@ -292,6 +299,7 @@ def command(
             report_path,
             info,
             tree,
+            standard=shows_standard_tables(sql, job, tables, verbosity),
         )
     except KeyboardInterrupt:
         err.print(f"[yellow]{NAME}: interrupted; stopping Spark[/yellow]")
@@ -320,11 +328,12 @@ def _run(
     report_path=None,
     info=None,
     display_filter=None,
+    *,
+    standard: bool = True,
 ) -> int:
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    from wallaroo_proto.protocols import names, plugins, table_name
     from wallaroo_proto.spark import frames as frames_mod
     from wallaroo_proto.spark import jobs, reports
     from wallaroo_proto.spark.session import stage_progress
@@ -374,26 +383,26 @@ def _run(
     except jobs.JobError as exc:
         err.print(f"[red]{NAME}: {escape(str(exc))}[/red]")
         return EXIT_USAGE
-    with stage_progress(spark, "reports", info):
-        shown = [(name, title, tables[name]) for name, title in TITLES.items()]
-        for plugin in plugins():  # another protocol's reports when its connections are there
-            if plugin.name != "wallaroo" and by_protocol.get(plugin.name):
-                for name, title in plugin.report_titles.items():
-                    shown.append(
-                        (table_name(plugin.name, name), title, tables[table_name(plugin.name, name)])
-                    )
-        shown += [(name, f"--{name} {sql if name == 'sql' else job}", frame) for name, frame in extra.items()]
-        try:
-            for name, title, frame in shown:
-                if rows is None:  # --jsonl
+    shown = reports.printed_views(by_protocol) if standard else []
+    shown = [(name, title, tables[name]) for name, title in shown]
+    shown += [(name, f"--{name} {sql if name == 'sql' else job}", frame) for name, frame in extra.items()]
+    try:
+        for name, title, frame in shown:
+            if rows is None and out.is_terminal:  # --jsonl rows streamed to the terminal: no bar among them
+                emit_jsonl(name, frame)
+                continue
+            if rows is None:
+                with stage_progress(spark, f"table {name}", info):
                     emit_jsonl(name, frame)
-                elif name in REPORTS_SHORTENED or "_" in name and name.split("_")[0] in names():
-                    render(out, title, _votes(_short_connection(frame)), rows, HIDDEN.get(name, ()))
-                else:
-                    render(out, title, frame, rows, HIDDEN.get(name, ()))
-        except (Py4JJavaError, PySparkException) as exc:
-            err.print(f"[red]{NAME}: the job failed: {escape(str(exc).strip().splitlines()[0][:500])}[/red]")
-            return EXIT_PROBLEM
+                continue
+            if name not in extra and name != "connections":  # 'capture#n' (Connections names them)
+                frame = _votes(_short_connection(frame))
+            with stage_progress(spark, f"table {name}", info):  # ended before the table prints over its line
+                columns, got = fetch(frame, rows, HIDDEN.get(name, ()))
+            show(out, title, columns, got, rows)
+    except (Py4JJavaError, PySparkException) as exc:
+        err.print(f"[red]{NAME}: the job failed: {escape(str(exc).strip().splitlines()[0][:500])}[/red]")
+        return EXIT_PROBLEM
     if output:
         try:
             with stage_progress(spark, f"writing {fmt}", info):

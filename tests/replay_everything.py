@@ -90,7 +90,7 @@ def build_inputs(root: Path) -> tuple[dict[str, Path], list[str]]:
     assert record(paths["kinesis"]).returncode == 0
     record(paths["kinesis-bad"], "--bad-response-after", "10")
     ports = {*DEFAULT_PORTS, *(server_port(CAPTURES / n) for n in ("dcp-stream.pcap", "dcp-rollback.pcap"))}
-    args = [str(p) for p in paths.values()] + ["--sql", SQL, "--job", JOB]
+    args = [str(p) for p in paths.values()] + ["--sql", SQL, "--job", JOB, "--tables"]
     for port in sorted(ports):
         args += ["--port", str(port)]
     return paths, args

@@ -209,8 +209,13 @@ def test_spark_replay_builds_the_kinesis_tables(replayed_everything):
     assert sum(r["violations"] for r in shards if r["capture"] == str(bad)) == len(violations)
     # the bad status is among them (the other shard's own violation may come first: Spark keeps no order)
     assert any("processRecordz" in r["reason"] for r in violations), violations
-    wallaroo_rows = [r for r in rows if r["table"] in ("connections", "violations")]
-    assert wallaroo_rows and not [r for r in wallaroo_rows if r["capture"] in (str(recorded), str(bad))]
+    # The common views hold the Kinesis rows too: a query over them misses no protocol.
+    common = [r for r in rows if r["table"] == "violations" and r["capture"] == str(bad)]
+    assert len(common) == len(violations) and {r["protocol"] for r in common} == {"kinesis"}
+    ours = [r for r in rows if r["table"] == "connections" and r["capture"] in (str(recorded), str(bad))]
+    assert {r["protocol"] for r in ours} == {"kinesis"} and sum(r["violations"] for r in ours) == len(
+        violations
+    )
 
 
 def test_a_recording_with_aggregates_and_a_reshard_reads_back_per_shard(tmp_path):

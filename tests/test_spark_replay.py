@@ -218,7 +218,7 @@ def test_frames_and_audit_equal_the_dissector(captures, replayed):
     audit = rows_by(tables["audit"], "capture", "connection", "stream_id")
     flow = rows_by(tables["flow_control"], "capture", "connection")
     rounds = rows_by(tables["twopc"], "capture", "connection", "txn_id")
-    violations = tables["violations"].count()
+    violations = tables["violations"].where("protocol = 'wallaroo'").count()
     total = loaded.frames.count()
     expected_total = 0
     expected_violations = 0
@@ -537,3 +537,172 @@ def test_spark_replay_filters_the_frames_before_every_table(spark, capsys):
     assert got == sorted((r["connection"], r["frame_index"]) for r in expected)
     assert len(got) == 8  # stream 11's NOTIFY_ACK and its 7 MESSAGEs
     assert {r["stream_id"] for r in rows if r["table"] == "audit"} == {11}
+
+
+def test_printed_titles_carry_their_view_names():
+    """A title names the view to query (the common views first, then Wallaroo's, then those present)."""
+    shown = reports.printed_views({"wallaroo", "dcp"})
+    names = [name for name, _ in shown]
+    assert names[:3] == ["connections", "violations", "findings"]
+    assert ("audit", "Delivery audit per stream (audit)") in shown
+    assert ("dcp_vbuckets", "DCP vbucket streams (dcp_vbuckets)") in shown
+    assert not [n for n in names if n.startswith(("kinesis_", "tremor_", "ambrosia_"))]
+    assert all(title.endswith(f" ({name})") for name, title in shown)
+
+
+def test_the_standard_tables_print_with_a_question_only_when_asked():
+    shown = spark_replay_cli().shows_standard_tables
+    assert shown(None, None, False, 0) and shown(None, None, False, -1)  # no question: as before
+    assert not shown("SELECT 1", None, False, 0) and not shown(None, "m:f", False, -1)
+    assert shown("SELECT 1", None, True, 0) and shown(None, "m:f", False, 1)
+
+
+def spark_replay_cli():
+    from wallaroo_proto_cli import spark_replay
+
+    return spark_replay
+
+
+def _listed_views(text: str) -> set[str]:
+    """The view names after 'over the views' up to the sentence's end (help text or a paragraph)."""
+    import re
+
+    words = " ".join(text.split()).split("over the views ", 1)[1].split(".", 1)[0]
+    return set(re.findall(r"[a-z_]+", words))
+
+
+@pytest.mark.timeout(480)
+def test_every_registered_view_is_in_the_help_and_the_docs(spark, replayed):
+    """SHOW TABLES after the views are registered, the help's --sql list and docs/spark.md's table agree."""
+    import re
+
+    _, _, tables = replayed
+    jobs.register_views(tables)
+    registered = {r["tableName"] for r in spark.sql("SHOW TABLES").collect() if r["isTemporary"]}
+    assert registered == set(tables) == set(reports.view_names())
+    assert {"ambrosia_pairs", "ambrosia_violations", "tremor_sessions", "findings"} <= registered
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "spark.md").read_text()
+    assert set(re.findall(r"^\| `([a-z_]+)` \|", docs, re.M)) == registered
+    helped = run_cli("spark-replay", "--help")
+    assert helped.returncode == 0, helped.stderr
+    assert _listed_views(helped.stdout) == registered
+
+
+@pytest.mark.timeout(480)
+def test_connections_violations_and_findings_cover_every_protocol(replayed):
+    """The common views hold every protocol's rows, each as the dissector's records give them."""
+    from wallaroo_proto.findings import of_record
+    from wallaroo_proto.records import iter_records
+
+    names, _, tables = replayed
+    connections = rows_by(tables["connections"], "capture", "conn_index")
+    violations = [r.asDict() for r in tables["violations"].collect()]
+    findings = [r.asDict() for r in tables["findings"].collect()]
+    expected_violations, expected_findings, per_connection = [], [], {}
+    for path in names:
+        for r in iter_records(path):
+            key = (path, r["conn_index"])
+            per_connection.setdefault(key, [r["protocol"], 0])
+            for reason in r.get("violations") or ():
+                expected_violations.append(
+                    (*key, r["protocol"], r["packet"], r["frame_index"], r["type"], reason)
+                )
+                per_connection[key][1] += 1
+            for severity, text in of_record(r):
+                expected_findings.append((*key, r["protocol"], r["packet"], r["frame_index"], severity, text))
+    got = [
+        (r["capture"], r["conn_index"], r["protocol"], r["packet"], r["frame_index"], r["type"], r["reason"])
+        for r in violations
+    ]
+    assert sorted(got, key=repr) == sorted(expected_violations, key=repr)
+    assert {k: [r["protocol"], r["violations"]] for k, r in connections.items()} == per_connection
+    with_violations = {r["protocol"] for r in connections.values() if r["violations"] > 0}
+    assert {"ambrosia", "tremor"} <= with_violations  # the question the issue asked: none missed
+    got = [
+        (
+            r["capture"],
+            r["conn_index"],
+            r["protocol"],
+            r["packet"],
+            r["frame_index"],
+            r["severity"],
+            r["finding"],
+        )
+        for r in findings
+    ]
+    assert got == sorted(expected_findings, key=lambda f: (f[0], f[1], f[4], f[3]))  # in the view's order
+    assert {"error", "warning"} <= {f[5] for f in got}  # the samples have violations and notes
+
+
+@pytest.mark.timeout(480)
+def test_findings_take_a_plug_ins_finding_after_the_frames_violations(replayed):
+    """A plug-in's finding (findings.mark) comes with its severity, after the frame's violations."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    _, loaded, _ = replayed
+    bad = loaded.frames.where(F.size("violations") > 0).limit(1)
+    marked = bad.withColumn("severity", F.lit("note")).withColumn(
+        "finding", F.lit("rolled back to 20 (asked 30)")
+    )
+    (frame,) = marked.collect()
+    rows = reports.findings(marked).collect()
+    assert [(r["severity"], r["finding"]) for r in rows] == [
+        *(("error", v) for v in frame["violations"]),
+        *(("warning", n) for n in frame["notes"] or ()),
+        ("note", "rolled back to 20 (asked 30)"),
+    ]
+    assert {r["frame_index"] for r in rows} == {frame["frame_index"]}
+
+
+class _WatchedConsole:
+    """A terminal console for the tables that notes whether a progress display was live at each print."""
+
+    def __init__(self, progress_console) -> None:
+        import io
+
+        from rich.console import Console
+
+        self.progress_console = progress_console
+        self.console = Console(file=io.StringIO(), force_terminal=True, width=160)
+        self.live_at_print: list[bool] = []
+
+    def __getattr__(self, name):
+        return getattr(self.console, name)
+
+    def print(self, *args, **kw) -> None:
+        self.live_at_print.append(bool(self.progress_console._live_stack))
+        self.console.print(*args, **kw)
+
+
+@pytest.mark.timeout(480)
+def test_the_progress_display_ends_before_a_table_prints(spark, captures):
+    """On a terminal a table printed under a live bar lands on the bar's line ('0:00:002PC rounds')."""
+    import io
+
+    from rich.console import Console
+    from wallaroo_proto_cli import spark_replay
+
+    info = Console(file=io.StringIO(), force_terminal=True, width=160)
+    out = _WatchedConsole(info)
+    code = spark_replay._run(
+        spark, out, info, [str(captures["sink"])], None, False, None, "parquet", None, None, 5, [], None, info
+    )
+    assert code == 0
+    assert len(out.live_at_print) >= 6 and not any(out.live_at_print), out.live_at_print
+    assert "2PC rounds (twopc)" in out.console.file.getvalue()
+
+
+@pytest.mark.timeout(480)
+def test_a_question_prints_its_answer_alone_and_no_cell_folds_on_a_pipe(captures):
+    """--sql with -q: the answer's title and table only; piped, a 300-character cell stays on one line."""
+    long_cell = "abcdefghij" * 30
+    sql = f"SELECT '{long_cell}' AS long_cell, protocol, count(*) AS n FROM frames GROUP BY protocol"
+    result = run_cli(
+        "spark-replay", str(captures["sink"]), "--master", "local[1]", "-q", "--sql", sql, timeout=360
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"--sql {sql}"  # the title, whole, first: no standard table before it
+    assert len(lines) == 1 + 5  # the answer's table: borders, header, one row (wallaroo)
+    (row,) = [line for line in lines if "wallaroo" in line]
+    assert long_cell in row

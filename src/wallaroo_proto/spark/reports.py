@@ -11,6 +11,7 @@ the protocol core saw them).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -427,34 +428,90 @@ def restarts(frames: DataFrame) -> DataFrame:
 
 
 def violations(frames: DataFrame) -> DataFrame:
-    """Every protocol violation (and malformed frame) with the frame where it happened."""
+    """Every protocol's violations, one row each, with the frame where it happened.
+
+    Common to every protocol, so a query over it misses none; a protocol's own ``<protocol>_violations``
+    adds its fields (vbucket, shard, ...).
+    """
     F = _f()  # noqa: N806
     return (
-        frames.where(F.col("verdict").isin("violation", "malformed"))
+        frames.where(F.size("violations") > 0)
         .select(
-            *CONN,
+            "capture",
+            "protocol",
+            "connection",
+            "conn_index",
             "packet",
             "offset",
             "frame_index",
             "sender",
             "type",
             "verdict",
-            F.explode_outer("violations").alias("reason"),
+            F.explode("violations").alias("reason"),
         )
-        .orderBy("capture", "conn_index", "packet")
+        .orderBy("capture", "conn_index", "frame_index")
+    )
+
+
+def findings(frames: DataFrame) -> DataFrame:
+    """Every protocol's findings, one row each (``findings.of_record``): a frame's violations are
+    errors, its capture notes warnings, and its plug-in's finding has the plug-in's severity."""
+    F = _f()  # noqa: N806
+    item = "struct<severity:string,finding:string>"
+    empty = F.array().cast(f"array<{item}>")
+
+    def each(column: str, severity: str):
+        return F.transform(
+            F.coalesce(F.col(column), F.array().cast("array<string>")),
+            lambda text: F.struct(F.lit(severity).alias("severity"), text.alias("finding")),
+        )
+
+    own = F.when(
+        F.col("finding").isNotNull(),
+        F.array(F.struct(F.col("severity").alias("severity"), F.col("finding").alias("finding"))),
+    ).otherwise(empty)
+    return (
+        frames.select(
+            "capture",
+            "protocol",
+            "connection",
+            "conn_index",
+            "packet",
+            "frame_index",
+            "ts",
+            "type",
+            F.posexplode(F.concat(each("violations", "error"), each("notes", "warning"), own)).alias(
+                "n", "f"
+            ),
+        )
+        .orderBy("capture", "conn_index", "frame_index", "packet", "n")
+        .select(
+            "capture",
+            "protocol",
+            "connection",
+            "conn_index",
+            "packet",
+            "frame_index",
+            "ts",
+            "type",
+            F.col("f.severity").alias("severity"),
+            F.col("f.finding").alias("finding"),
+        )
     )
 
 
 def connections(frames: DataFrame) -> DataFrame:
-    """Per connection: use, frames (decoded ones, as the dissector counts them), bytes, span."""
+    """Per connection of every protocol: use (a Wallaroo connection's source or sink), frames (decoded
+    ones, as the dissector counts them), bytes, violations (rows of ``violations``), span."""
     F = _f()  # noqa: N806
     return (
         frames.groupBy(*CONN)
         .agg(
-            F.first("use").alias("use"),
+            F.first("protocol").alias("protocol"),
+            F.first("use", ignorenulls=True).alias("use"),
             F.count(F.when(F.col("type") != "INVALID", 1)).alias("frames"),
             F.coalesce(F.sum("length"), F.lit(0)).alias("bytes"),
-            F.count(F.when(F.col("verdict").isin("violation", "malformed"), 1)).alias("violations"),
+            F.coalesce(F.sum(F.size(F.coalesce("violations", F.array()))), F.lit(0)).alias("violations"),
             F.min("ts").alias("first_ts"),
             F.max("ts").alias("last_ts"),
         )
@@ -462,22 +519,51 @@ def connections(frames: DataFrame) -> DataFrame:
     )
 
 
-#: name -> builder: the reports ``spark-replay`` prints, writes and registers as views.
+#: name -> builder: Wallaroo's reports (over its own rows, as every protocol's).
 REPORTS = {
-    "connections": connections,
     "audit": audit,
     "flow_control": flow_control,
     "restarts": restarts,
     "twopc": twopc,
-    "violations": violations,
+}
+
+#: name -> (title, builder): the views over every protocol's frames, printed first.
+COMMON = {
+    "connections": ("Connections", connections),
+    "violations": ("Protocol violations", violations),
+    "findings": ("Findings: violations (error), capture notes (warning), each protocol's events", findings),
 }
 
 
+def view_names() -> list[str]:
+    """Every view ``build_tables`` makes (and ``spark-replay`` registers), in its order."""
+    from wallaroo_proto.protocols import plugins, table_name
+
+    names = ["frames"]
+    for plugin in plugins():
+        names += [table_name(plugin.name, name) for name in plugin.spark_reports()]
+    return [*names, *COMMON, "problems"]
+
+
+def printed_views(protocols: Iterable[str]) -> list[tuple[str, str]]:
+    """(view, title) of the standard tables, each title ending in its view name: the common views,
+    Wallaroo's reports, and another protocol's when ``protocols`` (those in the captures) has it."""
+    from wallaroo_proto.protocols import plugins, table_name
+
+    present = set(protocols)
+    shown = [(name, title) for name, (title, _) in COMMON.items()]
+    for plugin in plugins():
+        if plugin.name == "wallaroo" or plugin.name in present:
+            shown += [(table_name(plugin.name, name), title) for name, title in plugin.report_titles.items()]
+    return [(name, f"{title} ({name})") for name, title in shown]
+
+
 def build_tables(frames: DataFrame, problems: DataFrame | None = None) -> dict[str, DataFrame]:
-    """Every table spark-replay offers, by view name: frames, each protocol's reports, problems.
+    """Every table spark-replay offers, by view name (``view_names``): frames, each protocol's reports,
+    the common views, problems.
 
     A protocol's reports see only its rows of ``frames`` and are named ``<protocol>_<report>``,
-    Wallaroo's by their plain names (``messages``, ``audit``, ...).
+    Wallaroo's by their plain names (``messages``, ``audit``, ...); the common views see every row.
     """
     from wallaroo_proto.protocols import plugins, table_name
 
@@ -487,6 +573,8 @@ def build_tables(frames: DataFrame, problems: DataFrame | None = None) -> dict[s
         own = frames.where(F.col("protocol") == plugin.name)
         for name, build in plugin.spark_reports().items():
             tables[table_name(plugin.name, name)] = build(own)
+    for name, (_, build) in COMMON.items():
+        tables[name] = build(frames)
     if problems is not None:
         tables["problems"] = problems
     return tables

@@ -57,12 +57,10 @@ RECORD_FIELDS = (
 )
 
 TITLES = {
-    "connections": "Connections",
     "audit": "Delivery audit per stream",
     "flow_control": "Flow control",
     "restarts": "RESTARTs and reconnects",
     "twopc": "2PC rounds",
-    "violations": "Protocol violations",
 }
 
 
