@@ -223,7 +223,9 @@ def command(
     # nobody reads costs lines (counted, and said once it is read again), never the relay.
     stderr_spool = None
     if live:
-        errors = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+        # The live view's own console: a line printed on it goes above the view and stays there
+        # (another console's line lands below it, and the next refresh erases it).
+        errors = Console(stderr=True, highlight=False, emoji=False)
     else:
         stderr_spool = Spool(
             sys.stderr.fileno(),
@@ -311,7 +313,7 @@ def command(
             )
         )
     try:
-        with view.shown(Console(stderr=True)) if live else contextlib.nullcontext():
+        with view.shown(errors) if live else contextlib.nullcontext():
             asyncio.run(_serve(relays, loop_box.append, say))
     finally:
         watch.close()
