@@ -58,6 +58,20 @@ def _who(r: dict, relays: list[Relay]) -> tuple[int, str | None]:
     return found if found is not None else (r["conn_index"], None)
 
 
+def _numbered(s: dict, relays: list[Relay]) -> dict:
+    """A summary's connection numbered as the live view, the violation and the fault lines number
+    it, and with faults its side named: the checker numbers connections in its own order."""
+    host, _, port = s.get("connection", "").split(" > ")[0].rpartition(":")
+    if not port.isdigit():
+        return s
+    initiator = (host.strip("[]"), int(port))
+    found = next((who for relay in relays if (who := relay.who(initiator)) is not None), None)
+    if found is None:
+        return s
+    conn, side = found
+    return {**s, "conn_index": f"{conn} ({side} side)" if side else conn}
+
+
 def _violation_line(r: dict, conn: int, side: str | None) -> str:
     """One violation as it happens: the client is always the connection's initiator. Bytes that
     are no frame (a Wallaroo frame that cannot be read) have no frame number: their packet's."""
@@ -322,7 +336,7 @@ def command(
     out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
     if summary:
         for s in watch.summaries:
-            get_plugin(s.get("protocol", "wallaroo")).print_summary(out, s)
+            get_plugin(s.get("protocol", "wallaroo")).print_summary(out, _numbered(s, relays))
         for rule in rules:
             missed = f", not applied {rule.not_applied}" if rule.not_applied else ""
             out.print(escape(f"fault {rule.text}: matched {rule.seen}, applied {rule.fired}{missed}"))

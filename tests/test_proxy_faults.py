@@ -511,6 +511,25 @@ def test_two_listen_upstream_pairs_are_served_each_to_its_own(tmp_path: Path) ->
         second.close()
 
 
+@pytest.mark.e2e
+def test_the_summary_numbers_connections_as_the_fault_lines_and_names_each_side() -> None:
+    with Server("mock-worker", "--port", "0", "--no-live") as worker:
+        with Server(
+            *("proxy", "--listen", "127.0.0.1:0", "--upstream", worker.address, "--no-live"),
+            *("--fault", "restart skip=2 count=1"),
+        ) as proxy:
+            source = run_cli(
+                "mock-source", "--connect", proxy.address, "-q", "--streams", "2", "--count", "200"
+            )
+            assert source.returncode == 0, source.stderr
+            code, stdout, stderr = proxy.stop()
+        worker.stop()
+    assert code == 0, stderr
+    assert "connection #1 fault restart" in stderr  # the RESTART ends #1: the source comes back as #2
+    titles = re.findall(r"connection #(.+?)  \S+ > \S+  \(source\)", stdout)
+    assert sorted(titles) == [f"{n} ({side} side)" for n in (1, 2) for side in ("client", "upstream")]
+
+
 def test_strict_closes_the_connection_at_its_first_violation_and_exits_1() -> None:
     upstream = socket.create_server(("127.0.0.1", 0))
     seen: list[bytes] = []
