@@ -61,11 +61,12 @@ def _who(r: dict, relays: list[Relay]) -> tuple[int, str | None]:
 def _numbered(s: dict, relays: list[Relay]) -> dict:
     """A summary's connection numbered as the live view, the violation and the fault lines number
     it, and with faults its side named: the checker numbers connections in its own order."""
-    host, _, port = s.get("connection", "").split(" > ")[0].rpartition(":")
-    if not port.isdigit():
-        return s
-    initiator = (host.strip("[]"), int(port))
-    found = next((who for relay in relays if (who := relay.who(initiator)) is not None), None)
+    ends = []  # the initiator first: a plug-in may have turned a connection round (AMBROSIA's send port)
+    for end in s.get("connection", "").split(" > "):
+        host, _, port = end.rpartition(":")
+        if port.isdigit():
+            ends.append((host.strip("[]"), int(port)))
+    found = next((who for end in ends for relay in relays if (who := relay.who(end)) is not None), None)
     if found is None:
         return s
     conn, side = found

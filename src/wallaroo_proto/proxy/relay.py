@@ -316,6 +316,9 @@ class Relay:
                 legs.note(step.frame.from_client, fault_steps.describe(step))
                 if self.on_fault is not None:
                     self.on_fault(conn, step)
+            elif type(step) is fault_steps.Said:
+                if self.say is not None:
+                    self.say(f"connection #{conn}: {step.text}")
             elif type(step) is fault_steps.Wait:
                 await asyncio.sleep(step.seconds)
             elif type(step) is fault_steps.Stall:
