@@ -58,6 +58,21 @@ def _who(r: dict, relays: list[Relay]) -> tuple[int, str | None]:
     return found if found is not None else (r["conn_index"], None)
 
 
+def _numbered(s: dict, relays: list[Relay]) -> dict:
+    """A summary's connection numbered as the live view, the violation and the fault lines number
+    it, and with faults its side named: the checker numbers connections in its own order."""
+    ends = []  # the initiator first: a plug-in may have turned a connection round (AMBROSIA's send port)
+    for end in s.get("connection", "").split(" > "):
+        host, _, port = end.rpartition(":")
+        if port.isdigit():
+            ends.append((host.strip("[]"), int(port)))
+    found = next((who for end in ends for relay in relays if (who := relay.who(end)) is not None), None)
+    if found is None:
+        return s
+    conn, side = found
+    return {**s, "conn_index": f"{conn} ({side} side)" if side else conn}
+
+
 def _violation_line(r: dict, conn: int, side: str | None) -> str:
     """One violation as it happens: the client is always the connection's initiator. Bytes that
     are no frame (a Wallaroo frame that cannot be read) have no frame number: their packet's."""
@@ -223,7 +238,9 @@ def command(
     # nobody reads costs lines (counted, and said once it is read again), never the relay.
     stderr_spool = None
     if live:
-        errors = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
+        # The live view's own console: a line printed on it goes above the view and stays there
+        # (another console's line lands below it, and the next refresh erases it).
+        errors = Console(stderr=True, highlight=False, emoji=False)
     else:
         stderr_spool = Spool(
             sys.stderr.fileno(),
@@ -311,7 +328,7 @@ def command(
             )
         )
     try:
-        with view.shown(Console(stderr=True)) if live else contextlib.nullcontext():
+        with view.shown(errors) if live else contextlib.nullcontext():
             asyncio.run(_serve(relays, loop_box.append, say))
     finally:
         watch.close()
@@ -320,7 +337,7 @@ def command(
     out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
     if summary:
         for s in watch.summaries:
-            get_plugin(s.get("protocol", "wallaroo")).print_summary(out, s)
+            get_plugin(s.get("protocol", "wallaroo")).print_summary(out, _numbered(s, relays))
         for rule in rules:
             missed = f", not applied {rule.not_applied}" if rule.not_applied else ""
             out.print(escape(f"fault {rule.text}: matched {rule.seen}, applied {rule.fired}{missed}"))

@@ -193,6 +193,29 @@ def test_an_upstream_that_refuses_is_a_refused_client_and_the_proxy_serves_on() 
     assert "2 refused by the upstream" in stderr
 
 
+@pytest.mark.e2e
+def test_a_refused_upstream_is_one_line_naming_it_and_the_client_without_verbose() -> None:
+    refusing = socket.socket()
+    refusing.bind(("127.0.0.1", 0))  # bound, not listening: a connect is refused
+    port = refusing.getsockname()[1]
+    try:
+        with Server("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{port}") as proxy:
+            client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+            here = client.getsockname()[1]
+            with pytest.raises((ConnectionResetError, ConnectionAbortedError, BrokenPipeError)), client:
+                client.sendall(b"x")
+                read_all(client)
+            wait_for(lambda: "cannot connect" in proxy.stderr(), "the line", DEADLINE)
+            code, _, stderr = proxy.stop()
+    finally:
+        refusing.close()
+    assert code == 0, stderr
+    assert stderr.splitlines() == [
+        f"wallaroo-proto proxy: connection #1 from 127.0.0.1:{here}: cannot connect to the upstream "
+        f"127.0.0.1:{port}: Connection refused; the client is reset"
+    ]
+
+
 def test_a_port_in_use_is_a_clear_error() -> None:
     busy = socket.create_server(("127.0.0.1", 0))
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -252,13 +253,16 @@ def test_the_node_binding_through_the_proxy_to_mock_ic(build, storage, tmp_path)
     assert node_peer._totals(app.status()) == node_peer._expected(RpcSource(300))
     assert pcode == 0, stderr
     assert "violation" not in stderr.lower()
-    # One LB's two sockets, paired as dissect pairs them, and the proxy's summary is dissect's.
+    # One LB's two sockets, paired as dissect pairs them, and the proxy's summary is dissect's,
+    # each connection numbered as the proxy's lines number it (in the order it accepted them).
     assert re.findall(r"\(ambrosia (\w+) port\)", stdout) == ["send", "receive"]
+    assert sorted(re.findall(r"connection #(\d+) ", stdout)) == ["1", "2"], stdout + stderr
     assert re.findall(r"^RPCs +(.*?) *$", stdout, re.M) == ["360 to the LB, 60 from it"] * 2
     assert set(re.findall(r"^violations +(\d+)", stdout, re.M)) == {"0"}
     dissected = run_cli("dissect", str(tmp_path / "proxy.pcap"), "--summary")
     assert dissected.returncode == 0, dissected.stderr
-    assert stdout.split("\n", 1)[1].strip() == dissected.stdout.strip()
+    unnumbered = partial(re.sub, r"connection #\d+ ", "connection #N ")
+    assert unnumbered(stdout.split("\n", 1)[1].strip()) == unnumbered(dissected.stdout.strip())
 
 
 @needs_node

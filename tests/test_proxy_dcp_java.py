@@ -116,7 +116,8 @@ def test_an_injected_rollback_is_recovered_from_and_every_item_still_arrives(
     assert len(faults) == 1, stderr
     assert re.fullmatch(
         r"wallaroo-proto proxy: connection #\d+ fault rollback at client→upstream frame \d+ DCP_STREAM_REQ: "
-        r"rollback: 72 bytes to the upstream",
+        r"the frame not forwarded, then the stream request changed so that the producer rolls it back to 0 "
+        r"\(72 bytes\) sent to the upstream",
         faults[0],
     )
     assert "violation" not in stderr.lower()
@@ -166,16 +167,21 @@ def test_a_stream_ended_too_slow_is_reopened_by_the_client_and_nothing_is_lost(
     assert code == 0, stderr
     faults = [line.split(" fault ", 1)[1] for line in stderr.splitlines() if " fault " in line]
     assert re.fullmatch(
-        r"stream-end at upstream→client frame \d+ DCP_\w+: stream-end: 24 bytes to the upstream, "
-        r"28 bytes to the client(, \d+ bytes to the upstream)?",
+        r"stream-end at upstream→client frame \d+ DCP_\w+: the frame not forwarded, then a CLOSE_STREAM of "
+        r"vbucket 2 \(24 bytes\) sent to the upstream, then a STREAM_END \(too_slow\) of vbucket 2 "
+        r"\(28 bytes\) sent to the client(, then a BUFFER_ACKNOWLEDGEMENT of the \d+ bytes withheld \(\d+ "
+        r"bytes\) sent to the upstream)?",
         faults[0],
     ), faults[0]
-    withheld = re.compile(r"DCP_\w+: stream-end: (\d+ bytes to the upstream|frame withheld)")
+    withheld = re.compile(
+        r"DCP_\w+: the frame not forwarded(, then a BUFFER_ACKNOWLEDGEMENT of the \d+ bytes withheld "
+        r"\(\d+ bytes\) sent to the upstream)?$"
+    )
     passed = re.compile(
         r"DCP_\w+: not applied: passed on: (no stream's message|this rule has ended its 1 stream)"
     )
     assert all(withheld.search(f) or passed.search(f) for f in faults[1:]), faults
-    assert sum(f.endswith("DCP_CLOSE_STREAM_RESPONSE: stream-end: frame withheld") for f in faults) == 1
+    assert sum(f.endswith("DCP_CLOSE_STREAM_RESPONSE: the frame not forwarded") for f in faults) == 1
     assert "violation" not in stderr.lower()
     # The recording: the end on the client's side only; the close on the producer's.
     ended = run_cli("dissect", str(recording), "-Y", "type == DCP_CLOSE_STREAM or end_reason == too_slow")
@@ -219,8 +225,8 @@ def test_a_not_my_vbucket_carries_the_producers_cluster_map_and_the_client_asks_
     assert code == 0, stderr
     faults = [line.split(" fault ", 1)[1] for line in stderr.splitlines() if " fault " in line]
     assert len(faults) == 1 and re.fullmatch(
-        r"not-my-vbucket at client→upstream frame \d+ DCP_STREAM_REQ: not-my-vbucket: "
-        r"72 bytes to the upstream",
+        r"not-my-vbucket at client→upstream frame \d+ DCP_STREAM_REQ: the frame not forwarded, "
+        r"then the stream request for vbucket 65535, which no node holds \(72 bytes\) sent to the upstream",
         faults[0],
     ), faults
     assert "violation" not in stderr.lower()
@@ -267,7 +273,11 @@ def test_withheld_buffer_acks_stall_the_producer_at_its_window(
     assert code == 0, stderr
     faults = [line.split(" fault ", 1)[1] for line in stderr.splitlines() if " fault " in line]
     assert len(faults) == acks and all(
-        re.fullmatch(r"stall-buffer-ack at client→upstream frame \d+ DCP_BUFFER_ACKNOWLEDGEMENT: dropped", f)
+        re.fullmatch(
+            r"stall-buffer-ack at client→upstream frame \d+ DCP_BUFFER_ACKNOWLEDGEMENT: "
+            r"dropped: not forwarded to the upstream",
+            f,
+        )
         for f in faults
     ), faults
     assert "violation" not in stderr.lower()

@@ -23,11 +23,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from support import Server, run_cli
+from support import Server, run_cli, wait_for
 
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import MAX_PENDING_COMMENTS, keep_comment
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols import get_plugin
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import Message
 from wallaroo_proto.proxy import faults
@@ -144,6 +145,44 @@ def test_a_type_the_protocol_lacks_is_refused_with_a_suggestion() -> None:
         faults.parse_rules(["drop type=AKC"], protocol="wallaroo")
 
 
+def test_an_unknown_action_lists_the_actions() -> None:
+    with pytest.raises(FaultError) as caught:
+        faults.parse_rules(["explode type=ACK"])
+    said = str(caught.value)
+    assert "unknown action 'explode' (actions: drop, delay, duplicate, reorder, rewrite, cut, stall, " in said
+    assert all(f", {named}" in said for named in ("restart", "rollback", "checkpoint-error", "close"))
+    with pytest.raises(FaultError) as caught:
+        faults.parse_rules(["explode"], protocol="tremor")
+    assert str(caught.value).endswith(
+        "(actions: drop, delay, duplicate, reorder, rewrite, cut, stall, close)"
+    )
+
+
+def test_an_unknown_type_or_field_lists_the_known_ones() -> None:
+    with pytest.raises(FaultError) as caught:
+        faults.parse_rules(["drop type=AKC"], protocol="wallaroo")
+    assert "(wallaroo types: ACK, EOS_MESSAGE, ERROR, HELLO, " in str(caught.value)
+    with pytest.raises(FaultError) as caught:
+        faults.parse_rules(["drop where='strem_id == 1'"])
+    assert "unknown field 'strem_id' (did you mean stream_id?) (fields: " in str(caught.value)
+    assert ", stream_id, " in str(caught.value)
+
+
+def test_a_type_the_protocol_lacks_is_said_once_at_the_first_connection_of_that_protocol() -> None:
+    rules = faults.parse_rules(["drop type=AKC", "delay type=ACK ms=1"])  # no --protocol: accepted
+    first = faults.ConnectionFaults(rules, "wallaroo")
+    said = [s.text for s in first.feed(True, b"\x00") if type(s) is faults.Said]
+    assert said == [
+        "--fault 'drop type=AKC': type 'AKC' is not a wallaroo frame type (did you mean ACK?) (wallaroo "
+        f"types: {', '.join(get_plugin('wallaroo').type_names)}); it matches none of this connection's frames"
+    ]
+    assert not [s for s in first.feed(True, b"\x00") if type(s) is faults.Said]
+    second = faults.ConnectionFaults(rules, "wallaroo")  # the rules are the proxy's: once for them all
+    assert not [s for s in second.feed(True, b"\x00") if type(s) is faults.Said]
+    other = faults.ConnectionFaults(rules, "tremor")  # another protocol's first connection says it again
+    assert len([s for s in other.feed(True, b"G") if type(s) is faults.Said]) == 2
+
+
 # ---------------------------------------------------------------- the engine
 
 
@@ -161,7 +200,7 @@ def test_drop_skip_count_and_direction() -> None:
     steps = shaper.feed(True, frame("B") + frame("B") + frame("B"))
     assert sent(steps) == [(True, frame("B")), (True, frame("B"))]
     (applied,) = [s for s in steps if type(s) is faults.Applied]
-    assert (applied.index, applied.what) == (2, "dropped")
+    assert (applied.index, applied.what) == (2, "dropped: not forwarded to the upstream")
     assert sent(shaper.feed(False, frame("B"))) == [(False, frame("B"))]  # the other direction
     assert shaper.rules[0].seen == 3 and shaper.rules[0].fired == 1
 
@@ -242,7 +281,10 @@ def test_rewrite_and_a_rewrite_the_frame_cannot_take() -> None:
     steps = shaper.feed(True, frame("A", b"1") + frame("B"))
     assert sent(steps) == [(True, frame("Q", b"1")), (True, frame("B"))]
     whats = [s.what for s in steps if type(s) is faults.Applied]
-    assert whats == ["type set to 'Q'", "not applied: cannot rewrite 'length' (can: type)"]
+    assert whats == [
+        "type set to 'Q', then forwarded to the upstream",
+        "not applied: cannot rewrite 'length' (can: type)",
+    ]
 
 
 def test_a_named_fault_replies_in_place_of_the_frame(monkeypatch) -> None:
@@ -393,7 +435,7 @@ def test_a_cut_with_reset_resets_both_sides() -> None:
     )
     assert got == frame("A") + frame("B") + b"<reset>"
     assert back == b"<reset>"
-    assert [a.what for a in applied] == ["connection reset"]
+    assert [a.what for a in applied] == ["connection reset on both sides before it; it was not forwarded"]
 
 
 def test_a_cut_is_recorded_as_the_proxy_ended_each_side() -> None:
@@ -419,11 +461,19 @@ def test_a_fault_is_a_comment_that_dissect_shows_as_a_note_and_tshark_reads(tmp_
     path = tmp_path / "noted.pcapng"
     with PcapWriter(str(path), pcapng=True) as writer:
         session = writer.tcp_session(("127.0.0.1", 40000), ("127.0.0.1", 7100), timestamp=1.0)
-        session.send(True, HELLO, 1.5, "fault drop at client→upstream frame 1 HELLO: dropped")
+        session.send(
+            True,
+            HELLO,
+            1.5,
+            "fault drop at client→upstream frame 1 HELLO: dropped: not forwarded to the upstream",
+        )
         session.fin(True, 2.0)
     records = list(Dissector(str(path), ports=[7100]).run(str(path)))
     assert [r["type"] for r in records] == ["HELLO"]
-    assert "fault drop at client→upstream frame 1 HELLO: dropped" in records[0]["notes"]
+    assert (
+        "fault drop at client→upstream frame 1 HELLO: dropped: not forwarded to the upstream"
+        in records[0]["notes"]
+    )
     lines = [json.loads(line) for line in Dissector(str(path), ports=[7100]).run_jsonl(str(path))]
     assert [r["notes"] for r in lines] == [records[0]["notes"]]
     if shutil.which("tshark") is None:
@@ -435,7 +485,9 @@ def test_a_fault_is_a_comment_that_dissect_shows_as_a_note_and_tshark_reads(tmp_
         timeout=120,
         check=True,
     ).stdout
-    assert out.strip() == "fault drop at client→upstream frame 1 HELLO: dropped"
+    assert (
+        out.strip() == "fault drop at client→upstream frame 1 HELLO: dropped: not forwarded to the upstream"
+    )
 
 
 def test_a_pcap_packet_has_no_comment_and_a_pcapng_header_is_as_the_format_says(tmp_path: Path) -> None:
@@ -509,6 +561,47 @@ def test_two_listen_upstream_pairs_are_served_each_to_its_own(tmp_path: Path) ->
     finally:
         first.close()
         second.close()
+
+
+@pytest.mark.e2e
+def test_the_summary_numbers_connections_as_the_fault_lines_and_names_each_side() -> None:
+    with Server("mock-worker", "--port", "0", "--no-live") as worker:
+        with Server(
+            *("proxy", "--listen", "127.0.0.1:0", "--upstream", worker.address, "--no-live"),
+            *("--fault", "restart skip=2 count=1"),
+        ) as proxy:
+            source = run_cli(
+                "mock-source", "--connect", proxy.address, "-q", "--streams", "2", "--count", "200"
+            )
+            assert source.returncode == 0, source.stderr
+            code, stdout, stderr = proxy.stop()
+        worker.stop()
+    assert code == 0, stderr
+    assert "connection #1 fault restart" in stderr  # the RESTART ends #1: the source comes back as #2
+    titles = re.findall(r"connection #(.+?)  \S+ > \S+  \(source\)", stdout)
+    assert sorted(titles) == [f"{n} ({side} side)" for n in (1, 2) for side in ("client", "upstream")]
+
+
+@pytest.mark.e2e
+def test_a_type_the_detected_protocol_lacks_is_one_line_while_the_proxy_runs() -> None:
+    with Server("mock-worker", "--port", "0", "--no-live") as worker:
+        with Server(
+            *("proxy", "--listen", "127.0.0.1:0", "--upstream", worker.address, "--no-live"),
+            *("--fault", "drop type=AKC"),
+        ) as proxy:
+            for _ in range(2):
+                source = run_cli("mock-source", "--connect", proxy.address, "-q", "--count", "10")
+                assert source.returncode == 0, source.stderr
+            wait_for(lambda: "AKC" in proxy.stderr(), "the line", 60)
+            code, stdout, stderr = proxy.stop()
+        worker.stop()
+    assert code == 0, stderr
+    [line] = [x for x in stderr.splitlines() if "AKC" in x]  # once, at the first connection
+    assert line.startswith(
+        "wallaroo-proto proxy: connection #1: --fault 'drop type=AKC': type 'AKC' is not a wallaroo "
+        "frame type (did you mean ACK?) (wallaroo types: ACK, "
+    )
+    assert "fault --fault 'drop type=AKC': matched 0, applied 0" in stdout
 
 
 def test_strict_closes_the_connection_at_its_first_violation_and_exits_1() -> None:

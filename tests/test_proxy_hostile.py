@@ -341,8 +341,10 @@ def test_file_descriptors_running_out_is_a_line_not_a_traceback_each_time() -> N
     said = [x for x in stderr.splitlines() if "Too many open files" in x]
     assert said and all(
         re.fullmatch(
-            r"wallaroo-proto proxy: cannot (accept a connection: Too many open files; trying again"
-            r"|connect to the upstream: Too many open files; its client is reset)( \(\d+ times\))?",
+            r"wallaroo-proto proxy: (cannot accept a connection: Too many open files; trying again"
+            r"|connection #\d+ from 127\.0\.0\.1:\d+: cannot connect to the upstream "
+            + re.escape(echo.address)
+            + r": Too many open files; the client is reset)( \(\d+ times\))?",
             x,
         )
         for x in said

@@ -346,7 +346,9 @@ def test_a_close_injected_by_the_proxy_reaches_the_client_with_its_status():
     faults = [line for line in stderr.splitlines() if " fault " in line]
     assert len(faults) == 1, stderr
     assert re.search(
-        r"fault close at upstream→client frame \d+ echo: close: 14 bytes to the client", faults[0]
+        r"fault close at upstream→client frame \d+ echo: the frame not forwarded, then a WebSocket close of "
+        r"status 4001 \(14 bytes\) sent to the client",
+        faults[0],
     )
     client_side, upstream_side = re.findall(r"^close frames +(.*?) *$", stdout, re.M)
     assert client_side.startswith("server 4001, client 4001") and upstream_side.startswith("client 4001")

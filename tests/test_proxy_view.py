@@ -538,3 +538,105 @@ def test_a_fault_applied_shows_on_its_connections_leg_in_the_live_view() -> None
     cells = [cell.strip() for cell in row.split("│")[1:-1]]
     assert cells[0] == "1 upstream"  # the ACK came from the upstream, on its leg
     assert "faults applied 1" in shown
+
+
+class Screen:
+    """What a terminal shows after the bytes written to it: enough of a VT100 for rich's live view
+    (carriage return, line feed, cursor up, erase line; colours and cursor hiding ignored)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = [""]
+        self.row = self.col = 0
+        #: Times the live view went back up to draw itself again.
+        self.redraws = 0
+
+    def feed(self, text: str) -> None:
+        self.redraws += text.count("\r\x1b[2K")  # how rich's live view begins each redraw
+        for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|[^\x1b]", text):
+            if token.startswith("\x1b["):
+                n = int(token[2:-1]) if token[2:-1].isdigit() else 1
+                if token[-1] == "A":
+                    self.row = max(self.row - n, 0)
+                elif token[-1] == "K":
+                    self.lines[self.row] = "" if n == 2 else self.lines[self.row][: self.col]
+            elif token == "\r":
+                self.col = 0
+            elif token == "\n":
+                self.row += 1
+                self.col = 0  # the terminal's own newline mode, as on a pty
+                if self.row == len(self.lines):
+                    self.lines.append("")
+            else:
+                line = self.lines[self.row].ljust(self.col)
+                self.lines[self.row] = line[: self.col] + token + line[self.col + 1 :]
+                self.col += 1
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line.rstrip() for line in self.lines)
+
+
+def watch_screen(fd: int, screen: Screen, wanted, what: str) -> None:
+    """Feed ``screen`` what the terminal shows until ``wanted(screen.text)`` (or its other end closed)."""
+    deadline = time.monotonic() + DEADLINE
+    while not wanted(screen.text):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; the screen:\n{screen.text[-3000:]}")
+        if select.select([fd], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the terminal's other end closed
+                return
+            if not chunk:
+                return
+            screen.feed(chunk.decode("utf-8", "replace"))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("rule", ["drop type=ACK count=1", "restart skip=2 count=1"])
+def test_a_fault_line_stays_on_screen_above_the_live_view_and_the_count_follows(rule: str) -> None:
+    fault = re.compile(r"connection #1 fault \S+ at upstream→client frame \d+ ACK: ")
+    with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
+        with proxy_in_a_terminal(worker.address, "--live", "--fault", rule) as (proxy, terminal, address):
+            screen = Screen()
+            # As a user starts a client: once the view is on screen (a line printed before it is drawn
+            # stays above it whatever the proxy does).
+            watch_screen(terminal, screen, lambda text: "faults applied 0" in text, "the view")
+            source = subprocess.Popen(
+                [
+                    *COMMAND,
+                    "mock-source",
+                    "--connect",
+                    address,
+                    "-q",
+                    "--streams",
+                    "2",
+                    "--count",
+                    "100000000",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            try:
+                # The view refreshes four times a second: the line must outlive the refreshes
+                # that follow it, the head line counting the fault.
+                watch_screen(
+                    terminal,
+                    screen,
+                    lambda text: fault.search(text) and text.count("faults applied 1") == 1,
+                    "the fault line above a view that counts it",
+                )
+                seen = screen.redraws
+                watch_screen(terminal, screen, lambda text: screen.redraws >= seen + 3, "three more redraws")
+                assert fault.search(screen.text) and "faults applied 1" in screen.text, screen.text
+            finally:
+                source.kill()
+                source.wait(DEADLINE)
+            proxy.send_signal(signal.SIGTERM)
+            watch_screen(terminal, screen, lambda text: False, "the terminal's end")
+        worker.stop()
+    assert proxy.returncode == 0
+    final = screen.text
+    assert len(fault.findall(final)) == 1, final  # the line stayed, once
+    assert "faults applied 0" not in final, final  # no stale head line left behind
+    assert "┘" not in final and "└" not in final, final  # nor an orphan border: the view went whole

@@ -29,6 +29,7 @@ from wallaroo_proto.capture.dissector import dissect
 from wallaroo_proto.display_filter import compile_filter
 from wallaroo_proto.protocols.wallaroo.plugin import RECORD_FIELDS
 from wallaroo_proto.protocols.wallaroo.proxy_faults import NAMED_FAULTS, adapter
+from wallaroo_proto.proxy import faults
 from wallaroo_proto.proxy.faultkit import Close, FaultError, Frame, Send
 
 # HELLO: type 0, version "0.0.1", cookie "c", program "p", instance "i" (each u16 length + bytes).
@@ -520,12 +521,12 @@ def sides(frames: list[dict], client_port: int, upstream_port: int) -> tuple[lis
 
 
 def connection_blocks(summary: str) -> dict[str, list[str]]:
-    """A summary's connections, by their endpoints, without their number and packet range."""
+    """A summary's connections, by their endpoints, without their number (and side) and packet range."""
     blocks: dict[str, list[str]] = {}
     lines: list[str] = []
     for line in summary.splitlines():
         line = line.rstrip()
-        head = re.search(r"connection #\d+\s+(.*?)\s*─*$", line)
+        head = re.search(r"connection #\d+(?: \((?:client|upstream) side\))?\s+(.*?)\s*─*$", line)
         if head:
             lines = blocks.setdefault(head.group(1), [])
         elif line and not line.startswith("packets "):
@@ -578,7 +579,11 @@ def test_a_vote_turned_to_abort_is_rolled_back_and_the_shipped_sink_keeps_every_
     assert rolled_back == (first, "0", "0")
     # The proxy: one fault, at the sink's first REPLY; no violation on either side.
     [line] = fault_lines(stderr, "abort-vote")
-    assert re.search(r"connection #1 fault abort-vote at upstream→client frame \d+ REPLY: abort-vote: ", line)
+    assert re.search(
+        r"connection #1 fault abort-vote at upstream→client frame \d+ REPLY: the frame not forwarded, "
+        r"then the REPLY with its vote set to abort \(\d+ bytes\) sent to the client$",
+        line,
+    )
     assert proxy_lines(stderr) == [line]
     assert_summary_is_dissects_and_rules(stdout, recording, rule, 1)
     # The recording: the sink's REPLY as it sent it (commit, with the fault's note), as the worker
@@ -631,7 +636,11 @@ def test_a_restart_sent_to_the_shipped_connector_is_followed_and_every_record_ar
     # The proxy: one fault, after the third ACK to the connector, and the connection closed
     # there, so no frame follows the RESTART on either side and the checks find nothing.
     [line] = fault_lines(stderr, "restart")
-    assert re.search(r"connection #1 fault restart at upstream→client frame \d+ ACK: restart: ", line)
+    assert re.search(
+        r"connection #1 fault restart at upstream→client frame \d+ ACK: the frame forwarded to the client, "
+        r"then a RESTART \(5 bytes\) sent to the client, then the connection closed on both sides$",
+        line,
+    )
     assert proxy_lines(stderr) == [line]
     assert_summary_is_dissects_and_rules(stdout, recording, rule, 1)
     # The recording: the RESTART only on the client's side of the first connection, right
@@ -651,3 +660,22 @@ def test_a_restart_sent_to_the_shipped_connector_is_followed_and_every_record_ar
 def seen_port(worker_out: str) -> int:
     """The worker's port, from its ready line."""
     return int(re.search(r"listening on \S+:(\d+)", worker_out).group(1))
+
+
+def test_a_fault_line_says_what_was_done_to_which_side_at_which_frame() -> None:
+    def line(rule: str, from_client: bool, data: bytes) -> str:
+        engine = faults.ConnectionFaults(faults.parse_rules([rule]), "wallaroo")
+        [applied] = [s for s in engine.feed(from_client, data) if type(s) is faults.Applied]
+        return faults.describe(applied)
+
+    assert line("restart count=1", False, ACK_7_8000) == (
+        "fault restart at upstream→client frame 1 ACK: the frame forwarded to the client, then a RESTART "
+        "(5 bytes) sent to the client, then the connection closed on both sides"
+    )
+    assert line("drop type=ACK", False, ACK_7_8000) == (
+        "fault drop at upstream→client frame 1 ACK: dropped: not forwarded to the client"
+    )
+    assert line("delay type=MESSAGE ms=20", True, MESSAGE_7) == (
+        "fault delay at client→upstream frame 1 MESSAGE: delayed 20 ms (and the frames behind it), "
+        "then forwarded to the upstream"
+    )

@@ -42,6 +42,8 @@ class Send:
 
     to_upstream: bool
     data: bytes
+    #: What the bytes are, for the fault line, when the proxy made them ("a RESTART").
+    what: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,8 @@ class Rule:
     seen: int = 0
     fired: int = 0
     not_applied: int = 0
+    #: Protocols this rule's types were checked against once a connection of it was recognised.
+    checked_for: set[str] = field(default_factory=set)
     _match: Callable[[Mapping[str, Any]], bool] | None = None
 
     def matches(self, frame: Frame, passed: int, named: NamedFault | None) -> bool:
@@ -186,7 +188,7 @@ def _named_candidates(action: str, protocol: str | None) -> dict[str, NamedFault
 def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None) -> Rule:
     """A rule table checked: every key known and typed, its filter compiled, its action known."""
     from wallaroo_proto.display_filter import FilterError, compile_filter
-    from wallaroo_proto.protocols import get_plugin, names
+    from wallaroo_proto.protocols import names
 
     action = table.get("action")
     if not isinstance(action, str):
@@ -199,7 +201,11 @@ def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None)
         for p in [protocol] if protocol else names():
             everything |= set(named_faults(p))
         where = f" for protocol {protocol}" if protocol else ""
-        raise FaultError(f"{text}: unknown action {action!r}{where}{_suggest(action, everything)}")
+        known = [*GENERIC_ACTIONS, *sorted(everything - set(GENERIC_ACTIONS))]
+        raise FaultError(
+            f"{text}: unknown action {action!r}{where}{_suggest(action, everything)}"
+            f" (actions: {', '.join(known)})"
+        )
     params: dict[str, tuple[type, Any]] = {}
     for fault in named.values():
         params.update(fault.params)
@@ -216,18 +222,22 @@ def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None)
             types = [types] if isinstance(types, str) else types
             if not isinstance(types, list) or not all(isinstance(t, str) for t in types):
                 raise FaultError("type must be a frame type name or a list of them")
-            if protocol:
-                known = get_plugin(protocol).type_names
-                for t in types:
-                    if known and t not in known and not t.startswith("UNKNOWN("):
-                        raise FaultError(f"type {t!r} is not a {protocol} frame type{_suggest(t, known)}")
             rule.types = frozenset(types)
+            if protocol:
+                said = unknown_types(rule, protocol)
+                if said:
+                    raise FaultError(said)
         if "where" in table:
             rule.where = _kind(table["where"], str, "where")
             try:
                 rule._match = compile_filter(rule.where)
             except FilterError as err:
-                raise FaultError(f"where: {err}") from err
+                fields = ""
+                if "unknown field" in str(err):
+                    from wallaroo_proto.records import FIELD_TYPES
+
+                    fields = f" (fields: {', '.join(sorted(FIELD_TYPES))})"
+                raise FaultError(f"where: {err}{fields}") from err
         if "direction" in table:
             rule.direction = _kind(table["direction"], str, "direction")
             if rule.direction not in DIRECTIONS:
@@ -256,6 +266,23 @@ def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None)
     except FaultError as err:
         raise FaultError(f"{text}: {err}") from err
     return rule
+
+
+def unknown_types(rule: Rule, protocol: str) -> str | None:
+    """What is wrong with the rule's ``type`` for this protocol, naming its types; None when
+    every type is one of the protocol's (or the protocol names none)."""
+    from wallaroo_proto.protocols import get_plugin, names
+
+    known = get_plugin(protocol).type_names if protocol in names() else ()
+    if not known or rule.types is None:
+        return None
+    for t in sorted(rule.types):
+        if t not in known and not t.startswith("UNKNOWN("):
+            return (
+                f"type {t!r} is not a {protocol} frame type{_suggest(t, known)}"
+                f" ({protocol} types: {', '.join(known)})"
+            )
+    return None
 
 
 def parse_rules(
@@ -301,7 +328,14 @@ class Took:
     data: bytes
 
 
-Step = Send | Wait | Close | Stall | Applied | Took
+@dataclass(frozen=True)
+class Said:
+    """A line for the user about this connection (a rule's type its protocol lacks)."""
+
+    text: str
+
+
+Step = Send | Wait | Close | Stall | Applied | Took | Said
 
 
 class ConnectionFaults:
@@ -333,6 +367,8 @@ class ConnectionFaults:
         self._unframed = {True: False, False: False}
         self._waiting: list[tuple[bool, bytes]] = []
         self._cut = False
+        #: Lines to give with the next steps, once the protocol is known.
+        self._said: list[Step] = []
         self._deciding = protocol is None
         if protocol is None:
             from wallaroo_proto.protocols import plugins
@@ -352,6 +388,17 @@ class ConnectionFaults:
             self._unframed = {True: True, False: True}
         else:
             self.named = named_faults(self.protocol)
+        # A rule's type is checked once the protocol is known: said at its first connection, not
+        # left to show only as "matched 0" at the end.
+        for rule in self.rules if self.protocol else ():
+            theirs = rule.action in GENERIC_ACTIONS or rule.action in self.named
+            if theirs and self.protocol not in rule.checked_for:
+                rule.checked_for.add(self.protocol)
+                wrong = unknown_types(rule, self.protocol)
+                if wrong:
+                    self._said.append(
+                        Said(f"{rule.text}: {wrong}; it matches none of this connection's frames")
+                    )
 
     @property
     def deciding(self) -> bool:
@@ -393,6 +440,9 @@ class ConnectionFaults:
 
     def feed(self, from_client: bool, data: bytes) -> list[Step]:
         """What to do with these bytes from one side, in order."""
+        if self._said:
+            said, self._said = self._said, []
+            return [*said, *self.feed(from_client, data)]
         if self._cut:
             return []
         if self._deciding:
@@ -491,34 +541,36 @@ class ConnectionFaults:
         if named is not None:
             if named.act is not None:
                 done = list(named.act(frame, params, self.adapter))  # type: ignore[misc]
-                sends = [s for s in done if type(s) is Send]
-                return done, f"{action}: " + (
-                    ", ".join(
-                        f"{len(s.data)} bytes to the {'upstream' if s.to_upstream else 'client'}"
-                        for s in sends
-                    )
-                    or "frame withheld"
-                )
+                return done, _acted(frame, done)
             action = named.action or "drop"
         ms = rule.ms or int(params.get("ms", 0) or 0)
+        to = "the upstream" if frame.from_client else "the client"
         if action == "drop":
-            return [], "dropped"
+            return [], f"dropped: not forwarded to {to}"
         if action == "delay":
-            return [Wait(ms / 1000), forward], f"delayed {ms} ms"
+            return [
+                Wait(ms / 1000),
+                forward,
+            ], f"delayed {ms} ms (and the frames behind it), then forwarded to {to}"
         if action == "duplicate":
-            return [forward, forward], "sent twice"
+            return [forward, forward], f"forwarded to {to} twice"
         if action == "reorder":
             self._held[frame.from_client].append(forward)
-            return [], "held until the next frame has gone"
+            return [], f"held back: forwarded to {to} after the next frame its way"
         if action == "rewrite":
             assert rule.field_name is not None and self.adapter is not None
             data = self.adapter.rewrite(frame, rule.field_name, rule.value)
-            return [Send(frame.from_client, data)], f"{rule.field_name} set to {rule.value!r}"
+            return [
+                Send(frame.from_client, data)
+            ], f"{rule.field_name} set to {rule.value!r}, then forwarded to {to}"
         if action == "cut":
-            return [Close(rule.reset)], "connection reset" if rule.reset else "connection closed"
+            how = "reset" if rule.reset else "closed"
+            return [Close(rule.reset)], f"connection {how} on both sides before it; it was not forwarded"
         if action == "stall":
             return [Stall(ms / 1000 if ms else None), forward], (
-                f"direction stalled {ms} ms" if ms else "direction stalled until the connection ends"
+                f"held {ms} ms with everything after it to {to}, then forwarded"
+                if ms
+                else f"held with everything after it: nothing more reaches {to} on this connection"
             )
         raise FaultError(f"unknown action {action!r}")
 
@@ -528,6 +580,27 @@ def _compiled(where: str) -> Callable[[Mapping[str, Any]], bool]:
     from wallaroo_proto.display_filter import compile_filter
 
     return compile_filter(where)
+
+
+def _acted(frame: Frame, done: list) -> str:
+    """What a named fault's steps did, in order: which bytes went to which side, and the end."""
+    said = []
+    if not any(type(s) is Send and s.data == frame.data for s in done):
+        said.append("the frame not forwarded")
+    for step in done:
+        if type(step) is Send:
+            to = "the upstream" if step.to_upstream else "the client"
+            if step.data == frame.data and step.to_upstream == frame.from_client:
+                said.append(f"the frame forwarded to {to}")
+            else:
+                said.append(f"{step.what or 'bytes the proxy made'} ({len(step.data)} bytes) sent to {to}")
+        elif type(step) is Wait:
+            said.append(f"a wait of {step.seconds * 1000:g} ms")
+        elif type(step) is Stall:
+            said.append("this direction held" + (f" {step.seconds * 1000:g} ms" if step.seconds else ""))
+        elif type(step) is Close:
+            said.append(f"the connection {'reset' if step.reset else 'closed'} on both sides")
+    return ", then ".join(said)
 
 
 def describe(applied: Applied) -> str:

@@ -167,20 +167,20 @@ class Relay:
             try:
                 server_r, server_w = await asyncio.open_connection(*self.upstream, limit=READ_SIZE)
                 break
-            except ConnectionRefusedError:
-                if time.monotonic() < deadline:
+            except OSError as err:
+                if isinstance(err, ConnectionRefusedError) and time.monotonic() < deadline:
                     self.stats.connect_retries += 1
                     await asyncio.sleep(0.05)  # not listening yet: it may be about to
                     continue
                 self.stats.refused_upstream += 1
+                client = client_w.get_extra_info("peername")
                 _reset(client_w)  # as the upstream refused us, so we refuse our client
-                return
-            except OSError as err:
-                self.stats.refused_upstream += 1
-                _reset(client_w)
                 if self._cannot_connect is not None:  # one line a second at most: a flood
                     reason = os.strerror(err.errno) if err.errno and err.errno > 0 else str(err)
-                    self._cannot_connect(f"cannot connect to the upstream: {reason}; its client is reset")
+                    self._cannot_connect(
+                        f"connection #{conn} from {_address(client)}: cannot connect to the upstream "
+                        f"{_address(self.upstream)}: {reason}; the client is reset"
+                    )
                 return
         ups = downs = None
         shaper = self.faults() if self.faults is not None else None
@@ -316,6 +316,9 @@ class Relay:
                 legs.note(step.frame.from_client, fault_steps.describe(step))
                 if self.on_fault is not None:
                     self.on_fault(conn, step)
+            elif type(step) is fault_steps.Said:
+                if self.say is not None:
+                    self.say(f"connection #{conn}: {step.text}")
             elif type(step) is fault_steps.Wait:
                 await asyncio.sleep(step.seconds)
             elif type(step) is fault_steps.Stall:
@@ -348,6 +351,13 @@ class Relay:
                         writer.write(first[to_client])
                 writer.close()
         return True
+
+
+def _address(address: tuple | None) -> str:
+    if not address:
+        return "?"
+    host, port = address[0], address[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class _OverBudget(Exception):

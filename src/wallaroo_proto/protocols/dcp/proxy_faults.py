@@ -262,12 +262,12 @@ def _stream_req(frame: Frame) -> tuple[Packet, codec.StreamReq]:
         raise FaultError(str(err)) from None
 
 
-def _instead(p: Packet, req: codec.StreamReq, vbucket: int | None = None) -> list[Send]:
+def _instead(p: Packet, req: codec.StreamReq, what: str, vbucket: int | None = None) -> list[Send]:
     """The client's stream request, changed, to the producer: its answer comes back in its place."""
     p.extras = codec.stream_req_request(0, 0, req)[codec.HEADER_SIZE : codec.HEADER_SIZE + 48]
     if vbucket is not None:
         p.vbucket = vbucket
-    return [Send(True, codec.encode(p))]
+    return [Send(True, codec.encode(p), what)]
 
 
 def _rollback(frame: Frame, params: Mapping[str, Any], adapter: DcpAdapter) -> list[Send]:
@@ -290,13 +290,13 @@ def _rollback(frame: Frame, params: Mapping[str, Any], adapter: DcpAdapter) -> l
             "failover log on this connection yet (seqno 0 needs none)"
         )
     changed = codec.StreamReq(req.flags, seqno + 1, codec.FOREVER, uuid, seqno, codec.FOREVER, req.json)
-    return _instead(p, changed)
+    return _instead(p, changed, f"the stream request changed so that the producer rolls it back to {seqno}")
 
 
 def _not_my_vbucket(frame: Frame, params: Mapping[str, Any], adapter: DcpAdapter) -> list[Send]:
     """The request for a vbucket no node holds: the producer answers NOT_MY_VBUCKET, with its body."""
     p, req = _stream_req(frame)
-    return _instead(p, req, NO_VBUCKET)
+    return _instead(p, req, f"the stream request for vbucket {NO_VBUCKET}, which no node holds", NO_VBUCKET)
 
 
 def _stream_end(frame: Frame, params: Mapping[str, Any], adapter: DcpAdapter) -> list[Send]:
@@ -320,13 +320,19 @@ def _stream_end(frame: Frame, params: Mapping[str, Any], adapter: DcpAdapter) ->
     # Closed upstream before the client hears of it, so that the producer has closed the stream
     # by the time the client may ask for it again. The client acknowledges the end it gets instead
     # of this message; the rest of the message the proxy acknowledges.
-    return [Send(True, close), Send(False, end), *_acked(adapter, p, len(frame.data) - len(end))]
+    return [
+        Send(True, close, f"a CLOSE_STREAM of vbucket {p.vbucket}"),
+        Send(False, end, f"a STREAM_END ({params['reason']}) of vbucket {p.vbucket}"),
+        *_acked(adapter, p, len(frame.data) - len(end)),
+    ]
 
 
 def _acked(adapter: DcpAdapter, p: Packet, nbytes: int) -> list[Send]:
     """Withheld bytes of a stream, acknowledged upstream as the client would have (flow control on)."""
     if adapter.flow_control and p.is_request and p.opcode in codec.STREAM_MESSAGES and nbytes > 0:
-        return [Send(True, codec.buffer_ack(nbytes))]
+        return [
+            Send(True, codec.buffer_ack(nbytes), f"a BUFFER_ACKNOWLEDGEMENT of the {nbytes} bytes withheld")
+        ]
     return []
 
 

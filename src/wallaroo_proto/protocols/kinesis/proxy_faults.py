@@ -179,7 +179,8 @@ def adapter() -> KinesisAdapter:
 
 def _checkpoint_error(frame: Frame, params: Mapping[str, Any], adapter: KinesisAdapter) -> list[Send]:
     """The daemon's checkpoint reply, with the error the KCL's checkpointer would have thrown."""
-    return [Send(frame.from_client, adapter.rewrite(frame, "checkpoint_error", params["error"]))]
+    data = adapter.rewrite(frame, "checkpoint_error", params["error"])
+    return [Send(frame.from_client, data, f"the checkpoint reply with error {params['error']}")]
 
 
 NAMED_FAULTS: dict[str, NamedFault] = {

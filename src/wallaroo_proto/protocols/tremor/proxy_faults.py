@@ -211,7 +211,8 @@ def adapter() -> TremorAdapter:
 def _close(frame: Frame, params: Mapping[str, Any], adapter: TremorAdapter) -> list[Send]:
     """A close with the rule's status toward the frame's receiver, instead of the frame."""
     to_upstream = frame.from_client
-    return [Send(to_upstream, close_frame(params["status"], params["reason"], masked=to_upstream))]
+    data = close_frame(params["status"], params["reason"], masked=to_upstream)
+    return [Send(to_upstream, data, f"a WebSocket close of status {params['status']}")]
 
 
 NAMED_FAULTS: dict[str, NamedFault] = {

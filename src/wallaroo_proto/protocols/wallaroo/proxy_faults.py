@@ -311,7 +311,8 @@ def _restart(frame: Frame, params: Mapping[str, Any], conn: WallarooAdapter) -> 
     connection ends: a worker that sent RESTART is disconnected, and its connector must close
     and connect again."""
     address = params.get("address") or None
-    return [Send(frame.from_client, frame.data), Send(False, encode(Restart(address))), Close(reset=False)]
+    restart = Send(False, encode(Restart(address)), f"a RESTART{f' to {address}' if address else ''}")
+    return [Send(frame.from_client, frame.data), restart, Close(reset=False)]
 
 
 def _abort_vote(frame: Frame, params: Mapping[str, Any], conn: WallarooAdapter) -> list[Send]:
@@ -322,7 +323,7 @@ def _abort_vote(frame: Frame, params: Mapping[str, Any], conn: WallarooAdapter) 
     value = decode(frame.data[4:])
     reply = decode_twopc(value.payload)
     data = encode(value._replace(payload=encode_twopc(Reply(reply.txn_id, False))))
-    return [Send(frame.from_client, data)]
+    return [Send(frame.from_client, data, "the REPLY with its vote set to abort")]
 
 
 NAMED_FAULTS: dict[str, NamedFault] = {
