@@ -145,8 +145,9 @@ def test_gaps_are_noted_on_the_frame_after_them() -> None:
 
 
 def dcp_rollback_with_findings(limits: ReportLimits | None = None) -> model.Report:
-    """captures/dcp-rollback.pcap as its plug-in will mark it (here by hand, as the plug-in's
-    ``findings.mark`` does): each ROLLBACK answer a warning, the NOT_MY_VBUCKET answer an error."""
+    """captures/dcp-rollback.pcap as its plug-in marks it (each ROLLBACK and NOT_MY_VBUCKET answer,
+    each too_slow STREAM_END a warning), with more marked here by hand, as ``findings.mark`` does:
+    the NOT_MY_VBUCKET answer made an error, a second finding on each ROLLBACK."""
     name = str(CAPTURES / "dcp-rollback.pcap")
     limits = limits or ReportLimits()
     builder = model.ReportBuilder(limits)
@@ -170,22 +171,32 @@ def test_the_page_opens_on_its_findings_most_severe_first_each_linked_to_its_fra
     # The first heading after the title is the findings; limits come last, after every connection.
     assert re.findall(r"<h2[^>]*>([^<]*)</h2>", page)[0] == "Findings"
     assert page.index('class="bounds"') > page.rindex("<section")
-    assert "1 error, 2 warnings, 0 notes." in page
+    assert "1 error, 4 warnings, 0 notes." in page
     rows = _findings_rows(page)
-    # dissect captures/dcp-rollback.pcap -T fields -e frame_index -e packet -e status: the ROLLBACKs
-    # are frames 21 (packet 25) and 24 (packet 27), the NOT_MY_VBUCKET frame 25 (packet 28).
-    expected = [("error", 28, 25), ("warning", 25, 21), ("warning", 27, 24)]
-    for row, (severity, packet, frame) in zip(rows, expected, strict=True):
+    # dissect captures/dcp-rollback.pcap -T fields -e frame_index -e packet -e status -e type: the
+    # ROLLBACKs are frames 21 (packet 25) and 24 (packet 27), the NOT_MY_VBUCKET frame 25 (packet 28),
+    # the too_slow STREAM_ENDs frames 32 (packet 31) and 40 (packet 36).
+    answer, end = "DCP_STREAM_REQ_RESPONSE", "DCP_STREAM_END"
+    expected = [
+        ("error", 28, 25, answer),
+        ("warning", 25, 21, answer),
+        ("warning", 27, 24, answer),
+        ("warning", 31, 32, end),
+        ("warning", 36, 40, end),
+    ]
+    for row, (severity, packet, frame, type_) in zip(rows, expected, strict=True):
         assert row.startswith(
             f'<td class="sev-{severity}">{severity}</td><td><a href="#c1-1">#1</a> dcp</td>'
         )
         assert f'<td class="num">{packet}</td>' in row
         assert f'<a href="#f-c1-1-{frame}" data-goto="c1-1:{frame}">#{frame}</a>' in row
-        assert "DCP_STREAM_REQ_RESPONSE" in row
+        assert type_ in row
     # The ladder opens at the first finding, and draws the plug-in's finding on its arrow.
     (conn,) = [c for cap in dcp_rollback_with_findings().captures for c in cap.connections]
     assert conn.first_finding == 21 and '"first":21' in page
-    assert conn.head[21][9] == ["warning", "rollback (cause given by the plug-in)"]
+    severity, text = conn.head[21][9]
+    assert severity == "warning" and text.startswith("vb 0 rolls back to 20: the consumer asked")
+    assert text.endswith("; rollback (cause given by the plug-in)")
 
 
 def test_a_report_without_findings_says_so_in_one_line() -> None:
