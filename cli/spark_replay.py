@@ -343,7 +343,7 @@ def _run(
     if display_filter is not None:  # a parsed expression (display_filter.parse)
         from wallaroo_proto.display_filter import spark_predicate
 
-        loaded.frames = loaded.frames.where(spark_predicate(display_filter))
+        loaded.frames = loaded.frames.where(spark_predicate(display_filter, reports.field_column))
     started = time.monotonic()
     try:
         with stage_progress(spark, "reading captures", info):
@@ -418,7 +418,8 @@ def _run(
 
         with stage_progress(spark, "drawing the report", info):
             errors = {p["capture"]: p["error"] for p in problems}
-            drawn = report_spark.build_report(loaded.frames, [c.name for c in loaded.captures], errors=errors)
+            flat = reports.flat_frames(loaded.frames)
+            drawn = report_spark.build_report(flat, [c.name for c in loaded.captures], errors=errors)
             write_report(drawn, report_path)
         info.print(f"[green]wrote the report to {report_path}[/green]")
     return EXIT_PROBLEM if problems or listing_problems else EXIT_OK

@@ -8,7 +8,6 @@ import io
 import json
 import os
 import struct
-from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,6 @@ from wallaroo_proto.records import (
     FIELD_NAMES,
     FIELDS,
     ConnectionKey,
-    as_row,
     flow_hash,
     iter_records,
     to_json,
@@ -181,7 +179,7 @@ def test_pcapng_nanoseconds_reach_the_records():
     assert all(r["ts_ns"] // 1000 == p["ts_ns"] // 1000 for r, p in zip(records, plain, strict=True))
 
 
-def test_schema_field_list_and_rows():
+def test_schema_field_list():
     assert len(FIELD_NAMES) == len(set(FIELD_NAMES))
     assert {kind for _, kind, _ in FIELDS} <= {
         "string",
@@ -194,21 +192,22 @@ def test_schema_field_list_and_rows():
         "array<struct:ack>",
         "array<struct:where>",
     }
-    records, _ = dissect(SINK)
-    phase1 = next(r for r in records if r.get("twopc") == "PHASE1")
-    row = as_row(phase1)
-    assert len(row) == len(FIELD_NAMES)
-    assert row[FIELD_NAMES.index("where")] == [(1, 0, 28)]
-    big = dict(phase1, message_id=2**64 - 1)
-    assert as_row(big)[FIELD_NAMES.index("message_id")] == Decimal(2**64 - 1)  # exact: decimal(20,0)
 
 
-def test_spark_schema_matches_the_field_list():
-    from wallaroo_proto.records import spark_schema
+def test_spark_schemas_hold_the_common_fields_and_one_struct_per_protocol():
+    from wallaroo_proto.protocols import names
+    from wallaroo_proto.records import COMMON_FIELDS, spark_schema
 
-    schema = spark_schema()
-    assert [f.name for f in schema.fields] == list(FIELD_NAMES)
-    assert schema["acks"].dataType.elementType.names == ["stream_id", "point_of_ref"]
+    common = [name for name, _, _ in COMMON_FIELDS]
+    assert spark_schema("frames").names == common
+    everything = spark_schema()
+    assert everything.names == [*common, *names()]
+    assert everything["wallaroo"].dataType["acks"].dataType.elementType.names == ["stream_id", "point_of_ref"]
+    assert everything["ts"].dataType.simpleString() == "timestamp"
+    assert everything["dcp"].dataType["vb_uuid"].dataType.simpleString() == "bigint"  # u64: 64 bits in a long
+    assert spark_schema("dcp_frames").names[:3] == ["capture", "conn_index", "frame_index"]
+    with pytest.raises(ValueError, match="known: frames, wallaroo_frames"):
+        spark_schema("dcp")
 
 
 # --- what the protocol core finds ------------------------------------------------------

@@ -586,3 +586,32 @@ def test_a_resumed_stdin_says_what_it_skipped(listener):
         in err
     )
     assert "stdin: 2 skipped" in out
+
+
+@pytest.mark.timeout(90)
+def test_a_worker_that_owes_an_answer_is_named_after_a_few_seconds(listener):
+    """An EOS whose ACK never comes (a proxy dropped it, say): the source says what it waits for
+    after 5 s, long before it gives the connection up (here at 8 s, with no retry)."""
+    port = listener.getsockname()[1]
+    proc = subprocess.Popen(
+        [*COMMAND, "mock-source", "--connect", f"127.0.0.1:{port}", "--format", "json"]
+        + ["--stream-name", "e", "--stream-id", "9", "--count", "4", "--retries", "0", "--idle-timeout", "8"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    worker = RawWorker(listener, timeout=30)
+    try:
+        peer = handshake(worker, 20)
+        assert peer.next() == ("NOTIFY", 9, b"e", 0)
+        worker.send(notify_ack(1, 9, 0))
+        assert [peer.next()[2] for _ in range(4)] == [1, 2, 3, 4]
+        assert worker.body() is not None  # the EOS, never acknowledged
+        assert worker.body() is None  # the source gives the connection up
+        _, err = proc.communicate(timeout=30)
+    finally:
+        worker.close()
+        proc.kill()
+    note = "no frame from the worker for 5s; waiting for its ACK of the EOS of stream 9 (e)"
+    assert note in err
+    assert err.index(note) < err.index("no frame from the worker for 8s")

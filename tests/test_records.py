@@ -133,33 +133,43 @@ message_json string
 """
 EXPECTED = [tuple(line.split()) for line in COLUMNS.strip().splitlines()]
 
-# Each type as Spark shows it (u64: decimal(20,0), as Spark has no unsigned long).
+# Each type as Spark shows it (u64: bigint holding the 64 bits; ts alone a timestamp).
 SPARK_TYPES = {
     "string": "string",
     "int": "int",
     "long": "bigint",
-    "u64": "decimal(20,0)",
+    "u64": "bigint",
     "double": "double",
     "boolean": "boolean",
     "array<string>": "array<string>",
-    "array<struct:ack>": "array<struct<stream_id:decimal(20,0),point_of_ref:decimal(20,0)>>",
-    "array<struct:where>": (
-        "array<struct<stream_id:decimal(20,0),start_por:decimal(20,0),end_por:decimal(20,0)>>"
-    ),
+    "array<struct:ack>": "array<struct<stream_id:bigint,point_of_ref:bigint>>",
+    "array<struct:where>": "array<struct<stream_id:bigint,start_por:bigint,end_por:bigint>>",
 }
 
 
-def test_the_joined_columns_keep_their_order_and_types():
-    assert [(name, kind) for name, kind, _ in FIELDS] == EXPECTED
-    assert list(FIELD_NAMES) == [name for name, _ in EXPECTED]
-    assert list(FIELD_TYPES.items()) == EXPECTED
+def _spark(name: str, kind: str) -> tuple[str, str]:
+    return name, "timestamp" if name == "ts" else SPARK_TYPES[kind]
 
 
-def test_the_spark_schema_keeps_the_columns():
-    schema = records.spark_schema()
-    assert [(f.name, f.dataType.simpleString()) for f in schema.fields] == [
-        (name, SPARK_TYPES[kind]) for name, kind in EXPECTED
-    ]
+def test_the_spark_tables_keep_the_columns():
+    """frames: the common columns; each protocol's table: the frame key and its own; together all."""
+    common = [name for name, _, _ in records.COMMON_FIELDS]
+    kinds = dict(EXPECTED)
+    shown = {
+        table: [(f.name, f.dataType.simpleString()) for f in records.spark_schema(table).fields]
+        for table in records.table_names()
+        if table != "all"
+    }
+    assert shown["frames"] == [_spark(name, kinds[name]) for name in common]
+    seen = set(common)
+    for protocol in ("wallaroo", "kinesis", "dcp", "ambrosia", "tremor"):
+        table = shown[f"{protocol}_frames"]
+        assert [name for name, _ in table[:3]] == ["capture", "conn_index", "frame_index"]
+        assert all(kind == _spark(name, kinds[name])[1] for name, kind in table)
+        seen |= {name for name, _ in table}
+    assert seen == set(kinds)
+    everything = records.spark_schema("all")
+    assert everything.names == [*common, "wallaroo", "kinesis", "dcp", "ambrosia", "tremor"]
 
 
 def test_a_field_two_plugins_share_is_one_column_with_both_meanings():

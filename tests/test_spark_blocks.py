@@ -2,7 +2,7 @@
 
 ``read_part`` takes each plug-in's blocks (Wallaroo's accepted MESSAGEs, the DCP
 producer's stream) straight to Arrow columns; the reference here is the record
-dicts of the same capture converted by ``to_batch``, Arrow's own dict reader. No
+dicts of the same capture converted by ``Shape.of_dicts``, Arrow's own dict reader. No
 Spark session is needed: the batches are what the executors hand Spark.
 """
 
@@ -17,11 +17,10 @@ from wallaroo_proto import records
 from wallaroo_proto.spark.datasource import (
     CapturePart,
     ReadOptions,
+    Shape,
     _Batcher,
-    arrow_types,
     frame_schema,
     read_part,
-    to_batch,
 )
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
@@ -34,13 +33,19 @@ def _table(batches) -> pa.Table:
 
 @pytest.mark.parametrize("name", SAMPLES)
 @pytest.mark.parametrize("batch_rows", [7, 8192])
-def test_batches_from_blocks_equal_batches_from_records(name, batch_rows):
+@pytest.mark.parametrize("table", ["all", "frames", "wallaroo_frames", "dcp_frames"])
+def test_batches_from_blocks_equal_batches_from_records(name, batch_rows, table):
     path = str(CAPTURES / name)
-    schema = frame_schema("PERMISSIVE")
-    target, build = arrow_types(schema)
-    options = ReadOptions(paths=(path,), batch_rows=batch_rows)
-    got = _table(read_part(CapturePart(path, path, 0, 1), options, schema))
-    expected = to_batch(list(records.iter_records(path)), target, build)
+    schema = frame_schema("PERMISSIVE", table)
+    options = ReadOptions(paths=(path,), table=table, batch_rows=batch_rows)
+    batches = list(read_part(CapturePart(path, path, 0, 1), options, schema))
+    wanted = options.protocols
+    dicts = [r for r in records.iter_records(path) if wanted is None or r["protocol"] in wanted]
+    if not dicts:
+        assert batches == []
+        return
+    got = _table(batches)
+    expected = Shape(schema).of_dicts(dicts)
     assert got.num_rows == expected.num_rows > 0
     assert got.equals(pa.Table.from_batches([expected])), name
     sizes = [batch.num_rows for batch in read_part(CapturePart(path, path, 0, 1), options, schema)]
@@ -62,16 +67,36 @@ def test_a_narrower_schema_takes_only_its_fields():
     from pyspark.sql import types as T  # noqa: N812
 
     path = str(CAPTURES / "source-session.pcap")
-    fields = [T.StructField("capture", T.StringType()), T.StructField("message_id", T.DecimalType(20, 0))]
+    fields = [T.StructField("capture", T.StringType()), T.StructField("message_id", T.LongType())]
     schema = T.StructType(fields)
-    target, build = arrow_types(schema)
     options = ReadOptions(paths=(path,), batch_rows=5)
     got = _table(read_part(CapturePart(path, path, 0, 1), options, schema))
-    expected = to_batch(list(records.iter_records(path)), target, build)
+    expected = Shape(schema).of_dicts(list(records.iter_records(path)))
     assert got.equals(pa.Table.from_batches([expected])) and got.num_rows > 5
     assert got.column_names == ["capture", "message_id"]
-    batcher = _Batcher(target, build, 10**9)  # one batch: everything stays gathered until the end
+    batcher = _Batcher(Shape(schema), 10**9)  # one batch: everything stays gathered until the end
     for item in records.iter_records(path, blocks=True):
         list(batcher.add(item))
     batcher._settle()
     assert set(batcher.columns) <= {"capture", "message_id"} and len(batcher) > 5
+
+
+def test_u64_values_keep_their_64_bits_and_ts_is_a_timestamp():
+    """A u64 from 2^63 up reads negative in its long (the same bits); ts comes from ts_ns in us."""
+    schema = frame_schema("DROPMALFORMED", "all")
+    row = {
+        "capture": "c",
+        "protocol": "wallaroo",
+        "ts": 1.5,
+        "ts_ns": 1_700_000_000_123_456_789,
+        "message_id": 2**64 - 1,
+        "stream_id": 2**63,
+        "acks": [{"stream_id": 2**64 - 2, "point_of_ref": 7}],
+    }
+    batch = Shape(schema).of_dicts([row, {"capture": "d", "protocol": "dcp", "vb_uuid": 2**64 - 3}])
+    wallaroo, dcp = batch.column("wallaroo").to_pylist(), batch.column("dcp").to_pylist()
+    assert wallaroo[0]["message_id"] == -1 and wallaroo[0]["stream_id"] == -(2**63)
+    assert wallaroo[0]["acks"] == [{"stream_id": -2, "point_of_ref": 7}]
+    assert wallaroo[1] is None and dcp[0] is None and dcp[1]["vb_uuid"] == -3
+    assert batch.column("ts").type == pa.timestamp("us", tz="UTC")
+    assert batch.column("ts").cast(pa.int64()).to_pylist() == [1_700_000_000_123_456, None]

@@ -105,27 +105,42 @@ def dissector_rows(path: Path, **options) -> list[tuple]:
 
 
 def spark_rows(frame) -> list[tuple]:
+    """The KEY fields of a read of the ``all`` table, as records hold them (u64 exact)."""
+    from wallaroo_proto.spark.reports import flat_frames
+
     return sorted(
-        tuple(int(v) if isinstance(v, Decimal) else v for v in row) for row in frame.select(*KEY).collect()
+        tuple(int(v) if isinstance(v, Decimal) else v for v in row)
+        for row in flat_frames(frame).select(*KEY).collect()
     )
 
 
 @pytest.mark.timeout(480)
 def test_plain_session_reads_the_format_with_its_options(spark, captures):
     source, sink = str(captures["source"]), str(captures["sink"])
-    both = spark.read.format("wallaroo-capture").load([source, sink])
+    reader = spark.read.format("wallaroo-capture").option("table", "all")
+    both = reader.load([source, sink])
     assert both.schema.names[-1] == "_problem" and both.where("_problem IS NOT NULL").count() == 0
     assert spark_rows(both) == sorted(dissector_rows(captures["source"]) + dissector_rows(captures["sink"]))
+    # The default table: what every frame has; a protocol's table: the frame key and its fields.
+    frames = spark.read.format("wallaroo-capture").load([source, sink])
+    assert frames.columns == [name for name, _, _ in records.COMMON_FIELDS] + ["_problem"]
+    own = spark.read.format("wallaroo-capture").option("table", "wallaroo_frames").load([source, sink])
+    assert own.columns[:3] == list(records.FRAME_KEY) and "stream_id" in own.columns
+    assert own.count() == frames.count() == both.count()
+    assert spark.read.format("wallaroo-capture").option("table", "dcp_frames").load(source).count() == 0
     # Options reach the executors' dissector: the frame-size limit and a forced protocol.
-    small = spark.read.format("wallaroo-capture").option("maxFrameSize", "16").load(source)
+    small = reader.option("maxFrameSize", "16").load(source)
     assert spark_rows(small) == dissector_rows(captures["source"], max_frame_size=16)
     assert spark_rows(small) != dissector_rows(captures["source"])
-    forced = spark.read.format("wallaroo-capture").option("protocol", "kinesis").load(sink)
+    forced = (
+        spark.read.format("wallaroo-capture").option("table", "all").option("protocol", "kinesis").load(sink)
+    )
     assert spark_rows(forced) == dissector_rows(captures["sink"], protocol="kinesis")
     assert spark_rows(forced) != dissector_rows(captures["sink"])
     # Split by connection into many tasks, the rows are the same.
     split = (
         spark.read.format("wallaroo-capture")
+        .option("table", "all")
         .option("splitBytes", "1")
         .option("parallelism", "2")
         .load(source)
@@ -138,11 +153,12 @@ AMBROSIA_FIRST_START = Path(__file__).resolve().parent.parent / "captures" / "am
 
 
 def present(fields: dict) -> dict:
-    """A record's or a row's fields that hold a value, u64 decimals as ints."""
+    """A record's or a row's fields that hold a value, u64 decimals as ints (``ts`` left out: a
+    timestamp to microseconds in Spark; ``ts_ns`` is compared whole)."""
     return {
         k: int(v) if isinstance(v, Decimal) else v
         for k, v in fields.items()
-        if v is not None and not k.startswith("_")
+        if v is not None and not k.startswith("_") and k != "ts"
     }
 
 
@@ -150,11 +166,12 @@ def present(fields: dict) -> dict:
 def test_split_ambrosia_capture_frames_equal_the_dissector(spark):
     """An LB's receive and send sockets, judged together, stay so when the capture is split in tasks."""
     name = str(AMBROSIA_FIRST_START)
-    split = (
-        spark.read.format("wallaroo-capture").option("splitBytes", "1").option("parallelism", "2").load(name)
-    )
+    from wallaroo_proto.spark.reports import flat_frames
+
+    reader = spark.read.format("wallaroo-capture").option("table", "all")
+    split = reader.option("splitBytes", "1").option("parallelism", "2").load(name)
     assert split.rdd.getNumPartitions() == 2
-    rows = [present(row.asDict(recursive=True)) for row in split.collect()]
+    rows = [present(row.asDict(recursive=True)) for row in flat_frames(split).collect()]
     expected = [present(r) for r in records.iter_records(name, capture_name=name)]
     key = lambda r: (r["packet"], r["conn_index"], r["frame_index"])  # noqa: E731
     assert sorted(rows, key=key) == sorted(expected, key=key)
@@ -186,26 +203,43 @@ def test_damaged_and_missing_captures_by_mode(spark, captures):
 
 @pytest.mark.timeout(480)
 def test_u64_ids_exact_in_spark_and_sql(spark, captures):
-    frames = spark.read.format("wallaroo-capture").option("mode", "DROPMALFORMED").load(str(captures["big"]))
-    assert dict(frames.dtypes)["stream_id"] == "decimal(20,0)"
-    frames.createOrReplaceTempView("big_frames")
+    """u64 values are longs of their 64 bits: the same bits come back, and the unsigned value is
+    one documented expression away, for ordering and arithmetic past 2**63 (docs/spark.md)."""
+    frames = (
+        spark.read.format("wallaroo-capture")
+        .option("table", "wallaroo_frames")
+        .option("mode", "DROPMALFORMED")
+        .load(str(captures["big"]))
+    )
+    assert dict(frames.dtypes)["stream_id"] == "bigint"
+    frames.join(
+        spark.read.format("wallaroo-capture").option("mode", "DROPMALFORMED").load(str(captures["big"])),
+        list(records.FRAME_KEY),
+    ).createOrReplaceTempView("big_frames")
+    u64 = "IF({0} < 0, CAST({0} AS DECIMAL(20,0)) + 18446744073709551616, {0})"
     ordered = spark.sql(
-        "SELECT DISTINCT stream_id FROM big_frames WHERE type = 'NOTIFY' ORDER BY stream_id"
+        f"SELECT DISTINCT {u64.format('stream_id')} AS id FROM big_frames WHERE type = 'NOTIFY' ORDER BY id"
     ).collect()
-    assert [int(r.stream_id) for r in ordered] == [LOW, EDGE, ABOVE, TOP]
-    messages = frames.where("type = 'MESSAGE' AND twopc IS NULL").select("stream_id", "message_id").collect()
-    assert sorted((int(r.stream_id), int(r.message_id)) for r in messages) == sorted(
+    assert [int(r.id) for r in ordered] == [LOW, EDGE, ABOVE, TOP]
+    bits = lambda v: int(v) % 2**64  # noqa: E731 - a long's bits as the unsigned value
+    messages = spark.sql(
+        "SELECT stream_id, message_id FROM big_frames WHERE type = 'MESSAGE' AND twopc IS NULL"
+    ).collect()
+    assert sorted((bits(r.stream_id), bits(r.message_id)) for r in messages) == sorted(
         (s, m) for s in SENT for m in (TOP - 1, TOP)
     )
-    assert {int(r.point_of_ref) for r in frames.where("type = 'NOTIFY_ACK'").collect()} == {POR}
-    (ack,) = frames.where("type = 'ACK'").select("acks").collect()
-    assert [(int(a.stream_id), int(a.point_of_ref)) for a in ack.acks] == [(TOP, TOP), (ABOVE, POR + 1)]
-    (phase1,) = frames.where("twopc = 'PHASE1'").select("where").collect()
-    assert [(int(w.stream_id), int(w.start_por), int(w.end_por)) for w in phase1.where] == [
+    assert {
+        bits(r.point_of_ref)
+        for r in spark.sql("SELECT * FROM big_frames WHERE type = 'NOTIFY_ACK'").collect()
+    } == {POR}
+    (ack,) = spark.sql("SELECT acks FROM big_frames WHERE type = 'ACK'").collect()
+    assert [(bits(a.stream_id), bits(a.point_of_ref)) for a in ack.acks] == [(TOP, TOP), (ABOVE, POR + 1)]
+    (phase1,) = spark.sql("SELECT `where` FROM big_frames WHERE twopc = 'PHASE1'").collect()
+    assert [(bits(w.stream_id), bits(w.start_por), bits(w.end_por)) for w in phase1.where] == [
         (TOP, 2**63, 2**63 + 11)
     ]
-    # Arithmetic stays exact past 2**63: the largest id minus one.
-    (row,) = spark.sql("SELECT max(message_id) - 1 AS below FROM big_frames").collect()
+    # Arithmetic stays exact past 2**63 on the unsigned value: the largest id minus one.
+    (row,) = spark.sql(f"SELECT max({u64.format('message_id')}) - 1 AS below FROM big_frames").collect()
     assert int(row.below) == TOP - 1
 
 
@@ -227,14 +261,17 @@ def test_u64_ids_exact_in_dissect_jsonl_parquet_and_reports(replayed_everything)
     (twopc,) = replay.table("twopc", "big")
     assert twopc["bytes_committed"] == 11 and twopc["where"][0]["end_por"] == 2**63 + 11
 
-    table = pq.read_table(replay.output / "frames")
+    table = pq.read_table(replay.output / "wallaroo_frames")
+    frames = pq.read_table(replay.output / "frames").select([*records.FRAME_KEY, "type"])
+    types = {tuple(r[k] for k in records.FRAME_KEY): r["type"] for r in frames.to_pylist()}
     notified = [
-        int(r["stream_id"])
-        for r in table.select(["capture", "type", "stream_id"]).to_pylist()
-        if r["type"] == "NOTIFY" and r["capture"] == str(replay.paths["big"])
+        r["stream_id"] % 2**64  # a long of the u64's bits (docs/spark.md)
+        for r in table.select([*records.FRAME_KEY, "stream_id"]).to_pylist()
+        if types[tuple(r[k] for k in records.FRAME_KEY)] == "NOTIFY"
+        and r["capture"] == str(replay.paths["big"])
     ]
     assert sorted(notified) == sorted(SENT)
-    assert str(table.schema.field("stream_id").type) == "decimal128(20, 0)"
+    assert str(table.schema.field("stream_id").type) == "int64"
 
 
 def test_the_shipped_zip_is_removed_when_the_driver_exits(tmp_path):

@@ -43,6 +43,7 @@ from wallaroo_proto.protocols.wallaroo.twopc import (
     ReplyUncommitted,
     twopc_frame,
 )
+from wallaroo_proto.records import FIELD_NAMES
 from wallaroo_proto.spark import frames as spark_frames
 from wallaroo_proto.spark import jobs, reports
 from wallaroo_proto.spark.example_job import key_counts
@@ -297,7 +298,7 @@ def test_reports_beyond_the_summary(captures, replayed):
 @pytest.mark.timeout(480)
 def test_example_job_counts_keys_per_window(spark, captures):
     loaded = spark_frames.load_frames(spark, [str(captures["keyed"])])
-    result = key_counts(reports.messages(loaded.frames)).collect()
+    result = key_counts(reports.build_tables(loaded.frames)["messages"]).collect()
     counts = {}
     for row in result:
         start_ms = int(row["window_start"].timestamp() * 1000) - EPOCH_MS
@@ -311,7 +312,7 @@ def test_example_job_puts_times_that_are_not_milliseconds_in_a_null_window(spark
     """captures/source-session.pcap sends nanoseconds (1.76e18): past Spark's timestamps as ms."""
     sample = str(Path(__file__).resolve().parent.parent / "captures" / "source-session.pcap")
     loaded = spark_frames.load_frames(spark, [sample])
-    result = key_counts(reports.messages(loaded.frames)).collect()
+    result = key_counts(reports.build_tables(loaded.frames)["messages"]).collect()
     assert result and all(row["window_start"] is None for row in result)
     # stream 11: ids 1-7 keyed user-(id % 3); stream 12: two messages without a key
     assert {row["key"]: row["messages"] for row in result} == {"user-0": 2, "user-1": 3, "user-2": 2, None: 2}
@@ -488,9 +489,14 @@ def test_spark_predicate_selects_the_frames_the_python_filter_keeps(replayed):
     from wallaroo_proto.display_filter import compile_filter, parse, spark_predicate
 
     _, loaded, _ = replayed
-    columns = loaded.frames.columns
-    tests = [spark_predicate(parse(text)).alias(f"_f{i}") for i, text in enumerate(DISPLAY_FILTERS)]
-    rows = [row.asDict(recursive=True) for row in loaded.frames.select(*columns, *tests).collect()]
+    tests = [
+        spark_predicate(parse(text), reports.field_column).alias(f"_f{i}")
+        for i, text in enumerate(DISPLAY_FILTERS)
+    ]
+    columns = list(FIELD_NAMES)
+    rows = [
+        row.asDict(recursive=True) for row in loaded.frames.select(*reports.flat_columns(), *tests).collect()
+    ]
     records = [{name: _plain(row[name]) for name in columns} for row in rows]
     for i, text in enumerate(DISPLAY_FILTERS):
         keep = compile_filter(text)

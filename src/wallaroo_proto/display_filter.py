@@ -426,22 +426,26 @@ def compile_filter(text: str) -> Callable[[dict], bool]:
 # ---------------------------------------------------------------- Spark
 
 
-def spark_predicate(tree: Node):
-    """The tree as a ``pyspark.sql.Column`` over the ``frames`` table (imports pyspark)."""
+def spark_predicate(tree: Node, column_of: Callable[[str], Any] | None = None):
+    """The tree as a ``pyspark.sql.Column`` (imports pyspark); ``column_of(name)`` gives a field's
+    column (default: the column of that name, as in a table of flat records)."""
     from pyspark.sql import functions as F  # noqa: N812
 
     false = F.lit(False)
+    column_of = column_of or F.col
 
     def lit(field: Field, value: Any):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return F.lit(value)
         if field.kind == "u64" or isinstance(value, int) and not -(2**63) <= value < 2**63:
-            # exact, as decimal(20,0) columns are; a long literal would overflow
+            # exact, compared with the unsigned value (u64_column); a long literal would overflow
             return F.lit(Decimal(repr(value)) if isinstance(value, float) else Decimal(value))
         return F.lit(value)
 
     def test(node: Compare | In, column):
         field = node.field
+        if field.kind == "u64":
+            column = u64_column(column)
         if isinstance(node, In):
             plain = [lit(field, v) for v in node.values if not isinstance(v, tuple)]
             parts = [column.isin(*plain)] if plain else []
@@ -484,7 +488,7 @@ def spark_predicate(tree: Node):
         if isinstance(node, Not):
             return ~build(node.item)
         field = node.field
-        column = F.col(field.name)
+        column = column_of(field.name)
         if field.sub is not None:
             column = F.transform(column, lambda e: e[field.sub])
         if isinstance(node, Present):
@@ -500,3 +504,12 @@ def spark_predicate(tree: Node):
         return sure(F.exists(column, lambda x: sure(test(node, x))))
 
     return build(tree)
+
+
+def u64_column(column):
+    """A ``u64`` field's Spark column (a ``long`` of its 64 bits) as its exact unsigned value, a
+    ``decimal(20,0)``: for comparing and ordering values from 2^63 up (imports pyspark)."""
+    from pyspark.sql import functions as F  # noqa: N812
+
+    exact = column.cast("decimal(20,0)")
+    return F.when(column < 0, exact + F.lit(Decimal(2**64))).otherwise(exact)

@@ -28,7 +28,6 @@ import json
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from decimal import Decimal
 from functools import cache
 from typing import Any, BinaryIO, NamedTuple
 
@@ -163,9 +162,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-_STRUCT_NAMES = {f"array<struct:{k}>": tuple(n for n, _ in v) for k, v in STRUCTS.items()}
-
-
 class ConnectionKey(NamedTuple):
     """Direction-independent id of a TCP connection: the lower endpoint first."""
 
@@ -180,60 +176,98 @@ def flow_hash(key: tuple) -> int:
     return zlib.crc32("|".join(map(str, key)).encode())
 
 
-def _exact(value: Any) -> Any:
-    """A u64 as the ``Decimal`` Spark's ``decimal(20,0)`` takes from Python."""
-    return None if value is None else Decimal(value)
+#: The columns that name one frame in every Spark table: ``frames`` and each ``<protocol>_frames``
+#: join on them (a connection's number is unique within its capture, a frame's within its connection).
+FRAME_KEY = ("capture", "conn_index", "frame_index")
+
+#: What Spark's tables are made of: ``frames`` (the common fields of every frame), and one
+#: table per protocol (the frame key and that plug-in's own fields). ``ALL`` is the read
+#: spark-replay makes once: the common fields and one struct column per protocol, named by
+#: it, holding that plug-in's fields (null on the other protocols' rows).
+FRAMES_TABLE, ALL_TABLE = "frames", "all"
 
 
-def as_row(record: dict) -> tuple:
-    """The record as a tuple in ``FIELD_NAMES`` order, ready for ``spark_schema()``.
+def protocol_table(protocol: str) -> str:
+    return f"{protocol}_frames"
 
-    Spark's own readers of these records (``spark.datasource``) convert whole
-    Arrow batches instead; this is the one-row form, for ``createDataFrame``.
+
+def own_fields(protocol: str) -> list[Field]:
+    """A plug-in's own fields (its connection fields, then its frame fields), as Spark's tables hold them."""
+    from .protocols import get_plugin
+
+    plugin = get_plugin(protocol)
+    return [*plugin.connection_fields, *plugin.record_fields]
+
+
+def table_names() -> tuple[str, ...]:
+    """The tables the data source reads (``option("table", ...)``), ``all`` first."""
+    from .protocols import names
+
+    return (ALL_TABLE, FRAMES_TABLE, *(protocol_table(name) for name in names()))
+
+
+def table_fields(table: str) -> list[Field]:
+    """The fields of ``frames`` or of ``<protocol>_frames`` (``ValueError`` naming the known tables)."""
+    from .protocols import names
+
+    if table == FRAMES_TABLE:
+        return list(COMMON_FIELDS)
+    protocol = table.removesuffix("_frames")
+    if table != protocol_table(protocol) or protocol not in names():
+        known = ", ".join(t for t in table_names() if t != ALL_TABLE)
+        raise ValueError(f"unknown table {table!r} (known: {known})")
+    key = [field for field in COMMON_FIELDS if field[0] in FRAME_KEY]
+    return key + own_fields(protocol)
+
+
+def spark_type(kind: str):
+    """A field type as Spark's (imports pyspark).
+
+    ``u64`` is a ``long`` holding the same 64 bits: exact, and a value from 2^63 up reads
+    negative (add 2^64, or use ``spark.u64``). ``ts`` alone is a ``timestamp`` (see ``spark_schema``).
     """
-    get = record.get
-    types = _schema().types
-    row = []
-    for name, kind in types.items():
-        value = get(name)
-        if kind == "u64":
-            value = _exact(value)
-        elif kind.startswith("array<struct") and value is not None:
-            names = _STRUCT_NAMES[kind]
-            kinds = [k for _, k in STRUCTS[kind[len("array<struct:") : -1]]]
-            value = [
-                tuple(_exact(item[n]) if k == "u64" else item[n] for n, k in zip(names, kinds, strict=True))
-                for item in value
-            ]
-        row.append(value)
-    return tuple(row)
-
-
-def spark_schema():
-    """The ``pyspark.sql.types.StructType`` of ``as_row`` tuples (imports pyspark)."""
     from pyspark.sql import types as T  # noqa: N812
-
-    U64_SPARK_TYPE = T.DecimalType(20, 0)  # noqa: N806 - 2**64-1 has 20 digits
 
     scalars = {
         "string": T.StringType(),
         "int": T.IntegerType(),
         "long": T.LongType(),
-        "u64": U64_SPARK_TYPE,
+        "u64": T.LongType(),
         "double": T.DoubleType(),
         "boolean": T.BooleanType(),
     }
+    if kind in scalars:
+        return scalars[kind]
+    if kind == "array<string>":
+        return T.ArrayType(T.StringType())
+    struct_name = kind[len("array<struct:") : -1]
+    fields = [T.StructField(n, scalars[k]) for n, k in STRUCTS[struct_name]]
+    return T.ArrayType(T.StructType(fields))
 
-    def spark_type(kind: str):
-        if kind in scalars:
-            return scalars[kind]
-        if kind == "array<string>":
-            return T.ArrayType(T.StringType())
-        struct_name = kind[len("array<struct:") : -1]
-        fields = [T.StructField(n, scalars[k]) for n, k in STRUCTS[struct_name]]
-        return T.ArrayType(T.StructType(fields))
 
-    return T.StructType([T.StructField(name, spark_type(kind), True) for name, kind, _ in _schema().fields])
+#: Fields that are times: Spark ``timestamp`` columns (microseconds, UTC); ``ts_ns`` keeps nanoseconds.
+TIMESTAMP_FIELDS = frozenset({"ts"})
+
+
+def _spark_fields(fields: Iterable[Field]) -> list:
+    from pyspark.sql import types as T  # noqa: N812
+
+    return [
+        T.StructField(name, T.TimestampType() if name in TIMESTAMP_FIELDS else spark_type(kind), True)
+        for name, kind, _ in fields
+    ]
+
+
+def spark_schema(table: str = ALL_TABLE):
+    """The ``pyspark.sql.types.StructType`` of a Spark table (``table_names()``; imports pyspark)."""
+    from pyspark.sql import types as T  # noqa: N812
+
+    from .protocols import names
+
+    if table != ALL_TABLE:
+        return T.StructType(_spark_fields(table_fields(table)))
+    structs = [T.StructField(name, T.StructType(_spark_fields(own_fields(name))), True) for name in names()]
+    return T.StructType([*_spark_fields(COMMON_FIELDS), *structs])
 
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -251,6 +285,8 @@ def iter_records(
     *,
     ports: Iterable[int] | None = None,
     protocol: str | None = None,
+    protocols: Iterable[str] | None = None,
+    conn_indexes: Iterable[int] | None = None,
     connection_filter: Callable[[tuple], bool] | None = None,
     capture_name: str | None = None,
     max_frame_size: int | None = None,
@@ -260,7 +296,9 @@ def iter_records(
 
     Raises ``capture.CaptureError`` after yielding every record before the damage.
     ``connection_filter`` picks the connections to reassemble (all by default) by their
-    part keys; connections are numbered alike whatever it keeps.
+    part keys; connections are numbered alike whatever it keeps. ``protocols``: only these
+    protocols' connections are dissected (the others are recognised and numbered, not read);
+    ``conn_indexes``: only the connections of these numbers.
     ``blocks``: runs of frames come as ``capture.frame_block.FrameBlock`` (rows, not
     dicts) where a plug-in makes them, for readers that take columns.
     """
@@ -277,6 +315,8 @@ def iter_records(
         capture_name,
         ports=ports,
         protocol=protocol,
+        protocols=protocols,
+        conn_indexes=conn_indexes,
         connection_filter=connection_filter,
         keep_summaries=False,
         **kwargs,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, BinaryIO
 
 from wallaroo_proto.protocols import ProtocolPlugin, get_plugin, plugins
@@ -203,6 +203,8 @@ class Dissector:
         *,
         ports: Iterable[int] | None = None,
         protocol: str | None = None,
+        protocols: Collection[str] | None = None,
+        conn_indexes: Collection[int] | None = None,
         connection_filter: Callable[[tuple], bool] | None = None,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER,
@@ -230,6 +232,10 @@ class Dissector:
                 self.port_plugins = {p: pl for p, pl in self.port_plugins.items() if p in given}
         self.ports = frozenset(self.port_plugins) | self.probe_ports
         self.connection_filter = connection_filter
+        #: Only these protocols' connections are dissected; the others are numbered and not read.
+        self.only = frozenset(protocols) if protocols is not None else None
+        #: Only the connections with these numbers are dissected (numbered as ever).
+        self.conn_indexes = frozenset(conn_indexes) if conn_indexes is not None else None
         self.max_frame_size = max_frame_size
         self.max_out_of_order = max_out_of_order
         self.with_raw = with_raw
@@ -479,7 +485,12 @@ class Dissector:
         return key if (src, sport) <= (dst, dport) else (dst, dport, src, sport)
 
     def _wanted(self, canon: tuple, plugin: ProtocolPlugin) -> bool:
-        """Whether ``connection_filter`` keeps the connection: it is given the plug-in's part key."""
+        """Whether the connection just numbered is read here: its protocol is among ``only``, its
+        number among ``conn_indexes``, and ``connection_filter`` (given its part key) keeps it."""
+        if self.only is not None and plugin.name not in self.only:
+            return False
+        if self.conn_indexes is not None and self._count not in self.conn_indexes:
+            return False
         if self.connection_filter is None:
             return True
         a, pa, b, pb = canon

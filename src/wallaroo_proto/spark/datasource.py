@@ -5,15 +5,22 @@ the captures and plans one partition per capture part (``frames.plan_tasks``:
 a capture much larger than its share of the cluster is split by connection);
 each executor task dissects its part with the dissector's own
 ``records.iter_records`` and hands Spark whole Arrow record batches, so no
-Python row is converted one by one in the JVM. The schema is
-``records.spark_schema()``: every field of every protocol plug-in, nothing
-named here. Unsigned 64-bit values (``u64`` fields) are ``decimal(20,0)``.
+Python row is converted one by one in the JVM. A load reads one table
+(``records.spark_schema(table)``, nothing named here): ``frames``, what every
+frame has; ``<protocol>_frames``, the frame key and one plug-in's own fields, of
+that protocol's connections only (the others are not dissected); or ``all``, the
+common fields and one struct column per protocol (spark-replay's single read).
+Unsigned 64-bit values (``u64`` fields) are ``long`` columns holding their 64
+bits; ``ts`` is a ``timestamp``.
 
     from wallaroo_proto.spark.datasource import register
     register(spark)  # once per session; ships the package to a cluster's executors
-    frames = spark.read.format("wallaroo-capture").option("ports", "7100,7200").load("captures/")
+    dcp = spark.read.format("wallaroo-capture").option("table", "dcp_frames").load("captures/")
 
 Options (all optional):
+
+``table``
+    ``frames`` (default), ``<protocol>_frames`` or ``all`` (``records.table_names()``).
 
 ``ports``
     comma-separated TCP ports to read (default: each protocol's own; connections
@@ -34,6 +41,11 @@ Options (all optional):
     split captures into parts of about this size instead.
 ``batchRows``
     rows per Arrow batch (default 8192).
+``pushFilters``
+    ``true``: the query's filters on ``capture``, ``protocol``, ``conn_index`` and ``ts``
+    let tasks skip captures, connections and frames (``pushdown``); Spark requires
+    ``spark.sql.python.filterPushdown.enabled`` for it. Default: that setting's value when
+    ``register`` ran (spark-replay's session turns it on).
 """
 
 from __future__ import annotations
@@ -47,7 +59,9 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from wallaroo_proto import records
+from wallaroo_proto.capture.frame_block import SHARED
 from wallaroo_proto.spark import frames as frames_mod
+from wallaroo_proto.spark.pushdown import Skip
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,6 +71,8 @@ if TYPE_CHECKING:
     from wallaroo_proto.capture.frame_block import FrameBlock
 
 NAME = "wallaroo-capture"
+#: Spark's switch for Python data sources' filter pushdown (PySpark 4.1+).
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
 PROBLEM_COLUMN = frames_mod.PROBLEM_COLUMN
 DEFAULT_BATCH_ROWS = 8192
@@ -71,6 +87,7 @@ class ReadOptions:
     """The data source's options, checked once on the driver."""
 
     paths: tuple[str, ...]
+    table: str = records.FRAMES_TABLE
     ports: tuple[int, ...] | None = None
     protocol: str | None = None
     max_frame_size: int | None = None
@@ -78,6 +95,15 @@ class ReadOptions:
     parallelism: int = 1
     split_bytes: int | None = None
     batch_rows: int = DEFAULT_BATCH_ROWS
+    #: The ``pushFilters`` option: None leaves it to the session (``CaptureDataSource.push_filters``).
+    push_filters: bool | None = None
+
+    @property
+    def protocols(self) -> tuple[str, ...] | None:
+        """The protocols whose connections a read of ``table`` dissects (None: every one)."""
+        if self.table in (records.FRAMES_TABLE, records.ALL_TABLE):
+            return None
+        return (self.table.removesuffix("_frames"),)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> ReadOptions:
@@ -92,6 +118,9 @@ class ReadOptions:
         mode = (get("mode") or "PERMISSIVE").upper()
         if mode not in MODES:
             raise OptionError(f"option mode={get('mode')!r}: expected one of {', '.join(MODES)}")
+        table = get("table") or records.FRAMES_TABLE
+        if table not in records.table_names():
+            raise OptionError(f"option table={table!r}: expected one of {', '.join(records.table_names())}")
         protocol = get("protocol") or None
         if protocol is not None:
             from wallaroo_proto.protocols import get_plugin
@@ -107,6 +136,7 @@ class ReadOptions:
             )
         return cls(
             paths=paths,
+            table=table,
             ports=ports,
             protocol=protocol,
             max_frame_size=_optional_number(get, "maxFrameSize", 1),
@@ -114,6 +144,7 @@ class ReadOptions:
             parallelism=_optional_number(get, "parallelism", 1) or os.cpu_count() or 1,
             split_bytes=_optional_number(get, "splitBytes", 1),
             batch_rows=_optional_number(get, "batchRows", 1) or DEFAULT_BATCH_ROWS,
+            push_filters=_optional_bool(get, "pushFilters"),
         )
 
 
@@ -128,16 +159,25 @@ def _number(option: str, text: str, low: int, high: int | None = None) -> int:
     return value
 
 
+def _optional_bool(get, option: str) -> bool | None:
+    text = get(option.lower())
+    if text in (None, ""):
+        return None
+    if text.strip().lower() not in ("true", "false"):
+        raise OptionError(f"option {option}={text!r}: expected true or false")
+    return text.strip().lower() == "true"
+
+
 def _optional_number(get, option: str, low: int) -> int | None:
     text = get(option.lower())
     return None if text in (None, "") else _number(option, text, low)
 
 
-def frame_schema(mode: str = "PERMISSIVE") -> StructType:
-    """The frames' schema; in ``PERMISSIVE`` mode with the ``_problem`` column last."""
+def frame_schema(mode: str = "PERMISSIVE", table: str = records.FRAMES_TABLE) -> StructType:
+    """A table's schema (``records.spark_schema``); PERMISSIVE mode adds the ``_problem`` column last."""
     from pyspark.sql import types as T  # noqa: N812
 
-    schema = records.spark_schema()
+    schema = records.spark_schema(table)
     if mode != "PERMISSIVE":
         return schema
     return T.StructType([*schema.fields, T.StructField(PROBLEM_COLUMN, T.StringType(), True)])
@@ -168,16 +208,34 @@ class CaptureReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.schema = schema
+        self.skip = Skip()
 
     def partitions(self) -> list[CapturePart]:
-        return plan_partitions(self.options)
+        parts = plan_partitions(self.options)
+        wanted = self.skip.captures
+        return parts if wanted is None else [part for part in parts if part.name in wanted]
 
     def read(self, partition: CapturePart) -> Iterator[pa.RecordBatch]:
-        return read_part(partition, self.options, self.schema)
+        return read_part(partition, self.options, self.schema, self.skip)
+
+
+class FilteringCaptureReader(CaptureReader):
+    """A reader that takes the query's filters: Spark refuses a reader with ``pushFilters`` while
+    ``spark.sql.python.filterPushdown.enabled`` is off, so this one is used only when it is on."""
+
+    def pushFilters(self, filters: list) -> Iterator:  # noqa: N802 - Spark's name
+        """Use what the filters say of captures, protocols, connections and times to skip work
+        (``pushdown.Skip``); every filter is returned, so Spark still applies each one."""
+        self.skip.take(filters)
+        yield from filters
 
 
 class CaptureDataSource(DataSource):
     """``spark.read.format("wallaroo-capture")``: the frame records of pcap and pcapng captures."""
+
+    #: Whether filters are pushed when no ``pushFilters`` option says: the session's
+    #: ``spark.sql.python.filterPushdown.enabled`` when ``register`` ran.
+    push_filters = False
 
     @classmethod
     def name(cls) -> str:
@@ -188,47 +246,89 @@ class CaptureDataSource(DataSource):
         self.read_options = ReadOptions.parse(options)
 
     def schema(self) -> StructType:
-        return frame_schema(self.read_options.mode)
+        return frame_schema(self.read_options.mode, self.read_options.table)
 
     def reader(self, schema: StructType) -> CaptureReader:
-        return CaptureReader(self.read_options, schema)
+        push = self.read_options.push_filters
+        if push is None:
+            push = self.push_filters
+        return (FilteringCaptureReader if push else CaptureReader)(self.read_options, schema)
 
 
 # --- executor side -------------------------------------------------------------------------
 
 
-def arrow_types(schema: StructType) -> tuple[pa.StructType, pa.StructType]:
-    """The Arrow row type Spark expects for ``schema``, and the one records are built in.
+class Shape:
+    """How flat record fields become the rows of one table's Arrow batches (executor side).
 
-    They differ only where a ``u64`` is ``decimal(20,0)``: records hold Python
-    ints, which Arrow takes as ``uint64`` in C and casts to the decimal exactly.
+    Records hold Python values: a ``u64`` is built as ``uint64`` and cast to the ``long`` Spark
+    reads (the same 64 bits, no decimal made per value); ``ts`` is made from ``ts_ns`` as a
+    microsecond timestamp; on the ``all`` table each protocol's struct column is built from its
+    plug-in's fields, and is null on the rows of other protocols.
     """
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    target = pa.struct(list(to_arrow_schema(schema, timezone="UTC")))
-    u64 = pa.decimal128(20, 0)
+    def __init__(self, schema: StructType) -> None:
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
 
-    def built(kind: pa.DataType) -> pa.DataType:
-        if kind == u64:
-            return pa.uint64()
-        if pa.types.is_list(kind):
-            return pa.list_(kind.value_field.with_type(built(kind.value_type)))
-        if pa.types.is_struct(kind):
-            return pa.struct([field.with_type(built(field.type)) for field in kind])
-        return kind
+        self.target = to_arrow_schema(schema, timezone="UTC")
+        kinds = records.FIELD_TYPES
+        #: The flat fields records give this table, and the Arrow type each is built in.
+        self.build: dict[str, pa.DataType] = {}
 
-    return target, built(target)
+        def built(name: str, kind: pa.DataType) -> pa.DataType:
+            if name == "ts":
+                return pa.float64()
+            field_kind = kinds.get(name, "")
+            if field_kind == "u64":
+                return pa.uint64()
+            if field_kind.startswith("array<struct:"):
+                parts = records.STRUCTS[field_kind[len("array<struct:") : -1]]
+                u64 = {part for part, part_kind in parts if part_kind == "u64"}
+                return pa.list_(
+                    pa.struct([f.with_type(pa.uint64()) if f.name in u64 else f for f in kind.value_type])
+                )
+            return kind
 
+        self.structs: dict[str, pa.StructType] = {}
+        for field in self.target:
+            if pa.types.is_struct(field.type) and field.name not in kinds:
+                self.structs[field.name] = field.type
+                for child in field.type:
+                    self.build.setdefault(child.name, built(child.name, child.type))
+            else:
+                self.build[field.name] = built(field.name, field.type)
+        if "ts" in self.build:
+            self.build.setdefault("ts_ns", pa.int64())
 
-def to_batch(rows: list[dict], target: pa.StructType, build: pa.StructType) -> pa.RecordBatch:
-    """Record dicts to one Arrow batch: each field looked up by name in C (absent keys are nulls)."""
-    import pyarrow as pa
+    def batch(self, columns: dict[str, pa.Array]) -> pa.RecordBatch:
+        """Flat arrays by field name (``build``'s types, one length) to a batch of ``target``."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
 
-    array = pa.array(rows, type=build)
-    if build != target:
-        array = array.cast(target)
-    return pa.RecordBatch.from_struct_array(array)
+        def final(array: pa.Array, kind: pa.DataType) -> pa.Array:
+            return array if array.type == kind else array.cast(kind, safe=False)
+
+        out = []
+        for field in self.target:
+            name = field.name
+            if name in self.structs:
+                children = [final(columns[child.name], child.type) for child in field.type]
+                others = pc.fill_null(pc.not_equal(columns["protocol"], name), True)
+                out.append(pa.StructArray.from_arrays(children, fields=list(field.type), mask=others))
+            elif name == "ts":
+                out.append(pc.divide(columns["ts_ns"], 1000).cast(field.type))
+            else:
+                out.append(final(columns[name], field.type))
+        return pa.RecordBatch.from_arrays(out, schema=self.target)
+
+    def of_dicts(self, rows: list[dict]) -> pa.RecordBatch:
+        """Record dicts to one batch: each field looked up by name in C (absent keys are nulls)."""
+        import pyarrow as pa
+
+        build = pa.struct([pa.field(name, kind) for name, kind in self.build.items()])
+        array = pa.array(rows, type=build)
+        return self.batch({name: array.field(name) for name in self.build})
 
 
 class _Batcher:
@@ -242,9 +342,9 @@ class _Batcher:
     frames, and no call is made per frame and field.
     """
 
-    def __init__(self, target: pa.StructType, build: pa.StructType, size: int) -> None:
-        self.target, self.build, self.size = target, build, size
-        self.wanted = frozenset(field.name for field in build)  # a narrower schema takes fewer fields
+    def __init__(self, shape: Shape, size: int) -> None:
+        self.shape, self.size = shape, size
+        self.wanted = frozenset(shape.build)  # a narrower table takes fewer fields
         self.dicts: list[dict] = []  # dicts not yet in ``columns``
         self.columns: dict[str, list] = {}  # the fields some frame has, padded with None
         self.count = 0  # rows in ``columns``
@@ -291,55 +391,62 @@ class _Batcher:
         """The first ``size`` rows (all of them, when fewer) as one batch; the rest stay."""
         import pyarrow as pa
 
-        if self.count:
-            self._settle()
-            size = min(self.size, self.count)
-            arrays = []
-            for field in self.build:
-                column = self.columns.get(field.name)
-                if column is None:
-                    arrays.append(pa.nulls(size, type=field.type))
-                else:
-                    arrays.append(pa.array(column[:size], type=field.type))
-                    del column[:size]
-            self.count -= size
-            if not self.count:
-                self.columns = {}  # the next batch may be dicts only again
-            array = pa.StructArray.from_arrays(arrays, fields=list(self.build))
-        else:
-            array = pa.array(self.dicts[: self.size], type=self.build)
+        if not self.count:
+            rows = self.dicts[: self.size]
             del self.dicts[: self.size]
-        if self.build != self.target:
-            array = array.cast(self.target)
-        return pa.RecordBatch.from_struct_array(array)
+            return self.shape.of_dicts(rows)
+        self._settle()
+        size = min(self.size, self.count)
+        arrays = {}
+        for name, kind in self.shape.build.items():
+            column = self.columns.get(name)
+            if column is None:
+                arrays[name] = pa.nulls(size, type=kind)
+            else:
+                arrays[name] = pa.array(column[:size], type=kind)
+                del column[:size]
+        self.count -= size
+        if not self.count:
+            self.columns = {}  # the next batch may be dicts only again
+        return self.shape.batch(arrays)
 
     def __len__(self) -> int:
         return self.count + len(self.dicts)
 
 
-def read_part(part: CapturePart, options: ReadOptions, schema: StructType) -> Iterator[pa.RecordBatch]:
+def read_part(
+    part: CapturePart, options: ReadOptions, schema: StructType, skip: Skip | None = None
+) -> Iterator[pa.RecordBatch]:
     """The frames of one capture part as Arrow batches, then the row naming its damage if any.
 
-    Only part 0 names a damaged capture, so each capture is named once.
+    Only part 0 names a damaged capture, so each capture is named once. ``skip`` (the query's
+    filters) leaves out connections and frames the query would drop.
     """
     from wallaroo_proto.capture.pcap import CaptureError
 
-    target, build = arrow_types(schema)
+    shape = Shape(schema)
     if part.problem is not None:
-        yield to_batch([{"capture": part.name, PROBLEM_COLUMN: part.problem}], target, build)
+        yield shape.of_dicts([{"capture": part.name, PROBLEM_COLUMN: part.problem}])
         return
+    skip = skip or Skip()
     connection_filter = None if part.nparts == 1 else frames_mod.PartFilter(part.part, part.nparts)
-    batcher = _Batcher(target, build, options.batch_rows)
+    protocols = options.protocols
+    if skip.protocols is not None:
+        protocols = tuple(skip.protocols if protocols is None else skip.protocols & set(protocols))
+    batcher = _Batcher(shape, options.batch_rows)
     try:
-        for item in records.iter_records(
+        items = records.iter_records(
             part.path,
             ports=options.ports,
             protocol=options.protocol,
+            protocols=protocols,
+            conn_indexes=skip.conn_indexes,
             connection_filter=connection_filter,
             capture_name=part.name,
             max_frame_size=options.max_frame_size,
             blocks=True,
-        ):
+        )
+        for item in _in_time(items, skip) if skip.by_time else items:
             yield from batcher.add(item)
     except (CaptureError, OSError) as err:
         message = str(err) if isinstance(err, CaptureError) else f"cannot read: {err}"
@@ -354,6 +461,25 @@ def read_part(part: CapturePart, options: ReadOptions, schema: StructType) -> It
         yield batcher.flush()
 
 
+def _in_time(items: Iterator[dict | FrameBlock], skip: Skip) -> Iterator[dict | FrameBlock]:
+    """The records and blocks inside ``skip``'s time range (a block cut to its rows inside it)."""
+    from wallaroo_proto.capture.frame_block import FrameBlock
+
+    for item in items:
+        if type(item) is dict:
+            if skip.in_time(item.get("ts_ns")):
+                yield item
+            continue
+        if "ts_ns" in item.shared:
+            if skip.in_time(item.shared["ts_ns"]):
+                yield item
+            continue
+        at = [name for name, kind in item.layout if kind != SHARED].index("ts_ns")
+        rows = [row for row in item.rows if skip.in_time(row[at])]
+        if rows:
+            yield FrameBlock(item.layout, item.shared, rows)
+
+
 def register(spark: SparkSession) -> None:
     """Make ``format("wallaroo-capture")`` known to this session.
 
@@ -365,4 +491,9 @@ def register(spark: SparkSession) -> None:
     from wallaroo_proto.spark.session import ship_package
 
     ship_package(spark.sparkContext)
-    spark.dataSource.register(CaptureDataSource)
+    pushing = spark.conf.get(PUSHDOWN_CONF, "false").strip().lower() == "true"
+    # A class made here is pickled whole to the Python workers, with what the session said.
+    source = type(
+        "CaptureDataSource", (CaptureDataSource,), {"push_filters": pushing, "__module__": __name__}
+    )
+    spark.dataSource.register(source)

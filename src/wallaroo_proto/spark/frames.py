@@ -176,6 +176,7 @@ def load_frames(
     datasource.register(spark)
     reader = (
         spark.read.format(datasource.NAME)
+        .option("table", records.ALL_TABLE)
         .option("mode", "FAILFAST" if fail_fast else "PERMISSIVE")
         .option("parallelism", parallelism)
     )

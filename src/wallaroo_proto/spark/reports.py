@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 CONN = ("capture", "connection", "conn_index")
 STREAM = (*CONN, "stream_id")
-#: Unsigned 64-bit protocol values (ids, points of reference) in Spark: ``records`` type ``u64``.
+#: Unsigned 64-bit protocol values (ids, points of reference) as the reports see them: exact
+#: decimals (``exact``; the tables hold them as a ``long`` of their 64 bits).
 U64 = "decimal(20,0)"
 
 
@@ -508,7 +509,7 @@ def connections(frames: DataFrame) -> DataFrame:
         frames.groupBy(*CONN)
         .agg(
             F.first("protocol").alias("protocol"),
-            F.first("use", ignorenulls=True).alias("use"),
+            F.first("wallaroo.use", ignorenulls=True).alias("use"),
             F.count(F.when(F.col("type") != "INVALID", 1)).alias("frames"),
             F.coalesce(F.sum("length"), F.lit(0)).alias("bytes"),
             F.coalesce(F.sum(F.size(F.coalesce("violations", F.array()))), F.lit(0)).alias("violations"),
@@ -538,8 +539,9 @@ COMMON = {
 def view_names() -> list[str]:
     """Every view ``build_tables`` makes (and ``spark-replay`` registers), in its order."""
     from wallaroo_proto.protocols import plugins, table_name
+    from wallaroo_proto.records import protocol_table
 
-    names = ["frames"]
+    names = ["frames", *(protocol_table(plugin.name) for plugin in plugins())]
     for plugin in plugins():
         names += [table_name(plugin.name, name) for name in plugin.spark_reports()]
     return [*names, *COMMON, "problems"]
@@ -558,23 +560,93 @@ def printed_views(protocols: Iterable[str]) -> list[tuple[str, str]]:
     return [(name, f"{title} ({name})") for name, title in shown]
 
 
-def build_tables(frames: DataFrame, problems: DataFrame | None = None) -> dict[str, DataFrame]:
-    """Every table spark-replay offers, by view name (``view_names``): frames, each protocol's reports,
-    the common views, problems.
+def build_tables(everything: DataFrame, problems: DataFrame | None = None) -> dict[str, DataFrame]:
+    """Every table spark-replay offers, by view name (``view_names``), from its one read of the
+    data source's ``all`` table (the common fields and a struct column per protocol).
 
-    A protocol's reports see only its rows of ``frames`` and are named ``<protocol>_<report>``,
+    ``frames`` holds the common fields of every frame; ``<protocol>_frames`` the frame key and the
+    plug-in's own fields, of its rows (joined to ``frames`` on ``records.FRAME_KEY``). A protocol's
+    reports see its rows with the common fields and its own, and are named ``<protocol>_<report>``,
     Wallaroo's by their plain names (``messages``, ``audit``, ...); the common views see every row.
     """
     from wallaroo_proto.protocols import plugins, table_name
+    from wallaroo_proto.records import COMMON_FIELDS, FRAME_KEY, protocol_table
 
     F = _f()  # noqa: N806
-    tables = {"frames": frames}
+    common = [name for name, _, _ in COMMON_FIELDS]
+    tables = {"frames": everything.select(*common)}
     for plugin in plugins():
-        own = frames.where(F.col("protocol") == plugin.name)
+        rows = everything.where(F.col("protocol") == plugin.name)
+        tables[protocol_table(plugin.name)] = rows.select(*FRAME_KEY, f"{plugin.name}.*")
+    for plugin in plugins():
+        mine = everything.where(F.col("protocol") == plugin.name)
+        own = mine.select(
+            *common, *(exact(name, F.col(f"{plugin.name}.{name}")) for name in _own(plugin.name))
+        )
         for name, build in plugin.spark_reports().items():
             tables[table_name(plugin.name, name)] = build(own)
     for name, (_, build) in COMMON.items():
-        tables[name] = build(frames)
+        tables[name] = build(everything)
     if problems is not None:
         tables["problems"] = problems
     return tables
+
+
+def field_column(name: str):
+    """A record field as a column of the ``all`` table: a common one as it is (``ts`` in seconds, as
+    records have it), a plug-in's from the struct of each protocol that declares it."""
+    from wallaroo_proto.records import COMMON_FIELDS, own_fields
+
+    F = _f()  # noqa: N806
+    if name == "ts":  # as records have it: ts_ns / 1e9, the same double
+        return F.col("ts_ns") / 1e9
+    if any(name == common for common, _, _ in COMMON_FIELDS):
+        return F.col(name)
+    from wallaroo_proto.protocols import names
+
+    owners = [F.col(f"{p}.{name}") for p in names() if any(name == f for f, _, _ in own_fields(p))]
+    if not owners:
+        raise KeyError(name)
+    return owners[0] if len(owners) == 1 else F.coalesce(*owners)
+
+
+def flat_columns() -> list:
+    """Every field (``records.FIELD_NAMES``) as a column of the ``all`` table, as ``dissect --format
+    jsonl`` records hold it: ``ts`` in seconds, u64 values exact (``exact``)."""
+    from wallaroo_proto.records import COMMON_FIELDS, FIELD_NAMES
+
+    F = _f()  # noqa: N806
+    common = {name for name, _, _ in COMMON_FIELDS} - {"ts"}
+    return [F.col(name) if name in common else exact(name, field_column(name)) for name in FIELD_NAMES]
+
+
+def flat_frames(everything: DataFrame) -> DataFrame:
+    """The ``all`` table as flat records (``flat_columns``): for ``report``'s ladder, which reads
+    any protocol's fields."""
+    return everything.select(*flat_columns())
+
+
+def _own(protocol: str) -> list[str]:
+    from wallaroo_proto.records import own_fields
+
+    return [name for name, _, _ in own_fields(protocol)]
+
+
+def exact(name: str, column):
+    """A field's column named ``name``, its u64 values (a ``long`` of their bits in the tables) as
+    exact ``decimal(20,0)``: what the reports compute on, so that their ordering, min, max and
+    arithmetic hold past 2^63, and what they show."""
+    from wallaroo_proto.display_filter import u64_column
+    from wallaroo_proto.records import FIELD_TYPES, STRUCTS
+
+    F = _f()  # noqa: N806
+    kind = FIELD_TYPES.get(name, "")
+    if kind == "u64":
+        return u64_column(column).alias(name)
+    if kind.startswith("array<struct:"):
+        parts = STRUCTS[kind[len("array<struct:") : -1]]
+        return F.transform(
+            column,
+            lambda e: F.struct(*((u64_column(e[p]) if k == "u64" else e[p]).alias(p) for p, k in parts)),
+        ).alias(name)
+    return column.alias(name)

@@ -143,6 +143,9 @@ def build_session(
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
         "spark.sql.adaptive.enabled": "true",
+        # A query's filters reach the capture reader, which skips captures, connections and
+        # times they rule out (spark.pushdown); off, the reader reads everything, as correctly.
+        "spark.sql.python.filterPushdown.enabled": "true",
     }
     if is_local(master):
         # Loopback only: the driver and its executors are this machine.

@@ -86,6 +86,10 @@ class _Restart(Exception):
         super().__init__(f"worker sent RESTART{f' to {address}' if address else ''}")
 
 
+#: Seconds a worker that owes an answer may be silent before the connector says what it waits for.
+WAIT_NOTE = 5.0
+
+
 class _Dropped(Exception):
     """The connection ended without a RESTART: worth another attempt."""
 
@@ -423,18 +427,47 @@ class MockSource:
             raise SourceFailed(f"the worker sent bytes that are not frames: {err}") from err
 
     async def _receive_loop(self, conn: FramedConnection) -> None:
-        """Handle the worker's frames until every stream is finished."""
+        """Handle the worker's frames until every stream is finished.
+
+        A worker silent while it owes an answer is named once after ``WAIT_NOTE`` seconds, with
+        what is owed, so a dropped ACK is not a silent wait; after ``idle_timeout`` it is given up.
+        """
         idle = self.options.idle_timeout
+        note_at = WAIT_NOTE if idle > WAIT_NOTE else None
         while not self._all_done():
             try:
-                async with asyncio.timeout(idle):
+                async with asyncio.timeout(note_at or idle):
                     frames = await self._receive(conn)
             except TimeoutError:
-                if self._waiting_on_worker(conn):
+                if not self._waiting_on_worker(conn):
+                    continue
+                if note_at is None:
                     raise _Dropped(f"no frame from the worker for {idle:g}s while waiting for it") from None
-                continue
+                self.log(f"no frame from the worker for {note_at:g}s; waiting for {self._owed(conn)}")
+                try:
+                    async with asyncio.timeout(idle - note_at):
+                        frames = await self._receive(conn)
+                except TimeoutError:
+                    raise _Dropped(f"no frame from the worker for {idle:g}s while waiting for it") from None
+            note_at = WAIT_NOTE if idle > WAIT_NOTE else None
             await self._handle(conn, frames)
             self._wake.set()
+
+    def _owed(self, conn: FramedConnection) -> str:
+        """What the worker owes this connector now, in words."""
+        owed = []
+        for feed in self.feeds:
+            name = f"stream {feed.stream_id} ({feed.spec.name})"
+            if feed.state == NOTIFIED:
+                owed.append(f"its NOTIFY_ACK of {name}")
+            elif feed.state == EOS_SENT:
+                owed.append(f"its ACK of the EOS of {name}")
+            elif feed.unacked:
+                last = feed.unacked[-1].message_id
+                owed.append(f"an ACK of {name} up to {last} (acknowledged: {feed.acked})")
+        if not conn.machine.credits:
+            owed.append("credits (none left to send with)")
+        return "; ".join(owed) or "its answer"
 
     def _waiting_on_worker(self, conn: FramedConnection) -> bool:
         if not conn.machine.credits:
