@@ -38,6 +38,7 @@ Options (all optional):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -48,6 +49,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from wallaroo_proto import records
 from wallaroo_proto.spark import frames as frames_mod
+from wallaroo_proto.spark import remote
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -331,16 +333,20 @@ def read_part(part: CapturePart, options: ReadOptions, schema: StructType) -> It
     connection_filter = None if part.nparts == 1 else frames_mod.PartFilter(part.part, part.nparts)
     batcher = _Batcher(target, build, options.batch_rows)
     try:
-        for item in records.iter_records(
-            part.path,
-            ports=options.ports,
-            protocol=options.protocol,
-            connection_filter=connection_filter,
-            capture_name=part.name,
-            max_frame_size=options.max_frame_size,
-            blocks=True,
-        ):
-            yield from batcher.add(item)
+        with contextlib.ExitStack() as stack:
+            source = part.path
+            if remote.is_url(source):  # read in ranged blocks as the dissector goes, not fetched first
+                source = stack.enter_context(remote.open_url(source))
+            for item in records.iter_records(
+                source,
+                ports=options.ports,
+                protocol=options.protocol,
+                connection_filter=connection_filter,
+                capture_name=part.name,
+                max_frame_size=options.max_frame_size,
+                blocks=True,
+            ):
+                yield from batcher.add(item)
     except (CaptureError, OSError) as err:
         message = str(err) if isinstance(err, CaptureError) else f"cannot read: {err}"
         if options.mode == "FAILFAST":
