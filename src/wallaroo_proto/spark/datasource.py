@@ -12,6 +12,7 @@ named here. Unsigned 64-bit values (``u64`` fields) are ``decimal(20,0)``.
     from wallaroo_proto.spark.datasource import register
     register(spark)  # once per session; ships the package to a cluster's executors
     frames = spark.read.format("wallaroo-capture").option("ports", "7100,7200").load("captures/")
+    frames = spark.read.format("wallaroo-capture").load("s3://bucket/prefix/")  # any fsspec URL: remote.py
 
 Options (all optional):
 
