@@ -5,17 +5,21 @@ Master and Worker, ``spark.standalone``); spark-replay runs against it with
 ``--master spark://127.0.0.1:PORT`` over the captures of the shared run (every
 protocol's; replay_everything.py) and writes every table as Parquet, and each
 table must equal the one the shared ``local[2]`` run wrote. Its console is
-the rich view (tables, the damaged capture named, exit 1). The cluster is
-stopped whatever happens.
+the rich view (tables, the damaged capture named, exit 1). The same captures
+read from moto's S3 (``s3://``, moto_s3.py) by the same cluster give the same
+tables. The cluster is started once for the module and stopped whatever happens.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from moto_s3 import serve
+from replay_everything import PREFIX
 from support import COMMAND
 
 from wallaroo_proto.spark.standalone import StandaloneCluster
@@ -23,32 +27,61 @@ from wallaroo_proto.spark.standalone import StandaloneCluster
 pytestmark = pytest.mark.e2e
 
 
-def table_rows(directory: Path) -> list[str]:
-    """A written table's rows, order-free (Spark may write its parts in any order)."""
-    return sorted(repr(row) for row in pq.read_table(directory).to_pylist())
+def table_rows(directory: Path, by_file_name: bool = False) -> list[str]:
+    """A written table's rows, order-free (Spark may write its parts in any order); with
+    ``by_file_name``, each capture named by its file name alone (a path and a URL compare equal)."""
+    rows = pq.read_table(directory).to_pylist()
+    for row in rows if by_file_name else ():
+        if row.get("capture"):
+            row["capture"] = row["capture"].rsplit("/", 1)[-1]
+    return sorted(repr(row) for row in rows)
+
+
+@pytest.fixture(scope="module")
+def s3(replayed_everything, tmp_path_factory):
+    """moto's S3 holding the shared run's captures under everything/ (moto_s3.py)."""
+    local = replayed_everything.ok()
+    objects = {f"everything/{path.name}": path.read_bytes() for path in local.paths.values()}
+    with serve(tmp_path_factory.mktemp("s3"), objects) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster(s3, tmp_path_factory):
+    """A master and two workers for the module; its nodes have the bucket's endpoint and key."""
+    workdir = tmp_path_factory.mktemp("cluster")
+    with StandaloneCluster(workers=2, cores=1, memory="512m", workdir=workdir, env=s3.env) as started:
+        assert started.master_url.startswith("spark://127.0.0.1:")
+        yield started
+
+
+def on_cluster(cluster, out: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    args = [*COMMAND, "spark-replay", *args, "--master", cluster.master_url, "--output", str(out)]
+    for key, value in cluster.driver_conf():
+        args += ["--conf", f"{key}={value}"]
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=420, env={**os.environ, **(env or {})}
+    )
+
+
+def both_workers_ran_executors(cluster) -> None:
+    logs = cluster.logs()
+    for worker in ("worker1", "worker2"):
+        assert "Asked to launch executor" in logs[worker], logs[worker][-2000:]
 
 
 @pytest.mark.timeout(600)
-def test_spark_replay_on_a_standalone_cluster_equals_local(replayed_everything, tmp_path):
+def test_spark_replay_on_a_standalone_cluster_equals_local(replayed_everything, cluster, tmp_path):
     local = replayed_everything.ok()
     out = tmp_path / "cluster-out"
-    with StandaloneCluster(workers=2, cores=1, memory="512m", workdir=tmp_path / "cluster") as cluster:
-        assert cluster.master_url.startswith("spark://127.0.0.1:")
-        args = [*COMMAND, "spark-replay", *local.args, "--master", cluster.master_url]
-        args += ["--output", str(out)]
-        for key, value in cluster.driver_conf():
-            args += ["--conf", f"{key}={value}"]
-        on_cluster = subprocess.run(args, capture_output=True, text=True, timeout=420)
-        logs = cluster.logs()
-    assert on_cluster.returncode == 1, on_cluster.stderr[-3000:]  # the damaged capture is a problem found
-    assert f"on {cluster.master_url}" in on_cluster.stderr and "Traceback" not in on_cluster.stderr
-    assert f"capture {local.paths['damaged']}" in on_cluster.stderr
+    ran = on_cluster(cluster, out, *local.args)
+    assert ran.returncode == 1, ran.stderr[-3000:]  # the damaged capture is a problem found
+    assert f"on {cluster.master_url}" in ran.stderr and "Traceback" not in ran.stderr
+    assert f"capture {local.paths['damaged']}" in ran.stderr
     for title in ("Delivery audit per stream", "Flow control", "RESTARTs and reconnects", "2PC rounds"):
-        assert title in on_cluster.stdout
-    assert "sink:c_id=2" in on_cluster.stdout and "--sql SELECT" in on_cluster.stdout
-    # Both workers ran executors of the job.
-    for worker in ("worker1", "worker2"):
-        assert "Asked to launch executor" in logs[worker], logs[worker][-2000:]
+        assert title in ran.stdout
+    assert "sink:c_id=2" in ran.stdout and "--sql SELECT" in ran.stdout
+    both_workers_ran_executors(cluster)
     tables = sorted(p.name for p in local.output.iterdir() if p.is_dir())
     expected = {"frames", "audit", "twopc", "problems", "sql", "job"}
     expected |= {"kinesis_shards", "dcp_vbuckets", "ambrosia_pairs", "tremor_sessions"}
@@ -57,6 +90,28 @@ def test_spark_replay_on_a_standalone_cluster_equals_local(replayed_everything, 
     for name in tables:
         assert table_rows(out / name) == table_rows(local.output / name), name
     assert len(table_rows(local.output / "frames")) > 100
+
+
+@pytest.mark.timeout(600)
+def test_captures_on_s3_read_by_the_cluster_equal_local(replayed_everything, s3, cluster, tmp_path):
+    """The executors read the bucket with their nodes' settings; the driver's come from its environment."""
+    local = replayed_everything.ok()
+    out = tmp_path / "s3-out"
+    options = local.args[len(local.paths) :]  # --sql, --job, --port ...
+    ran = on_cluster(cluster, out, "s3://caps/everything/", *options, env=s3.env)
+    assert ran.returncode == 1, ran.stderr[-3000:]
+    assert "Traceback" not in ran.stderr
+    named = [line for line in ran.stderr.splitlines() if line.startswith(f"{PREFIX}capture ")]
+    assert named and all(
+        line.startswith(f"{PREFIX}capture s3://caps/everything/damaged.pcap: ") for line in named
+    )
+    both_workers_ran_executors(cluster)
+    tables = sorted(p.name for p in local.output.iterdir() if p.is_dir())
+    assert tables == sorted(p.name for p in out.iterdir() if p.is_dir())
+    for name in tables:
+        assert table_rows(out / name, by_file_name=True) == table_rows(
+            local.output / name, by_file_name=True
+        ), name
 
 
 def test_cluster_start_failure_is_reported_and_cleaned_up(tmp_path):

@@ -16,6 +16,7 @@ bits; ``ts`` is a ``timestamp``.
     from wallaroo_proto.spark.datasource import register
     register(spark)  # once per session; ships the package to a cluster's executors
     dcp = spark.read.format("wallaroo-capture").option("table", "dcp_frames").load("captures/")
+    frames = spark.read.format("wallaroo-capture").load("s3://bucket/prefix/")  # any fsspec URL: remote.py
 
 Options (all optional):
 
@@ -50,6 +51,7 @@ Options (all optional):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -61,6 +63,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from wallaroo_proto import records
 from wallaroo_proto.capture.frame_block import SHARED
 from wallaroo_proto.spark import frames as frames_mod
+from wallaroo_proto.spark import remote
 from wallaroo_proto.spark.pushdown import Skip
 
 if TYPE_CHECKING:
@@ -435,19 +438,23 @@ def read_part(
         protocols = tuple(skip.protocols if protocols is None else skip.protocols & set(protocols))
     batcher = _Batcher(shape, options.batch_rows)
     try:
-        items = records.iter_records(
-            part.path,
-            ports=options.ports,
-            protocol=options.protocol,
-            protocols=protocols,
-            conn_indexes=skip.conn_indexes,
-            connection_filter=connection_filter,
-            capture_name=part.name,
-            max_frame_size=options.max_frame_size,
-            blocks=True,
-        )
-        for item in _in_time(items, skip) if skip.by_time else items:
-            yield from batcher.add(item)
+        with contextlib.ExitStack() as stack:
+            source = part.path
+            if remote.is_url(source):  # read in ranged blocks as the dissector goes, not fetched first
+                source = stack.enter_context(remote.open_url(source))
+            items = records.iter_records(
+                source,
+                ports=options.ports,
+                protocol=options.protocol,
+                protocols=protocols,
+                conn_indexes=skip.conn_indexes,
+                connection_filter=connection_filter,
+                capture_name=part.name,
+                max_frame_size=options.max_frame_size,
+                blocks=True,
+            )
+            for item in _in_time(items, skip) if skip.by_time else items:
+                yield from batcher.add(item)
     except (CaptureError, OSError) as err:
         message = str(err) if isinstance(err, CaptureError) else f"cannot read: {err}"
         if options.mode == "FAILFAST":

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wallaroo_proto import records
+from wallaroo_proto.spark import remote
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -42,7 +43,7 @@ FAIL_FAST_MARK = "wallaroo-capture-failed:"
 
 @dataclass(frozen=True)
 class CaptureFile:
-    path: str  # absolute: what executors open
+    path: str  # absolute, or a URL: what executors open
     name: str  # as the user gave it: what reports show
     size: int
 
@@ -64,6 +65,7 @@ def _is_glob(text: str) -> bool:
 def list_captures(paths: Sequence[str] = DEFAULT_PATHS) -> tuple[list[CaptureFile], list[Problem]]:
     """Expand files, directories (recursively: *.pcap, *.pcapng, *.cap) and globs, on the driver.
 
+    A URL (``s3://bucket/prefix/``, any fsspec URL) is listed alike: an object, a prefix, a glob.
     Paths that name nothing come back as problems, by name; files are not opened here.
     """
     found: dict[str, CaptureFile] = {}
@@ -80,7 +82,13 @@ def list_captures(paths: Sequence[str] = DEFAULT_PATHS) -> tuple[list[CaptureFil
             found[path] = CaptureFile(path, name, size)
 
     for given in paths:
-        if os.path.isdir(given):
+        if remote.is_url(given):
+            urls, why = remote.list_url(given, CAPTURE_SUFFIXES)
+            if why:
+                problems.append(Problem(given, why))
+            for url, size in urls:
+                found.setdefault(url, CaptureFile(url, url, size))
+        elif os.path.isdir(given):
             names = sorted(
                 str(p)
                 for p in Path(given).rglob("*")

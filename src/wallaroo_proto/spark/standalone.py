@@ -49,6 +49,9 @@ class StandaloneCluster:
     memory: str = "512m"
     timeout: float = 180.0
     workdir: Path | None = None
+    #: More environment for every process: a worker hands its own to the executors it starts
+    #: (credentials and endpoints for object storage, as a real node has in its environment).
+    env: dict[str, str] = field(default_factory=dict)
     master_url: str = ""
     _processes: list[tuple[str, subprocess.Popen, Path]] = field(default_factory=list)
     _own_workdir: bool = False
@@ -109,7 +112,7 @@ class StandaloneCluster:
     def _launch(self, name: str, main_class: str, *args: str) -> Path:
         assert self.workdir is not None
         log = self.workdir / f"{name}.log"
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env.update(
             {
                 "SPARK_HOME": str(spark_home()),
