@@ -454,6 +454,8 @@ def command(
     capture cannot be read (what came before the damage is still shown).
     """
     console = Console(highlight=False, soft_wrap=False)
+    if summary and not console.is_terminal and console.width < SUMMARY_WIDTH:
+        console.width = SUMMARY_WIDTH  # piped or in a file: the summary's tables whole, never cut at 80
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     clock = TimeFormat(time_format)
     try:
@@ -693,6 +695,10 @@ def command(
         raise SystemExit(EXIT_VIOLATIONS)
     if cut_short:
         raise SystemExit(EXIT_VIOLATIONS)
+
+
+#: Columns a ``--summary`` is laid out in when not on a terminal: every plug-in's tables fit whole.
+SUMMARY_WIDTH = 200
 
 
 def _field_rows(fmt, fields, field_options, summary, write, clock) -> FieldRows | None:

@@ -181,3 +181,11 @@ def test_dissect_summary_opens_on_the_findings_and_stats_expert_lists_them():
     assert any(line.rstrip().endswith("where its failover log branches") for line in lines)
     fields = run_cli("dissect", "-T", "fields", "-e", "packet", "-e", "opaque", "-e", "vb_uuid", path)
     assert "24\t0x0000000b\t0x571e80c511df62e9" in fields.stdout.splitlines()
+
+
+def test_a_piped_summary_keeps_every_cell_whole():
+    """`dissect --summary capture | head` cut the plug-ins' tables at 80 columns, with an ellipsis."""
+    for name in ("dcp-rollback.pcap", "sink-2pc.pcap"):
+        summary = run_cli("dissect", "--summary", str(CAPTURES / name))
+        assert summary.returncode == 0, summary.stderr
+        assert "…" not in summary.stdout, name
