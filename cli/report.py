@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import Counter
 from pathlib import Path
 
 import click
@@ -18,6 +19,7 @@ from wallaroo_proto_cli.options import Command, examples, open_failure, output_o
 
 from wallaroo_proto.capture.pcap import CUT_NOTE
 from wallaroo_proto.display_filter import FilterError, compile_filter
+from wallaroo_proto.findings import SEVERITIES
 from wallaroo_proto.main_thread_signals import entered_without_signals
 from wallaroo_proto.protocols import names
 from wallaroo_proto.report.model import ReportLimits
@@ -119,9 +121,14 @@ def command(
                 f"frames, {sum(c.violations for c in mine)} with violations"
             )
     if verbosity >= 0:
+        found = Counter()
+        for c in conns:
+            found.update(c.finding_counts)
+        said = ", ".join(f"{found[s]} {s}{'s' if found[s] != 1 else ''}" for s in SEVERITIES if found[s])
         console.print(
             f"{len(report.captures)} capture(s), {len(conns)} connection(s), "
-            f"{sum(c.frames for c in conns)} frames, {violations} with violations; {size / 1024:.0f} KiB"
+            f"{sum(c.frames for c in conns)} frames, {violations} with violations; "
+            f"findings: {said or 'none'}; {size / 1024:.0f} KiB"
         )
     click.echo(os.path.abspath(output))
     if any(c.error and not c.cut for c in report.captures):

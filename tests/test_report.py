@@ -293,8 +293,11 @@ def test_cli_writes_the_report_and_prints_its_path(tmp_path) -> None:
     result = run_cli("report", str(CAPTURES / "source-session.pcap"), "-o", str(out))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(out)
-    assert "1 capture(s), 1 connection(s), 18 frames, 0 with violations" in result.stderr
+    assert "1 capture(s), 1 connection(s), 18 frames, 0 with violations; findings: none;" in result.stderr
     assert out.read_text().startswith("<!DOCTYPE html>")
+    # captures/dcp-rollback.pcap: two rollbacks, a NOT_MY_VBUCKET, two too_slow stream ends
+    rollback = run_cli("report", str(CAPTURES / "dcp-rollback.pcap"), "-o", str(tmp_path / "d.html"))
+    assert "0 with violations; findings: 5 warnings;" in rollback.stderr
 
 
 def test_cli_on_a_damaged_capture_still_writes_what_it_read(tmp_path) -> None:
