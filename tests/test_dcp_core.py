@@ -166,6 +166,38 @@ def test_rollback_answers_are_checked():
     assert v.ok and v.event == "rollback to 4" and conn.rollbacks[-1] == (3, 4)
 
 
+def test_a_rollback_finding_gives_the_servers_reason():
+    """The cause follows needs_rollback (docs: dcp.md 5.3): an incomplete snapshot rolls back to its
+    start; otherwise to where the producer's history with the uuid ends, named as the failover
+    log's branch when the connection has seen that log; 0 when it holds no such history."""
+    conn = Connection()
+    _open(conn)
+    conn.from_consumer(P(codec.stream_req_request(3, 9, StreamReq(0, 30, FOREVER, 0xB, 25, 35))))
+    severity, text = conn.from_producer(P(codec.rollback_response(9, 25))).finding
+    assert severity == "warning" and text.startswith(
+        "vb 3 rolls back to 25: the consumer asked to resume at 30"
+    )
+    assert "inside a snapshot it had not completed" in text and "resumes from there" in text
+    # GET_FAILOVER_LOG shows the producer's log: uuid 0xC from 20, 0xB before it.
+    conn.from_consumer(P(codec.request(codec.GET_FAILOVER_LOG, vbucket=3, opaque=10)))
+    log = codec.failover_log_value([(0xC, 20), (0xB, 0)])
+    assert conn.from_producer(P(codec.response(codec.GET_FAILOVER_LOG, opaque=10, value=log))).ok
+    conn.from_consumer(P(codec.stream_req_request(3, 11, StreamReq(0, 30, FOREVER, 0xB, 30, 30))))
+    _, text = conn.from_producer(P(codec.rollback_response(11, 20))).finding
+    assert "the producer's failover log branches at 20" in text
+    assert text.endswith("newest first: 0x000000000000000c from 20, 0x000000000000000b from 0")
+    conn.from_consumer(P(codec.stream_req_request(4, 12, StreamReq(0, 30, FOREVER, 0xD, 30, 30))))
+    _, text = conn.from_producer(P(codec.rollback_response(12, 0))).finding
+    assert text.endswith("the producer holds no history with that uuid (none in its failover log, or purged)")
+    conn.from_consumer(P(codec.stream_req_request(5, 13, StreamReq(0, 0, FOREVER, 0, 0, 0))))
+    refused = conn.from_producer(P(codec.response(codec.STREAM_REQ, codec.NOT_MY_VBUCKET, opaque=13)))
+    assert refused.vbucket == 5 and refused.finding == (
+        "warning",
+        "stream request for vb 5 refused NOT_MY_VBUCKET: this node does not serve vb 5 (not here, or not "
+        "active or replica)",
+    )
+
+
 def test_consumer_rules():
     conn = Connection()
     v = conn.from_consumer(P(codec.control_request("enable_noop", "true", opaque=1)))

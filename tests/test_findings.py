@@ -51,7 +51,8 @@ def test_dcp_rollback_says_what_was_asked_and_where_the_history_ends():
     (rollback,) = frames[25]
     assert rollback["severity"] == "warning"
     assert rollback["finding"].startswith("vb 0 rolls back to 20: the consumer asked to resume at 30")
-    assert "uuid 0x571e80c511df62e9" in rollback["finding"] and "ends at 20" in rollback["finding"]
+    assert "uuid 0x571e80c511df62e9" in rollback["finding"]
+    assert "history with that uuid goes no further than 20" in rollback["finding"]
 
 
 def test_dcp_answers_carry_the_vbucket_of_the_request_they_answer():
@@ -178,7 +179,10 @@ def test_dissect_summary_opens_on_the_findings_and_stats_expert_lists_them():
     lines = expert.stdout.splitlines()
     assert lines[0] == f"expert: {path} (errors 0, warnings 5, notes 0)"
     # Not a terminal: rows at their full width, never cut mid-word.
-    assert any(line.rstrip().endswith("where its failover log branches") for line in lines)
+    assert any(
+        line.rstrip().endswith("(where its failover log moves to a newer uuid, or its last seqno)")
+        for line in lines
+    )
     fields = run_cli("dissect", "-T", "fields", "-e", "packet", "-e", "opaque", "-e", "vb_uuid", path)
     assert "24\t0x0000000b\t0x571e80c511df62e9" in fields.stdout.splitlines()
 

@@ -55,18 +55,26 @@ def test_a_time_range_keeps_exactly_the_frames_inside_it():
     everything = rows(path)
     stamps = sorted(r["ts"] for r in everything)
     low, high = stamps[len(stamps) // 3], stamps[2 * len(stamps) // 3]
-    naive = [t.astimezone().replace(tzinfo=None) for t in (low, high)]  # as PySpark hands them
-    kept = rows(path, skip=skip_of(GreaterThanOrEqual(("ts",), naive[0]), LessThan(("ts",), naive[1])))
+    # As PySpark hands them: aware UTC datetimes (a naive one is taken as local time).
+    kept = rows(path, skip=skip_of(GreaterThanOrEqual(("ts",), low), LessThan(("ts",), high)))
     assert kept == [r for r in everything if low <= r["ts"] <= high]
     assert 0 < len(kept) < len(everything)
+    local = [t.astimezone().replace(tzinfo=None) for t in (low, high)]
+    assert (
+        rows(path, skip=skip_of(GreaterThanOrEqual(("ts",), local[0]), LessThan(("ts",), local[1]))) == kept
+    )
 
 
 def test_filters_it_cannot_use_are_left_to_spark_and_every_filter_goes_back():
+    from pyspark.sql.datasource import InputPartition
+
     reader = FilteringCaptureReader(ReadOptions(paths=(str(CAPTURES),)), frame_schema())
     filters = [StringStartsWith(("type",), "DCP"), EqualTo(("capture",), "x.pcap"), EqualTo(("ts_ns",), "no")]
     assert list(reader.pushFilters(filters)) == filters
     assert reader.skip.captures == {"x.pcap"} and reader.skip.used == [filters[1]]
     assert reader.partitions() == []  # no capture of that name
+    # Spark then plans one stand-in partition of its own, which reads nothing.
+    assert list(reader.read(InputPartition(None))) == []
 
 
 @pytest.mark.parametrize("table", ["all", "dcp_frames"])

@@ -512,4 +512,4 @@ def u64_column(column):
     from pyspark.sql import functions as F  # noqa: N812
 
     exact = column.cast("decimal(20,0)")
-    return F.when(column < 0, exact + F.lit(Decimal(2**64))).otherwise(exact)
+    return F.when(column < 0, exact + F.lit(Decimal(2**64))).otherwise(exact).cast("decimal(20,0)")

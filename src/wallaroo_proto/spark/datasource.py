@@ -219,6 +219,8 @@ class CaptureReader(DataSourceReader):
         return parts if wanted is None else [part for part in parts if part.name in wanted]
 
     def read(self, partition: CapturePart) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, CapturePart):  # Spark's stand-in when no capture is left to read
+            return iter(())
         return read_part(partition, self.options, self.schema, self.skip)
 
 

@@ -22,12 +22,17 @@ from typing import Any
 COLUMNS = frozenset({"capture", "protocol", "conn_index", "ts", "ts_ns"})
 
 
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_MICROSECOND = dt.timedelta(microseconds=1)
+
+
 def _ns(column: str, value: Any) -> int | None:
     """A ``ts`` (timestamp) or ``ts_ns`` (long) filter value in nanoseconds since the epoch."""
     if column == "ts_ns":
         return value if isinstance(value, int) and not isinstance(value, bool) else None
-    if isinstance(value, dt.datetime):  # naive: local time, as PySpark made it from the epoch
-        return round(value.timestamp() * 1_000_000) * 1000
+    if isinstance(value, dt.datetime):  # PySpark hands an aware UTC time; a naive one is local
+        aware = value if value.tzinfo is not None else value.astimezone()
+        return (aware - _EPOCH) // _MICROSECOND * 1000
     return None
 
 

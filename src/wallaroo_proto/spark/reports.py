@@ -471,33 +471,12 @@ def findings(frames: DataFrame) -> DataFrame:
         F.col("finding").isNotNull(),
         F.array(F.struct(F.col("severity").alias("severity"), F.col("finding").alias("finding"))),
     ).otherwise(empty)
+    about = ("capture", "protocol", "connection", "conn_index", "packet", "frame_index", "ts", "type")
+    every = F.concat(each("violations", "error"), each("notes", "warning"), own)
     return (
-        frames.select(
-            "capture",
-            "protocol",
-            "connection",
-            "conn_index",
-            "packet",
-            "frame_index",
-            "ts",
-            "type",
-            F.posexplode(F.concat(each("violations", "error"), each("notes", "warning"), own)).alias(
-                "n", "f"
-            ),
-        )
+        frames.select(*about, F.posexplode(every).alias("n", "f"))
         .orderBy("capture", "conn_index", "frame_index", "packet", "n")
-        .select(
-            "capture",
-            "protocol",
-            "connection",
-            "conn_index",
-            "packet",
-            "frame_index",
-            "ts",
-            "type",
-            F.col("f.severity").alias("severity"),
-            F.col("f.finding").alias("finding"),
-        )
+        .select(*about, F.col("f.severity").alias("severity"), F.col("f.finding").alias("finding"))
     )
 
 

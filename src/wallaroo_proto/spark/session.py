@@ -143,8 +143,9 @@ def build_session(
         "spark.sql.session.timeZone": "UTC",
         "spark.python.worker.reuse": "true",
         "spark.sql.adaptive.enabled": "true",
-        # A query's filters reach the capture reader, which skips captures, connections and
-        # times they rule out (spark.pushdown); off, the reader reads everything, as correctly.
+        # A query of the data source hands its filters to the capture reader, which skips captures,
+        # connections and times they rule out (spark.pushdown; spark-replay itself reads and caches
+        # everything once). Off, the reader reads everything, as correctly.
         "spark.sql.python.filterPushdown.enabled": "true",
     }
     if is_local(master):

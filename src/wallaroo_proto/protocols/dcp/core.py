@@ -576,19 +576,29 @@ class Connection:
         return f"stream open from {req.start}", problems, None
 
     def _rollback_cause(self, vb: int, req: StreamReq, seqno: int) -> str:
-        """Why vbucket ``vb`` rolls back, from what the request asked and what the producer's
-        failover log says, as far as this connection has seen it (the rule: ``needs_rollback``)."""
+        """Why vbucket ``vb`` rolls back, from what the request asked and the server's rule
+        (``needs_rollback``): to the start of a snapshot the consumer had not completed, or to
+        where the producer's history with the consumer's uuid ends."""
         asked = (
             f"vb {vb} rolls back to {seqno}: the consumer asked to resume at {req.start} "
             f"(snapshot {req.snap_start}..{req.snap_end}) with vbucket uuid 0x{req.vbucket_uuid:016x}"
         )
         log = self.failover_logs.get(vb)
-        shown = f"; its failover log seen last, newest first: {_failover(log)}" if log else ""
-        if seqno == 0:
+        shown = f"; the failover log seen last, newest first: {_failover(log)}" if log else ""
+        if seqno == req.snap_start < req.start:
             return (
-                f"{asked}, a history the producer does not hold (not in its failover log, or purged){shown}"
+                f"{asked}, inside a snapshot it had not completed; the producer's history with that uuid "
+                f"reaches the snapshot's start, so the consumer resumes from there{shown}"
             )
-        ends = f"the producer's history with that uuid ends at {seqno}, where its failover log branches"
+        if log and any(entry_seqno == seqno for _, entry_seqno in log):
+            ends = f"the producer's failover log branches at {seqno}, after which that history is not its own"
+        elif seqno == 0:
+            ends = "the producer holds no history with that uuid (none in its failover log, or purged)"
+        else:
+            ends = (
+                f"the producer's history with that uuid goes no further than {seqno} (where its "
+                "failover log moves to a newer uuid, or its last seqno)"
+            )
         return f"{asked}; {ends}{shown}"
 
     def _stream_message(self, p: Packet, msg: Any) -> Verdict:
@@ -691,7 +701,10 @@ _VBUCKET_REQUESTS = frozenset({codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_F
 
 #: Why a producer ends a stream, for the reasons a consumer must act on (ok and closed are routine).
 _END_WHY = {
-    codec.END_STATE_CHANGED: "state_changed (the vbucket changed state, e.g. it moved to another node)",
+    codec.END_STATE_CHANGED: (
+        "state_changed (the vbucket changed state; KV also ends a stream so for a rollback): "
+        "the consumer asks again, and may be told to roll back"
+    ),
     codec.END_DISCONNECTED: "disconnected (the producer is closing the connection)",
     codec.END_TOO_SLOW: "too_slow (the consumer did not read fast enough; it must ask again)",
     5: "backfill_failed (the producer could not read the vbucket's history from disk)",
@@ -714,5 +727,7 @@ def _refusal(what: str, vb: int | None, msg: Response) -> tuple[str, str] | None
         return None
     on = f" for vb {vb}" if vb is not None else ""
     if msg.status == codec.NOT_MY_VBUCKET:
-        return "warning", f"{what}{on} refused NOT_MY_VBUCKET: this node does not hold vb {vb} as active"
+        which = f"vb {vb}" if vb is not None else "that vbucket"
+        serves = f"this node does not serve {which} (not here, or not active or replica)"
+        return "warning", f"{what}{on} refused NOT_MY_VBUCKET: {serves}"
     return "warning", f"{what}{on} refused: {status}"

@@ -240,6 +240,16 @@ class _Tracker:
         else:
             self._broken(*args)
 
+    def _unjudged_index(self) -> int | None:
+        """A frame the core never judges (malformed, or bytes that are no frame) still takes the next
+        frame number, so that (capture, conn_index, frame_index) names one frame (Spark's frame key)."""
+        conn = self.conn
+        if conn is None:
+            return None
+        index = conn.frame_index
+        conn.frame_index = index + 1
+        return index
+
     def _broken(
         self, direction: DirectionFramer, offset: int, reason: str, packet: int, ts: int, notes: list
     ) -> None:
@@ -249,7 +259,7 @@ class _Tracker:
             ts_ns=ts,
             packet=packet,
             offset=offset,
-            frame_index=None,
+            frame_index=self._unjudged_index(),
             type="INVALID",
             verdict="malformed",
             violations=[reason],
@@ -404,7 +414,7 @@ class _Tracker:
         conn = self.conn
         if frame is None:
             name = type_name(body[0])
-            record["frame_index"] = conn.frame_index if conn else None
+            record["frame_index"] = self._unjudged_index()
             record["type"] = name
             record["verdict"] = "malformed"
             reason = f"malformed {name}: {error}"
