@@ -321,7 +321,7 @@ class Shape:
                 children = [final(columns[child.name], child.type) for child in field.type]
                 others = pc.fill_null(pc.not_equal(columns["protocol"], name), True)
                 out.append(pa.StructArray.from_arrays(children, fields=list(field.type), mask=others))
-            elif name == "ts":
+            elif name == "ts" and pa.types.is_timestamp(field.type):  # a user's schema may ask for seconds
                 out.append(pc.divide(columns["ts_ns"], 1000).cast(field.type))
             else:
                 out.append(final(columns[name], field.type))
