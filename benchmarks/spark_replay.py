@@ -4,8 +4,8 @@ Generates ``--mb`` MB of captures of each protocol (``--files`` files each) with
 ``dissect.py``'s workload generators (the mock peers' ``--record``; Wallaroo by
 its own generator), into a temporary directory or ``--keep DIR`` (reused when
 there). Then, in one Spark session (``--master``, default ``local[2]``), after a
-warm-up job on the smallest capture of every table, each run the best of
-``--runs`` (least CPU):
+warm-up job (the smallest capture persisted as three tables), each the best of
+``--runs`` runs (the least CPU):
 
 * the dissector in this one process: ``records.iter_records(blocks=True)`` over
   the files, as the data source reads them (the baseline), the data source's
@@ -27,7 +27,8 @@ Python's (the rest). Each line ends with the 1-minute load average.
 Targets (issue 37): the ingest into ``frames`` plus the protocol's table (the
 ``all`` table persisted) at least 0.6x the dissector per CPU second, for
 Wallaroo and DCP; the query on one protocol's table over mixed captures within
-10% of the same over captures of that protocol only.
+10% of the same over captures of that protocol only. A target missed prints the floor
+reached, the JVM's CPU and the Python's apart.
 
     python benchmarks/spark_replay.py [--mb 1000] [--files 2] [--runs 3] [--keep DIR]
 """
