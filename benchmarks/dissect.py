@@ -59,7 +59,7 @@ summary at least 2x, peak RSS under 100 MB at both sizes.
 Case ``samples``: ``dissect --format jsonl`` and ``--summary`` over a generated
 workload of each protocol, each about a second of dissect on 2 cores (scaled by
 ``--samples-scale``), made as the sample captures are (captures/make_samples.py),
-with fixed seeds: Wallaroo by spark_replay.py's ``generate`` (4 source
+with fixed seeds: Wallaroo by ``generate_source_capture`` (4 source
 connections), Kinesis by ``kinesis mock-daemon --record`` driving
 ``mock-processor``, DCP by ``dcp mock-producer --record`` (as above, smaller),
 AMBROSIA by ``ambrosia mock-ic --record`` serving ``mock-lb``, Tremor by ``tremor
@@ -91,8 +91,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from spark_replay import generate as generate_source_capture
-
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import Ack, Hello, Message, Notify, NotifyAck, Ok
@@ -102,6 +100,46 @@ PORT = 7100
 CLI = [sys.executable, "-m", "wallaroo_proto_cli"]
 DISSECT = [*CLI, "dissect"]
 SEED = 7
+CREDITS = 200
+
+
+def generate_source_capture(
+    path: str, target_bytes: int, *, seed: int, connections: int, payload: int
+) -> int:
+    """One capture of ``connections`` interleaved source sessions; returns its frame count."""
+    t = 1_700_000_000.0 + seed * 10_000
+    frames = 0
+    with PcapWriter(path) as writer:
+        sessions = []
+        for c in range(connections):
+            s = writer.tcp_session(("127.0.0.1", 40_000 + c), ("127.0.0.1", 7100), timestamp=t)
+            stream = seed * 1000 + c + 1
+            hello = encode(Hello("0.0.1", b"", "bench", f"conn-{seed}-{c}"))
+            s.send(True, hello, t)
+            s.send(False, encode(Ok(CREDITS)), t)
+            s.send(True, encode(Notify(stream, f"stream-{stream}", 0)), t)
+            s.send(False, encode(NotifyAck(True, stream, 0)), t)
+            frames += 4
+            sessions.append([s, stream, 1])
+        body = b"x" * payload
+        batch = CREDITS - 1
+        written = 0
+        while written < target_bytes:
+            for entry in sessions:
+                s, stream, n = entry
+                t += 0.001
+                msgs = b"".join(
+                    encode(Message(stream, i, 1_700_000_000_000 + i, b"key-%04d" % (i % 1000), body))
+                    for i in range(n, n + batch)
+                )
+                s.send(True, msgs, t)
+                written += len(msgs) + 60 * (len(msgs) // 65_000 + 2)
+                s.send(False, encode(Ack(batch, ((stream, n + batch),))), t + 0.0005)
+                entry[2] = n + batch
+                frames += batch + 1
+        for s, _, _ in sessions:
+            s.close(True, t + 0.01)
+    return frames
 
 
 def make_capture(path: Path, packets: int) -> None:
@@ -500,7 +538,7 @@ def tremor_workload(path: Path, scale: float) -> None:
 
 
 def wallaroo_workload(path: Path, scale: float) -> None:
-    """spark_replay.py's generator: 4 source connections, 100-byte payloads, ACKs refilling credits."""
+    """``generate_source_capture``: 4 source connections, 100-byte payloads, ACKs refilling credits."""
     generate_source_capture(str(path), round(8e6 * scale), seed=1, connections=4, payload=100)
 
 

@@ -1,91 +1,95 @@
-"""spark-replay throughput: local[1] and local[2] beside the single-process dissector.
+"""spark-replay's ingest against the dissector, per CPU second, on every protocol's captures.
 
-Generates ``--captures`` pcap files (default 8 x 136 MB, over 1 GB in all) with
-``pcap_writer`` and the codec: each holds ``--connections`` source sessions on
-port 7100 streaming MESSAGE frames (``--payload`` bytes, 8-byte keys) in
-batches that the worker's credits allow, with ACKs that refill them. Then, on
-the same files in the same run:
+Generates ``--mb`` MB of captures of each protocol (``--files`` files each) with
+``dissect.py``'s workload generators (the mock peers' ``--record``; Wallaroo by
+its own generator), into a temporary directory or ``--keep DIR`` (reused when
+there). Then, in one Spark session (``--master``, default ``local[2]``), after a
+warm-up job (the smallest capture persisted as three tables), each the best of
+``--runs`` runs (the least CPU):
 
-* baseline: ``records.iter_records`` over every file in this one process (what
-  ``dissect --format jsonl`` does before JSON encoding);
-* spark-replay with ``local[1]`` and with ``local[2]``, each in a fresh process:
-  Spark's start-up time is reported apart; ``ingest`` is reading every capture
-  on the executors into the persisted ``frames`` DataFrame (a count), and
-  ``reports`` is computing every report on top of it.
+* the dissector in this one process: ``records.iter_records(blocks=True)`` over
+  the files, as the data source reads them (the baseline), the data source's
+  Python side alone (``read_part`` to Arrow batches of the ``all`` table), and
+  the dissector making a dict a record (issue 37's 1x) for reference;
+* for Wallaroo and DCP, each of the tables ``all`` (what spark-replay reads and
+  caches), ``frames`` and ``<protocol>_frames``: ``count()`` with nothing cached,
+  and ``persist()`` + ``count()`` (the ingest), timed apart;
+* the JVM's floor: the same tables written to Parquet once, read back with
+  ``count()`` and ``persist()`` + ``count()``;
+* a query on one protocol's table (``<protocol>_frames`` rows grouped and
+  counted) over the captures of every protocol, over that protocol's only, and
+  over the others' only (no row kept: what recognising and skipping them costs).
 
-Spark's start-up, and the time to a first result (the first rows of the
-smallest capture), are reported apart from ingest. ``--cluster`` runs the same
-on a loopback standalone cluster (``wallaroo_proto.spark.standalone``) with one
-worker, then two (1 core, 1 GB each). Per-task throughput (local[1]) gives the
-task plan and ingest time for 1 TB of captures.
+CPU seconds are the whole process tree's (this driver, the JVM, its Python
+workers; psutil if installed, else /proc), and the JVM's own apart from the
+Python's (the rest). Each line ends with the 1-minute load average.
 
-Targets: ingest per core at least half the single-process dissector's speed;
-local[2] >= 1.6x local[1] where there are cores to spare. The generated files
-are deleted at the end.
+Targets (issue 37): the ingest into ``frames`` plus the protocol's table (the
+``all`` table persisted) at least 0.6x the dissector per CPU second, for
+Wallaroo and DCP; the query on one protocol's table over mixed captures within
+10% of the same over captures of that protocol only. A target missed prints the floor
+reached, the JVM's CPU and the Python's apart.
 
-    python benchmarks/spark_replay.py [--captures 8] [--mb 136] [--keep DIR] [--cluster]
+    python benchmarks/spark_replay.py [--mb 1000] [--files 2] [--runs 3] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
 
-from wallaroo_proto.pcap_writer import PcapWriter
-from wallaroo_proto.protocols.wallaroo.codec import encode
-from wallaroo_proto.protocols.wallaroo.frames import Ack, Hello, Message, Notify, NotifyAck, Ok
-from wallaroo_proto.spark.standalone import StandaloneCluster
+from dissect import WORKLOADS
 
-CREDITS = 200
-
-
-def generate(path: str, target_bytes: int, *, seed: int, connections: int, payload: int) -> int:
-    """One capture of ``connections`` interleaved source sessions; returns its frame count."""
-    t = 1_700_000_000.0 + seed * 10_000
-    frames = 0
-    with PcapWriter(path) as writer:
-        sessions = []
-        for c in range(connections):
-            s = writer.tcp_session(("127.0.0.1", 40_000 + c), ("127.0.0.1", 7100), timestamp=t)
-            stream = seed * 1000 + c + 1
-            hello = encode(Hello("0.0.1", b"", "bench", f"conn-{seed}-{c}"))
-            s.send(True, hello, t)
-            s.send(False, encode(Ok(CREDITS)), t)
-            s.send(True, encode(Notify(stream, f"stream-{stream}", 0)), t)
-            s.send(False, encode(NotifyAck(True, stream, 0)), t)
-            frames += 4
-            sessions.append([s, stream, 1])
-        body = b"x" * payload
-        batch = CREDITS - 1
-        written = 0
-        while written < target_bytes:
-            for entry in sessions:
-                s, stream, n = entry
-                t += 0.001
-                msgs = b"".join(
-                    encode(Message(stream, i, 1_700_000_000_000 + i, b"key-%04d" % (i % 1000), body))
-                    for i in range(n, n + batch)
-                )
-                s.send(True, msgs, t)
-                written += len(msgs) + 60 * (len(msgs) // 65_000 + 2)
-                s.send(False, encode(Ack(batch, ((stream, n + batch),))), t + 0.0005)
-                entry[2] = n + batch
-                frames += batch + 1
-        for s, _, _ in sessions:
-            s.close(True, t + 0.01)
-    return frames
+#: MB a workload makes at scale 1 (dissect.py's "samples" case), to scale it to ``--mb``.
+MB_PER_SCALE = {"wallaroo": 8.0, "kinesis": 5.5, "dcp": 3.6, "ambrosia": 1.0, "tremor": 1.1}
+INGESTED = ("wallaroo", "dcp")  # the protocols whose ingest the targets name
+QUERY_COLUMN = {"wallaroo": "stream_id", "dcp": "vbucket"}
+TARGET_INGEST, TARGET_QUERY = 0.6, 1.10
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds used so far by ``root`` and all its descendants (JVM, Python workers), from /proc."""
+class Run(NamedTuple):
+    """One measured piece of work."""
+
+    rows: int
+    wall: float
+    cpu: float  # the whole process tree
+    jvm: float  # the driver JVM's own (in local mode, the executors' too)
+    load: float  # 1-minute load average as it ended
+
+    @property
+    def python(self) -> float:
+        return max(0.0, self.cpu - self.jvm)  # /proc counts in ticks: 0.01 s either way is noise
+
+    def describe(self) -> str:
+        jvm = f" (JVM {self.jvm:6.2f}, Python {self.python:6.2f})" if self.jvm else " " * 30
+        per_row = self.cpu / self.rows * 1e6 if self.rows else 0.0
+        return (
+            f"{self.rows:>10,} rows {self.wall:7.2f} s {self.cpu:7.2f} CPU s{jvm} "
+            f"{per_row:6.1f} µs a row; load {self.load:.1f}"
+        )
+
+
+def cpu_times() -> dict[int, tuple[int, float, float]]:
+    """Every process: pid to (parent, CPU s of itself and its reaped children, CPU s of itself)."""
+    try:
+        import psutil
+    except ImportError:
+        psutil = None
+    out = {}
+    if psutil is not None:
+        for p in psutil.process_iter(["ppid", "cpu_times"]):
+            t = p.info["cpu_times"]
+            if t is not None:
+                own = t.user + t.system
+                out[p.pid] = (p.info["ppid"], own + t.children_user + t.children_system, own)
+        return out
     tick = os.sysconf("SC_CLK_TCK")
-    stats = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -94,190 +98,249 @@ def tree_cpu(root: int) -> float:
             except OSError:
                 continue
             # after the name: state ppid ... utime(12) stime(13) cutime(14) cstime(15), 1-based from state
-            stats[int(entry)] = (int(fields[1]), sum(int(v) for v in fields[11:15]) / tick)
-    tree, total, todo = {root}, 0.0, [root]
+            own = (int(fields[11]) + int(fields[12])) / tick
+            out[int(entry)] = (int(fields[1]), own + (int(fields[13]) + int(fields[14])) / tick, own)
+    return out
+
+
+def tree_cpu(root: int, jvm: int | None) -> tuple[float, float]:
+    """CPU seconds so far of ``root`` and its descendants, and of the ``jvm`` process alone."""
+    stats = cpu_times()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [root]
     while todo:
         pid = todo.pop()
-        total += stats.get(pid, (0, 0.0))[1]
-        for child, (ppid, _) in stats.items():
-            if ppid == pid and child not in tree:
-                tree.add(child)
-                todo.append(child)
-    return total
+        total += stats.get(pid, (0, 0.0, 0.0))[1]
+        todo.extend(children.get(pid, ()))
+    return total, stats.get(jvm, (0, 0.0, 0.0))[2] if jvm is not None else 0.0
 
 
-def baseline(paths: list[str]) -> dict:
+def jvm_pid() -> int | None:
+    """The Spark driver's JVM: this process's child running java."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                java = b"java" in f.read().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if ppid == os.getpid() and java:
+            return int(entry)
+    return None
+
+
+def measure(work: Callable[[], int], jvm: int | None) -> Run:
+    wall, (cpu, in_jvm) = time.perf_counter(), tree_cpu(os.getpid(), jvm)
+    rows = work()
+    cpu1, jvm1 = tree_cpu(os.getpid(), jvm)
+    return Run(rows, time.perf_counter() - wall, cpu1 - cpu, jvm1 - in_jvm, os.getloadavg()[0])
+
+
+def best(label: str, runs: int, work: Callable[[], int], jvm: int | None = None) -> Run:
+    """The run with the least CPU of ``runs``, printed."""
+    run = min((measure(work, jvm) for _ in range(runs)), key=lambda r: r.cpu)
+    print(f"{label:52s} {run.describe()}", flush=True)
+    return run
+
+
+def generate(directory: Path, mb: float, files: int) -> dict[str, list[str]]:
+    """``files`` captures of each protocol, ``mb`` MB in all per protocol (kept ones reused)."""
+    paths = {}
+    for protocol, workload in WORKLOADS.items():
+        paths[protocol] = []
+        for i in range(files):
+            path = directory / f"{protocol}-{i}.pcap"
+            if not path.exists():
+                workload(path, mb / files / MB_PER_SCALE[protocol])
+            paths[protocol].append(str(path))
+    return paths
+
+
+def megabytes(paths: list[str]) -> float:
+    return sum(os.path.getsize(p) for p in paths) / 1e6
+
+
+def dissector_rows(paths: list[str], blocks: bool = True) -> int:
     from wallaroo_proto import records
 
-    start = time.perf_counter()
-    cpu = time.process_time()
-    count = 0
+    return sum(
+        1 if type(x) is dict else len(x) for path in paths for x in records.iter_records(path, blocks=blocks)
+    )
+
+
+def python_side(paths: list[str]) -> int:
+    """The data source's executor side alone, in this process: the ``all`` table's Arrow batches."""
+    from wallaroo_proto.spark import datasource
+
+    options = datasource.ReadOptions.parse({"table": "all"})
+    schema = datasource.frame_schema(table="all")
+    rows = 0
     for path in paths:
-        for _ in records.iter_records(path):
-            count += 1
-    return {"records": count, "seconds": time.perf_counter() - start, "cpu": time.process_time() - cpu}
-
-
-def spark_run(master: str, paths: list[str], conf: list[tuple[str, str]] = ()) -> dict:
-    """Child process: start Spark, a first result, ingest, reports; timings as one JSON line."""
-    from wallaroo_proto.spark.frames import load_frames
-    from wallaroo_proto.spark.reports import build_tables
-    from wallaroo_proto.spark.session import build_session, stop_session
-
-    start = time.perf_counter()
-    spark = build_session(master, conf=conf)
-    session = time.perf_counter()
-    # Start-up to a first result: the first rows of the smallest capture (planning and one task).
-    load_frames(spark, [min(paths, key=os.path.getsize)], persist=False).frames.limit(10).collect()
-    started = time.perf_counter()
-    cpu0 = tree_cpu(os.getpid())
-    loaded = load_frames(spark, paths)
-    records = loaded.frames.count()
-    ingested = time.perf_counter()
-    cpu1 = tree_cpu(os.getpid())
-    tables = build_tables(loaded.frames, loaded.problems)
-    rows = {name: df.count() for name, df in tables.items() if name not in ("frames", "messages")}
-    done = time.perf_counter()
-    stop_session(spark)
-    return {
-        "master": master,
-        "startup": session - start,
-        "first_result": started - start,
-        "ingest": ingested - started,
-        "reports": done - ingested,
-        "ingest_cpu": cpu1 - cpu0,
-        "records": records,
-        "tasks": loaded.tasks,
-        "rows": rows,
-    }
-
-
-def child(master: str, paths: list[str], conf: list[tuple[str, str]]) -> dict | None:
-    """One Spark run in a fresh process; its timings, or None (its error printed)."""
-    command = [sys.executable, __file__, "--child", master, "--child-conf", json.dumps(conf), *paths]
-    out = subprocess.run(command, capture_output=True, text=True, check=False)
-    if out.returncode != 0:
-        print(out.stderr[-3000:])
-        return None
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def plan(total: int, one_task: dict, base_mbs: float) -> None:
-    """Per-task throughput (local[1]: one task at a time) and what 1 TB of captures takes with it."""
-    from wallaroo_proto.spark.frames import MIN_SPLIT_BYTES, CaptureFile, plan_tasks
-
-    per_task = total / 1e6 / one_task["ingest"]
-    print(f"per task: {per_task:.1f} MB/s ingest ({per_task / base_mbs:.2f}x the dissector's one process)")
-    terabyte = [CaptureFile(f"c{i}", f"c{i}", 10**12 // 1000) for i in range(1000)]  # 1000 files of 1 GB
-    for cores in (16, 64, 256, 1024):
-        tasks = plan_tasks(terabyte, cores)
-        biggest = max(t[3] for t in tasks)
-        waves = -(-len(tasks) // cores)
-        hours = 10**12 / 1e6 / per_task / cores / 3600
-        print(
-            f"1 TB as 1000 x 1 GB on {cores} task slots: {len(tasks)} tasks (parts per file {biggest}, "
-            f"split floor {MIN_SPLIT_BYTES // 2**20} MB), {waves} waves, about {hours:.2f} h of ingest"
-        )
-
-
-def load() -> str:
-    """The machine's load: the figures are only as clean as the machine is idle."""
-    return "load average " + " ".join(f"{v:.1f}" for v in os.getloadavg())
+        part = datasource.CapturePart(path, os.path.basename(path), 0, 1)
+        rows += sum(b.num_rows for b in datasource.read_part(part, options, schema))
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--captures", type=int, default=8)
-    parser.add_argument("--mb", type=float, default=136.0, help="size of each capture in MB (10^6 bytes)")
-    parser.add_argument("--connections", type=int, default=4)
-    parser.add_argument("--payload", type=int, default=200)
-    parser.add_argument("--masters", default="local[1],local[2]")
+    parser.add_argument("--mb", type=float, default=1000.0, help="MB (10^6 bytes) of captures per protocol")
+    parser.add_argument("--files", type=int, default=2, help="captures per protocol")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each measure; the least CPU counts")
+    parser.add_argument("--master", default="local[2]")
     parser.add_argument("--keep", help="generate into (or reuse) this directory and keep it")
-    parser.add_argument(
-        "--cluster",
-        action="store_true",
-        help="also run on a loopback standalone cluster with 1 worker, then 2 (1 core, 1 GB each)",
-    )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--child-conf", default="[]", help=argparse.SUPPRESS)
-    parser.add_argument("paths", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        conf = [tuple(pair) for pair in json.loads(args.child_conf)]
-        print(json.dumps(spark_run(args.child, args.paths, conf)), flush=True)
-        return
-
-    directory = args.keep or tempfile.mkdtemp(prefix="wallaroo-bench-")
-    os.makedirs(directory, exist_ok=True)
+    directory = Path(args.keep or tempfile.mkdtemp(prefix="wallaroo-bench-"))
+    directory.mkdir(parents=True, exist_ok=True)
     try:
-        paths = []
-        start = time.perf_counter()
-        for i in range(args.captures):
-            path = os.path.join(directory, f"bench-{i}.pcap")
-            if not os.path.exists(path):
-                generate(path, int(args.mb * 1e6), seed=i, connections=args.connections, payload=args.payload)
-            paths.append(path)
-        total = sum(os.path.getsize(p) for p in paths)
-        took = time.perf_counter() - start
-        print(f"captures: {len(paths)} files, {total / 1e6:.0f} MB ({took:.0f} s to generate); {load()}")
-
-        base = baseline(paths)
-        base_mbs = total / 1e6 / base["seconds"]
-        print(
-            f"dissector, one process: {base['records']:,} records in {base['seconds']:.1f} s = "
-            f"{base_mbs:.1f} MB/s, {base['records'] / base['seconds'] / 1e3:.0f} k records/s; "
-            f"{base['cpu']:.1f} CPU s = {total / 1e6 / base['cpu']:.1f} MB per CPU second"
-        )
-        results = {}
-        runs = [(master, master, []) for master in args.masters.split(",")]
-        if args.cluster:
-            runs += [(f"standalone {n} worker{'s' * (n > 1)}", n, None) for n in (1, 2)]
-        for label, master, conf in runs:
-            if conf is None:  # a standalone cluster of ``master`` workers, for this run only
-                with StandaloneCluster(workers=master, cores=1, memory="1g") as cluster:
-                    r = child(cluster.master_url, paths, cluster.driver_conf())
-            else:
-                r = child(master, paths, conf)
-            if r is None:
-                print(f"{label}: failed")
-                continue
-            results[label] = r
-            assert r["records"] == base["records"], (r["records"], base["records"])
-            ingest_mbs = total / 1e6 / r["ingest"]
-            full_mbs = total / 1e6 / (r["ingest"] + r["reports"])
-            print(
-                f"spark {label}: start-up {r['startup']:.1f} s, first result at {r['first_result']:.1f} s "
-                f"(apart); ingest {r['ingest']:.1f} s = "
-                f"{ingest_mbs:.1f} MB/s ({r['tasks']} tasks), {r['ingest_cpu']:.1f} CPU s "
-                f"({r['ingest_cpu'] / r['ingest']:.1f} cores busy) = "
-                f"{total / 1e6 / r['ingest_cpu']:.1f} MB per CPU second; reports {r['reports']:.1f} s; "
-                f"ingest+reports {full_mbs:.1f} MB/s; {load()}"
-            )
-        if "local[1]" in results and "local[2]" in results:
-            one, two = results["local[1]"], results["local[2]"]
-            speedup = one["ingest"] / two["ingest"]
-            full = (one["ingest"] + one["reports"]) / (two["ingest"] + two["reports"])
-            per_core = (total / 1e6 / two["ingest"] / 2) / base_mbs
-            per_core1 = (total / 1e6 / one["ingest"]) / base_mbs
-            print(f"local[2] / local[1], ingest: {speedup:.2f}x (target >= 1.6x); with reports: {full:.2f}x")
-            print(
-                f"per core vs dissector: local[2] {per_core:.2f}x, local[1] {per_core1:.2f}x (target >= 0.5x)"
-            )
-            per_cpu = base["cpu"] / two["ingest_cpu"]
-            print(f"per CPU second vs dissector (whatever the machine's load): local[2] {per_cpu:.2f}x")
-        if "local[1]" in results:
-            plan(total, results["local[1]"], base_mbs)
-        if "standalone 1 worker" in results and "standalone 2 workers" in results:
-            one, two = results["standalone 1 worker"], results["standalone 2 workers"]
-            print(
-                f"standalone cluster, 2 workers / 1 worker, ingest: {one['ingest'] / two['ingest']:.2f}x; "
-                f"with reports: {(one['ingest'] + one['reports']) / (two['ingest'] + two['reports']):.2f}x"
-            )
+        run(args, directory)
     finally:
         if not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, directory: Path) -> None:
+    from pyspark import StorageLevel
+
+    from wallaroo_proto.spark import datasource
+    from wallaroo_proto.spark.session import build_session, stop_session
+
+    start = time.perf_counter()
+    paths = generate(directory, args.mb, args.files)
+    every = [p for ps in paths.values() for p in ps]
+    sizes = ", ".join(f"{name} {megabytes(ps):.0f} MB" for name, ps in paths.items())
+    print(
+        f"captures: {len(every)} files, {megabytes(every):.0f} MB ({sizes}); "
+        f"{time.perf_counter() - start:.0f} s to generate; load {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    runs = args.runs
+    base = {}
+    for protocol in INGESTED:
+        base[protocol] = best(
+            f"{protocol}: dissector, blocks", runs, lambda ps=paths[protocol]: dissector_rows(ps)
+        )
+        best(f"{protocol}: Python side alone, all to Arrow", runs, lambda ps=paths[protocol]: python_side(ps))
+        best(
+            f"{protocol}: dissector, a dict a record (issue's 1x)",
+            runs,
+            lambda ps=paths[protocol]: dissector_rows(ps, blocks=False),
+        )
+
+    spark = build_session(args.master)
+    datasource.register(spark)
+    jvm = jvm_pid()
+    slots = spark.sparkContext.defaultParallelism
+
+    def read(table: str, files: list[str]):
+        reader = spark.read.format(datasource.NAME).option("table", table).option("parallelism", slots)
+        return reader.load(files)
+
+    def persisted(df) -> int:
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return df.count()
+        finally:
+            df.unpersist(blocking=True)
+
+    smallest = [min(every, key=os.path.getsize)]
+    warm = measure(lambda: sum(persisted(read(t, smallest)) for t in ("all", "frames", "dcp_frames")), jvm)
+    print(f"{'warm-up: the smallest capture, three tables':52s} {warm.describe()}", flush=True)
+
+    floor = directory / "parquet"
+    ingest: dict[tuple[str, str, str], Run] = {}
+    for protocol in INGESTED:
+        files = paths[protocol]
+        print(f"-- {protocol}: {megabytes(files):.0f} MB, {len(files)} files, {args.master}", flush=True)
+        for table in ("all", "frames", f"{protocol}_frames"):
+            ingest[protocol, table, "count"] = best(
+                f"{protocol}: {table}, count()", runs, lambda t=table, f=files: read(t, f).count(), jvm
+            )
+            ingest[protocol, table, "persist"] = best(
+                f"{protocol}: {table}, persist + count()",
+                runs,
+                lambda t=table, f=files: persisted(read(t, f)),
+                jvm,
+            )
+            out = str(floor / protocol / table)
+            read(table, files).write.mode("overwrite").parquet(out)
+            ingest[protocol, table, "parquet count"] = best(
+                f"{protocol}: {table} from Parquet, count()",
+                runs,
+                lambda o=out: spark.read.parquet(o).count(),
+                jvm,
+            )
+            ingest[protocol, table, "parquet persist"] = best(
+                f"{protocol}: {table} from Parquet, persist + count()",
+                runs,
+                lambda o=out: persisted(spark.read.parquet(o)),
+                jvm,
+            )
+
+    query: dict[tuple[str, str], Run] = {}
+    for protocol in INGESTED:
+        column = QUERY_COLUMN[protocol]
+        others = [p for p in every if p not in paths[protocol]]
+        for label, files in (("mixed", every), ("alone", paths[protocol]), ("others only", others)):
+
+            def work(
+                files: list[str] = files, table: str = f"{protocol}_frames", column: str = column
+            ) -> int:
+                grouped = read(table, files).groupBy(column).count().collect()
+                return sum(row["count"] for row in grouped)
+
+            query[protocol, label] = best(
+                f"{protocol}_frames GROUP BY {column}, {label} captures ({megabytes(files):.0f} MB)",
+                runs,
+                work,
+                jvm,
+            )
+    stop_session(spark)
+
+    print(f"== ratios (dissector CPU / Spark CPU, best of {runs}; load {os.getloadavg()[0]:.1f})")
+    for protocol in INGESTED:
+        dissector = base[protocol]
+        for (p, table, what), r in ingest.items():
+            if p != protocol:
+                continue
+            if r.rows != dissector.rows and not what.startswith("parquet"):
+                print(f"   ({protocol} {table} {what}: {r.rows:,} rows, the dissector {dissector.rows:,})")
+            ratio = dissector.cpu / r.cpu
+            target = ""
+            if table == "all" and what == "persist":
+                target = f"  target >= {TARGET_INGEST}x: {'met' if ratio >= TARGET_INGEST else 'NOT met'}"
+            print(f"{protocol}: {table + ', ' + what:36s} {ratio:5.2f}x the dissector{target}")
+        all_in = ingest[protocol, "all", "persist"]
+        floor_in = ingest[protocol, "all", "parquet persist"]
+        if dissector.cpu / all_in.cpu < TARGET_INGEST:
+            print(
+                f"  profile of the floor reached ({protocol}, all, persist + count): "
+                f"JVM {all_in.jvm:.2f} CPU s, Python {all_in.python:.2f} "
+                f"(the dissector alone {dissector.cpu:.2f}); the JVM's floor, the same rows from Parquet: "
+                f"JVM {floor_in.jvm:.2f}, Python {floor_in.python:.2f}"
+            )
+    for protocol in INGESTED:
+        mixed, alone = query[protocol, "mixed"], query[protocol, "alone"]
+        ratio = mixed.cpu / alone.cpu
+        verdict = "met" if ratio <= TARGET_QUERY else "NOT met"
+        same = "" if mixed.rows == alone.rows else f" (rows differ: {mixed.rows:,} and {alone.rows:,})"
+        print(
+            f"{protocol}_frames query, mixed / alone: {ratio:.2f}x CPU, {mixed.wall / alone.wall:.2f}x wall "
+            f"(target <= {TARGET_QUERY:.2f}x: {verdict}){same}"
+        )
+        if ratio > TARGET_QUERY:
+            others = query[protocol, "others only"]
+            print(
+                f"  profile: mixed JVM {mixed.jvm:.2f} CPU s, Python {mixed.python:.2f}; "
+                f"alone JVM {alone.jvm:.2f}, Python {alone.python:.2f}; the other protocols' captures "
+                f"alone (no row kept) JVM {others.jvm:.2f}, Python {others.python:.2f}"
+            )
 
 
 if __name__ == "__main__":
