@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
-from wallaroo_proto_cli.dissect_stats import check_stats, print_stats, print_summary_findings
+from wallaroo_proto_cli.dissect_stats import check_stats, print_stats, print_summary_findings, summary_console
 from wallaroo_proto_cli.options import (
     EXIT_INTERRUPTED,
     AliasChoice,
@@ -454,8 +454,8 @@ def command(
     capture cannot be read (what came before the damage is still shown).
     """
     console = Console(highlight=False, soft_wrap=False)
-    if summary and not console.is_terminal and console.width < SUMMARY_WIDTH:
-        console.width = SUMMARY_WIDTH  # piped or in a file: the summary's tables whole, never cut at 80
+    if summary:
+        summary_console(console)
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     clock = TimeFormat(time_format)
     try:
@@ -695,10 +695,6 @@ def command(
         raise SystemExit(EXIT_VIOLATIONS)
     if cut_short:
         raise SystemExit(EXIT_VIOLATIONS)
-
-
-#: Columns a ``--summary`` is laid out in when not on a terminal: every plug-in's tables fit whole.
-SUMMARY_WIDTH = 200
 
 
 def _field_rows(fmt, fields, field_options, summary, write, clock) -> FieldRows | None:

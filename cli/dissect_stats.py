@@ -116,6 +116,16 @@ def _expert(result: dict, capture: str) -> tuple[str, Table]:
 
 #: Findings ``--summary`` lists before the connections (``--stats expert`` lists them all).
 SUMMARY_FINDINGS = 40
+#: Columns a summary is laid out in when not on a terminal: every plug-in's tables fit whole.
+SUMMARY_WIDTH = 200
+
+
+def summary_console(console: Console) -> Console:
+    """``console`` made ready for connection summaries (dissect's and the proxy's, alike): piped or
+    in a file, wide enough that no plug-in's table is cut at 80 columns."""
+    if not console.is_terminal and console.width < SUMMARY_WIDTH:
+        console.width = SUMMARY_WIDTH
+    return console
 
 
 def print_summary_findings(console: Console, summaries: list[dict], capture: str) -> None:

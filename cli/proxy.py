@@ -19,6 +19,7 @@ from functools import partial
 import click
 from rich.console import Console
 from rich.markup import escape
+from wallaroo_proto_cli.dissect_stats import print_summary_findings, summary_console
 from wallaroo_proto_cli.options import (
     CONNECT_ADDRESS,
     LISTEN_ADDRESS,
@@ -334,10 +335,15 @@ def command(
         watch.close()
     if watch.error is not None:
         errors.print(f"[bold red]{NAME}:[/] live checks incomplete: {escape(watch.error)}")
-    out = Console(file=sys.stdout, highlight=False, soft_wrap=False)
+    out = summary_console(Console(file=sys.stdout, highlight=False, soft_wrap=False))
     if summary:
-        for s in watch.summaries:
-            get_plugin(s.get("protocol", "wallaroo")).print_summary(out, _numbered(s, relays))
+        numbered = [_numbered(s, relays) for s in watch.summaries]
+        if numbered:  # as dissect --summary of the recording: the findings first
+            print_summary_findings(
+                out, numbered, record if record not in (None, "-") else "the proxy's connections"
+            )
+        for s in numbered:
+            get_plugin(s.get("protocol", "wallaroo")).print_summary(out, s)
         for rule in rules:
             missed = f", not applied {rule.not_applied}" if rule.not_applied else ""
             out.print(escape(f"fault {rule.text}: matched {rule.seen}, applied {rule.fired}{missed}"))

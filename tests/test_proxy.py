@@ -116,7 +116,11 @@ def test_a_violation_is_reported_while_the_proxy_runs() -> None:
             # A HELLO, then a MESSAGE on a stream never notified: a violation the worker answers.
             client.sendall(encode(Hello("v0.0.1", b"", "proxy-test", "i1")))
             client.sendall(encode(Message(7, 1, 0, b"", b"not notified")))
-            wait_for(lambda: "client→upstream" in proxy.stderr(), "the violation line")
+            try:
+                wait_for(lambda: "client→upstream" in proxy.stderr(), "the violation line")
+            except AssertionError as err:
+                state = Path(f"/proc/{proxy.proc.pid}/status").read_text().splitlines()[1:3]
+                raise AssertionError(f"{err}; the proxy ({state}) said: {proxy.stderr()!r}") from None
             line = next(x for x in proxy.stderr().splitlines() if "client→upstream" in x)
             assert line.startswith("wallaroo-proto proxy: connection #1 client→upstream frame 1 MESSAGE: ")
             assert proxy.proc.poll() is None  # reported live, while it serves
@@ -200,9 +204,13 @@ def test_a_refused_upstream_is_one_line_naming_it_and_the_client_without_verbose
     port = refusing.getsockname()[1]
     try:
         with Server("proxy", "--listen", "127.0.0.1:0", "--upstream", f"127.0.0.1:{port}") as proxy:
-            client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
+            client = socket.socket()
+            client.settimeout(DEADLINE)
+            client.bind(("127.0.0.1", 0))
             here = client.getsockname()[1]
             with pytest.raises((ConnectionResetError, ConnectionAbortedError, BrokenPipeError)), client:
+                # The proxy resets the client once the upstream refuses: maybe before connect returns.
+                client.connect((proxy.host, proxy.port))
                 client.sendall(b"x")
                 read_all(client)
             wait_for(lambda: "cannot connect" in proxy.stderr(), "the line", DEADLINE)

@@ -29,8 +29,14 @@
       this.status = root.querySelector(".ladder-status");
       root.querySelectorAll("button[data-act]").forEach((b) =>
         b.addEventListener("click", () => this.act(b.dataset.act)));
-      // A connection with findings opens at its first one: what went wrong, before the handshake.
-      if (data.first == null || !this.openAt(data.first)) this.draw();
+      // A connection with findings opens at its first one (what went wrong, before the handshake),
+      // unless its first and last frames, the view it opens on otherwise, already show it.
+      if (data.first == null || this.showsAtFirst(data.first) || !this.openAt(data.first)) this.draw();
+    }
+
+    showsAtFirst(index) {
+      const at = this.kept.findIndex((f) => f[0] === index), n = this.data.shown;
+      return at >= 0 && (this.kept.length <= 2 * n || at < n || at >= this.kept.length - n);
     }
 
     act(what) {

@@ -695,11 +695,8 @@ class _Tracker:
                     txn.decision = msg.commit
                     txn.phase2_packet = packet
             if not msg.commit:
-                asked = (
-                    f" (its PHASE1 at packet {txn.phase1_packet}: {_where(txn.where)})"
-                    if txn and txn.where
-                    else ""
-                )
+                # Where, not which packet: a finding reads the same however the capture was cut.
+                asked = f" (its PHASE1: {_where(txn.where)})" if txn and txn.where else ""
                 if isinstance(msg, Reply):
                     text = f"the {record['sender']} votes to abort transaction {txn_id}{asked}"
                 else:
