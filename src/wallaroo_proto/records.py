@@ -8,8 +8,8 @@ join, made on first use (``join_fields``). Records are plain dicts holding the
 fields that apply to their frame (others are absent, which JSON readers and
 Spark read as null). Types are ``string``, ``int`` (32-bit),
 ``long`` (signed 64-bit), ``u64`` (unsigned 64-bit protocol values: stream and
-message ids, points of reference; Spark has no unsigned long, so they are
-``decimal(20,0)`` there, exact and sorting as numbers), ``double``,
+message ids, points of reference; Spark has no unsigned long, so its tables hold
+them as a ``long`` of the same 64 bits, ``spark_type``), ``double``,
 ``boolean``, ``array<string>`` and arrays of the structs in ``STRUCTS`` (JSON
 objects with those keys, e.g. ``"acks": [{"stream_id": 1, "point_of_ref": 9}]``).
 
