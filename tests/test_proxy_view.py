@@ -455,26 +455,21 @@ def proxy_in_a_terminal(upstream: str, *options: str):
         os.close(terminal)
 
 
+def endless_source(address: str) -> subprocess.Popen:
+    """A mock-source that streams until killed (two streams, far more messages than a test waits for)."""
+    return subprocess.Popen(
+        [*COMMAND, "mock-source", "--connect", address, "-q", "--streams", "2", "--count", "100000000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("options", [["--live"], []], ids=["forced", "by-default"])
 def test_the_live_view_in_a_terminal_shows_the_connection_and_its_protocol_state(options) -> None:
     with Server("mock-worker", "--port", "0", "--checkpoint-ms", "20", "--no-live") as worker:
         with proxy_in_a_terminal(worker.address, *options) as (proxy, terminal, address):
-            source = subprocess.Popen(
-                [
-                    *COMMAND,
-                    "mock-source",
-                    "--connect",
-                    address,
-                    "-q",
-                    "--streams",
-                    "2",
-                    "--count",
-                    "100000000",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            source = endless_source(address)
             try:
                 shown = read_until(terminal, lambda text: bool(rows_of(text)), "a connection row")
             finally:
@@ -512,21 +507,7 @@ def test_a_fault_applied_shows_on_its_connections_leg_in_the_live_view() -> None
             terminal,
             address,
         ):
-            source = subprocess.Popen(
-                [
-                    *COMMAND,
-                    "mock-source",
-                    "--connect",
-                    address,
-                    "-q",
-                    "--streams",
-                    "2",
-                    "--count",
-                    "100000000",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            source = endless_source(address)
             try:
                 shown = read_until(terminal, lambda text: "1 (delay)" in text, "the fault on its row")
             finally:
@@ -602,21 +583,7 @@ def test_a_fault_line_stays_on_screen_above_the_live_view_and_the_count_follows(
             # As a user starts a client: once the view is on screen (a line printed before it is drawn
             # stays above it whatever the proxy does).
             watch_screen(terminal, screen, lambda text: "faults applied 0" in text, "the view")
-            source = subprocess.Popen(
-                [
-                    *COMMAND,
-                    "mock-source",
-                    "--connect",
-                    address,
-                    "-q",
-                    "--streams",
-                    "2",
-                    "--count",
-                    "100000000",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            source = endless_source(address)
             try:
                 # The view refreshes four times a second: the line must outlive the refreshes
                 # that follow it, the head line counting the fault.

@@ -70,7 +70,7 @@ def both_workers_ran_executors(cluster) -> None:
         assert "Asked to launch executor" in logs[worker], logs[worker][-2000:]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1500)
 def test_spark_replay_on_a_standalone_cluster_equals_local(replayed_everything, cluster, tmp_path):
     local = replayed_everything.ok()
     out = tmp_path / "cluster-out"
@@ -92,7 +92,7 @@ def test_spark_replay_on_a_standalone_cluster_equals_local(replayed_everything, 
     assert len(table_rows(local.output / "frames")) > 100
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1500)
 def test_captures_on_s3_read_by_the_cluster_equal_local(replayed_everything, s3, cluster, tmp_path):
     """The executors read the bucket with their nodes' settings; the driver's come from its environment."""
     local = replayed_everything.ok()
