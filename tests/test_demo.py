@@ -45,10 +45,12 @@ def _children(pid: int) -> list[tuple[int, int]]:
 
 
 def _started(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks after boot), or None if there is none: a pid
-    with another start time is another process that was given the same number."""
+    """When process ``pid`` started (clock ticks after boot), or None if there is none, or it has
+    exited and waits only to be reaped (a zombie): a pid with another start time is another
+    process that was given the same number."""
     try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 
