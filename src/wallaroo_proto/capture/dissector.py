@@ -416,12 +416,7 @@ class Dissector:
 
     def summaries(self) -> list[dict]:
         """Each connection's summary, with the findings its plug-in marked (``findings.mark``)."""
-        out = []
-        for t in self.trackers:
-            s = t.summary.as_dict()
-            s.setdefault("findings", list(getattr(t, "findings", ())))
-            out.append(s)
-        return out
+        return [{**t.summary.as_dict(), "findings": list(t.findings)} for t in self.trackers]
 
     # what a live connection holds (the proxy's checker bounds it) ---------------------
 
