@@ -19,7 +19,7 @@ import pytest
 from support import Server, delivered, run_cli, wait_for
 
 from wallaroo_proto.protocols.wallaroo.codec import encode
-from wallaroo_proto.protocols.wallaroo.frames import Hello, Message
+from wallaroo_proto.protocols.wallaroo.frames import SOURCE_VERSION, Hello, Message
 from wallaroo_proto.protocols.wallaroo.inputs import stream_id_for
 
 DEADLINE = 60
@@ -113,8 +113,12 @@ def test_a_violation_is_reported_while_the_proxy_runs() -> None:
             "--no-summary",
         ) as proxy:
             client = socket.create_connection((proxy.host, proxy.port), timeout=DEADLINE)
-            # A HELLO, then a MESSAGE on a stream never notified: a violation the worker answers.
-            client.sendall(encode(Hello("v0.0.1", b"", "proxy-test", "i1")))
+            # A source's HELLO, the worker's OK (frame 1), then a MESSAGE on a stream never
+            # notified. Waiting for the OK fixes the frames' order: a MESSAGE the relay read
+            # before it would be frame 1, and after a sink's HELLO, refused with ERROR and FIN,
+            # no violation at all.
+            client.sendall(encode(Hello(SOURCE_VERSION, b"", "proxy-test", "i1")))
+            assert client.makefile("rb").read(9)[4:5] == b"\x01"  # the OK: a length of 5, type 1
             client.sendall(encode(Message(7, 1, 0, b"", b"not notified")))
             try:
                 wait_for(lambda: "client→upstream" in proxy.stderr(), "the violation line")
@@ -122,7 +126,9 @@ def test_a_violation_is_reported_while_the_proxy_runs() -> None:
                 state = Path(f"/proc/{proxy.proc.pid}/status").read_text().splitlines()[1:3]
                 raise AssertionError(f"{err}; the proxy ({state}) said: {proxy.stderr()!r}") from None
             line = next(x for x in proxy.stderr().splitlines() if "client→upstream" in x)
-            assert line.startswith("wallaroo-proto proxy: connection #1 client→upstream frame 1 MESSAGE: ")
+            assert line.startswith(
+                "wallaroo-proto proxy: connection #1 client→upstream frame 2 MESSAGE: Bad/unregistered stream_id 7"
+            )
             assert proxy.proc.poll() is None  # reported live, while it serves
             client.close()
             code, _, stderr = proxy.stop()

@@ -12,6 +12,7 @@ import fcntl
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -72,3 +73,25 @@ def test_sigterm_sent_with_the_ready_line_exits_cleanly(server: str, tmp_path) -
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+_DEFERRED = """
+import os, signal, sys
+from wallaroo_proto.main_thread_signals import signals_deferred
+try:
+    with signals_deferred():
+        os.kill(os.getpid(), getattr(signal, sys.argv[1]))
+        print("the body ran to its end", flush=True)
+except KeyboardInterrupt:
+    print("then the interrupt", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("sig", "code", "said"), [("SIGINT", 0, "then the interrupt\n"), ("SIGTERM", -15, "")]
+)
+def test_a_signal_in_a_deferred_body_is_delivered_after_it(sig: str, code: int, said: str) -> None:
+    """The demo starts each peer so: an interrupt cannot land between a child's fork and its
+    ``Popen`` returning, which would leave the child running unknown to the demo."""
+    done = subprocess.run([sys.executable, "-c", _DEFERRED, sig], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (code, "the body ran to its end\n" + said), done.stderr

@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .main_thread_signals import signals_deferred
+
 COMMAND = [sys.executable, "-m", "wallaroo_proto_cli"]
 READY = re.compile(r"listening on (\S+):(\d+)")
 
@@ -57,19 +59,24 @@ class _Server:
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.log = open(log, "w")  # noqa: SIM115 - closed in stop()
         # Its own process group: a Ctrl-C at the terminal reaches the demo, which stops it.
-        self.proc = subprocess.Popen(
-            [*COMMAND, *args],
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            env=env,
-            start_new_session=True,
-        )
+        proc = None
         try:
-            line = self.proc.stdout.readline()
+            with signals_deferred():
+                proc = subprocess.Popen(
+                    [*COMMAND, *args],
+                    stdout=subprocess.PIPE,
+                    stderr=self.log,
+                    text=True,
+                    env=env,
+                    start_new_session=True,
+                )
+            line = proc.stdout.readline()
         except BaseException:
-            _stop_group(self.proc)
+            if proc is not None:
+                _stop_group(proc)
+            self.log.close()
             raise
+        self.proc = proc
         match = READY.search(line)
         if not match:
             _stop_group(self.proc)
@@ -96,13 +103,21 @@ class _Server:
 def _run_child(argv: list[str], timeout: float, env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run a step to its end in its own process group; stopped with SIGTERM (then SIGKILL) when the
     demo is interrupted or the step overruns, so it never outlives the demo."""
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-    )
+    proc = None
     try:
+        with signals_deferred():
+            proc = subprocess.Popen(
+                argv,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                start_new_session=True,
+            )
         out, err = proc.communicate(timeout=timeout)
     except BaseException:
-        _stop_group(proc)
+        if proc is not None:
+            _stop_group(proc)
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 

@@ -37,3 +37,20 @@ def entered_without_signals(manager: AbstractContextManager[T]) -> Iterator[T]:
         with signals_blocked():
             value = stack.enter_context(manager)
         yield value
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C and SIGTERM until the body is done, then deliver them: a child started
+    inside (``subprocess.Popen`` returns only once it has run ``exec``) is always known to the
+    caller, which can stop it, instead of being orphaned by an interrupt between the fork and
+    the return. Main thread only."""
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda number, _frame: caught.append(number)) for sig in _SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for number in dict.fromkeys(caught):
+            signal.raise_signal(number)
