@@ -119,3 +119,8 @@ def test_rule_option_values_read_as_toml() -> None:
         "reset": True,
         "x": "[1",
     }
+
+
+def test_one_write_watchdog() -> None:
+    """A never-reading peer is found by asking the kernel (SIOCOUTQ) in one place."""
+    assert _modules_matching(r"TIOCOUTQ|SIOCOUTQ|SO_LINGER") == ["write_watch.py"]
