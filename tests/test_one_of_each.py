@@ -10,9 +10,12 @@ import re
 from pathlib import Path
 
 import pytest
+from support import run_cli
 
 import wallaroo_proto
+from wallaroo_proto.input_spec import generated_lines, read_input
 from wallaroo_proto.protocols.wallaroo.faults import FaultFileError, load_faults
+from wallaroo_proto.protocols.wallaroo.sink_driver import input_name, input_payloads
 from wallaroo_proto.proxy import faults as proxy_faults
 from wallaroo_proto.proxy.faultkit import FaultError
 
@@ -124,3 +127,39 @@ def test_rule_option_values_read_as_toml() -> None:
 def test_one_write_watchdog() -> None:
     """A never-reading peer is found by asking the kernel (SIOCOUTQ) in one place."""
     assert _modules_matching(r"TIOCOUTQ|SIOCOUTQ|SO_LINGER") == ["write_watch.py"]
+
+
+# --- one --input grammar ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("kinesis", "mock-daemon", "--input", "{p}", "--", "true"),
+        ("dcp", "mock-producer", "--listen", "127.0.0.1:0", "--input", "{p}"),
+        ("ambrosia", "mock-ic", "--input", "{p}"),
+        ("mock-worker", "--sink-connect", "127.0.0.1:9", "--input", "{p}"),
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_every_input_option_says_a_missing_file_alike(tmp_path: Path, command: tuple[str, ...]) -> None:
+    missing = tmp_path / "missing.txt"
+    done = run_cli(*(word.format(p=missing) for word in command))
+    assert done.returncode == 2
+    name = " ".join(command[:2]) if command[0] in ("kinesis", "dcp", "ambrosia") else command[0]
+    assert done.stderr.splitlines() == [
+        f"wallaroo-proto {name}: cannot read --input {missing}: No such file or directory"
+    ]
+
+
+def test_the_input_grammar(tmp_path: Path) -> None:
+    assert [generated_lines(s) for s in ("gen:5", "generate:7", "-", "gen.txt")] == [5, 7, None, None]
+    with pytest.raises(ValueError, match=r"^--input 'gen:x': gen: takes a number of lines, e.g. gen:1000$"):
+        generated_lines("gen:x")
+    assert [input_name(s) for s in ("gen:5", "generate:5", "-")] == ["gen:5", "gen:5", "-"]
+    assert input_name("in.txt") == str(Path("in.txt").absolute())
+    lines = tmp_path / "in.txt"
+    lines.write_bytes(b"a\nb\n")
+    assert read_input(str(lines)) == b"a\nb\n"
+    assert list(input_payloads(str(lines), start=2)) == [b"b\n"]
+    assert list(input_payloads("gen:3", payload_size=3, start=3)) == [b"01\n", b"02\n"]

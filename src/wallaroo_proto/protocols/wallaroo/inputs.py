@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import BinaryIO
 
+from ...input_spec import STDIN
 from ...main_thread_signals import signals_blocked
 from .frames import Message
 from .wire import U32
@@ -461,13 +462,13 @@ def build_inputs(
             names=names,
             ids=ids,
         )
-    if files.count("-") > 1:
+    if files.count(STDIN) > 1:
         raise InputError("stdin ('-') can be given only once")
     stream_names = _names(names, list(files))
     stream_ids = _ids(ids, stream_names)
     out = []
     for path, name, sid in zip(files, stream_names, stream_ids, strict=True):
-        if path == "-":
+        if path == STDIN:
             out.append(
                 stdin_input(
                     framing=framing,
