@@ -163,3 +163,11 @@ def test_the_input_grammar(tmp_path: Path) -> None:
     assert read_input(str(lines)) == b"a\nb\n"
     assert list(input_payloads(str(lines), start=2)) == [b"b\n"]
     assert list(input_payloads("gen:3", payload_size=3, start=3)) == [b"01\n", b"02\n"]
+
+
+# --- one word per concept --------------------------------------------------------------------
+
+
+def test_iter_records_means_the_dissectors_record_dicts_alone() -> None:
+    """The mock source's length-prefixed input and the sink's transaction log have their own names."""
+    assert _modules_matching(r"^def iter_records\(") == ["records.py"]
