@@ -39,6 +39,7 @@ from wallaroo_proto_cli.options import (
     write_timeout_option,
 )
 
+from wallaroo_proto.input_spec import STDIN, read_input
 from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, ListenError, MockIC
 from wallaroo_proto.protocols.ambrosia.immortal import ADD, ARG_FORMS, BATCHING, RpcSource
 from wallaroo_proto.protocols.ambrosia.lb import IcUnreachable, LbConfig, MockLB
@@ -101,8 +102,7 @@ def command() -> None:
 
 def _read_lines(path: str) -> list[bytes]:
     try:
-        with open(path, "rb") as f:
-            return f.read().splitlines()
+        return read_input(path).splitlines()
     except OSError as err:
         raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
 
@@ -329,7 +329,7 @@ def mock_ic(**opts) -> None:
     host, rport, send_host, sport = _ic_listen(opts)
     verbosity = opts["verbosity"]
     method, batching = opts["method_id"], opts["batches"]
-    if opts["input_path"] == "-":
+    if opts["input_path"] == STDIN:
         source = RpcSource.streamed(method_id=method, batching=batching)
     elif opts["input_path"] is not None:
         source = RpcSource(lines=_read_lines(opts["input_path"]), method_id=method, batching=batching)

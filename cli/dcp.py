@@ -40,6 +40,7 @@ from wallaroo_proto_cli.options import (
 
 from wallaroo_proto import runtime
 from wallaroo_proto.durable import write_atomic
+from wallaroo_proto.input_spec import open_input
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.consumer import ConsumerConfig, MockConsumer
 from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, ProducerConfig
@@ -104,7 +105,7 @@ def _load_bucket(opts: dict, uuids: random.Random) -> Bucket:
 def _read_items(path: str) -> list[dict]:
     items = []
     try:
-        f = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
+        f = open_input(path)
     except OSError as err:
         raise usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
     with f:

@@ -44,6 +44,7 @@ from wallaroo_proto_cli.options import (
     verbosity,
 )
 
+from wallaroo_proto.input_spec import read_input
 from wallaroo_proto.protocols.kinesis.codec import DIALECTS
 from wallaroo_proto.protocols.kinesis.daemon import DaemonConfig, Faults, MockDaemon, parse_checkpoint_error
 from wallaroo_proto.protocols.kinesis.leases import LeaseTable, StateError
@@ -87,11 +88,7 @@ def _read_inputs(paths: tuple[str, ...]) -> list[bytes]:
     lines: list[bytes] = []
     for path in paths:
         try:
-            if path == "-":
-                lines.extend(sys.stdin.buffer.read().splitlines())
-            else:
-                with open(path, "rb") as f:
-                    lines.extend(f.read().splitlines())
+            lines.extend(read_input(path).splitlines())
         except OSError as err:
             raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
     return lines

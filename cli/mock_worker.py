@@ -39,6 +39,7 @@ from wallaroo_proto_cli.options import (
 )
 
 from wallaroo_proto import runtime
+from wallaroo_proto.input_spec import STDIN
 from wallaroo_proto.protocols.wallaroo.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     SINK_VERSION,
@@ -147,7 +148,7 @@ def _driver_options(opts: dict) -> dict:
 
 def _input_state(path: str, source: str) -> Registry:
     """The --state of an --input run: its sink position names the input it belongs to."""
-    if source == "-":
+    if source == STDIN:
         raise usage_error(
             f"--state {path}: stdin (--input -) cannot be read again after a crash; give a file or gen:N"
         )

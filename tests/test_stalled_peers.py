@@ -25,7 +25,7 @@ from test_mock_worker import (
     stop_json,
 )
 
-from wallaroo_proto.protocols.wallaroo import peer
+from wallaroo_proto import write_watch
 from wallaroo_proto.protocols.wallaroo.peer import FramedConnection, PeerStalled
 from wallaroo_proto.protocols.wallaroo.protocol import Side, Use
 
@@ -133,7 +133,7 @@ def test_a_silent_peer_that_never_reads_is_aborted_while_the_worker_sends_it_ack
 def test_framed_connection_aborts_a_peer_that_takes_nothing(monkeypatch, outq: bool) -> None:
     """What mock-source and mock-sink get too; without SIOCOUTQ, asyncio's buffer still counts."""
     if not outq:
-        monkeypatch.setattr(peer, "_OUTQ", None)
+        monkeypatch.setattr(write_watch, "_OUTQ", None)
     # With the kernel queue a few KB is enough; without it, only bytes the kernel refused count.
     size = 8 * 1024 if outq else 32 * 1024 * 1024
 
@@ -144,7 +144,7 @@ def test_framed_connection_aborts_a_peer_that_takes_nothing(monkeypatch, outq: b
         reader, writer = await accepted
         conn = FramedConnection(reader, writer, use=Use.SOURCE, our_side=Side.WORKER, write_timeout=0.5)
         writer.write(b"\0" * size)  # never drained: only the watchdog can notice
-        conn.bytes_out += size
+        conn._watch.wrote(size)
         async with asyncio.timeout(DEADLINE):
             with pytest.raises(PeerStalled, match="read nothing of our frames for 0.5 s"):
                 await conn.receive()

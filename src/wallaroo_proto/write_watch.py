@@ -24,6 +24,7 @@ if sys.platform == "linux":
     import termios
 
     _OUTQ = termios.TIOCOUTQ  # SIOCOUTQ: bytes in the send queue the peer has not acknowledged
+    _OUTQ_UNSENT = 0x894B  # SIOCOUTQNSD: bytes of it not yet let into the peer's window
 _TCP_CLOSE = 7  # tcpi_state of a connection the peer reset
 _NO_LINGER = struct.pack("ii", 1, 0)  # close with RST: nothing left for a stalled peer to hold
 
@@ -32,8 +33,11 @@ class WriteWatch:
     """Resets ``transport`` once the peer took none of our bytes for ``timeout`` seconds.
 
     The owner counts what it writes with ``wrote``. At a stall the connection is reset,
-    then ``on_stall(reason)`` is called once, the reason naming ``what`` (the peer).
+    then ``on_stall(reason)`` is called once, the reason naming ``what`` (the peer) in the
+    words of ``said`` (a template of ``what``, ``timeout`` and ``pending``).
     """
+
+    SAID = "{what} read nothing of ours for {timeout:g} s ({pending} bytes waiting); connection reset"
 
     def __init__(
         self,
@@ -41,11 +45,13 @@ class WriteWatch:
         timeout: float,
         on_stall: Callable[[str], None],
         what: str = "the peer",
+        said: str = SAID,
     ) -> None:
         self.transport = transport
         self.timeout = timeout
         self.on_stall = on_stall
         self.what = what
+        self.said = said
         self.written = 0
         self.stalled: str | None = None
         self._sock: socket.socket | None = transport.get_extra_info("socket")
@@ -61,14 +67,15 @@ class WriteWatch:
     def wrote(self, n: int) -> None:
         self.written += n
 
-    def unacknowledged(self) -> int:
-        """Bytes written that the peer has not acknowledged: asyncio's buffer and the kernel's queue."""
+    def unacknowledged(self, *, unsent: bool = False) -> int:
+        """Bytes written that the peer has not acknowledged (``unsent``: not even let into its
+        window): asyncio's buffer and the kernel's queue."""
         pending = self.transport.get_write_buffer_size()
         fd = self._sock.fileno() if self._ask_kernel else -1
         if fd < 0:
             return pending
         try:
-            queued = struct.unpack("i", fcntl.ioctl(fd, _OUTQ, b"\0\0\0\0"))[0]
+            queued = struct.unpack("i", fcntl.ioctl(fd, _OUTQ_UNSENT if unsent else _OUTQ, b"\0\0\0\0"))[0]
             if queued and self._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_CLOSE:
                 return 0  # reset by the peer: nothing of ours will be taken, nor held
         except OSError:
@@ -89,10 +96,7 @@ class WriteWatch:
                 return  # closed with everything taken
         self._consumed = consumed
         if now - self._progress_at >= self.timeout:
-            self.stalled = (
-                f"{self.what} read nothing of ours for {self.timeout:g} s ({pending} bytes waiting); "
-                "connection reset"
-            )
+            self.stalled = self.said.format(what=self.what, timeout=self.timeout, pending=pending)
             self.reset()
             self.on_stall(self.stalled)
             return

@@ -20,13 +20,13 @@ from __future__ import annotations
 import difflib
 import importlib
 import shlex
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
 from wallaroo_proto.proxy.faultkit import Adapter, Close, FaultError, Frame, NamedFault, Send, Stall, Wait
+from wallaroo_proto.rules_file import RulesFileError, read_rules_file, toml_value
 
 GENERIC_ACTIONS = ("drop", "delay", "duplicate", "reorder", "rewrite", "cut", "stall")
 DIRECTIONS = ("upstream", "client", "both")
@@ -118,14 +118,6 @@ def kind(fields: Mapping[str, Any]) -> str:
     return fields.get("twopc") or fields.get("type") or "?"
 
 
-def _value(raw: str) -> Any:
-    """An option's value as TOML reads it (``0``, ``true``, ``"x"``, ``[1, 2]``), else the text."""
-    try:
-        return tomllib.loads(f"v = {raw}")["v"]
-    except tomllib.TOMLDecodeError:
-        return raw
-
-
 def parse_option(text: str) -> dict[str, Any]:
     """``"drop type=ACK count=1"`` as a rule table: words split as a shell splits them (so
     ``where='stream_id == 3'`` is one), values read as TOML reads them; ``type=A,B`` gives a list."""
@@ -140,7 +132,7 @@ def parse_option(text: str) -> dict[str, Any]:
         key, sep, raw = word.partition("=")
         if not sep or not key:
             raise FaultError(f"{word!r} is not key=value")
-        value = _value(raw)
+        value = toml_value(raw)
         if key == "type" and isinstance(value, str) and "," in value:
             value = value.split(",")
         table[key] = value
@@ -150,14 +142,14 @@ def parse_option(text: str) -> dict[str, Any]:
 def load_rules_file(path: str) -> list[dict[str, Any]]:
     """The ``[[fault]]`` tables of a TOML rules file."""
     try:
-        with open(path, "rb") as f:
-            document = tomllib.load(f)
-    except OSError as err:
-        raise FaultError(f"{path}: {err.strerror or err}") from err
-    except tomllib.TOMLDecodeError as err:
-        raise FaultError(f"{path}: {err}") from err
-    except UnicodeDecodeError as err:
-        raise FaultError(f"{path}: not UTF-8 text (byte {err.start}): a rules file is TOML") from err
+        document = read_rules_file(path)
+    except RulesFileError as err:
+        cause = err.cause
+        if isinstance(cause, OSError):
+            raise FaultError(f"{path}: {cause.strerror or cause}") from err
+        if isinstance(cause, UnicodeDecodeError):
+            raise FaultError(f"{path}: not UTF-8 text (byte {cause.start}): a rules file is TOML") from err
+        raise FaultError(str(err)) from err
     unknown = set(document) - {"fault"}
     if unknown:
         raise FaultError(f"{path}: unknown table(s) {', '.join(sorted(unknown))}: rules are [[fault]] tables")

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import struct
 import time
 from typing import TYPE_CHECKING, Any
+
+from wallaroo_proto.write_watch import reset as reset_transport
 
 if TYPE_CHECKING:
     from wallaroo_proto.proxy.relay import Tap
@@ -26,15 +26,6 @@ if TYPE_CHECKING:
 #: to carry a peer's burst while the other takes it (DCP measured a tenth faster than with
 #: asyncio's 64 KiB), bounded all the same (plus one read, at most 256 KiB).
 WRITE_BUFFER = 1 << 20
-
-
-def reset_transport(transport: asyncio.BaseTransport) -> None:
-    """Close with a RST (SO_LINGER 0, then abort), as the relay answers a reset."""
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()
 
 
 class _Side(asyncio.Protocol):

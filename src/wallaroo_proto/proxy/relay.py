@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from wallaroo_proto.proxy import faults as fault_steps
 from wallaroo_proto.proxy.outlet import Throttled
-from wallaroo_proto.proxy.passthrough import pass_through, reset_transport
+from wallaroo_proto.proxy.passthrough import pass_through
+from wallaroo_proto.write_watch import reset as reset_transport
 
 #: Bytes read at a time from either side.
 READ_SIZE = 1 << 16

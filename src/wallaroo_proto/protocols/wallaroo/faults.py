@@ -26,11 +26,11 @@ types and bad regexes are refused with a message that names the key.
 
 from __future__ import annotations
 
-import json
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from wallaroo_proto.rules_file import RulesFileError, read_rules_file
 
 EXIT_POINTS = ("after_data_write", "before_phase1_fsync", "after_phase1_reply", "before_phase2_apply")
 CLOSE_POINTS = ("before_phase1_reply", "after_phase1_reply")
@@ -137,14 +137,12 @@ def load_faults(path: str | Path) -> Faults:
     """Read and validate a fault file (``.json`` is JSON, anything else TOML)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise FaultFileError(f"{path}: cannot read fault file: {err}") from err
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
+        data = read_rules_file(path, json_suffix=True, text_mode=True)
+    except RulesFileError as err:
+        if not err.syntax:
+            raise FaultFileError(f"{path}: cannot read fault file: {err.cause}") from err
         raise FaultFileError(
-            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {err}"
+            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {err.cause}"
         ) from err
     return parse_faults(data, str(path))
 

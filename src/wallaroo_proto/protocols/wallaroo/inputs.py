@@ -1,6 +1,6 @@
 """Where a connector source's messages come from: files, stdin or generated data.
 
-Each input is one stream. An input opens a ``RecordReader`` positioned at a
+Each input is one stream. An input opens a ``MessageReader`` positioned at a
 point of reference, so a connector can resume where the worker's NOTIFY_ACK
 says. Message ids are the 1-based record number in the stream, and a point of
 reference is the id of the last message the worker holds (the shipped worker's
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import BinaryIO
 
+from ...input_spec import STDIN
 from ...main_thread_signals import signals_blocked
 from .frames import Message
 from .wire import U32
@@ -73,7 +74,7 @@ class KeyTemplate:
         return repeat(self._raw, len(numbers)) if self._fixed else map(self, numbers)
 
 
-class RecordReader:
+class MessageReader:
     """Messages of one stream in order; ``read`` never blocks for long."""
 
     def read(self, limit: int) -> list[Message] | None:
@@ -90,13 +91,13 @@ class StreamInput:
 
     name: str
     stream_id: int
-    opener: Callable[[int], RecordReader]
+    opener: Callable[[int], MessageReader]
     #: False for stdin: what was read once cannot be read again.
     rewindable: bool = True
     #: Messages in the stream when known in advance (generated data), for progress bars.
     total: int | None = None
 
-    def open(self, start: int = 0) -> RecordReader:
+    def open(self, start: int = 0) -> MessageReader:
         """A reader of the messages whose id is ``start`` or above (ids begin at 1)."""
         return self.opener(start)
 
@@ -115,7 +116,7 @@ def generated_payload(stream_name: str, n: int, size: int) -> bytes:
 _new_message = tuple.__new__  # skips the NamedTuple constructor's argument handling
 
 
-class GeneratedReader(RecordReader):
+class GeneratedReader(MessageReader):
     """``generated_payload`` for each number, built in bulk (this feeds the benchmark)."""
 
     def __init__(
@@ -181,7 +182,7 @@ def generated_inputs(
     for name, stream_id in zip(names, _ids(ids, names), strict=True):
         keyt = KeyTemplate(key, name)
 
-        def opener(start: int, name=name, stream_id=stream_id, keyt=keyt) -> RecordReader:
+        def opener(start: int, name=name, stream_id=stream_id, keyt=keyt) -> MessageReader:
             return GeneratedReader(name, stream_id, count, payload_size, keyt, start)
 
         out.append(StreamInput(name, stream_id, opener, True, count))
@@ -199,7 +200,7 @@ def iter_lines(f: BinaryIO) -> Iterator[bytes]:
         yield line
 
 
-def iter_records(f: BinaryIO, label: str, max_size: int) -> Iterator[bytes]:
+def iter_length_prefixed(f: BinaryIO, label: str, max_size: int) -> Iterator[bytes]:
     """Length-prefixed records: u32 big-endian length, then that many bytes."""
     offset = 0
     index = 1
@@ -229,7 +230,7 @@ def iter_records(f: BinaryIO, label: str, max_size: int) -> Iterator[bytes]:
         index += 1
 
 
-class IterReader(RecordReader):
+class IterReader(MessageReader):
     """Messages from a blocking iterator of payloads that is cheap to pull (a regular file)."""
 
     def __init__(
@@ -300,19 +301,19 @@ def file_input(
     keyt = KeyTemplate(key, name)
     max_size = max_frame_size - MESSAGE_OVERHEAD
 
-    def opener(start: int) -> RecordReader:
+    def opener(start: int) -> MessageReader:
         try:
             f = open(path, "rb")  # noqa: SIM115 - the reader closes it
         except OSError as err:
             raise InputError(f"cannot read input file {path!r}: {err.strerror or err}") from err
-        payloads = iter_lines(f) if framing == "lines" else iter_records(f, path, max_size)
+        payloads = iter_lines(f) if framing == "lines" else iter_length_prefixed(f, path, max_size)
         return IterReader(payloads, sid, keyt, start, max_size, path, f.close)
 
     sid = stream_id if stream_id is not None else stream_id_for(name)
     return StreamInput(name, sid, opener, True, None)
 
 
-class ThreadedReader(RecordReader):
+class ThreadedReader(MessageReader):
     """Messages from a blocking source (stdin) read by a daemon thread into a bounded queue.
 
     ``on_ready`` is called from the thread when data or the end arrives, so an
@@ -392,12 +393,12 @@ def stdin_input(
     sid = stream_id if stream_id is not None else stream_id_for(name)
     opened = []
 
-    def opener(start: int) -> RecordReader:
+    def opener(start: int) -> MessageReader:
         if opened:
             raise InputError("stdin cannot be read a second time")
         opened.append(True)
         f = stream if stream is not None else sys.stdin.buffer
-        payloads = iter_lines(f) if framing == "lines" else iter_records(f, name, max_size)
+        payloads = iter_lines(f) if framing == "lines" else iter_length_prefixed(f, name, max_size)
         return ThreadedReader(payloads, sid, keyt, start, max_size, name)
 
     return StreamInput(name, sid, opener, False, None)
@@ -461,13 +462,13 @@ def build_inputs(
             names=names,
             ids=ids,
         )
-    if files.count("-") > 1:
+    if files.count(STDIN) > 1:
         raise InputError("stdin ('-') can be given only once")
     stream_names = _names(names, list(files))
     stream_ids = _ids(ids, stream_names)
     out = []
     for path, name, sid in zip(files, stream_names, stream_ids, strict=True):
-        if path == "-":
+        if path == STDIN:
             out.append(
                 stdin_input(
                     framing=framing,

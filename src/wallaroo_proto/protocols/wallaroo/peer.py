@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
-import struct
-import sys
 import time
 from collections.abc import Iterable
 from itertools import groupby
 from operator import itemgetter
 
 from wallaroo_proto.pcap_writer import TcpSession
+from wallaroo_proto.write_watch import WriteWatch, reset
 
 from .codec import encode, encode_messages
 from .errors import ProtocolError
@@ -28,18 +26,7 @@ from .protocol import ACCEPTED, Connection, Outcome, Side, Use
 from .reader import FrameReader
 
 READ_SIZE = 256 * 1024
-
-# Bytes of ours the peer has not acknowledged (SIOCOUTQ) or not let into its window
-# (SIOCOUTQNSD). Elsewhere than Linux only asyncio's own buffer is measured.
-_OUTQ: int | None = None
-if sys.platform == "linux":
-    import fcntl
-    import termios
-
-    _OUTQ = termios.TIOCOUTQ
-    _OUTQ_UNSENT = 0x894B
-_TCP_CLOSE = 7  # tcpi_state of a connection the peer reset
-_NO_LINGER = struct.pack("ii", 1, 0)  # close with RST: nothing left for a stalled peer to hold
+_STALLED = "{what} read nothing of our frames for {timeout:g} s ({pending} bytes waiting); connection aborted"
 _FIRST_FIELD = itemgetter(0)  # a MESSAGE's stream id: consecutive frames with one in common may be a run
 
 
@@ -96,67 +83,24 @@ class FramedConnection:
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self._sock = writer.get_extra_info("socket")
-        self._ask_kernel = _OUTQ is not None and self._sock is not None
-        self._watchdog: asyncio.TimerHandle | None = None
+        #: Aborts a peer that leaves our bytes untaken for write_timeout; None once aborted.
+        self._watch: WriteWatch | None = None
         if write_timeout and self._sock is not None:
-            self._loop = asyncio.get_running_loop()
-            self._tick = min(max(write_timeout / 4, 0.05), 1.0)
-            self._progress_at = self._loop.time()
-            self._consumed = 0
-            self._watchdog = self._loop.call_later(self._tick, self._watch)
+            self._watch = WriteWatch(writer.transport, write_timeout, self._stalled, self.peer, _STALLED)
 
-    def unconsumed(self, *, unsent: bool = False) -> int:
-        """Bytes we wrote that the peer has not acknowledged (``unsent``: not even let into its
-        window): asyncio's buffer plus the kernel's queue."""
-        pending = self.writer.transport.get_write_buffer_size()
-        fd = self._sock.fileno() if self._ask_kernel else -1
-        if fd < 0:
-            return pending
-        try:
-            queued = struct.unpack("i", fcntl.ioctl(fd, _OUTQ_UNSENT if unsent else _OUTQ, b"\0\0\0\0"))[0]
-            if queued and self._sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] == _TCP_CLOSE:
-                return 0  # reset by the peer: nothing of ours will be taken, nor held
-        except OSError:
-            self._ask_kernel = False  # not a TCP socket after all
-            return pending
-        return pending + queued
-
-    def _watch(self) -> None:
-        """On a timer, never per frame: abort a peer that left bytes of ours untaken for write_timeout.
-
-        Waiting for asyncio's buffer to back up is not enough: the kernel's socket buffers
-        absorb megabytes first, and a peer that never reads but keeps sending never
-        makes our drain() wait at all.
-        """
-        self._watchdog = None
-        if self._sock.fileno() < 0:
-            return  # closed
-        pending = self.unconsumed()
-        consumed = self.bytes_out - pending
-        now = self._loop.time()
-        if pending == 0 or consumed > self._consumed:
-            self._progress_at = now
-        self._consumed = consumed
-        if now - self._progress_at >= self.write_timeout:
-            self.stalled = (
-                f"{self.peer} read nothing of our frames for {self.write_timeout:g} s "
-                f"({pending} bytes waiting); connection aborted"
-            )
-            self.abort()
-            return
-        self._watchdog = self._loop.call_later(self._tick, self._watch)
+    def _stalled(self, reason: str) -> None:
+        """The watchdog reset the connection: say why, and record the reset."""
+        self.stalled = reason
+        self.abort()
 
     def abort(self) -> None:
         """Reset the connection now (RST): the peer keeps nothing of ours, and we wait on nothing."""
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop()
         if self.recording is not None:
             self.recording.reset(from_client=self._we_are_client)
-        if self._sock is not None and self._sock.fileno() >= 0:
-            with contextlib.suppress(OSError):
-                self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
-        self.writer.transport.abort()
+        reset(self.writer.transport)
 
     def _check_stalled(self) -> None:
         if self.stalled is not None:
@@ -234,6 +178,8 @@ class FramedConnection:
         if not data:
             return
         self.bytes_out += len(data)
+        if self._watch is not None:
+            self._watch.wrote(len(data))
         if self.recording is not None:
             self.recording.send(self._we_are_client, data)
         self.writer.write(data)
@@ -265,10 +211,14 @@ class FramedConnection:
         that may never read, and that peer's connection open.
         """
         self.machine.connection_lost()
-        if self._watchdog is not None:  # the watchdog bounds this wait
+        if self._watch is not None:  # the watchdog bounds this wait
             delay = 0.001
             try:
-                while self.stalled is None and self._sock.fileno() >= 0 and self.unconsumed(unsent=True):
+                while (
+                    self.stalled is None
+                    and self._sock.fileno() >= 0
+                    and self._watch.unacknowledged(unsent=True)
+                ):
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 0.05)
             except asyncio.CancelledError:
@@ -281,9 +231,8 @@ class FramedConnection:
             self.writer.close()
         with contextlib.suppress(ConnectionError, OSError):
             await self.writer.wait_closed()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            self._watchdog = None
+        if self._watch is not None:
+            self._watch.stop()
 
 
 def describe_protocol_error(err: ProtocolError) -> str:

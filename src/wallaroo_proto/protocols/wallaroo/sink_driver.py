@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import sys
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from wallaroo_proto.input_spec import GENERATED, STDIN, generated_lines, open_input
 from wallaroo_proto.pcap_writer import PcapWriter
 
 from .errors import ProtocolError
@@ -598,21 +598,18 @@ def input_payloads(spec: str, *, payload_size: int = 32, start: int = 0) -> Iter
     bytes (a line boundary), which a file is sought to and gen:N computes. stdin cannot be read
     again, so it only starts at 0. A file is opened here, so a missing one fails now.
     """
-    if spec.startswith("gen:") or spec.startswith("generate:"):
-        number = spec.split(":", 1)[1]
-        if not number.isdigit():
-            raise ValueError(f"--input {spec!r}: gen: takes a number of lines, e.g. gen:1000")
-        count = int(number)
+    count = generated_lines(spec)
+    if count is not None:
         width = max(1, payload_size - 1)
         first, rest = divmod(start, width + 1)
         if rest or not 0 <= first <= count:
             raise ValueError(f"byte {start} is not a line boundary of {count} lines of {width + 1} bytes")
         return (f"{i:0{width}d}\n".encode()[-width - 1 :] for i in range(first, count))
-    if spec == "-":
+    f = open_input(spec)
+    if spec == STDIN:
         if start:
             raise ValueError("stdin cannot be read again to resume after its first bytes")
-        return iter(sys.stdin.buffer)
-    f = open(spec, "rb")  # noqa: SIM115 - _lines closes it
+        return iter(f)
     try:
         size = os.fstat(f.fileno()).st_size
         if start:
@@ -627,9 +624,9 @@ def input_payloads(spec: str, *, payload_size: int = 32, start: int = 0) -> Iter
 
 def input_name(spec: str) -> str:
     """What ``--input spec`` reads, comparable across runs: "gen:N", "-" or a file's absolute path."""
-    if spec.startswith("generate:"):
+    if spec.startswith(GENERATED):
         return "gen:" + spec.split(":", 1)[1]
-    return spec if spec == "-" or spec.startswith("gen:") else os.path.abspath(spec)
+    return spec if spec == STDIN else os.path.abspath(spec)
 
 
 def _lines(f: BinaryIO) -> Iterator[bytes]:

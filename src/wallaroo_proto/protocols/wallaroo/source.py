@@ -53,7 +53,7 @@ from .frames import (
     Restart,
     show_text,
 )
-from .inputs import InputError, RateLimiter, RecordReader, StreamInput, ThreadedReader
+from .inputs import InputError, MessageReader, RateLimiter, StreamInput, ThreadedReader
 from .peer import ConnectionClosed, FramedConnection, describe_protocol_error
 from .protocol import ConnState, Outcome, Side, Use, Verdict
 
@@ -200,7 +200,7 @@ class StreamFeed:
     def __init__(self, spec: StreamInput) -> None:
         self.spec = spec
         self.stream_id = spec.stream_id
-        self.reader: RecordReader | None = None
+        self.reader: MessageReader | None = None
         self.unacked: deque[Message] = deque()
         self.pending: deque[Message] = deque()
         #: Point of reference the worker acknowledged: every message id at or below it is durable.
@@ -585,7 +585,7 @@ class MockSource:
         else:
             self.log(f"stream {feed.spec.name!r} resumed at {point + 1}: {skipped} messages skipped ({why})")
 
-    def _open(self, feed: StreamFeed, point: int) -> RecordReader:
+    def _open(self, feed: StreamFeed, point: int) -> MessageReader:
         """A reader of the messages above ``point``, the ones the worker does not hold."""
         try:
             reader = feed.spec.open(point + 1)

@@ -284,7 +284,7 @@ class LogScan:
             self.remember(record.txn_id, record.commit)
 
 
-def iter_records(data: bytes, scan: LogScan) -> Iterator[tuple[int, Record]]:
+def iter_log_records(data: bytes, scan: LogScan) -> Iterator[tuple[int, Record]]:
     """Good records of a log image; sets ``scan.good_length``/``torn_*``; raises on mid-log corruption."""
     pos = 0
     n = len(data)
@@ -334,7 +334,7 @@ def scan_log(path: str | os.PathLike, *, keep_ranges: bool = False) -> LogScan:
     """Replay a log file without changing it."""
     scan = LogScan(committed_ranges=[] if keep_ranges else None)
     data = Path(path).read_bytes()
-    for at, record in iter_records(data, scan):
+    for at, record in iter_log_records(data, scan):
         scan.apply(record, at)
     return scan
 
