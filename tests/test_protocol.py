@@ -402,6 +402,45 @@ def test_the_sides_as_plain_words_judge_as_the_enum_does(use, from_streaming, se
         assert _state(by_word) == _state(by_enum)
 
 
+def _breaks(rule: str) -> judge.Verdict:
+    """A connection brought to where one frame breaks ``rule``, and that frame's verdict."""
+    if rule in ("sender", "after-end", "credits", "notify-ack", "stream-not-open", "ack-stream"):
+        conn = streaming(credits=0 if rule == "credits" else 10)
+        if rule == "after-end":
+            accept(conn, Error("bye"), C)
+        frame, sender = {
+            "sender": (Ack(1), C),
+            "after-end": (Notify(1, "s", 0), C),
+            "credits": (Notify(1, "s", 0), C),
+            "notify-ack": (NotifyAck(True, 1, 0), W),
+            "stream-not-open": (Message(1, 1, 0, b"", b""), C),
+            "ack-stream": (Ack(1, ((5, 0),)), W),
+        }[rule]
+        return conn.feed(sender, frame)
+    if rule == "handshake":
+        return Connection().feed(C, Notify(1, "s"))
+    conn = sink_streaming()
+    if rule in ("data-in-round", "one-round"):
+        accept(conn, twopc_frame(Phase1("t1", ())), W)
+    if rule == "unsettled":
+        accept(conn, twopc_frame(ReplyUncommitted(1, ("old",))), C)
+    frame, sender = {
+        "data-in-round": (Message(1, 0, 0, b"", b"x"), W),
+        "unsettled": (twopc_frame(Phase1("t2", ())), W),
+        "one-round": (twopc_frame(Phase1("t2", ())), W),
+        "twopc-payload": (Message(0, 0, 0, b"", b"\xff"), W),
+        "reply-txn": (twopc_frame(Reply("zz", True)), C),
+    }[rule]
+    return conn.feed(sender, frame)
+
+
+@pytest.mark.parametrize("rule", list(Connection.RULES))
+def test_every_rule_of_the_catalogue_is_one_a_frame_can_break(rule):
+    verdict = _breaks(rule)
+    assert (verdict.kind, verdict.rule) == (Kind.VIOLATION, rule), verdict
+    assert verdict.side in Connection.SIDES and verdict.reason
+
+
 def test_a_fresh_connection_expects_a_hello_from_its_data_side():
     assert Connection().expects() == judge.Expected(
         {"connector": frozenset({"HELLO", "ERROR"}), "worker": frozenset({"ERROR"})},
