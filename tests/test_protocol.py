@@ -29,16 +29,18 @@ from wallaroo_proto import (
     Verdict,
     WorkersLeft,
     check_hello,
+    judge,
     twopc_frame,
 )
+from wallaroo_proto.judge import Kind
 
 C, W = Side.CONNECTOR, Side.WORKER
 HELLO = Hello("0.0.1", b"", "prog", "inst")
 
 
 def accept(conn: Connection, frame, sender: Side) -> None:
-    outcome = conn.process(frame, sender)
-    assert outcome.verdict is Verdict.ACCEPTED, outcome.reason
+    outcome = conn.feed(sender, frame)
+    assert outcome.kind is Kind.ACCEPTED, outcome.reason
 
 
 def streaming(credits: int = 100, use: Use = Use.SOURCE, **kw) -> Connection:
@@ -82,8 +84,8 @@ def test_error_from_either_side_in_any_state_goes_to_error(state_setup, sender):
 def test_after_error_the_sender_may_send_nothing_and_the_other_side_is_discarded():
     conn = streaming()
     accept(conn, Error("bye"), W)
-    assert conn.process(Ack(1), W).is_violation
-    assert conn.process(Notify(1, "s"), C).verdict is Verdict.IGNORED
+    assert conn.feed(W, Ack(1)).kind is Kind.VIOLATION
+    assert conn.feed(C, Notify(1, "s")).kind is Kind.IGNORED
 
 
 def test_restart_goes_to_disconnected_and_terminates_streams():
@@ -93,12 +95,12 @@ def test_restart_goes_to_disconnected_and_terminates_streams():
     accept(conn, Restart("elsewhere:1"), W)
     assert conn.state is ConnState.DISCONNECTED
     assert {s.state for s in conn.streams.values()} == {StreamState.TERMINATED}
-    assert conn.process(Message(1, 1, 0, b"", b""), C).verdict is Verdict.IGNORED
+    assert conn.feed(C, Message(1, 1, 0, b"", b"")).kind is Kind.IGNORED
 
 
-def test_connection_lost_goes_to_disconnected():
+def test_the_end_of_the_transport_goes_to_disconnected():
     conn = streaming()
-    conn.connection_lost()
+    conn.end(W)
     assert conn.state is ConnState.DISCONNECTED
 
 
@@ -128,8 +130,8 @@ def test_illegal_connection_frames(frames, reason):
     for f, s in setup:
         accept(conn, f, s)
     before = conn.state
-    outcome = conn.process(frame, sender)
-    assert outcome.is_violation
+    outcome = conn.feed(sender, frame)
+    assert outcome.kind is Kind.VIOLATION
     assert reason in outcome.reason
     assert outcome.frame_index == len(setup)
     assert conn.state is before  # a rejected frame changes nothing
@@ -162,8 +164,8 @@ def test_refused_notify_closes_the_stream_and_forbids_messages():
     accept(conn, Notify(1, "s1", 0), C)
     accept(conn, NotifyAck(False, 1, 0), W)
     assert conn.streams[1].state is StreamState.CLOSED
-    outcome = conn.process(Message(1, 1, 0, b"", b""), C)
-    assert outcome.is_violation
+    outcome = conn.feed(C, Message(1, 1, 0, b"", b""))
+    assert outcome.kind is Kind.VIOLATION
     assert "Bad/unregistered stream_id 1 with message_id 1" in outcome.reason
 
 
@@ -193,8 +195,8 @@ def test_illegal_stream_frames(setup, frame, sender, reason):
     conn = streaming()
     for f, s in setup:
         accept(conn, f, s)
-    outcome = conn.process(frame, sender)
-    assert outcome.is_violation
+    outcome = conn.feed(sender, frame)
+    assert outcome.kind is Kind.VIOLATION
     assert reason in outcome.reason
 
 
@@ -202,8 +204,8 @@ def test_message_ids_must_increase_and_replays_are_flagged_not_fatal():
     conn = streaming()
     open_stream(conn)
     accept(conn, Message(1, 10, 0, b"", b""), C)  # the first id may be anything
-    assert conn.process(Message(1, 10, 0, b"", b""), C).verdict is Verdict.REPLAYED
-    assert conn.process(Message(1, 3, 0, b"", b""), C).verdict is Verdict.REPLAYED
+    assert conn.feed(C, Message(1, 10, 0, b"", b"")).kind is Kind.REPLAYED
+    assert conn.feed(C, Message(1, 3, 0, b"", b"")).kind is Kind.REPLAYED
     accept(conn, Message(1, 11, 0, b"", b""), C)
     assert conn.streams[1].messages == 2
     assert conn.streams[1].replays == 2
@@ -218,8 +220,8 @@ def test_every_connector_frame_spends_a_credit_and_ack_adds():
     accept(conn, NotifyAck(True, 1, 0), W)
     accept(conn, Message(1, 1, 0, b"", b""), C)  # 1 left
     accept(conn, Message(1, 2, 0, b"", b""), C)  # 0 left
-    outcome = conn.process(Message(1, 3, 0, b"", b""), C)
-    assert outcome.is_violation
+    outcome = conn.feed(C, Message(1, 3, 0, b"", b""))
+    assert outcome.kind is Kind.VIOLATION
     assert outcome.reason == "MESSAGE sent with no credits left"
     accept(conn, Ack(2), W)
     assert conn.credits == 2
@@ -229,7 +231,7 @@ def test_every_connector_frame_spends_a_credit_and_ack_adds():
 
 def test_a_rejected_frame_spends_no_credit():
     conn = streaming(credits=5)
-    assert conn.process(Message(1, 1, 0, b"", b""), C).is_violation
+    assert conn.feed(C, Message(1, 1, 0, b"", b"")).kind is Kind.VIOLATION
     assert conn.credits == 5
 
 
@@ -248,7 +250,7 @@ def sink_streaming() -> Connection:
     accept(conn, sink_hello, W)
     # The shipped worker pipelines NOTIFY and LIST_UNCOMMITTED behind its HELLO.
     accept(conn, Notify(1, "sink", 0), W)
-    assert conn.process(twopc_frame(ListUncommitted(1)), W).twopc == ListUncommitted(1)
+    assert conn.feed(W, twopc_frame(ListUncommitted(1))).twopc == ListUncommitted(1)
     accept(conn, Ok(500), C)
     accept(conn, NotifyAck(True, 1, 0), C)
     accept(conn, twopc_frame(ReplyUncommitted(1, ())), C)
@@ -257,18 +259,18 @@ def sink_streaming() -> Connection:
 
 def test_sink_roles_are_reversed():
     conn = Connection(Use.SINK)
-    assert conn.process(Hello("v0.0.1", b"", "w", "w1"), C).is_violation
+    assert conn.feed(C, Hello("v0.0.1", b"", "w", "w1")).kind is Kind.VIOLATION
     conn = sink_streaming()
-    assert conn.process(Message(1, 0, 0, b"", b"x"), C).is_violation  # the sink sends no data
-    assert "may only be sent by the connector" in conn.process(Ok(1), W).reason
+    assert conn.feed(C, Message(1, 0, 0, b"", b"x")).kind is Kind.VIOLATION  # the sink sends no data
+    assert "may only be sent by the connector" in conn.feed(W, Ok(1)).reason
 
 
 def test_no_application_message_between_phase1_and_phase2():
     conn = sink_streaming()
     accept(conn, Message(1, 0, 0, b"", b"abcd"), W)
     accept(conn, twopc_frame(Phase1("t1", ((1, 0, 4),))), W)
-    outcome = conn.process(Message(1, 4, 0, b"", b"efgh"), W)
-    assert outcome.is_violation
+    outcome = conn.feed(W, Message(1, 4, 0, b"", b"efgh"))
+    assert outcome.kind is Kind.VIOLATION
     assert "between PHASE1 of txn 't1' and its PHASE2" in outcome.reason
     accept(conn, twopc_frame(Reply("t1", True)), C)
     accept(conn, twopc_frame(Phase2("t1", True)), W)
@@ -277,17 +279,15 @@ def test_no_application_message_between_phase1_and_phase2():
 
 def test_twopc_messages_come_from_the_right_side():
     conn = sink_streaming()
-    assert "2PC PHASE1 may only be sent by the worker" in conn.process(twopc_frame(Phase1("t", ())), C).reason
-    assert (
-        "2PC REPLY may only be sent by the connector" in conn.process(twopc_frame(Reply("t", True)), W).reason
-    )
+    assert "2PC PHASE1 may only be sent by the worker" in conn.feed(C, twopc_frame(Phase1("t", ()))).reason
+    assert "2PC REPLY may only be sent by the connector" in conn.feed(W, twopc_frame(Reply("t", True))).reason
 
 
 def test_second_phase1_before_phase2_and_unknown_reply_are_violations():
     conn = sink_streaming()
     accept(conn, twopc_frame(Phase1("t1", ())), W)
-    assert "awaits its PHASE2" in conn.process(twopc_frame(Phase1("t2", ())), W).reason
-    assert "which no PHASE1 or PHASE2 named" in conn.process(twopc_frame(Reply("zz", True)), C).reason
+    assert "awaits its PHASE2" in conn.feed(W, twopc_frame(Phase1("t2", ()))).reason
+    assert "which no PHASE1 or PHASE2 named" in conn.feed(C, twopc_frame(Reply("zz", True))).reason
 
 
 def test_listed_uncommitted_txn_is_settled_by_phase2_without_phase1():
@@ -301,8 +301,8 @@ def test_listed_uncommitted_txn_is_settled_by_phase2_without_phase1():
 
 def test_bad_twopc_payload_is_a_violation():
     conn = sink_streaming()
-    outcome = conn.process(Message(0, 0, 0, b"", b"\xff"), W)
-    assert outcome.is_violation
+    outcome = conn.feed(W, Message(0, 0, 0, b"", b"\xff"))
+    assert outcome.kind is Kind.VIOLATION
     assert "bad 2PC payload on stream 0: " in outcome.reason
 
 
@@ -340,6 +340,8 @@ any_frame = st.one_of(
     st.builds(Restart),
     st.builds(EosMessage, st.integers(0, 2), st.integers(0, 5)),
     st.sampled_from([twopc_frame(m) for m in (Phase1("t", ()), Phase2("t", True), Reply("t", False))]),
+    st.builds(WorkersLeft, st.integers(0, 3), st.just(("w2",))),
+    st.sampled_from([twopc_frame(ListUncommitted(1)), twopc_frame(ReplyUncommitted(1, ("t",)))]),
 )
 
 
@@ -352,9 +354,9 @@ def test_any_frame_sequence_gives_outcomes_and_violations_change_nothing(use, fr
     conn = streaming(credits=3, use=use) if from_streaming else Connection(use)
     for frame, sender in sequence:
         before = (conn.state, {k: v.state for k, v in conn.streams.items()}, conn.credits, conn.phase1_txn)
-        outcome = conn.process(frame, sender)
-        assert isinstance(outcome.verdict, Verdict)
-        if outcome.is_violation:
+        outcome = conn.feed(sender, frame)
+        assert isinstance(outcome, Verdict)
+        if outcome.kind is Kind.VIOLATION:
             assert outcome.reason
             after = (
                 conn.state,
@@ -362,6 +364,98 @@ def test_any_frame_sequence_gives_outcomes_and_violations_change_nothing(use, fr
                 conn.credits,
             )
             assert after == before[:3]
+
+
+@given(
+    st.sampled_from(list(Use)),
+    st.booleans(),
+    st.lists(st.tuples(any_frame, st.sampled_from(list(Side))), max_size=40),
+)
+def test_every_verdict_is_the_judges_and_every_violation_names_a_rule(use, from_streaming, sequence):
+    """The judge contract on random frames: one Verdict type, rules from the catalogue, and
+    nothing accepted that ``expects`` did not list for its sender just before."""
+    conn = streaming(credits=3, use=use) if from_streaming else Connection(use)
+    for frame, sender in sequence:
+        legal = conn.expects().legal[sender]
+        verdict = conn.feed(sender, frame)
+        assert isinstance(verdict, judge.Verdict)
+        if verdict.kind is Kind.VIOLATION:
+            assert verdict.rule in Connection.RULES, verdict
+        else:
+            assert verdict.rule is None
+        if verdict.kind in (Kind.ACCEPTED, Kind.REPLAYED):
+            assert frame.TYPE.name in legal, (frame, sender, conn.state)
+
+
+@given(
+    st.sampled_from(list(Use)),
+    st.booleans(),
+    st.lists(st.tuples(any_frame, st.sampled_from(list(Side))), max_size=40),
+)
+def test_the_sides_as_plain_words_judge_as_the_enum_does(use, from_streaming, sequence):
+    """``SIDES`` are plain str (the contract's); a caller may pass them for ``Side``'s members."""
+    by_enum = streaming(credits=3, use=use) if from_streaming else Connection(use)
+    by_word = streaming(credits=3, use=use) if from_streaming else Connection(use)
+    assert Connection.SIDES == ("connector", "worker") and all(type(s) is str for s in Connection.SIDES)
+    for frame, sender in sequence:
+        assert by_word.feed(str(sender.value), frame) == by_enum.feed(sender, frame)
+        assert _state(by_word) == _state(by_enum)
+
+
+def _breaks(rule: str) -> judge.Verdict:
+    """A connection brought to where one frame breaks ``rule``, and that frame's verdict."""
+    if rule in ("sender", "after-end", "credits", "notify-ack", "stream-not-open", "ack-stream"):
+        conn = streaming(credits=0 if rule == "credits" else 10)
+        if rule == "after-end":
+            accept(conn, Error("bye"), C)
+        frame, sender = {
+            "sender": (Ack(1), C),
+            "after-end": (Notify(1, "s", 0), C),
+            "credits": (Notify(1, "s", 0), C),
+            "notify-ack": (NotifyAck(True, 1, 0), W),
+            "stream-not-open": (Message(1, 1, 0, b"", b""), C),
+            "ack-stream": (Ack(1, ((5, 0),)), W),
+        }[rule]
+        return conn.feed(sender, frame)
+    if rule == "handshake":
+        return Connection().feed(C, Notify(1, "s"))
+    conn = sink_streaming()
+    if rule in ("data-in-round", "one-round"):
+        accept(conn, twopc_frame(Phase1("t1", ())), W)
+    if rule == "unsettled":
+        accept(conn, twopc_frame(ReplyUncommitted(1, ("old",))), C)
+    frame, sender = {
+        "data-in-round": (Message(1, 0, 0, b"", b"x"), W),
+        "unsettled": (twopc_frame(Phase1("t2", ())), W),
+        "one-round": (twopc_frame(Phase1("t2", ())), W),
+        "twopc-payload": (Message(0, 0, 0, b"", b"\xff"), W),
+        "reply-txn": (twopc_frame(Reply("zz", True)), C),
+    }[rule]
+    return conn.feed(sender, frame)
+
+
+@pytest.mark.parametrize("rule", list(Connection.RULES))
+def test_every_rule_of_the_catalogue_is_one_a_frame_can_break(rule):
+    verdict = _breaks(rule)
+    assert (verdict.kind, verdict.rule) == (Kind.VIOLATION, rule), verdict
+    assert verdict.side in Connection.SIDES and verdict.reason
+
+
+def test_a_fresh_connection_expects_a_hello_from_its_data_side():
+    assert Connection().expects() == judge.Expected(
+        {"connector": frozenset({"HELLO", "ERROR"}), "worker": frozenset({"ERROR"})},
+        "ERROR or HELLO from the connector; ERROR from the worker",
+    )
+    sink = Connection(Use.SINK)
+    accept(sink, HELLO, W)
+    assert sink.expects().legal == {
+        "connector": frozenset({"OK", "ERROR"}),
+        "worker": frozenset({"ERROR", "NOTIFY", "MESSAGE", "EOS_MESSAGE", "WORKERS_LEFT"}),
+    }
+    accept(sink, Error("bye"), C)
+    assert sink.expects() == judge.Expected(
+        {"connector": frozenset(), "worker": frozenset()}, "nothing: the connection is Error"
+    )
 
 
 def test_reply_to_a_phase2_is_allowed_but_not_to_long_decided_txns():
@@ -372,14 +466,14 @@ def test_reply_to_a_phase2_is_allowed_but_not_to_long_decided_txns():
         accept(conn, twopc_frame(Phase2(txn, True)), W)
         accept(conn, twopc_frame(Reply(txn, True)), C)  # a sink may answer the PHASE2 too
     assert conn.undecided_txns == set()
-    assert conn.process(twopc_frame(Reply("t1", True)), C).is_violation
+    assert conn.feed(C, twopc_frame(Reply("t1", True))).kind is Kind.VIOLATION
 
 
 def test_stream0_in_sink_use_is_always_read_as_2pc_even_if_notified():
     conn = sink_streaming()
     accept(conn, Notify(0, "odd", 0), W)
     accept(conn, NotifyAck(True, 0, 0), C)
-    outcome = conn.process(twopc_frame(Phase1("t", ())), W)
+    outcome = conn.feed(W, twopc_frame(Phase1("t", ())))
     assert outcome.twopc == Phase1("t", ())
     assert conn.phase1_txn == "t"
 
@@ -391,23 +485,23 @@ def test_after_a_phase2_abort_the_worker_resends_from_the_committed_offset():
     accept(conn, twopc_frame(Reply("t1", False)), C)
     accept(conn, twopc_frame(Phase2("t1", False)), W)
     accept(conn, Message(1, 0, 0, b"", b"abcd"), W)  # the same offset again: a re-send
-    assert conn.process(Message(1, 0, 0, b"", b"abcd"), W).verdict is Verdict.REPLAYED
+    assert conn.feed(W, Message(1, 0, 0, b"", b"abcd")).kind is Kind.REPLAYED
 
 
 def test_a_repeated_notify_is_refused_as_the_shipped_worker_does():
     conn = streaming()
     accept(conn, Notify(1, "s1", 0), C)
-    repeat = conn.process(Notify(1, "s1", 0), C)  # while pending: the worker will refuse it
-    assert repeat.verdict is Verdict.ACCEPTED
+    repeat = conn.feed(C, Notify(1, "s1", 0))  # while pending: the worker will refuse it
+    assert repeat.kind is Kind.ACCEPTED
     assert "already Notify-Sent on this connection: to be refused" in repeat.reason
     accept(conn, NotifyAck(True, 1, 0), W)  # answers the first NOTIFY
     accept(conn, NotifyAck(False, 1, 0), W)  # refuses the repeat: the stream stays open
     assert conn.streams[1].state is StreamState.OPEN
     accept(conn, Message(1, 1, 0, b"", b""), C)
     accept(conn, Notify(1, "s1", 0), C)  # while open, likewise
-    assert "success=1 for stream 1, which is already open" in conn.process(NotifyAck(True, 1, 0), W).reason
+    assert "success=1 for stream 1, which is already open" in conn.feed(W, NotifyAck(True, 1, 0)).reason
     accept(conn, NotifyAck(False, 1, 0), W)
-    assert conn.process(NotifyAck(False, 1, 0), W).is_violation  # no refusal was due any more
+    assert conn.feed(W, NotifyAck(False, 1, 0)).kind is Kind.VIOLATION  # no refusal was due any more
 
 
 def test_listed_uncommitted_txns_must_be_settled_before_data_or_a_new_round():
@@ -417,9 +511,9 @@ def test_listed_uncommitted_txns_must_be_settled_before_data_or_a_new_round():
     accept(conn, Ok(500), C)
     accept(conn, NotifyAck(True, 1, 0), C)
     accept(conn, twopc_frame(ReplyUncommitted(1, ("old-1", "old-2"))), C)
-    early = conn.process(Message(1, 0, 0, b"", b"x"), W)
+    early = conn.feed(W, Message(1, 0, 0, b"", b"x"))
     assert "before the listed uncommitted txn(s) 'old-1', 'old-2' were settled by PHASE2" in early.reason
-    assert conn.process(twopc_frame(Phase1("new", ())), W).is_violation
+    assert conn.feed(W, twopc_frame(Phase1("new", ()))).kind is Kind.VIOLATION
     accept(conn, twopc_frame(Phase2("old-1", True)), W)
     accept(conn, twopc_frame(Phase2("old-2", False)), W)
     accept(conn, Message(1, 0, 0, b"", b"x"), W)
@@ -442,7 +536,7 @@ def _state(conn: Connection) -> tuple:
     st.booleans(),
 )
 def test_a_run_is_accepted_whole_exactly_when_each_frame_would_be(items, credits, sender, use_sink):
-    """process_run takes a run in one step only where process, frame by frame, accepts every
+    """feed_run takes a run in one step only where feed, frame by frame, accepts every
     frame with nothing else to say; otherwise it changes nothing."""
     make = {"msg": lambda s, m: Message(s, m, 0, b"", b"p"), "eos": EosMessage, "ack": lambda s, m: Ack(1)}
     frames = [make[kind](sid, mid) for sid, mid, kind in items]
@@ -459,10 +553,10 @@ def test_a_run_is_accepted_whole_exactly_when_each_frame_would_be(items, credits
 
     by_run, by_frame = fresh(), fresh()
     before = _state(by_run)
-    outcomes = [by_frame.process(f, sender) for f in frames]
-    plain = all(o.verdict is Verdict.ACCEPTED and not o.reason and o.twopc is None for o in outcomes)
+    outcomes = [by_frame.feed(sender, f) for f in frames]
+    plain = all(o.kind is Kind.ACCEPTED and not o.reason and o.twopc is None for o in outcomes)
     one_stream_of_messages = all(type(f) is Message for f in frames) and len({f[0] for f in frames}) == 1
-    taken = by_run.process_run(frames, sender)
+    taken = by_run.feed_run(frames, sender)
     if taken:
         assert plain and one_stream_of_messages
         assert _state(by_run) == _state(by_frame)
@@ -475,7 +569,7 @@ def test_a_run_of_consecutive_ids_spends_one_credit_each():
     conn = streaming(credits=10)
     open_stream(conn, 1)
     run = [Message(1, i, 0, b"", b"x") for i in range(1, 8)]
-    assert conn.process_run(run, C)
+    assert conn.feed_run(run, C)
     assert (conn.credits, conn.streams[1].last_message_id, conn.streams[1].messages) == (2, 7, 7)
-    assert not conn.process_run([Message(1, 9, 0, b"", b"x"), Message(1, 8, 0, b"", b"x")], C)  # falls
-    assert not conn.process_run([Message(1, i, 0, b"", b"x") for i in range(10, 13)], C)  # 3 > 2 credits
+    assert not conn.feed_run([Message(1, 9, 0, b"", b"x"), Message(1, 8, 0, b"", b"x")], C)  # falls
+    assert not conn.feed_run([Message(1, i, 0, b"", b"x") for i in range(10, 13)], C)  # 3 > 2 credits

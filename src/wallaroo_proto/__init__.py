@@ -26,7 +26,6 @@ from .protocols.wallaroo.frames import (
 from .protocols.wallaroo.protocol import (
     Connection,
     ConnState,
-    Outcome,
     Side,
     StreamState,
     Use,
@@ -67,7 +66,6 @@ __all__ = [
     "Notify",
     "NotifyAck",
     "Ok",
-    "Outcome",
     "Phase1",
     "Phase2",
     "ProtocolError",

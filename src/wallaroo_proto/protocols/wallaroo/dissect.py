@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from wallaroo_proto.capture.frame_block import COLUMN, MAX_ROWS, PLAIN, SHARED, FrameBlock
 from wallaroo_proto.capture.pcap import format_address
 from wallaroo_proto.findings import mark
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.records import to_json
 
 from .codec import decode
@@ -45,7 +46,7 @@ from .frames import (
     show_text,
     type_name,
 )
-from .protocol import Connection, ConnState, Side, StreamState, Use, Verdict
+from .protocol import Connection, ConnState, Side, StreamState, Use
 from .resync import DirectionFramer
 from .summary import ConnectionSummary, TxnSummary
 from .twopc import (
@@ -434,20 +435,20 @@ class _Tracker:
         if self.midstream:
             self._seed_streams(frame)
         credits_before = conn.credits
-        outcome = conn.process(frame, direction.side)
+        outcome = conn.feed(direction.side, frame)
         index = outcome.frame_index
         record["frame_index"] = index if index >= 0 else conn.frame_index - 1
-        verdict = outcome.verdict
+        verdict = outcome.kind
         record["verdict"] = verdict._value_
-        if verdict is not Verdict.ACCEPTED:
-            if verdict is Verdict.VIOLATION:
+        if verdict is not Kind.ACCEPTED:
+            if verdict is Kind.VIOLATION:
                 record["violations"] = [outcome.reason]
                 s.violations += 1
                 if len(s.violation_list) < _KEEP:
                     s.violation_list.append(
                         {"packet": packet, "offset": offset, "type": name, "reason": outcome.reason}
                     )
-            elif verdict is Verdict.IGNORED:
+            elif verdict is Kind.IGNORED:
                 s.ignored += 1
         if direction.data_side and credits_before is not None:
             s.credits_spent += 1
@@ -473,13 +474,13 @@ class _Tracker:
         """
         s = self.summary
         conn = self.conn
-        process = conn.process
+        feed = conn.feed
         side = direction.side
         spend = direction.data_side
         append = self.out.append
         jsonl = self.jsonl
         streams = s.streams
-        accepted = Verdict.ACCEPTED
+        accepted = Kind.ACCEPTED
         seconds = ts / 1e9
         # Everything up to "packet" is the same for all frames of this packet.
         head = f'{direction.json_prefix},"ts":{seconds!r},"ts_ns":{ts},"packet":{packet},' if jsonl else ""
@@ -509,11 +510,11 @@ class _Tracker:
             nbytes += length
             if spend and conn.credits is not None:
                 s.credits_spent += 1
-            outcome = process(_new_tuple(Message, (stream_id, message_id, event_time, key, payload)), side)
+            outcome = feed(side, _new_tuple(Message, (stream_id, message_id, event_time, key, payload)))
             index = outcome.frame_index
             if index < 0:
                 index = conn.frame_index - 1
-            verdict = outcome.verdict
+            verdict = outcome.kind
             plen = size - key_end
             if verdict is accepted:
                 st = streams.get(stream_id)
@@ -579,16 +580,16 @@ class _Tracker:
             record["type"] = "MESSAGE"
             record["frame_index"] = index
             record["verdict"] = verdict._value_
-            if verdict is Verdict.VIOLATION:
+            if verdict is Kind.VIOLATION:
                 record["violations"] = [outcome.reason]
                 s.violations += 1
                 if len(s.violation_list) < _KEEP:
                     s.violation_list.append(
                         {"packet": packet, "offset": offset, "type": "MESSAGE", "reason": outcome.reason}
                     )
-            elif verdict is Verdict.REPLAYED:
+            elif verdict is Kind.REPLAYED:
                 s.stream(stream_id).replays += 1
-            elif verdict is Verdict.IGNORED:
+            elif verdict is Kind.IGNORED:
                 s.ignored += 1
             if stream_id not in streams:
                 s.stream(stream_id)  # as _message: every MESSAGE's stream is listed
@@ -628,7 +629,7 @@ class _Tracker:
         direction.fast = self.use is Use.SOURCE and not self.midstream and not self.with_raw
         return base
 
-    def _message(self, record: dict, frame: Message, outcome, s: ConnectionSummary, verdict: Verdict) -> None:
+    def _message(self, record: dict, frame: Message, outcome, s: ConnectionSummary, verdict: Kind) -> None:
         sid = frame.stream_id
         record["stream_id"] = sid
         record["message_id"] = frame.message_id
@@ -646,10 +647,10 @@ class _Tracker:
         st = s.streams.get(sid)
         if st is None:
             st = s.stream(sid)
-        if verdict is Verdict.REPLAYED:
+        if verdict is Kind.REPLAYED:
             st.replays += 1
             return
-        if verdict is not Verdict.ACCEPTED:
+        if verdict is not Kind.ACCEPTED:
             return
         mid = frame.message_id
         st.messages += 1

@@ -16,13 +16,14 @@ from collections.abc import Iterable
 from itertools import groupby
 from operator import itemgetter
 
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.pcap_writer import TcpSession
 from wallaroo_proto.write_watch import WriteWatch, reset
 
 from .codec import encode, encode_messages
 from .errors import ProtocolError
 from .frames import DEFAULT_MAX_FRAME_SIZE, Error, Frame, Message
-from .protocol import ACCEPTED, Connection, Outcome, Side, Use
+from .protocol import ACCEPTED, Connection, Side, Use, Verdict
 from .reader import FrameReader
 
 READ_SIZE = 256 * 1024
@@ -106,7 +107,7 @@ class FramedConnection:
         if self.stalled is not None:
             raise PeerStalled(self.stalled)
 
-    async def receive(self) -> list[tuple[Frame, Outcome]]:
+    async def receive(self) -> list[tuple[Frame, Verdict]]:
         """Wait for the next bytes; return the whole frames they complete with the core's verdicts.
 
         Raises ConnectionClosed at EOF, PeerStalled once the peer stalled, and ProtocolError
@@ -114,26 +115,26 @@ class FramedConnection:
         """
         frames = await self._read_frames()
         their_side = self.our_side.other
-        process = self.machine.process
-        return [(frame, process(frame, their_side)) for frame in frames]
+        feed = self.machine.feed
+        return [(frame, feed(their_side, frame)) for frame in frames]
 
-    async def receive_runs(self) -> list[tuple[Frame | list[Message], Outcome]]:
+    async def receive_runs(self) -> list[tuple[Frame | list[Message], Verdict]]:
         """As ``receive``, but a run of MESSAGEs on one stream that the core accepted whole
-        (``Connection.process_run``) comes as one item: the list of them, ACCEPTED.
+        (``Connection.feed_run``) comes as one item: the list of them, ACCEPTED.
 
         Every frame is still judged: a run the core does not take whole is judged frame by frame.
         """
         frames = await self._read_frames()
         their_side = self.our_side.other
-        process, process_run = self.machine.process, self.machine.process_run
-        out: list[tuple[Frame | list[Message], Outcome]] = []
+        feed, feed_run = self.machine.feed, self.machine.feed_run
+        out: list[tuple[Frame | list[Message], Verdict]] = []
         append = out.append
         for _, group in groupby(frames, _FIRST_FIELD):
             run = list(group)
-            if len(run) > 1 and process_run(run, their_side):
+            if len(run) > 1 and feed_run(run, their_side):
                 append((run, ACCEPTED))
             else:
-                out += [(frame, process(frame, their_side)) for frame in run]
+                out += [(frame, feed(their_side, frame)) for frame in run]
         return out
 
     async def _read_frames(self) -> list[Frame]:
@@ -144,7 +145,7 @@ class FramedConnection:
         if not data:
             self._check_stalled()
             self._peer_closed_first = True
-            self.machine.connection_lost()
+            self.machine.end(self.our_side.other)
             raise ConnectionClosed(self.frames.buffered)
         self.bytes_in += len(data)
         if self.recording is not None:
@@ -160,18 +161,18 @@ class FramedConnection:
         if self.stalled is not None:
             raise PeerStalled(self.stalled)
         chunks = []
-        process, process_run, side = self.machine.process, self.machine.process_run, self.our_side
+        feed, feed_run, side = self.machine.feed, self.machine.feed_run, self.our_side
         for item in frames:
             if type(item) is list:
-                if process_run(item, side):
+                if feed_run(item, side):
                     chunks.append(encode_messages(item))
                     continue
                 run = item
             else:
                 run = (item,)
             for frame in run:
-                outcome = process(frame, side)
-                if outcome is not ACCEPTED and check and outcome.is_violation:
+                outcome = feed(side, frame)
+                if outcome is not ACCEPTED and check and outcome.kind is Kind.VIOLATION:
                     raise OwnViolation(f"refusing to send {frame.TYPE.name}: {outcome.reason}")
                 chunks.append(encode(frame))
         data = b"".join(chunks)
@@ -210,7 +211,7 @@ class FramedConnection:
         Closing with bytes still queued would leave the kernel holding them for a peer
         that may never read, and that peer's connection open.
         """
-        self.machine.connection_lost()
+        self.machine.end(self.our_side)
         if self._watch is not None:  # the watchdog bounds this wait
             delay = 0.001
             try:

@@ -7,19 +7,26 @@ One ``Connection`` follows one TCP connection of either use of the protocol:
 * sink use: the roles are reversed (the worker sends the data frames) and
   stream 0 carries two-phase-commit messages in both directions.
 
-Feed it every frame with the side that sent it. It answers with an
-``Outcome``: accepted, a replay to drop, ignored (in flight when the other side
-closed), or a violation with a readable reason. A live peer answers a
-violation with ERROR and a close; an observer such as the dissector records it.
-No sockets, no clocks, no files.
+It keeps the judge contract (``wallaroo_proto.judge``): ``feed(side, frame)`` with
+every frame and the side that sent it, ``end(side, how)`` when the transport closes,
+``expects()`` for what may come next. ``feed`` answers a ``Verdict``: accepted, a
+replay to drop, ignored (in flight when the other side closed), or a violation
+naming its rule (``RULES``) with a readable reason. The state machines are tables
+(``CONNECTION_TRANSITIONS``, ``STREAM_TRANSITIONS``) that the frame-by-frame path,
+the fast paths and ``expects`` all read. A live peer answers a violation with ERROR
+and a close; an observer such as the dissector records it. No sockets, no clocks,
+no files.
 """
 
 from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import Enum, StrEnum
 from operator import itemgetter
+
+from wallaroo_proto import judge
+from wallaroo_proto.judge import End, Expected, Kind
 
 from .errors import ProtocolError
 from .frames import (
@@ -50,7 +57,9 @@ from .twopc import (
 )
 
 
-class Side(Enum):
+class Side(StrEnum):
+    """A side of the connection; its value is the plain word the judge contract uses."""
+
     CONNECTOR = "connector"
     WORKER = "worker"
 
@@ -80,29 +89,79 @@ class StreamState(Enum):
     TERMINATED = "Terminated"
 
 
-class Verdict(Enum):
-    ACCEPTED = "accepted"
-    #: A MESSAGE whose id is not above the last one seen: dropped, as the shipped worker does.
-    REPLAYED = "replayed"
-    #: Sent before the other side's ERROR or RESTART reached the sender: discarded.
-    IGNORED = "ignored"
-    VIOLATION = "violation"
+#: Every rule a violation can name, with what it says.
+RULES: dict[str, str] = {
+    "sender": "a frame type only one side sends: the data frames the data side, a 2PC message its role",
+    "after-end": "a frame sent after its own sender's ERROR, RESTART or close",
+    "handshake": "a HELLO first and once, an OK only to answer it, nothing before OK (bar sink pipelining)",
+    "credits": "a data frame of the source protocol sent with no credits left",
+    "notify-ack": "a NOTIFY_ACK with no NOTIFY pending, or accepting a NOTIFY of a stream already open",
+    "stream-not-open": "a MESSAGE or EOS_MESSAGE on a stream that no successful NOTIFY_ACK opened",
+    "ack-stream": "an ACK for a stream never notified on this connection",
+    "data-in-round": "application data between a PHASE1 and its PHASE2",
+    "unsettled": "application data or a PHASE1 before PHASE2 settled every txn the sink listed uncommitted",
+    "one-round": "a PHASE1 or PHASE2 while another txn awaits its PHASE2",
+    "twopc-payload": "a stream-0 MESSAGE of the sink protocol that is no 2PC message",
+    "reply-txn": "a REPLY for a txn no PHASE1 or PHASE2 named",
+}
+
+#: The connection's state machine: state -> {frame type: the state it leads to}. Who may send a
+#: frame type is ``_SENDERS``'s; a type its state does not list breaks ``handshake`` (the sink's
+#: worker may send ``_SINK_PIPELINED`` types during the handshake, staying in it).
+CONNECTION_TRANSITIONS: dict[ConnState, dict[str, ConnState]] = {
+    ConnState.CONNECTED: {"HELLO": ConnState.HANDSHAKE, "ERROR": ConnState.ERROR},
+    ConnState.HANDSHAKE: {"OK": ConnState.STREAMING, "ERROR": ConnState.ERROR},
+    ConnState.STREAMING: {
+        **dict.fromkeys(
+            ("NOTIFY", "NOTIFY_ACK", "MESSAGE", "EOS_MESSAGE", "ACK", "WORKERS_LEFT"), ConnState.STREAMING
+        ),
+        "RESTART": ConnState.DISCONNECTED,
+        "ERROR": ConnState.ERROR,
+    },
+    ConnState.ERROR: {},
+    ConnState.DISCONNECTED: {},
+}
+#: The shipped worker pipelines NOTIFY and LIST_UNCOMMITTED behind its HELLO to a sink.
+_SINK_PIPELINED = frozenset({"NOTIFY", "MESSAGE", "EOS_MESSAGE", "WORKERS_LEFT"})
+
+#: A stream's state machine: state -> {event: the state it leads to}. A NOTIFY that leaves its
+#: stream as it was (pending or open) is one the worker refuses (shipped behaviour: the spec
+#: lists NOTIFY only in Start and Closed); a NOTIFY_ACK success=0 closes a pending stream.
+STREAM_TRANSITIONS: dict[StreamState, dict[str, StreamState]] = {
+    StreamState.START: {"NOTIFY": StreamState.NOTIFY_SENT},
+    StreamState.NOTIFY_SENT: {
+        "NOTIFY": StreamState.NOTIFY_SENT,
+        "NOTIFY_ACK success=1": StreamState.OPEN,
+        "NOTIFY_ACK success=0": StreamState.CLOSED,
+    },
+    StreamState.OPEN: {
+        "NOTIFY": StreamState.OPEN,
+        "MESSAGE": StreamState.OPEN,
+        "EOS_MESSAGE": StreamState.CLOSED,
+    },
+    StreamState.CLOSED: {"NOTIFY": StreamState.NOTIFY_SENT},
+    StreamState.TERMINATED: {"NOTIFY": StreamState.NOTIFY_SENT},
+}
+# A RESTART ends every stream, whatever its state.
+for _moves in STREAM_TRANSITIONS.values():
+    _moves["RESTART"] = StreamState.TERMINATED
+#: The one stream state a MESSAGE (and an EOS_MESSAGE) is legal in, read by every path.
+(_MESSAGE_STATE,) = (state for state, moves in STREAM_TRANSITIONS.items() if "MESSAGE" in moves)
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    verdict: Verdict
-    reason: str = ""
+@dataclass(slots=True)
+class Verdict(judge.Verdict):
+    """The core's answer on one frame: the judge's, its number in the connection and its 2PC message."""
+
+    #: The frame's number in the connection; -1 on the shared ACCEPTED (the caller counts).
     frame_index: int = -1
     #: The decoded 2PC message, when the frame was a stream-0 MESSAGE of the sink protocol.
     twopc: TwoPCMessage | None = None
 
-    @property
-    def is_violation(self) -> bool:
-        return self.verdict is Verdict.VIOLATION
 
-
-ACCEPTED = Outcome(Verdict.ACCEPTED)
+#: The verdict on a frame with nothing to say (the common one, shared: a verdict a frame would
+#: cost a dataclass on the hot path).
+ACCEPTED = Verdict(Kind.ACCEPTED)
 
 
 @dataclass(slots=True)
@@ -125,10 +184,17 @@ _STREAM_ID = itemgetter(0)
 _MESSAGE_ID = itemgetter(1)
 _ONLY_MESSAGES = {Message}
 
-# Which side of each use sends the data frames.
+# Who may send each frame type, per use: the data frames are the data side's, the control
+# frames the other's, WORKERS_LEFT the worker's; ERROR either side's (absent here).
 _DATA_SIDE = {Use.SOURCE: Side.CONNECTOR, Use.SINK: Side.WORKER}
-_DATA_FRAMES = (Hello, Notify, Message, EosMessage)
-_CONTROL_FRAMES = (Ok, NotifyAck, Ack, Restart)
+_SENDERS = {
+    use: {
+        **dict.fromkeys((Hello, Notify, Message, EosMessage), data_side),
+        **dict.fromkeys((Ok, NotifyAck, Ack, Restart), data_side.other),
+        WorkersLeft: Side.WORKER,
+    }
+    for use, data_side in _DATA_SIDE.items()
+}
 # 2PC messages and who sends them: the worker drives, the connector sink replies.
 _TWOPC_SENDER = {
     ListUncommitted: Side.WORKER,
@@ -143,6 +209,9 @@ _TWOPC_SENDER = {
 @dataclass(slots=True)
 class Connection:
     """State of one connection, seen from both ends at once."""
+
+    SIDES = (Side.CONNECTOR.value, Side.WORKER.value)
+    RULES = RULES
 
     use: Use = Use.SOURCE
     #: Let frames through with no credit left (counted in ``overdraft``) instead of a violation.
@@ -164,8 +233,9 @@ class Connection:
     #: Txns the sink listed in REPLY_UNCOMMITTED that no PHASE2 settled yet: until then
     #: the worker may send no application data and start no round.
     unsettled_listed: set = field(default_factory=set)
-    closed_by: Side | None = None
+    closed_by: str | None = None
     _data_side: Side = field(init=False, repr=False)
+    _senders: dict = field(init=False, repr=False)
 
     @property
     def data_side(self) -> Side:
@@ -178,16 +248,41 @@ class Connection:
             record = self.streams[stream_id] = StreamRecord(stream_id)
         return record
 
-    def connection_lost(self) -> None:
-        """The transport closed: the machine goes to Disconnected."""
+    def end(self, side: str, how: End = End.CLOSED, partial: int = 0) -> Verdict | None:
+        """The transport closed (however, whichever side): the machine goes to Disconnected.
+
+        No end breaks a rule here: bytes cut short are the reader's to report.
+        """
         if self.state is not ConnState.ERROR:
             self.state = ConnState.DISCONNECTED
+        return None
+
+    def expects(self) -> Expected:
+        """The frame types each side may send now, read from ``CONNECTION_TRANSITIONS``."""
+        moves = CONNECTION_TRANSITIONS[self.state]
+        sink = self.use is Use.SINK
+        legal = {}
+        for side in (Side.CONNECTOR, Side.WORKER):
+            names = {cls.TYPE.name for cls, sender in self._senders.items() if sender is side}
+            if self.state is ConnState.HANDSHAKE and sink and side is self._data_side:
+                allowed = moves.keys() | _SINK_PIPELINED
+            else:
+                allowed = moves.keys()
+            if sink and side is Side.CONNECTOR:
+                names.add("MESSAGE")  # its 2PC replies on stream 0
+            legal[side.value] = frozenset(name for name in allowed if name in names or name == "ERROR")
+        text = "; ".join(
+            f"{' or '.join(sorted(names))} from the {side}" for side, names in legal.items() if names
+        )
+        return Expected(legal, text or f"nothing: the connection is {self.state.value}")
 
     def __post_init__(self) -> None:
         self._data_side = _DATA_SIDE[self.use]
+        self._senders = _SENDERS[self.use]
 
-    def process(self, frame: Frame, sender: Side) -> Outcome:
-        """Apply one frame sent by ``sender``; the state changes only if it is legal."""
+    def feed(self, side: str, frame: Frame) -> Verdict:
+        """Apply one frame sent by ``side``; the state changes only if it is legal."""
+        sender = side
         index = self.frame_index
         self.frame_index = index + 1
         frame_type = type(frame)
@@ -199,7 +294,7 @@ class Connection:
             credits = self.credits
             if (
                 record is not None
-                and record.state is StreamState.OPEN
+                and record.state is _MESSAGE_STATE
                 and self.phase1_txn is None
                 and not self.unsettled_listed
                 and credits is not None
@@ -213,83 +308,92 @@ class Connection:
                     self.credits = credits - 1
                     return ACCEPTED
 
-        if self.state is ConnState.ERROR or self.state is ConnState.DISCONNECTED:
-            ended_by = "ERROR" if self.state is ConnState.ERROR else "RESTART or close"
-            if sender is self.closed_by:
-                return self._violation(index, f"{frame.TYPE.name} sent after its own {ended_by}")
-            return Outcome(
-                Verdict.IGNORED, f"{frame.TYPE.name} arrived after the {ended_by}; discarded", index
+        state = self.state
+        if state is ConnState.ERROR or state is ConnState.DISCONNECTED:
+            ended_by = "ERROR" if state is ConnState.ERROR else "RESTART or close"
+            if sender == self.closed_by:
+                return self._violation(
+                    index, sender, "after-end", f"{frame.TYPE.name} sent after its own {ended_by}"
+                )
+            return Verdict(
+                Kind.IGNORED,
+                sender,
+                None,
+                f"{frame.TYPE.name} arrived after the {ended_by}; discarded",
+                index,
             )
         if frame_type is Error:
-            self.state = ConnState.ERROR
+            self.state = CONNECTION_TRANSITIONS[state]["ERROR"]
             self.closed_by = sender
             return ACCEPTED
 
         data_side = self._data_side
-        if frame_type is WorkersLeft:
-            if sender is not Side.WORKER:
-                return self._violation(index, "Invalid message: WORKERS_LEFT may only be sent by the worker")
-        elif isinstance(frame, _DATA_FRAMES):
-            if sender is not data_side and not (
-                frame_type is Message and self.use is Use.SINK and frame.stream_id == TWOPC_STREAM
-            ):
-                return self._violation(
-                    index, f"Invalid message: {frame.TYPE.name} may only be sent by the {data_side.value}"
-                )
-        elif sender is data_side:
+        must = self._senders[frame_type]
+        if sender != must and not (
+            frame_type is Message and self.use is Use.SINK and frame.stream_id == TWOPC_STREAM
+        ):
             return self._violation(
-                index, f"Invalid message: {frame.TYPE.name} may only be sent by the {data_side.other.value}"
+                index,
+                sender,
+                "sender",
+                f"Invalid message: {frame.TYPE.name} may only be sent by the {must.value}",
             )
 
+        name = frame.TYPE.name
+        after = CONNECTION_TRANSITIONS[state].get(name)
+        if after is None and not (
+            state is ConnState.HANDSHAKE
+            and self.use is Use.SINK
+            and sender == data_side
+            and name in _SINK_PIPELINED
+        ):
+            if frame_type is Hello:
+                reason = f"HELLO in state {state.value}: the handshake happens once"
+            elif frame_type is Ok:
+                reason = f"OK in state {state.value}: OK answers the HELLO only"
+            elif state is ConnState.CONNECTED:
+                reason = f"{name} before HELLO"
+            else:
+                reason = f"{name} before the handshake completed with OK"
+            return self._violation(index, sender, "handshake", reason)
         if frame_type is Hello:
-            if self.state is not ConnState.CONNECTED:
-                return self._violation(
-                    index, f"HELLO in state {self.state.value}: the handshake happens once"
-                )
-            self.state = ConnState.HANDSHAKE
+            self.state = after
             self.hello = frame
             return ACCEPTED
         if frame_type is Ok:
-            if self.state is not ConnState.HANDSHAKE:
-                return self._violation(index, f"OK in state {self.state.value}: OK answers the HELLO only")
-            self.state = ConnState.STREAMING
+            self.state = after
             self.credits = frame.initial_credits
             return ACCEPTED
-        if self.state is ConnState.CONNECTED:
-            return self._violation(index, f"{frame.TYPE.name} before HELLO")
-        if self.state is ConnState.HANDSHAKE and not (self.use is Use.SINK and sender is data_side):
-            # The shipped worker pipelines NOTIFY and LIST_UNCOMMITTED behind its HELLO to a sink.
-            return self._violation(index, f"{frame.TYPE.name} before the handshake completed with OK")
 
-        spends = sender is data_side and self.credits is not None
+        spends = sender == data_side and self.credits is not None
         if spends and self.credits <= 0 and self.use is Use.SOURCE and not self.lenient_credits:
-            return self._violation(index, f"{frame.TYPE.name} sent with no credits left")
+            return self._violation(index, sender, "credits", f"{name} sent with no credits left")
         outcome = self._apply(frame, frame_type, sender, index)
-        if spends and not outcome.is_violation:
+        if spends and outcome.kind is not Kind.VIOLATION:
             if self.credits > 0:
                 self.credits -= 1
             else:
                 self.overdraft += 1
         return outcome
 
-    def process_run(self, run: list[Message], sender: Side) -> bool:
+    def feed_run(self, run: list[Message], side: str) -> bool:
         """Accept a run of MESSAGEs in one step, or change nothing and return False.
 
         True only when the per-frame fast path would accept every frame of the run:
         all MESSAGEs on one open stream, ids strictly rising and above the last seen,
         credit for all of them, no 2PC round in the way. Otherwise the caller feeds the
-        run to ``process`` frame by frame, which gives each frame its own verdict.
+        run to ``feed`` frame by frame, which gives each frame its own verdict.
         The checks are passes in C over the run, not a Python step per frame.
         """
         n = len(run)
-        if n == 0 or sender is not self._data_side or self.state is not ConnState.STREAMING:
+        if n == 0 or side is not self._data_side or self.state is not ConnState.STREAMING:
             return False
         stream_id = run[0][0]
         record = self.streams.get(stream_id)
         credits = self.credits
         if (
             record is None
-            or record.state is not StreamState.OPEN
+            or record.state is not _MESSAGE_STATE
             or self.phase1_txn is not None
             or self.unsettled_listed
             or credits is None
@@ -314,24 +418,28 @@ class Connection:
         self.frame_index += n
         return True
 
-    def _apply(self, frame: Frame, frame_type: type, sender: Side, index: int) -> Outcome:
+    def _apply(self, frame: Frame, frame_type: type, sender: str, index: int) -> Verdict:
         if frame_type is Message:
             return self._message(frame, sender, index)
         if frame_type is Ack:
-            return self._ack(frame, index)
+            return self._ack(frame, sender, index)
         if frame_type is Notify:
             record = self.stream(frame.stream_id)
-            if record.state is StreamState.NOTIFY_SENT or record.state is StreamState.OPEN:
+            before = record.state
+            after = STREAM_TRANSITIONS[before]["NOTIFY"]
+            if after is before:
                 # The spec lists NOTIFY only in Start and Closed; the shipped worker answers a
                 # repeat with NOTIFY_ACK success=0 and the stream stays as it was.
                 record.refusals_due += 1
-                return Outcome(
-                    Verdict.ACCEPTED,
-                    f"NOTIFY for stream {frame.stream_id}, which is already {record.state.value} "
+                return Verdict(
+                    Kind.ACCEPTED,
+                    sender,
+                    None,
+                    f"NOTIFY for stream {frame.stream_id}, which is already {before.value} "
                     "on this connection: to be refused",
                     index,
                 )
-            record.state = StreamState.NOTIFY_SENT
+            record.state = after
             record.name = frame.stream_name
             return ACCEPTED
         if frame_type is NotifyAck:
@@ -339,31 +447,43 @@ class Connection:
             if record is not None and record.state is StreamState.OPEN and record.refusals_due:
                 if frame.success:
                     return self._violation(
-                        index, f"NOTIFY_ACK success=1 for stream {frame.stream_id}, which is already open"
+                        index,
+                        sender,
+                        "notify-ack",
+                        f"NOTIFY_ACK success=1 for stream {frame.stream_id}, which is already open",
                     )
                 record.refusals_due -= 1
                 return ACCEPTED
-            if record is None or record.state is not StreamState.NOTIFY_SENT:
+            event = "NOTIFY_ACK success=1" if frame.success else "NOTIFY_ACK success=0"
+            after = None if record is None else STREAM_TRANSITIONS[record.state].get(event)
+            if after is None:
                 return self._violation(
-                    index, f"NOTIFY_ACK for stream {frame.stream_id}, which has no NOTIFY pending"
+                    index,
+                    sender,
+                    "notify-ack",
+                    f"NOTIFY_ACK for stream {frame.stream_id}, which has no NOTIFY pending",
                 )
-            record.state = StreamState.OPEN if frame.success else StreamState.CLOSED
+            record.state = after
             record.resume_from = frame.point_of_ref
             record.last_message_id = None
             return ACCEPTED
         if frame_type is EosMessage:
             record = self.streams.get(frame.stream_id)
-            if record is None or record.state is not StreamState.OPEN:
+            after = None if record is None else STREAM_TRANSITIONS[record.state].get("EOS_MESSAGE")
+            if after is None:
                 state = record.state.value if record else "never notified"
                 return self._violation(
-                    index, f"EOS_MESSAGE for stream {frame.stream_id}, which is not open ({state})"
+                    index,
+                    sender,
+                    "stream-not-open",
+                    f"EOS_MESSAGE for stream {frame.stream_id}, which is not open ({state})",
                 )
-            record.state = StreamState.CLOSED
+            record.state = after
             return ACCEPTED
         if frame_type is Restart:
             for record in self.streams.values():
-                record.state = StreamState.TERMINATED
-            self.state = ConnState.DISCONNECTED
+                record.state = STREAM_TRANSITIONS[record.state]["RESTART"]
+            self.state = CONNECTION_TRANSITIONS[self.state]["RESTART"]
             self.closed_by = sender
             return ACCEPTED
         return ACCEPTED  # WORKERS_LEFT: informational
@@ -372,54 +492,70 @@ class Connection:
         listed = ", ".join(repr(show_text(t)) for t in sorted(self.unsettled_listed, key=show_text))
         return f"before the listed uncommitted txn(s) {listed} were settled by PHASE2"
 
-    def _violation(self, index: int, reason: str) -> Outcome:
-        return Outcome(Verdict.VIOLATION, reason, index)
+    def _violation(self, index: int, sender: str, rule: str, reason: str) -> Verdict:
+        return Verdict(Kind.VIOLATION, sender, rule, reason, index)
 
-    def _message(self, frame: Message, sender: Side, index: int) -> Outcome:
+    def _message(self, frame: Message, sender: str, index: int) -> Verdict:
         stream_id = frame.stream_id
         if self.use is Use.SINK and stream_id == TWOPC_STREAM:
             return self._twopc(frame, sender, index)
         record = self.streams.get(stream_id)
-        if record is None or record.state is not StreamState.OPEN:
+        if record is None or record.state is not _MESSAGE_STATE:
             state = record.state.value if record else "never notified"
             return self._violation(
                 index,
+                sender,
+                "stream-not-open",
                 f"Bad/unregistered stream_id {stream_id} with message_id {frame.message_id} "
                 f"(stream is {state}; MESSAGE needs a successful NOTIFY_ACK first)",
             )
         if self.phase1_txn is not None:
             return self._violation(
                 index,
+                sender,
+                "data-in-round",
                 f"application MESSAGE on stream {stream_id} between PHASE1 of txn "
                 f"{show_text(self.phase1_txn)!r} and its PHASE2",
             )
         if self.unsettled_listed:
-            return self._violation(index, f"application MESSAGE on stream {stream_id} {self._unsettled()}")
+            return self._violation(
+                index, sender, "unsettled", f"application MESSAGE on stream {stream_id} {self._unsettled()}"
+            )
         last = record.last_message_id
         if last is not None and frame.message_id <= last:
             record.replays += 1
-            return Outcome(
-                Verdict.REPLAYED, f"message_id {frame.message_id} is not above the last seen {last}", index
+            return Verdict(
+                Kind.REPLAYED,
+                sender,
+                None,
+                f"message_id {frame.message_id} is not above the last seen {last}",
+                index,
             )
         record.last_message_id = frame.message_id
         record.messages += 1
         return ACCEPTED
 
-    def _twopc(self, frame: Message, sender: Side, index: int) -> Outcome:
+    def _twopc(self, frame: Message, sender: str, index: int) -> Verdict:
         try:
             msg = decode_twopc(frame.payload)
         except ProtocolError as err:
-            return self._violation(index, f"bad 2PC payload on stream 0: {err}")
+            return self._violation(index, sender, "twopc-payload", f"bad 2PC payload on stream 0: {err}")
         expected = _TWOPC_SENDER[type(msg)]
         name = msg.TAG.name
-        if sender is not expected:
-            return self._violation(index, f"2PC {name} may only be sent by the {expected.value}")
+        if sender != expected:
+            return self._violation(
+                index, sender, "sender", f"2PC {name} may only be sent by the {expected.value}"
+            )
         if isinstance(msg, Phase1):
             if self.unsettled_listed:
-                return self._violation(index, f"PHASE1 of txn {show_text(msg.txn_id)!r} {self._unsettled()}")
+                return self._violation(
+                    index, sender, "unsettled", f"PHASE1 of txn {show_text(msg.txn_id)!r} {self._unsettled()}"
+                )
             if self.phase1_txn is not None:
                 return self._violation(
                     index,
+                    sender,
+                    "one-round",
                     f"PHASE1 of txn {show_text(msg.txn_id)!r} while txn "
                     f"{show_text(self.phase1_txn)!r} awaits its PHASE2",
                 )
@@ -431,6 +567,8 @@ class Connection:
             elif self.phase1_txn is not None:
                 return self._violation(
                     index,
+                    sender,
+                    "one-round",
                     f"PHASE2 of txn {show_text(msg.txn_id)!r} while txn "
                     f"{show_text(self.phase1_txn)!r} awaits its PHASE2",
                 )
@@ -451,16 +589,22 @@ class Connection:
             and msg.txn_id != self.last_decided_txn
         ):
             return self._violation(
-                index, f"REPLY for txn {show_text(msg.txn_id)!r}, which no PHASE1 or PHASE2 named"
+                index,
+                sender,
+                "reply-txn",
+                f"REPLY for txn {show_text(msg.txn_id)!r}, which no PHASE1 or PHASE2 named",
             )
-        return Outcome(Verdict.ACCEPTED, "", index, msg)
+        return Verdict(Kind.ACCEPTED, sender, None, None, index, msg)
 
-    def _ack(self, frame: Ack, index: int) -> Outcome:
+    def _ack(self, frame: Ack, sender: str, index: int) -> Verdict:
         for stream_id, _ in frame.acks:
             record = self.streams.get(stream_id)
             if record is None or record.state is StreamState.START:
                 return self._violation(
-                    index, f"ACK for stream {stream_id}, which was never notified on this connection"
+                    index,
+                    sender,
+                    "ack-stream",
+                    f"ACK for stream {stream_id}, which was never notified on this connection",
                 )
         for stream_id, point_of_ref in frame.acks:
             self.streams[stream_id].last_acked = point_of_ref

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.runtime import quiet_accept_errors
 
 from .errors import ProtocolError
@@ -43,7 +44,7 @@ from .frames import (
     show_text,
 )
 from .peer import ConnectionClosed, FramedConnection, describe_protocol_error
-from .protocol import Side, Use, Verdict, check_hello
+from .protocol import Side, Use, check_hello
 from .twopc import TWOPC_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
 from .txnlog import (
     COMPACT_AT,
@@ -477,9 +478,9 @@ class SinkServer:
                     for message in frame:
                         await self._frame(session, message, None)
                     continue
-                if outcome.verdict is Verdict.VIOLATION:
+                if outcome.kind is Kind.VIOLATION:
                     raise PeerError(outcome.reason)
-                if outcome.verdict is Verdict.IGNORED:
+                if outcome.kind is Kind.IGNORED:
                     continue
                 if await self._frame(session, frame, outcome.twopc):
                     return

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from wallaroo_proto.input_spec import GENERATED, STDIN, generated_lines, open_input
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.pcap_writer import PcapWriter
 
 from .errors import ProtocolError
@@ -47,7 +48,7 @@ from .frames import (
     show_text,
 )
 from .peer import FramedConnection
-from .protocol import Side, Use, Verdict
+from .protocol import Side, Use
 from .twopc import SINK_DATA_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
 
 #: How many recent txn decisions are kept to settle a REPLY_UNCOMMITTED after a reconnect.
@@ -362,7 +363,7 @@ class SinkDriver:
         try:
             while True:
                 for frame, outcome in await conn.receive():
-                    if outcome.verdict is Verdict.VIOLATION:
+                    if outcome.kind is Kind.VIOLATION:
                         self._lose(f"sink broke the protocol: {outcome.reason}")
                         return
                     self._on_frame(frame, outcome.twopc)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from itertools import repeat, starmap
 from operator import itemgetter
 
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.pcap_writer import PcapWriter
 
 from .errors import ProtocolError
@@ -55,7 +56,7 @@ from .frames import (
 )
 from .inputs import InputError, MessageReader, RateLimiter, StreamInput, ThreadedReader
 from .peer import ConnectionClosed, FramedConnection, describe_protocol_error
-from .protocol import ConnState, Outcome, Side, Use, Verdict
+from .protocol import ConnState, Side, Use, Verdict
 
 _MESSAGE_ID = itemgetter(1)
 _PAYLOAD = itemgetter(4)
@@ -418,7 +419,7 @@ class MockSource:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _receive(self, conn: FramedConnection) -> list[tuple[Frame, Outcome]]:
+    async def _receive(self, conn: FramedConnection) -> list[tuple[Frame, Verdict]]:
         try:
             return await conn.receive()
         except ProtocolError as err:
@@ -474,11 +475,11 @@ class MockSource:
             return True
         return any(feed.unacked or feed.state in (NOTIFIED, EOS_SENT) for feed in self.feeds)
 
-    async def _handle(self, conn: FramedConnection, frames: list[tuple[Frame, Outcome]]) -> None:
+    async def _handle(self, conn: FramedConnection, frames: list[tuple[Frame, Verdict]]) -> None:
         for frame, outcome in frames:
-            if outcome.verdict is Verdict.IGNORED:
+            if outcome.kind is Kind.IGNORED:
                 continue
-            if outcome.is_violation:
+            if outcome.kind is Kind.VIOLATION:
                 await conn.fail(f"Invalid message: {outcome.reason}")
                 raise SourceFailed(f"the worker broke the protocol: {outcome.reason}")
             kind = type(frame)

@@ -38,6 +38,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Protocol
 
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.latency import LatencyHistogram
 from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 from wallaroo_proto.runtime import quiet_accept_errors
@@ -60,13 +61,13 @@ from .frames import (
     show_text,
 )
 from .peer import ConnectionClosed, FramedConnection, OwnViolation, describe_protocol_error
-from .protocol import ACCEPTED, Outcome, Side, Use, Verdict, check_hello
+from .protocol import ACCEPTED, Side, Use, Verdict, check_hello
 from .registry import Registry, write_atomic
 from .sink_forwarder import SinkForwarder
 
-_ACCEPTED = Verdict.ACCEPTED
-_REPLAYED = Verdict.REPLAYED
-_VIOLATION = Verdict.VIOLATION
+_ACCEPTED = Kind.ACCEPTED
+_REPLAYED = Kind.REPLAYED
+_VIOLATION = Kind.VIOLATION
 #: Violations and refusals kept for the summary (all are counted).
 MAX_RECORDED_ERRORS = 100
 
@@ -75,8 +76,8 @@ _MESSAGE_ID = itemgetter(1)
 
 
 def _one_by_one(
-    batch: list[tuple[Frame | list[Message], Outcome]],
-) -> Iterator[tuple[Frame, Outcome]]:
+    batch: list[tuple[Frame | list[Message], Verdict]],
+) -> Iterator[tuple[Frame, Verdict]]:
     """Runs opened up into their MESSAGEs, each ACCEPTED (the core accepted the run whole)."""
     for frame, outcome in batch:
         if type(frame) is list:
@@ -368,8 +369,8 @@ class WorkerConnection:
                     await self._fail("timeout", reason)
                 except ProtocolError as err:
                     # Frames before the bad bytes still count, in order; then the ERROR.
-                    process = self.machine.process
-                    batch = [(f, process(f, Side.CONNECTOR)) for f in err.decoded]
+                    feed = self.machine.feed
+                    batch = [(f, feed(Side.CONNECTOR, f)) for f in err.decoded]
                     pending_error = err
                 delivered = self.messages
                 await self._handle(batch)
@@ -400,7 +401,7 @@ class WorkerConnection:
                 self.worker.stats.timeouts += 1
                 self.worker.note_error(self, "stalled", framed.stalled)
 
-    async def _handle(self, batch: list[tuple[Frame | list[Message], Outcome]]) -> None:
+    async def _handle(self, batch: list[tuple[Frame | list[Message], Verdict]]) -> None:
         worker = self.worker
         stats = worker.stats
         registry_streams = worker.registry.streams
@@ -421,7 +422,7 @@ class WorkerConnection:
             if type(frame) is list:
                 await self._deliver_run(frame)
                 continue
-            verdict = outcome.verdict
+            verdict = outcome.kind
             if verdict is _ACCEPTED:
                 if type(frame) is Message:
                     stream_id = frame.stream_id

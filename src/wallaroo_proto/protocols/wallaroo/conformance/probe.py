@@ -14,11 +14,12 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 from wallaroo_proto.conformance.runner import CaseFailed, Trace
+from wallaroo_proto.judge import Kind
 
 from ..codec import encode
 from ..errors import ProtocolError
 from ..frames import DEFAULT_MAX_FRAME_SIZE, Ack, Error, Frame, Message, NotifyAck, Ok, show_text
-from ..protocol import Connection, Side, Use, Verdict
+from ..protocol import Connection, Side, Use
 from ..reader import FrameReader
 from ..twopc import TWOPC_STREAM, decode_twopc
 
@@ -89,8 +90,8 @@ class Probe:
     def send(self, *frames: Frame) -> None:
         """Send frames as they are; the core's opinion of ours goes to the trace."""
         for i, frame in enumerate(frames):
-            outcome = self.machine.process(frame, self.our_side)
-            note = f"  (breaks a rule on purpose: {outcome.reason})" if outcome.is_violation else ""
+            outcome = self.machine.feed(self.our_side, frame)
+            note = f"  (breaks a rule on purpose: {outcome.reason})" if outcome.kind is Kind.VIOLATION else ""
             if note or i < 2 or i == len(frames) - 1:
                 self.trace(f"{self.label} -> {show(frame, sink=self._sink)}{note}")
             elif i == 2:
@@ -115,7 +116,7 @@ class Probe:
                 self.trace(f"{self.label} <- reset ({err})")
             if not data:
                 self.closed = True
-                self.machine.connection_lost()
+                self.machine.end(self.our_side.other)
                 self.trace(f"{self.label} <- close")
                 raise PeerClosed()
             try:
@@ -127,9 +128,9 @@ class Probe:
                         f"the peer sent bytes that are no frame: {err}", self.trace.tail()
                     ) from err
         frame = self._queue.popleft()
-        outcome = self.machine.process(frame, self.our_side.other)
+        outcome = self.machine.feed(self.our_side.other, frame)
         self.trace(f"{self.label} <- {show(frame, sink=self._sink)}")
-        if outcome.verdict is Verdict.VIOLATION:
+        if outcome.kind is Kind.VIOLATION:
             self.violations.append(outcome.reason)
             self.trace(f"   the core: {outcome.reason}")
         return frame
