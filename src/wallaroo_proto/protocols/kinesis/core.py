@@ -149,6 +149,10 @@ _TYPES = {
 }
 
 
+#: What ``feed`` decodes (anything else is a message value).
+_LINES = (Line, bytes, str)
+
+
 @dataclass(slots=True)
 class Verdict(judge.Verdict):
     """The judge's verdict, with the line it was on, the message read from it and a note."""
@@ -293,7 +297,7 @@ class Conversation:
         ``line`` and ``note`` go with a message value (a line carries its own); without
         ``line`` the side's lines are counted.
         """
-        if isinstance(frame, Line | bytes | str):
+        if isinstance(frame, _LINES):
             return self._from_daemon(frame) if side == DAEMON else self._from_processor(frame)
         return (
             self._daemon_sent(frame, line, note)
@@ -348,7 +352,7 @@ class Conversation:
                 if self.largest is None or key > self.largest:
                     self.largest = key
                     self.largest_seq = (last.sequence_number, last.sub_sequence_number)
-        return Verdict(Kind.ACCEPTED, DAEMON, line=line, message=msg, note=note)
+        return Verdict(Kind.ACCEPTED, DAEMON, None, None, line, msg, note)
 
     def _reply(self, msg: Checkpoint, line: int, note: str | None) -> Verdict:
         asked = self.checkpoint
@@ -380,7 +384,7 @@ class Conversation:
                 self.last_checkpoint = (asked.sequence_number, asked.sub_sequence_number)
         else:
             self.checkpoint_errors += 1
-        return Verdict(Kind.ACCEPTED, DAEMON, line=line, message=msg, note=note)
+        return Verdict(Kind.ACCEPTED, DAEMON, None, None, line, msg, note)
 
     # ------------------------------------------------------------------ processor side
 
@@ -392,7 +396,7 @@ class Conversation:
         except Skipped as err:
             return Verdict(Kind.SKIPPED, PROCESSOR, line=number, note=_join(note, str(err)))
         if decoded is None:
-            return Verdict(Kind.SKIPPED, PROCESSOR, line=number, note=note)
+            return Verdict(Kind.SKIPPED, PROCESSOR, None, None, number, None, note)
         msg, lenient = decoded
         return self._processor_sent(msg, number, _join(note, lenient))
 
@@ -414,7 +418,7 @@ class Conversation:
         if isinstance(msg, Status):
             return self._status(msg, line, note)
         self.checkpoint = msg
-        return Verdict(Kind.ACCEPTED, PROCESSOR, line=line, message=msg, note=note)
+        return Verdict(Kind.ACCEPTED, PROCESSOR, None, None, line, msg, note)
 
     def _status(self, msg: Status, line: int, note: str | None) -> Verdict:
         if msg.response_for != self.pending:
@@ -436,7 +440,7 @@ class Conversation:
             self.done = True
         self.pending = None
         self.pending_reason = None
-        return Verdict(Kind.ACCEPTED, PROCESSOR, line=line, message=msg, note=note)
+        return Verdict(Kind.ACCEPTED, PROCESSOR, None, None, line, msg, note)
 
     # ------------------------------------------------------------------ both
 
