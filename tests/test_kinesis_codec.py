@@ -384,12 +384,12 @@ def test_any_line_is_a_message_or_the_codecs_error_with_a_reason(line):
 @settings(deadline=None, max_examples=200)  # a loaded machine is no failure
 @given(st.lists(st.tuples(st.booleans(), _any_line), max_size=6))
 def test_a_conversation_judges_any_lines_with_a_verdict(lines):
-    from wallaroo_proto.protocols.kinesis.core import Conversation
+    from wallaroo_proto.protocols.kinesis.core import DAEMON, PROCESSOR, Conversation
 
     conv = Conversation()
     head = [(True, MLD_LINES[0][1][:-1]), (True, MLD_LINES[1][1][:-1])]
     for from_daemon, line in head + lines:
-        verdict = conv.from_daemon(line) if from_daemon else conv.from_processor(line)
+        verdict = conv.feed(DAEMON if from_daemon else PROCESSOR, line)
         assert verdict.kind is not None
 
 

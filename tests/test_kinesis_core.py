@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from wallaroo_proto.protocols.kinesis.codec import V1, Checkpoint
+from wallaroo_proto import judge
+from wallaroo_proto.protocols.kinesis.codec import V1, Checkpoint, Initialize, ProcessRecords, Status
 from wallaroo_proto.protocols.kinesis.core import (
     DAEMON,
+    FINAL,
     PROCESSOR,
+    REFUSED,
+    REQUEST,
+    RULES,
+    TRANSITIONS,
     Conversation,
     Kind,
+    State,
     checkpoint_error,
     seq_key,
 )
@@ -44,7 +53,7 @@ def reply(seq: str | None = None, error: str | None = None) -> bytes:
 def play(conv: Conversation, *steps: tuple[str, bytes]):
     verdicts = []
     for sender, line in steps:
-        verdicts.append(conv.from_daemon(line) if sender == DAEMON else conv.from_processor(line))
+        verdicts.append(conv.feed(sender, line))
     return verdicts
 
 
@@ -71,7 +80,7 @@ def test_a_whole_lease_with_kclpy_lines_is_accepted():
         (P, status("shardEnded")),
     )
     assert [v.kind for v in verdicts if v.kind is not Kind.SKIPPED] == [Kind.ACCEPTED] * 10
-    assert conv.done and conv.violations == []
+    assert conv.done and conv.violations == 0
     assert conv.records == 2 and conv.checkpoints == 2 and conv.last_checkpoint == ("SHARD_END", 0)
 
 
@@ -122,7 +131,7 @@ def test_no_checkpointer_during_initialize_and_leaselost(during):
     assert [v.kind for v in ok] == [Kind.ACCEPTED] * 3
     conv = conv_at_request()
     *_, bad = play(conv, (P, checkpoint()), (D, reply()))
-    assert bad.kind is Kind.VIOLATION and bad.sender == DAEMON
+    assert bad.kind is Kind.VIOLATION and bad.side == DAEMON
     assert f"a checkpoint during {during} must fail with InvalidStateException" in bad.reason
 
 
@@ -199,12 +208,12 @@ def test_skipped_and_ignored_processor_lines_change_nothing():
 def test_the_processor_closing_early_is_reported_with_what_was_owed():
     conv = Conversation()
     play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, b""))
-    verdict = conv.close(PROCESSOR)
+    verdict = conv.end(PROCESSOR)
     assert verdict.kind is Kind.VIOLATION
     assert verdict.reason == "closed its output before its status for processRecords (after line 2)"
     conv = Conversation()
     play(conv, (D, INIT), (P, status("initialize")))
-    assert "before leaseLost or shardEnded" in conv.close(PROCESSOR).reason
+    assert "before leaseLost or shardEnded" in conv.end(PROCESSOR).reason
 
 
 def test_a_checkpoint_cut_short_by_the_daemon_closing_is_no_fault_of_the_processor():
@@ -212,18 +221,18 @@ def test_a_checkpoint_cut_short_by_the_daemon_closing_is_no_fault_of_the_process
     checkpoint's reply included; the processor then ends, and owed nothing it could give."""
     conv = Conversation()
     play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint("200")))
-    assert conv.close(DAEMON).kind is Kind.IGNORED
-    assert conv.close(PROCESSOR).kind is Kind.IGNORED
+    assert conv.end(DAEMON).kind is Kind.IGNORED
+    assert conv.end(PROCESSOR).kind is Kind.IGNORED
     conv = Conversation()  # the processor closing first, its checkpoint unanswered: its fault
     play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, checkpoint("200")))
-    assert conv.close(PROCESSOR).kind is Kind.VIOLATION
+    assert conv.end(PROCESSOR).kind is Kind.VIOLATION
 
 
 def test_lines_after_the_final_status_are_drained():
     conv = Conversation()
     play(conv, (D, INIT), (P, status("initialize")), (D, b'{"action":"leaseLost"}'), (P, status("leaseLost")))
     assert play(conv, (P, status("leaseLost")))[0].kind is Kind.IGNORED
-    assert conv.close(PROCESSOR) is None
+    assert conv.end(PROCESSOR) is None
 
 
 def test_v2_shutdown_reasons():
@@ -316,15 +325,95 @@ def test_an_explicit_shard_end_checkpoint_ends_the_shard_like_a_bare_one():
         (P, status("shardEnded")),
     )
     assert all(v.kind is Kind.ACCEPTED for v in verdicts), [v.describe() for v in verdicts]
-    assert conv.done and conv.violations == [] and conv.last_checkpoint == ("SHARD_END", 0)
+    assert conv.done and conv.violations == 0 and conv.last_checkpoint == ("SHARD_END", 0)
 
 
-def test_a_kinesis_conversation_keeps_a_bounded_number_of_violations() -> None:
+def test_a_kinesis_conversation_counts_its_violations_and_keeps_none() -> None:
     """The checker grew linearly with garbage (110 MB for 331k bad lines): each verdict was kept."""
-    from wallaroo_proto.protocols.kinesis.core import KEEP_VERDICTS, Conversation, Kind
-
     conv = Conversation()
-    verdicts = [conv.from_daemon(b"not json") for _ in range(5000)]
-    assert all(v.kind is Kind.VIOLATION for v in verdicts)
-    assert conv.violation_count == 5000
-    assert len(conv.violations) == KEEP_VERDICTS
+    verdicts = [conv.feed(DAEMON, b"not json") for _ in range(5000)]
+    assert all(v.kind is Kind.VIOLATION and v.rule == "daemon-line" for v in verdicts)
+    assert conv.violations == 5000
+
+
+def test_every_state_takes_or_refuses_each_frame_and_names_the_rule() -> None:
+    """The transition table is whole: a frame a state does not take breaks a named rule there."""
+    frames = [(DAEMON, "initialize"), (DAEMON, REQUEST), (DAEMON, "checkpoint")]
+    frames += [(PROCESSOR, "status"), (PROCESSOR, "checkpoint")]
+    assert set(REFUSED) == set(frames)
+    for state in State:
+        for frame in frames:
+            taken, refused = frame in TRANSITIONS[state], state in REFUSED[frame]
+            assert taken != refused or (state is State.ENDED and frame[0] == PROCESSOR), (state, frame)
+            if refused:
+                assert REFUSED[frame][state][0] in RULES, (state, frame)
+
+
+_DAEMON_FRAMES = [
+    INIT,
+    RECORDS,
+    b'{"action":"leaseLost"}',
+    b'{"action":"shardEnded"}',
+    b'{"action":"shutdownRequested"}',
+    b'{"action":"shutdown","reason":"TERMINATE"}',
+    b'{"action":"shutdown","reason":"ZOMBIE"}',
+    reply(),
+    reply("100"),
+    reply("SHARD_END"),
+    reply(None, "InvalidStateException"),
+    b"not json",
+    b"",
+    Initialize("shardId-1", "TRIM_HORIZON", 0),
+    ProcessRecords([]),
+    Checkpoint(None, None, None),
+]
+_PROCESSOR_FRAMES = [
+    *(status(action) for action in ("initialize", "processRecords", "leaseLost", "shardEnded", "shutdown")),
+    b'{"action":"status"}',
+    checkpoint(),
+    checkpoint("100"),
+    checkpoint("SHARD_END"),
+    b'{"action":"processRecords","records":[]}',
+    b"not json",
+    b"",
+    Status("processRecords"),
+    Checkpoint(),
+]
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just(DAEMON), st.sampled_from(_DAEMON_FRAMES)),
+        st.tuples(st.just(PROCESSOR), st.sampled_from(_PROCESSOR_FRAMES)),
+        st.tuples(st.sampled_from([DAEMON, PROCESSOR]), st.sampled_from(list(judge.End))),
+    ),
+    max_size=30,
+)
+
+
+@settings(deadline=None, max_examples=300)  # a loaded machine is no failure
+@given(_STEPS)
+def test_any_frames_get_judge_verdicts_whose_violations_name_a_rule(steps) -> None:
+    """On random frames of both sides: every verdict is the contract's, every violation names one of
+    RULES, and an accepted frame was legal where ``expects`` said, and moved as TRANSITIONS says."""
+    conv = Conversation()
+    for side, frame in steps:
+        if isinstance(frame, judge.End):
+            verdict = conv.end(side, frame)
+            assert verdict is None or isinstance(verdict, judge.Verdict)
+            if verdict is not None and verdict.kind is Kind.VIOLATION:
+                assert verdict.rule in RULES, verdict
+            continue
+        before, legal, pending = conv.state, conv.expects().legal, conv.pending
+        verdict = conv.feed(side, frame)
+        assert isinstance(verdict, judge.Verdict) and verdict.side == side
+        if verdict.kind is Kind.VIOLATION:
+            assert verdict.rule in RULES, verdict
+        else:
+            assert verdict.rule is None
+        if verdict.kind is Kind.ACCEPTED and verdict.message is not None:
+            action = verdict.message.action
+            assert action in legal[side], (before, side, action)
+            kind = action if action in ("initialize", "status", "checkpoint") else REQUEST
+            after = TRANSITIONS[before][side, kind]
+            if action == "status" and pending in FINAL:
+                after = State.ENDED
+            assert conv.state is after, (before, side, action)

@@ -48,7 +48,7 @@ from .codec import (
     encode,
     is_sequence_number,
 )
-from .core import PROCESSOR, SHARD_END, Conversation, Kind, checkpoint_refusal, seq_key
+from .core import DAEMON, PROCESSOR, SHARD_END, Conversation, Kind, checkpoint_refusal, seq_key
 from .leases import LeaseTable
 from .records import ShardRecords
 
@@ -364,7 +364,7 @@ class Session:
 
     async def send_request(self, msg: Message, data: bytes) -> None:
         """Send a request already encoded as ``data``."""
-        verdict = self.conv.daemon_sent(msg)
+        verdict = self.conv.feed(DAEMON, msg)
         assert verdict.ok, verdict.describe()
         await self._send(data, msg.action)
 
@@ -415,7 +415,7 @@ class Session:
             except TimeoutError:
                 raise ShardFailure(
                     f"no line from the processor within {timeout:g} s (--idle-timeout); expected "
-                    f"{self.conv.expecting()} (after its output line {self.splitter.lines})"
+                    f"{self.conv.expects().text} (after its output line {self.splitter.lines})"
                 ) from None
             except (ConnectionError, OSError):
                 chunk = b""
@@ -434,7 +434,7 @@ class Session:
     def _note_wait(self) -> None:
         self.daemon.log(
             f"{self.stats.shard_id}: waiting {self.daemon.config.wait_note:g} s so far for "
-            f"{self.conv.expecting()} (after its output line {self.splitter.lines})"
+            f"{self.conv.expects().text} (after its output line {self.splitter.lines})"
         )
 
     async def until_status(self) -> None:
@@ -442,10 +442,10 @@ class Session:
         while True:
             line = await self._next_line(answer_due=True)
             if line is None:
-                verdict = self.conv.close(PROCESSOR)
+                verdict = self.conv.end(PROCESSOR)
                 reason = verdict.reason if verdict is not None else "closed its output"
                 raise ShardFailure(f"the processor {reason}{await self._exit_note()}")
-            verdict = self.conv.from_processor(line)
+            verdict = self.conv.feed(PROCESSOR, line)
             kind = verdict.kind
             if kind is Kind.ACCEPTED:
                 if isinstance(verdict.message, Status):
@@ -454,7 +454,7 @@ class Session:
             elif kind is Kind.VIOLATION:
                 reason = verdict.reason
                 if "expected" not in reason:
-                    reason += f"; expected {self.conv.expecting()}"
+                    reason += f"; expected {self.conv.expects().text}"
                 raise ShardFailure(
                     f"line {line.number} of the processor's output: {reason}: {_show(line.data)}"
                 )
@@ -496,7 +496,7 @@ class Session:
             stats.checkpoint_error_reasons[error] = refusal[1]
             log(f"{stats.shard_id}: checkpoint during {conv.pending} refused with {error}: {refusal[1]}")
         reply = Checkpoint(request.sequence_number, request.sub_sequence_number, error)
-        verdict = conv.daemon_sent(reply)
+        verdict = conv.feed(DAEMON, reply)
         assert verdict.ok, verdict.describe()
         await self._send(encode(reply, self.dialect, reply=True), "a checkpoint reply")
 

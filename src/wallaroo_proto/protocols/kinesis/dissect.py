@@ -153,7 +153,7 @@ class KinesisTracker(ConnectionTracker):
     def line(self, direction: _Direction, line: Line, packet: int, ts: int) -> None:
         sender = self._sender(direction, line.data)
         conv = self.conv
-        verdict = conv.from_daemon(line) if sender == DAEMON else conv.from_processor(line)
+        verdict = conv.feed(sender, line)
         if verdict.kind is Kind.SKIPPED and not line.data.strip():
             return  # kclpy's blank lines around each message: judged, not recorded
         seconds = ts / 1e9
@@ -254,7 +254,7 @@ class KinesisTracker(ConnectionTracker):
             if half is None or not (half.fin_seen or half.rst_seen) or self.daemon_client is None:
                 continue
             sender = DAEMON if direction.client == self.daemon_client else PROCESSOR
-            verdict = self.conv.close(sender)
+            verdict = self.conv.end(sender)
             if verdict is not None and verdict.kind is Kind.VIOLATION:
                 record = dict(self.ident)
                 ts = int(self.last_ts * 1e9)
@@ -299,7 +299,7 @@ class KinesisTracker(ConnectionTracker):
             "records": conv.records,
             "checkpoints": conv.checkpoints,
             "checkpoint": None if last is None else last[0],
-            "expecting": conv.expecting(),
+            "expecting": conv.expects().text,
         }
 
     def as_dict(self) -> dict:
@@ -331,7 +331,7 @@ class KinesisTracker(ConnectionTracker):
                 "p99": percentile(lat, 0.99),
                 "max": max(lat) if lat else None,
             },
-            "expecting": conv.expecting(),
+            "expecting": conv.expects().text,
             "violations": self.violations,
             "violation_list": self.violation_list,
             "capture_notes": self.capture_notes,

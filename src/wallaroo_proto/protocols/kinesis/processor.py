@@ -38,7 +38,7 @@ from .codec import (
     doomed_daemon_line,
     encode_kclpy,
 )
-from .core import Conversation, Kind
+from .core import DAEMON, PROCESSOR, Conversation, Kind
 
 _READ_SIZE = 256 * 1024
 
@@ -167,7 +167,7 @@ class ShardProcessor:
         while True:
             msg = await self._next_message()
             if msg is None:
-                self.conv.close("daemon")
+                self.conv.end(DAEMON)
                 if not self.conv.done:
                     # The MLD's stop without a shutdown grace: input closed between requests, no
                     # leaseLost; kclpy's read loop then ends and it exits 0.
@@ -182,7 +182,7 @@ class ShardProcessor:
             line = await self._next_line()
             if line is None:
                 return None
-            verdict = self.conv.from_daemon(line)
+            verdict = self.conv.feed(DAEMON, line)
             if verdict.kind is Kind.VIOLATION:
                 raise DaemonFailure(
                     f"line {line.number} from the daemon: {verdict.reason}: {_show(line.data)}"
@@ -213,7 +213,7 @@ class ShardProcessor:
         return self.lines.popleft()
 
     async def _send(self, msg: Message) -> None:
-        verdict = self.conv.processor_sent(msg)
+        verdict = self.conv.feed(PROCESSOR, msg)
         assert verdict.ok or msg.action == "status", verdict.describe()
         try:
             await self._write(encode_kclpy(msg, self.conv.dialect or "current"))

@@ -111,9 +111,8 @@ class KinesisAdapter:
         sender = self._sender(from_client)
         if not lines:
             return {"type": "INVALID", "sender": sender}  # bytes after a line too long to read
-        judge = self.conv.from_daemon if sender == DAEMON else self.conv.from_processor
         for line in lines:
-            verdict = judge(line)
+            verdict = self.conv.feed(sender, line)
         msg, kind = verdict.message, verdict.kind
         out: dict[str, Any] = {
             "type": msg.action if msg is not None else "INVALID" if kind is Kind.VIOLATION else "SKIPPED",

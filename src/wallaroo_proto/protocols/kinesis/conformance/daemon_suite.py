@@ -36,7 +36,7 @@ from ..codec import (
     Status,
     encode_kclpy,
 )
-from ..core import Conversation, Kind, seq_key
+from ..core import DAEMON, PROCESSOR, Conversation, Kind, seq_key
 
 
 @dataclass
@@ -82,12 +82,12 @@ class ShardPeer:
                 data = await self.reader.read(64 * 1024)
                 if not data:
                     raise CaseFailed(
-                        f"the daemon closed the connection; expecting {self.conv.expecting()}",
+                        f"the daemon closed the connection; expecting {self.conv.expects().text}",
                         self.trace.tail(),
                     )
                 self._pending.extend(self.lines.feed(data))
             try:
-                verdict = self.conv.from_daemon(self._pending.popleft())
+                verdict = self.conv.feed(DAEMON, self._pending.popleft())
             except Fatal as err:
                 raise CaseFailed(f"a line the processor cannot read: {err}", self.trace.tail()) from None
             if verdict.kind is Kind.VIOLATION:
@@ -104,7 +104,7 @@ class ShardPeer:
                 return msg
 
     def send(self, msg: Message) -> None:
-        self.conv.processor_sent(msg)
+        self.conv.feed(PROCESSOR, msg)
         self.writer.write(encode_kclpy(msg))
 
     async def request(self) -> Message:

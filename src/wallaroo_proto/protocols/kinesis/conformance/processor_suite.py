@@ -46,7 +46,7 @@ from ..codec import (
     encode,
     is_sequence_number,
 )
-from ..core import SHARD_END, Conversation, Kind, checkpoint_error, seq_key
+from ..core import DAEMON, PROCESSOR, SHARD_END, Conversation, Kind, checkpoint_error, seq_key
 from ..records import sequence_number
 
 SHARD = "shardId-000000000000"
@@ -102,7 +102,7 @@ class ProcessorUnderTest:
 
     async def request(self, trace: Trace, conv: Conversation, lines: LineSplitter, msg: Message) -> int:
         """Send one request; answer its checkpoints until its status: how many checkpoints it made."""
-        verdict = conv.daemon_sent(msg)
+        verdict = conv.feed(DAEMON, msg)
         trace(
             f"-> {msg.action}" + (f" ({len(msg.records)} records)" if msg.action == "processRecords" else "")
         )
@@ -117,14 +117,14 @@ class ProcessorUnderTest:
                 data = await self.process.stdout.read(64 * 1024)
                 if not data:
                     pending.extend(lines.end())
-                    closed = conv.close("processor")
+                    closed = conv.end(PROCESSOR)
                     trace("<- end of output")
                     reason = closed.describe() if closed is not None else "closed its output"
                     if not pending:
                         raise CaseFailed(reason, self.seen(trace))
                     break
                 pending.extend(lines.feed(data))
-            verdict = conv.from_processor(pending.popleft())
+            verdict = conv.feed(PROCESSOR, pending.popleft())
             if verdict.kind is Kind.VIOLATION:
                 trace(f"<- {verdict.describe()}")
                 raise CaseFailed(verdict.reason or verdict.describe(), self.seen(trace))
@@ -152,7 +152,7 @@ class ProcessorUnderTest:
             at = SHARD_END
         reply = Checkpoint(at, request.sub_sequence_number, error)
         trace(f"<- checkpoint {request.sequence_number or '(no sequence number)'}; -> {error or 'done'}")
-        conv.daemon_sent(reply)
+        conv.feed(DAEMON, reply)
         self.process.stdin.write(encode(reply, reply=True))
         await self.process.stdin.drain()
 
