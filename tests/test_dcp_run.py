@@ -15,9 +15,10 @@ from dataclasses import astuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.codec import FOREVER, StreamReq, decode_packet
-from wallaroo_proto.protocols.dcp.core import Connection, Kind, StreamRun
+from wallaroo_proto.protocols.dcp.core import CONSUMER, PRODUCER, Connection, StreamRun
 
 # Streams: opaque -> (vbucket, stream id, end seqno).
 STREAMS = {7: (3, None, FOREVER), 8: (5, None, 3), 9: (6, 2, FOREVER)}
@@ -25,19 +26,19 @@ STREAMS = {7: (3, None, FOREVER), 8: (5, None, 3), 9: (6, 2, FOREVER)}
 
 def _fresh(buffer_size: int) -> Connection:
     conn = Connection()
-    assert conn.from_consumer(decode_packet(codec.open_request("c", opaque=1))).ok
-    assert conn.from_producer(decode_packet(codec.response(codec.OPEN, opaque=1))).ok
+    assert conn.feed(CONSUMER, decode_packet(codec.open_request("c", opaque=1))).ok
+    assert conn.feed(PRODUCER, decode_packet(codec.response(codec.OPEN, opaque=1))).ok
     controls = [("enable_noop", "true"), ("enable_stream_id", "true")]
     if buffer_size:
         controls.append(("connection_buffer_size", str(buffer_size)))
     for n, (key, value) in enumerate(controls, start=2):
-        assert conn.from_consumer(decode_packet(codec.control_request(key, value, opaque=n))).ok
-        assert conn.from_producer(decode_packet(codec.response(codec.CONTROL, opaque=n))).ok
+        assert conn.feed(CONSUMER, decode_packet(codec.control_request(key, value, opaque=n))).ok
+        assert conn.feed(PRODUCER, decode_packet(codec.response(codec.CONTROL, opaque=n))).ok
     for opaque, (vb, sid, end) in STREAMS.items():
         req = StreamReq(0, 0, end, 0, 0, 0, b'{"sid": %d}' % sid if sid else b"")
-        conn.from_consumer(decode_packet(codec.stream_req_request(vb, opaque, req)))
+        conn.feed(CONSUMER, decode_packet(codec.stream_req_request(vb, opaque, req)))
         answer = codec.response(codec.STREAM_REQ, opaque=opaque, value=codec.failover_log_value([(0xA, 0)]))
-        conn.from_producer(decode_packet(answer))
+        conn.feed(PRODUCER, decode_packet(answer))
     return conn
 
 
@@ -143,9 +144,8 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
     expected: list[Kind] = []
     carried: list[tuple | None] = []  # per event: what an accepted stream packet carries
     for who, wire in events:
-        judge = one_by_one.from_producer if who == "p" else one_by_one.from_consumer
         p = decode_packet(wire)
-        verdict = judge(p)
+        verdict = one_by_one.feed(PRODUCER if who == "p" else CONSUMER, p)
         expected.append(verdict.kind)
         taken_kinds = (codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION)
         carried.append(_what(p, verdict) if verdict.ok and who == "p" and p.opcode in taken_kinds else None)
@@ -154,7 +154,7 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
     i = 0
     while i < len(events):
         if events[i][0] == "ack":
-            got.append(by_run.from_consumer(decode_packet(events[i][1])).kind)
+            got.append(by_run.feed(CONSUMER, decode_packet(events[i][1])).kind)
             i += 1
             continue
         j = i
@@ -175,7 +175,7 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
             if pos < len(buf):
                 assert pos in starts  # it stops on a packet boundary
                 p = decode_packet(buf, pos)
-                got.append(by_run.from_producer(p).kind)
+                got.append(by_run.feed(PRODUCER, p).kind)
                 pos += p.size
         i = j
     assert got == expected
@@ -211,7 +211,7 @@ def test_a_run_returns_items_and_markers_with_their_fields():
     s = conn.streams[7]
     assert (s.last_seqno, s.items, s.snapshots_complete, s.snapshot_open) == (3, 3, 1, False)
     assert conn.outstanding == pos
-    v = conn.from_producer(decode_packet(buf, pos))
+    v = conn.feed(PRODUCER, decode_packet(buf, pos))
     assert v.kind is Kind.VIOLATION and "not after the last seqno 3" in v.reason
 
 
