@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from wallaroo_proto.judge import Kind
+from wallaroo_proto import judge
+from wallaroo_proto.judge import End, Expected, Kind
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.codec import FOREVER, StreamReq, decode_packet
 from wallaroo_proto.protocols.dcp.core import (
     CONSUMER,
     PRODUCER,
+    RULES,
     Connection,
+    Verdict,
     add_failover_entry,
     needs_rollback,
 )
@@ -256,3 +261,140 @@ def test_a_stream_request_may_not_reuse_an_opaque_in_use():
     assert conn.feed(PRODUCER, decode_packet(codec.response(codec.STREAM_REQ, opaque=5, value=log))).ok
     verdict = conn.feed(CONSUMER, decode_packet(codec.stream_req_request(1, 5, req)))
     assert verdict.kind is Kind.VIOLATION and "opaque 0x00000005, already in use" in verdict.reason
+
+
+# --- the judge contract ------------------------------------------------------------------------------
+
+_OPAQUES = st.integers(0, 2)
+_SEQNOS = st.integers(0, 12)
+
+
+@st.composite
+def _packets(draw) -> list[tuple[str, bytes]]:
+    """A command and, mostly, its answer, or one stream message: each usually from the side that
+    sends it, sometimes from the other; random opaques, seqnos, ranges, keys and failover logs."""
+    opaque, vb, seqno = draw(_OPAQUES), draw(st.sampled_from([0, 0, 0, 1])), draw(_SEQNOS)
+    kind = draw(
+        st.sampled_from(
+            ["open", "control", "stream_req", "stream_req", "stream_req", "ack", "noop", "close", "log"]
+            + ["marker", "marker", "marker", "item", "item", "item", "item", "item", "adv", "end"]
+        )
+    )
+    answer: bytes | None = codec.response(codec.OPEN, opaque=opaque)
+    consumers = True
+    if kind == "open":
+        wire = codec.open_request("c", opaque=opaque)
+    elif kind == "control":
+        key, value = draw(
+            st.sampled_from(
+                [("enable_noop", "true"), ("connection_buffer_size", "300"), ("enable_stream_id", "true")]
+                + [("send_stream_end_on_client_close_stream", "true"), ("connection_buffer_size", "0")]
+            )
+        )
+        wire = codec.control_request(key, value, opaque=opaque)
+        answer = codec.response(codec.CONTROL, opaque=opaque)
+    elif kind == "stream_req":
+        start, end, snap_start, snap_end = (draw(_SEQNOS) for _ in range(4))
+        end = draw(st.sampled_from([end, FOREVER]))
+        wire = codec.stream_req_request(
+            vb, opaque, StreamReq(0, start, end, draw(_OPAQUES), snap_start, snap_end)
+        )
+        log = draw(st.lists(st.tuples(_OPAQUES, _SEQNOS), max_size=3))
+        answer = draw(
+            st.sampled_from(
+                [
+                    codec.response(codec.STREAM_REQ, opaque=opaque, value=codec.failover_log_value(log)),
+                    codec.rollback_response(opaque, seqno),
+                    codec.response(codec.STREAM_REQ, codec.NOT_MY_VBUCKET, opaque=opaque),
+                ]
+            )
+        )
+    elif kind == "ack":
+        wire, answer = codec.buffer_ack(draw(st.integers(0, 400))), None
+    elif kind == "noop":
+        consumers, wire, answer = False, codec.noop(opaque), codec.response(codec.NOOP, opaque=opaque)
+    elif kind == "close":
+        wire = codec.request(codec.CLOSE_STREAM, vbucket=vb, opaque=opaque)
+        answer = codec.response(codec.CLOSE_STREAM, draw(st.sampled_from([0, 0x21])), opaque=opaque)
+    elif kind == "log":
+        wire = codec.request(codec.GET_FAILOVER_LOG, vbucket=vb, opaque=opaque)
+        log = draw(st.lists(st.tuples(_OPAQUES, _SEQNOS), max_size=3))
+        answer = codec.response(codec.GET_FAILOVER_LOG, opaque=opaque, value=codec.failover_log_value(log))
+    else:
+        consumers, answer = False, None
+        if kind == "marker":
+            wire = codec.snapshot_marker(vb, opaque, seqno, draw(_SEQNOS), draw(st.sampled_from([1, 0x21])))
+        elif kind == "item":
+            key = draw(st.sampled_from([b"a", b"b", b"c"]))
+            wire = codec.mutation(
+                vb, opaque, seqno, 1, key, b"v" * 40, sid=draw(st.sampled_from([None] * 5 + [1]))
+            )
+        elif kind == "adv":
+            wire = codec.seqno_advanced(vb, opaque, seqno)
+        else:
+            wire = codec.stream_end(vb, opaque, draw(st.sampled_from([0, 1, 2, 4])))
+    first, other = (CONSUMER, PRODUCER) if consumers else (PRODUCER, CONSUMER)
+    if draw(st.integers(0, 9)) == 0:
+        first, other = other, first
+    out = [(first, wire)] if draw(st.integers(0, 9)) else []  # now and then an answer to nothing
+    if answer is not None and draw(st.integers(0, 5)):
+        out.append((other, answer))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_packets(), max_size=40).map(lambda runs: [p for run in runs for p in run]))
+def test_every_verdict_is_the_contracts_and_every_violation_names_a_rule(packets):
+    conn = Connection()
+    for side, wire in packets:
+        verdict = conn.feed(side, decode_packet(wire))
+        assert isinstance(verdict, Verdict) and isinstance(verdict, judge.Verdict)
+        assert verdict.side == side and verdict.kind in (Kind.ACCEPTED, Kind.VIOLATION, Kind.MALFORMED)
+        if verdict.kind is Kind.VIOLATION:
+            assert verdict.rule in RULES, verdict
+        else:
+            assert verdict.rule is None, verdict
+        legal = conn.expects().legal
+        assert set(legal) == set(Connection.SIDES)
+    assert type(conn.violations) is int
+
+
+def test_a_violation_names_the_rule_of_its_first_reason():
+    conn = Connection()
+    _open(conn)
+    _stream(conn)
+    v = conn.feed(PRODUCER, P(codec.mutation(3, 7, 0, 1, b"a", b"x")))  # no marker, not after 0
+    assert v.rule == "item-before-marker"
+    assert v.reason == "seqno 0 before any snapshot marker; seqno 0 not after the last seqno 0"
+    assert conn.feed(CONSUMER, P(codec.buffer_ack(1))).rule == "buffer-ack"
+    assert conn.feed(PRODUCER, P(codec.open_request("x", opaque=3))).rule == "wrong-side"
+
+
+def test_expects_follows_the_connection():
+    conn = Connection()
+    fresh = conn.expects()
+    assert "DCP_OPEN" in fresh.legal[CONSUMER] and "DCP_CONTROL" not in fresh.legal[CONSUMER]
+    assert fresh.legal[PRODUCER] == frozenset() and fresh.text == "DCP_OPEN from the consumer"
+    conn = Connection()
+    _open(conn, ("enable_noop", "true"), ("connection_buffer_size", "100"))
+    _stream(conn)
+    opened = conn.expects()
+    assert {"DCP_CONTROL", "DCP_BUFFER_ACKNOWLEDGEMENT"} <= opened.legal[CONSUMER]
+    assert {"DCP_MUTATION", "DCP_SNAPSHOT_MARKER", "DCP_NOOP"} <= opened.legal[PRODUCER]
+    conn.feed(PRODUCER, P(codec.snapshot_marker(3, 7, 0, 3, 1)))
+    conn.feed(PRODUCER, P(codec.mutation(3, 7, 1, 1, b"k1", b"x" * 80)))  # the buffer is full
+    full = conn.expects()
+    assert "DCP_MUTATION" not in full.legal[PRODUCER] and "a BUFFER_ACK before" in full.text
+    conn.feed(PRODUCER, P(codec.noop(5)))
+    assert "DCP_NOOP_RESPONSE" in conn.expects().legal[CONSUMER]
+    assert conn.end(PRODUCER, End.RESET) is None
+    assert conn.expects().legal[PRODUCER] == frozenset()
+    assert conn.end(CONSUMER, End.CUT, partial=7) is None
+    assert conn.expects() == Expected(
+        {CONSUMER: frozenset(), PRODUCER: frozenset()}, "nothing: both sides have ended"
+    )
+
+
+def test_feed_refuses_a_side_it_does_not_know():
+    with pytest.raises(ValueError, match="side 'client' is none of"):
+        Connection().feed("client", P(codec.noop(1)))

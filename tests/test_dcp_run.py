@@ -18,7 +18,18 @@ from hypothesis import strategies as st
 from wallaroo_proto.judge import Kind
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.codec import FOREVER, StreamReq, decode_packet
-from wallaroo_proto.protocols.dcp.core import CONSUMER, PRODUCER, Connection, StreamRun
+from wallaroo_proto.protocols.dcp.core import (
+    CONSUMER,
+    PRODUCER,
+    RULES,
+    Connection,
+    Stream,
+    StreamRun,
+    item_reasons,
+    item_window,
+    marker_fits,
+    marker_reasons,
+)
 
 # Streams: opaque -> (vbucket, stream id, end seqno).
 STREAMS = {7: (3, None, FOREVER), 8: (5, None, 3), 9: (6, 2, FOREVER)}
@@ -146,6 +157,7 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
     for who, wire in events:
         p = decode_packet(wire)
         verdict = one_by_one.feed(PRODUCER if who == "p" else CONSUMER, p)
+        assert verdict.rule in RULES if verdict.kind is Kind.VIOLATION else verdict.rule is None
         expected.append(verdict.kind)
         taken_kinds = (codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION)
         carried.append(_what(p, verdict) if verdict.ok and who == "p" and p.opcode in taken_kinds else None)
@@ -239,3 +251,25 @@ def test_many_items_encode_as_each_one_alone(entries, sid):
         else:
             alone.append(codec.expiration(9, 7, seqno, rev, key, 0, sid))
     assert codec.items(9, 7, entries, sid) == alone
+
+
+_SEQ = st.integers(0, 12) | st.sampled_from([FOREVER - 1, FOREVER])
+
+
+@settings(max_examples=1000)
+@given(_SEQ, _SEQ, _SEQ, st.booleans(), st.booleans(), _SEQ, _SEQ, _SEQ)
+def test_the_reasons_explain_exactly_what_the_shared_rules_refuse(
+    last, snap_start, snap_end, marker_seen, snapshot_open, req_end, seqno, end
+):
+    """Both paths read ``item_window`` and ``marker_fits``; ``feed`` gives the reasons when they refuse.
+    The reasons are found exactly where the rules refuse, so the two say one thing."""
+    s = Stream(3, 7, StreamReq(0, 0, req_end, 0, 0, 0), None, [], last, snap_start, snap_end, 0, marker_seen)
+    s.snapshot_open = snapshot_open
+    lo, hi = item_window(last, snap_start, snap_end, marker_seen, req_end)
+    reasons = item_reasons(s, seqno)
+    assert bool(reasons) == (not lo < seqno <= hi), (lo, hi, reasons)
+    assert all(rule in RULES for rule, _ in reasons)
+    fits = marker_fits(seqno, end, last, marker_seen, snapshot_open)
+    reasons = marker_reasons(s, seqno, end)
+    assert bool(reasons) == (not fits), reasons
+    assert all(rule in RULES for rule, _ in reasons)
