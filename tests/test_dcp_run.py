@@ -1,10 +1,10 @@
-"""The consumer's run path (``Connection.process_run``) judges exactly as ``from_producer`` does.
+"""The consumer's run path (``Connection.process_run``) judges exactly as ``feed`` does.
 
 Random producer traffic, valid and broken (seqnos out of order or outside the
 snapshot, repeated keys, wrong vbuckets and opaques, markers too early, bad extras,
 stream ids, noops, stream ends, flow-control overruns and acknowledgements), is fed
-to two connections: one packet by packet through ``from_producer``, the other
-through ``process_run`` with the packets it leaves to ``from_producer``. Every
+to two connections: one packet by packet through ``feed``, the other
+through ``process_run`` with the packets it leaves to ``feed``. Every
 packet must get the same verdict and both connections must end in the same state.
 """
 
@@ -201,7 +201,7 @@ def test_a_run_returns_items_and_markers_with_their_fields():
         codec.mutation(3, 7, 1, 1, b"a", b"x1"),
         codec.deletion(3, 7, 2, 1, b"b"),
         codec.expiration(3, 7, 3, 1, b"c"),
-        codec.mutation(3, 7, 3, 1, b"d", b""),  # seqno not rising: left to from_producer
+        codec.mutation(3, 7, 3, 1, b"d", b""),  # seqno not rising: left to feed
     ]
     buf = b"".join(wires)
     assert conn.process_run(buf, 0, max_body=20) == (len(wires[0]), [StreamRun(7, [], [(0, 0, 3, 1)], [])])

@@ -1,9 +1,10 @@
 """DCP's rules for one connection, both sides (sans-IO), and the server's rollback rule.
 
-``Connection`` judges the packets of one DCP connection in both directions:
-the consumer's commands (OPEN, CONTROL, STREAM_REQ, BUFFER_ACK, noop replies)
-and the producer's answers and stream messages. It checks what the protocol
-promises:
+``Connection`` judges the packets of one DCP connection in both directions
+(``feed(side, packet)``, the judge contract of ``wallaroo_proto.judge``): the
+consumer's commands (OPEN, CONTROL, STREAM_REQ, BUFFER_ACK, noop replies) and
+the producer's answers and stream messages. It checks what the protocol
+promises (each rule named in ``RULES``):
 
 - every response answers a pending request with its opaque and opcode; a
   STREAM_REQ is answered with the failover log (newest first) or ROLLBACK with
