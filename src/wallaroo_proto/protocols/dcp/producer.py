@@ -31,7 +31,7 @@ from itertools import accumulate, chain, repeat
 from operator import add, attrgetter
 from typing import Any
 
-from wallaroo_proto.judge import Kind
+from wallaroo_proto.judge import End, Kind
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.runtime import quiet_accept_errors
 from wallaroo_proto.write_watch import WriteWatch
@@ -372,6 +372,9 @@ class _Session:
             while not self.closed:
                 data = await self.reader.read(256 * 1024)
                 if not data:
+                    self.conn.end(
+                        CONSUMER, End.CUT if self.splitter.pending() else End.CLOSED, self.splitter.pending()
+                    )
                     break
                 if self.tcp is not None:
                     self.tcp.send(True, data, time.time())
