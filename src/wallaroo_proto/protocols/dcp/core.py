@@ -141,9 +141,10 @@ def item_window(
     end, and only once a marker came: the rule both the packet path (``_item``) and the
     run path (``process_run``) read, so it is written once.
     """
+    lo = last if last >= snap_start else snap_start - 1  # max() and min() are calls: slower
     if not marker_seen:
-        return max(last, snap_start - 1), -1
-    return max(last, snap_start - 1), min(snap_end, req_end)
+        return lo, -1
+    return lo, snap_end if snap_end <= req_end else req_end
 
 
 def marker_fits(start: int, end: int, last: int, marker_seen: bool, snapshot_open: bool) -> bool:
