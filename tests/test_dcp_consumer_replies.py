@@ -15,10 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp import consumer as consumer_module
 from wallaroo_proto.protocols.dcp.consumer import ConsumerConfig, MockConsumer
-from wallaroo_proto.protocols.dcp.core import Connection, Kind
+from wallaroo_proto.protocols.dcp.core import CONSUMER, PRODUCER, Connection
 
 UUID = 0xABCD
 
@@ -179,7 +180,7 @@ def test_the_core_reads_any_answer_to_a_value_or_a_named_problem(opcode, status,
         codec.GET_ALL_VB_SEQNOS: codec.request(codec.GET_ALL_VB_SEQNOS, opaque=7),
         codec.STREAM_REQ: codec.stream_req_request(0, 7, codec.StreamReq(0, 0, 10, 0, 0, 0)),
     }
-    conn.from_consumer(codec.decode_packet(codec.open_request("c", codec.OPEN_PRODUCER, 6)))
-    conn.from_consumer(codec.decode_packet(requests[opcode]))
-    verdict = conn.from_producer(codec.decode_packet(wire))
+    conn.feed(CONSUMER, codec.decode_packet(codec.open_request("c", codec.OPEN_PRODUCER, 6)))
+    conn.feed(CONSUMER, codec.decode_packet(requests[opcode]))
+    verdict = conn.feed(PRODUCER, codec.decode_packet(wire))
     assert (verdict.kind is Kind.MALFORMED) is (verdict.message is None)

@@ -1,10 +1,10 @@
-"""The consumer's run path (``Connection.process_run``) judges exactly as ``from_producer`` does.
+"""The consumer's run path (``Connection.process_run``) judges exactly as ``feed`` does.
 
 Random producer traffic, valid and broken (seqnos out of order or outside the
 snapshot, repeated keys, wrong vbuckets and opaques, markers too early, bad extras,
 stream ids, noops, stream ends, flow-control overruns and acknowledgements), is fed
-to two connections: one packet by packet through ``from_producer``, the other
-through ``process_run`` with the packets it leaves to ``from_producer``. Every
+to two connections: one packet by packet through ``feed``, the other
+through ``process_run`` with the packets it leaves to ``feed``. Every
 packet must get the same verdict and both connections must end in the same state.
 """
 
@@ -15,9 +15,21 @@ from dataclasses import astuple
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.codec import FOREVER, StreamReq, decode_packet
-from wallaroo_proto.protocols.dcp.core import Connection, Kind, StreamRun
+from wallaroo_proto.protocols.dcp.core import (
+    CONSUMER,
+    PRODUCER,
+    RULES,
+    Connection,
+    Stream,
+    StreamRun,
+    item_reasons,
+    item_window,
+    marker_fits,
+    marker_reasons,
+)
 
 # Streams: opaque -> (vbucket, stream id, end seqno).
 STREAMS = {7: (3, None, FOREVER), 8: (5, None, 3), 9: (6, 2, FOREVER)}
@@ -25,19 +37,19 @@ STREAMS = {7: (3, None, FOREVER), 8: (5, None, 3), 9: (6, 2, FOREVER)}
 
 def _fresh(buffer_size: int) -> Connection:
     conn = Connection()
-    assert conn.from_consumer(decode_packet(codec.open_request("c", opaque=1))).ok
-    assert conn.from_producer(decode_packet(codec.response(codec.OPEN, opaque=1))).ok
+    assert conn.feed(CONSUMER, decode_packet(codec.open_request("c", opaque=1))).ok
+    assert conn.feed(PRODUCER, decode_packet(codec.response(codec.OPEN, opaque=1))).ok
     controls = [("enable_noop", "true"), ("enable_stream_id", "true")]
     if buffer_size:
         controls.append(("connection_buffer_size", str(buffer_size)))
     for n, (key, value) in enumerate(controls, start=2):
-        assert conn.from_consumer(decode_packet(codec.control_request(key, value, opaque=n))).ok
-        assert conn.from_producer(decode_packet(codec.response(codec.CONTROL, opaque=n))).ok
+        assert conn.feed(CONSUMER, decode_packet(codec.control_request(key, value, opaque=n))).ok
+        assert conn.feed(PRODUCER, decode_packet(codec.response(codec.CONTROL, opaque=n))).ok
     for opaque, (vb, sid, end) in STREAMS.items():
         req = StreamReq(0, 0, end, 0, 0, 0, b'{"sid": %d}' % sid if sid else b"")
-        conn.from_consumer(decode_packet(codec.stream_req_request(vb, opaque, req)))
+        conn.feed(CONSUMER, decode_packet(codec.stream_req_request(vb, opaque, req)))
         answer = codec.response(codec.STREAM_REQ, opaque=opaque, value=codec.failover_log_value([(0xA, 0)]))
-        conn.from_producer(decode_packet(answer))
+        conn.feed(PRODUCER, decode_packet(answer))
     return conn
 
 
@@ -143,9 +155,9 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
     expected: list[Kind] = []
     carried: list[tuple | None] = []  # per event: what an accepted stream packet carries
     for who, wire in events:
-        judge = one_by_one.from_producer if who == "p" else one_by_one.from_consumer
         p = decode_packet(wire)
-        verdict = judge(p)
+        verdict = one_by_one.feed(PRODUCER if who == "p" else CONSUMER, p)
+        assert verdict.rule in RULES if verdict.kind is Kind.VIOLATION else verdict.rule is None
         expected.append(verdict.kind)
         taken_kinds = (codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION)
         carried.append(_what(p, verdict) if verdict.ok and who == "p" and p.opcode in taken_kinds else None)
@@ -154,7 +166,7 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
     i = 0
     while i < len(events):
         if events[i][0] == "ack":
-            got.append(by_run.from_consumer(decode_packet(events[i][1])).kind)
+            got.append(by_run.feed(CONSUMER, decode_packet(events[i][1])).kind)
             i += 1
             continue
         j = i
@@ -175,7 +187,7 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
             if pos < len(buf):
                 assert pos in starts  # it stops on a packet boundary
                 p = decode_packet(buf, pos)
-                got.append(by_run.from_producer(p).kind)
+                got.append(by_run.feed(PRODUCER, p).kind)
                 pos += p.size
         i = j
     assert got == expected
@@ -189,7 +201,7 @@ def test_a_run_returns_items_and_markers_with_their_fields():
         codec.mutation(3, 7, 1, 1, b"a", b"x1"),
         codec.deletion(3, 7, 2, 1, b"b"),
         codec.expiration(3, 7, 3, 1, b"c"),
-        codec.mutation(3, 7, 3, 1, b"d", b""),  # seqno not rising: left to from_producer
+        codec.mutation(3, 7, 3, 1, b"d", b""),  # seqno not rising: left to feed
     ]
     buf = b"".join(wires)
     assert conn.process_run(buf, 0, max_body=20) == (len(wires[0]), [StreamRun(7, [], [(0, 0, 3, 1)], [])])
@@ -211,7 +223,7 @@ def test_a_run_returns_items_and_markers_with_their_fields():
     s = conn.streams[7]
     assert (s.last_seqno, s.items, s.snapshots_complete, s.snapshot_open) == (3, 3, 1, False)
     assert conn.outstanding == pos
-    v = conn.from_producer(decode_packet(buf, pos))
+    v = conn.feed(PRODUCER, decode_packet(buf, pos))
     assert v.kind is Kind.VIOLATION and "not after the last seqno 3" in v.reason
 
 
@@ -239,3 +251,25 @@ def test_many_items_encode_as_each_one_alone(entries, sid):
         else:
             alone.append(codec.expiration(9, 7, seqno, rev, key, 0, sid))
     assert codec.items(9, 7, entries, sid) == alone
+
+
+_SEQ = st.integers(0, 12) | st.sampled_from([FOREVER - 1, FOREVER])
+
+
+@settings(max_examples=1000)
+@given(_SEQ, _SEQ, _SEQ, st.booleans(), st.booleans(), _SEQ, _SEQ, _SEQ)
+def test_the_reasons_explain_exactly_what_the_shared_rules_refuse(
+    last, snap_start, snap_end, marker_seen, snapshot_open, req_end, seqno, end
+):
+    """Both paths read ``item_window`` and ``marker_fits``; ``feed`` gives the reasons when they refuse.
+    The reasons are found exactly where the rules refuse, so the two say one thing."""
+    s = Stream(3, 7, StreamReq(0, 0, req_end, 0, 0, 0), None, [], last, snap_start, snap_end, 0, marker_seen)
+    s.snapshot_open = snapshot_open
+    lo, hi = item_window(last, snap_start, snap_end, marker_seen, req_end)
+    reasons = item_reasons(s, seqno)
+    assert bool(reasons) == (not lo < seqno <= hi), (lo, hi, reasons)
+    assert all(rule in RULES for rule, _ in reasons)
+    fits = marker_fits(seqno, end, last, marker_seen, snapshot_open)
+    reasons = marker_reasons(s, seqno, end)
+    assert bool(reasons) == (not fits), reasons
+    assert all(rule in RULES for rule, _ in reasons)

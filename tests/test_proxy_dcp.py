@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from wallaroo_proto.judge import Kind
 from wallaroo_proto.protocols.dcp import codec, plugin
-from wallaroo_proto.protocols.dcp.core import Connection, Kind, needs_rollback
+from wallaroo_proto.protocols.dcp.core import CONSUMER, PRODUCER, Connection, needs_rollback
 from wallaroo_proto.protocols.dcp.proxy_faults import NAMED_FAULTS, PROXY_OPAQUE, adapter
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
 from wallaroo_proto.proxy.faults import ConnectionFaults, parse_rules
@@ -336,17 +337,16 @@ def test_the_judge_ends_a_stream_its_close_was_answered_for():
     """A CLOSE_STREAM answered SUCCESS ends the stream (no STREAM_END follows unless asked for):
     a new stream request for that vbucket may then be accepted."""
     conn = Connection()
-    conn.from_consumer(codec.decode_packet(codec.open_request("c", opaque=1)))
-    conn.from_producer(codec.decode_packet(codec.response(codec.OPEN, opaque=1)))
+    conn.feed(CONSUMER, codec.decode_packet(codec.open_request("c", opaque=1)))
+    conn.feed(PRODUCER, codec.decode_packet(codec.response(codec.OPEN, opaque=1)))
     req2 = STREAM_REQ[:12] + b"\x00\x00\x00\x0b" + STREAM_REQ[16:]
     ok2 = STREAM_OK[:12] + b"\x00\x00\x00\x0b" + STREAM_OK[16:]
     close = hexes("80 52 0000 00 00 0002 00000000 0000000a", CAS0)
     close_ok = hexes("81 52 0000 00 00 0000 00000000 0000000a", CAS0)
     verdicts = []
     for packet, from_client in ((STREAM_REQ, True), (STREAM_OK, False), (close, True), (close_ok, False)):
-        judge = conn.from_consumer if from_client else conn.from_producer
-        verdicts.append(judge(codec.decode_packet(packet)))
-    verdicts.append(conn.from_consumer(codec.decode_packet(req2)))
-    verdicts.append(conn.from_producer(codec.decode_packet(ok2)))
+        verdicts.append(conn.feed(CONSUMER if from_client else PRODUCER, codec.decode_packet(packet)))
+    verdicts.append(conn.feed(CONSUMER, codec.decode_packet(req2)))
+    verdicts.append(conn.feed(PRODUCER, codec.decode_packet(ok2)))
     assert [v.kind for v in verdicts] == [Kind.ACCEPTED] * 6, [v.reason for v in verdicts]
     assert [s.end_reason for s in conn.ended] == ["closed"]

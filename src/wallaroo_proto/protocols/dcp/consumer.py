@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wallaroo_proto.durable import write_atomic
+from wallaroo_proto.judge import Kind
 
 from . import codec, sasl
 from .codec import (
@@ -51,7 +52,7 @@ from .codec import (
     Response,
     decode_packet,
 )
-from .core import Connection, Kind
+from .core import CONSUMER, PRODUCER, Connection
 from .link import Link
 from .store import ConsumerVBucket, StateError
 
@@ -261,7 +262,7 @@ class MockConsumer:
 
     def send(self, wire: bytes) -> None:
         p = decode_packet(wire)
-        verdict = self.conn.from_consumer(p)
+        verdict = self.conn.feed(CONSUMER, p)
         if verdict.kind is not Kind.ACCEPTED:
             self.violation(f"own request: {verdict.reason}")
         self.link.write(wire)
@@ -314,6 +315,7 @@ class MockConsumer:
         while not self.packets:
             data = await self.receive()
             if not data:
+                self.conn.end(PRODUCER)
                 raise ConnectionLost("the producer closed the connection")
             try:
                 self.packets = [(o, decode_packet(w)) for o, w in self.splitter.feed(data)]
@@ -347,7 +349,7 @@ class MockConsumer:
     def judge(self, p: Packet, offset: int) -> Any:
         if not p.is_request:
             self.awaiting.pop(p.opaque, None)
-        verdict = self.conn.from_producer(p, offset)
+        verdict = self.conn.feed(PRODUCER, p, offset=offset)
         if verdict.kind is not Kind.ACCEPTED:
             self.violation(f"offset {offset}: {p.name}: {verdict.reason}")
         return verdict
@@ -476,6 +478,7 @@ class MockConsumer:
         if data is None:
             return  # a stream request is due
         if not data:
+            self.conn.end(PRODUCER)
             raise ConnectionLost("the producer closed the connection")
         self.splitter.buf += self.fresh
         self.fresh = data

@@ -1,9 +1,10 @@
 """DCP's rules for one connection, both sides (sans-IO), and the server's rollback rule.
 
-``Connection`` judges the packets of one DCP connection in both directions:
-the consumer's commands (OPEN, CONTROL, STREAM_REQ, BUFFER_ACK, noop replies)
-and the producer's answers and stream messages. It checks what the protocol
-promises:
+``Connection`` judges the packets of one DCP connection in both directions
+(``feed(side, packet)``, the judge contract of ``wallaroo_proto.judge``): the
+consumer's commands (OPEN, CONTROL, STREAM_REQ, BUFFER_ACK, noop replies) and
+the producer's answers and stream messages. It checks what the protocol
+promises (each rule named in ``RULES``):
 
 - every response answers a pending request with its opaque and opcode; a
   STREAM_REQ is answered with the failover log (newest first) or ROLLBACK with
@@ -29,9 +30,10 @@ import json
 import struct
 from collections import deque
 from dataclasses import dataclass, field
-from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Any
 
+from ... import judge
+from ...judge import End, Expected, Kind
 from . import codec
 from .codec import (
     FOREVER,
@@ -72,20 +74,51 @@ _UNLIMITED = 1 << 80
 _MARKER_V1 = struct.Struct(">QQI")
 #: Requests the server takes only on a DCP connection (GET_FAILOVER_LOG is taken on any).
 _NEEDS_OPEN = frozenset((codec.CONTROL, codec.STREAM_REQ, codec.CLOSE_STREAM, codec.BUFFER_ACK))
+#: The types of the producer's stream messages, and of the commands a consumer may send (before
+#: DCP_OPEN: those that need no DCP connection), for ``expects``.
+_STREAM_MESSAGE_NAMES = frozenset(codec.OPCODES[op] for op in codec.STREAM_MESSAGES)
+_CONSUMER_COMMANDS = frozenset(
+    name for op, name in codec.OPCODES.items() if op not in codec.STREAM_MESSAGES and op != codec.NOOP
+)
+_BEFORE_OPEN = _CONSUMER_COMMANDS - {codec.OPCODES[op] for op in _NEEDS_OPEN}
 
 
-class Kind(StrEnum):
-    ACCEPTED = "accepted"
-    VIOLATION = "violation"
-    MALFORMED = "malformed"
+#: Every rule a violation names (``Verdict.rule``): the catalogue of what ``Connection`` checks.
+RULES: dict[str, str] = {
+    "wrong-side": "a stream message or NOOP from the consumer, or a consumer command from the producer",
+    "open-first": "a CONTROL, STREAM_REQ, CLOSE_STREAM or BUFFER_ACK before the consumer's DCP_OPEN",
+    "stream-opaque": "a stream request whose opaque names a pending request or an open stream",
+    "request-range": "a stream request whose start is after its end or outside its snapshot range",
+    "buffer-ack": "a BUFFER_ACK without connection_buffer_size, or of more bytes than are unacknowledged",
+    "noop-reply": "a NOOP reply with no NOOP outstanding, or with another opaque than the NOOP's",
+    "noop": "a NOOP before enable_noop=true, or while the last NOOP is unanswered",
+    "response-unsolicited": "a response whose opaque answers no pending request",
+    "response-opcode": "a response whose opcode is not its request's",
+    "range-accepted": "a stream request with a bad seqno range accepted (the producer must answer ERANGE)",
+    "rollback": "a ROLLBACK to a seqno after the requested start, or of a request from seqno 0 and uuid 0",
+    "failover-log": "a stream accepted with an empty failover log, a uuid 0, or entries not newest first",
+    "stream-per-vbucket": "a second stream accepted for a vbucket that has one (must be KEY_EEXISTS)",
+    "flow-control": "a stream message sent while the unacknowledged bytes fill the buffer",
+    "no-stream": "a stream message on an opaque with no open stream",
+    "stream-vbucket": "a stream message whose vbucket is not its stream's",
+    "stream-id": "a stream message whose stream id is not the one its stream was opened with",
+    "marker-range": "a snapshot marker whose start is after its end",
+    "snapshot-incomplete": "a snapshot marker or an OK STREAM_END before the open snapshot's end seqno came",
+    "marker-end": "a snapshot marker whose end is not after the stream's last seqno",
+    "item-before-marker": "an item or SEQNO_ADVANCED before its stream's first snapshot marker",
+    "seqno-order": "an item's seqno not after the stream's last seqno",
+    "seqno-in-snapshot": "an item's seqno outside the current snapshot",
+    "seqno-past-end": "an item's seqno after the end its stream request asked for",
+    "duplicate-key": "a key twice in one snapshot (unless its marker says keys may repeat)",
+}
 
 
-class Verdict(NamedTuple):
-    kind: Kind
-    sender: str
-    packet: Packet | None
+@dataclass(slots=True)
+class Verdict(judge.Verdict):
+    """The judge's answer on one packet: the shared fields, then what DCP's records need."""
+
+    packet: Packet | None = None
     message: Any = None
-    reason: str | None = None
     #: What this packet did, for records and summaries: "snapshot complete", "rollback to 4", ...
     event: str | None = None
     request_opcode: int | None = None
@@ -94,9 +127,63 @@ class Verdict(NamedTuple):
     #: (severity, text) of what this packet explains, with its cause (``findings.mark``).
     finding: tuple[str, str] | None = None
 
-    @property
-    def ok(self) -> bool:
-        return self.kind is Kind.ACCEPTED
+
+#: Reasons a packet broke rules: (rule, text) in the order found. A verdict names the first rule.
+Reasons = list[tuple[str, str]]
+
+
+def item_window(
+    last: int, snap_start: int, snap_end: int, marker_seen: bool, req_end: int
+) -> tuple[int, int]:
+    """The seqnos an item of a stream may carry now: those in ``(lo, hi]`` (hi -1: none).
+
+    After the stream's last seqno, inside the current snapshot, not past the request's
+    end, and only once a marker came: the rule both the packet path (``_item``) and the
+    run path (``process_run``) read, so it is written once.
+    """
+    lo = last if last >= snap_start else snap_start - 1  # max() and min() are calls: slower
+    if not marker_seen:
+        return lo, -1
+    return lo, snap_end if snap_end <= req_end else req_end
+
+
+def marker_fits(start: int, end: int, last: int, marker_seen: bool, snapshot_open: bool) -> bool:
+    """May a snapshot marker ``start..end`` come now? Both paths read this one rule."""
+    return start <= end and not snapshot_open and (end > last or not marker_seen)
+
+
+def item_reasons(s: Stream, seqno: int) -> Reasons:
+    """Why ``seqno`` is outside its stream's ``item_window`` (empty when inside)."""
+    reasons = []
+    if not s.marker_seen:
+        reasons.append(("item-before-marker", f"seqno {seqno} before any snapshot marker"))
+    if seqno <= s.last_seqno:
+        reasons.append(("seqno-order", f"seqno {seqno} not after the last seqno {s.last_seqno}"))
+    elif s.marker_seen and not s.snap_start <= seqno <= s.snap_end:
+        reasons.append(
+            ("seqno-in-snapshot", f"seqno {seqno} outside the snapshot {s.snap_start}..{s.snap_end}")
+        )
+    if s.request.end != FOREVER and seqno > s.request.end:
+        reasons.append(("seqno-past-end", f"seqno {seqno} after the stream's end {s.request.end}"))
+    return reasons
+
+
+def marker_reasons(s: Stream, start: int, end: int) -> Reasons:
+    """Why a marker ``start..end`` does not fit its stream now (``marker_fits``; empty when it does)."""
+    reasons = []
+    if start > end:
+        reasons.append(("marker-range", f"snapshot start {start} > end {end}"))
+    if s.snapshot_open:
+        reasons.append(
+            (
+                "snapshot-incomplete",
+                f"snapshot marker {start}..{end} before the snapshot {s.snap_start}..{s.snap_end} "
+                f"completed (last seqno {s.last_seqno})",
+            )
+        )
+    if end <= s.last_seqno and s.marker_seen:
+        reasons.append(("marker-end", f"snapshot end {end} not after the last seqno {s.last_seqno}"))
+    return reasons
 
 
 def needs_rollback(
@@ -189,7 +276,14 @@ class _Pending:
 
 
 class Connection:
-    """One DCP connection's rules, fed each side's packets in the order each side sent them."""
+    """One DCP connection's rules, fed each side's packets in the order each side sent them.
+
+    The judge contract (``wallaroo_proto.judge``): ``feed(side, packet)``, ``end(side, how)``,
+    ``expects()``; its sides are ``SIDES`` and every violation names one of ``RULES``.
+    """
+
+    SIDES = (CONSUMER, PRODUCER)
+    RULES = RULES
 
     def __init__(self) -> None:
         self.opened: Open | None = None
@@ -212,15 +306,17 @@ class Connection:
         self.failover_logs: dict[int, list[tuple[int, int]]] = {}
         self.acked = 0
         self.violations = 0
+        #: How each side stopped sending (``end``), by side.
+        self.ended_sides: dict[str, End] = {}
 
     # --------------------------------------------------------------------------------- helpers
 
     def _verdict(
         self,
-        sender: str,
+        side: str,
         p: Packet,
         msg: Any,
-        reasons: list[str],
+        reasons: Reasons,
         event: str | None = None,
         request_opcode: int | None = None,
         vbucket: int | None = None,
@@ -228,14 +324,15 @@ class Connection:
     ) -> Verdict:
         if reasons:
             self.violations += 1
+            reason = "; ".join(text for _, text in reasons)
             return Verdict(
-                Kind.VIOLATION, sender, p, msg, "; ".join(reasons), event, request_opcode, vbucket, finding
+                Kind.VIOLATION, side, reasons[0][0], reason, p, msg, event, request_opcode, vbucket, finding
             )
-        return Verdict(Kind.ACCEPTED, sender, p, msg, None, event, request_opcode, vbucket, finding)
+        return Verdict(Kind.ACCEPTED, side, None, None, p, msg, event, request_opcode, vbucket, finding)
 
-    def _malformed(self, sender: str, p: Packet | None, err: ProtocolError) -> Verdict:
+    def _malformed(self, side: str, p: Packet | None, err: ProtocolError) -> Verdict:
         self.violations += 1
-        return Verdict(Kind.MALFORMED, sender, p, None, str(err))
+        return Verdict(Kind.MALFORMED, side, None, str(err), p)
 
     def may_send(self) -> bool:
         """May a stream message go now? Only while under the buffer (so one message may overflow it)."""
@@ -252,7 +349,7 @@ class Connection:
         return False
 
     def end_stream(self, opaque: int, reason: str) -> None:
-        """The producer ended a stream it did not feed through ``from_producer`` message by message."""
+        """The producer ended a stream it did not ``feed`` message by message."""
         stream = self.streams.pop(opaque, None)
         if stream is not None:
             stream.end_reason = reason
@@ -264,9 +361,56 @@ class Connection:
                 return s
         return None
 
+    # --------------------------------------------------------------------------------- the contract
+
+    def feed(self, side: str, p: Packet, *, offset: int = 0) -> Verdict:
+        """A packet ``side`` sent (its ``offset`` in that side's stream names where a malformed one is)."""
+        if side == PRODUCER:
+            return self._from_producer(p, offset)
+        if side == CONSUMER:
+            return self._from_consumer(p, offset)
+        raise ValueError(f"side {side!r} is none of {self.SIDES}")
+
+    def end(self, side: str, how: End = End.CLOSED, partial: int = 0) -> None:
+        """``side`` stopped sending. No DCP rule is broken by it: a stream left open or
+        mid-snapshot stays so (the summary says "open, mid-snapshot"), and a packet cut
+        short is the capture's note, not the peer's violation; from now on ``expects``
+        waits for nothing from that side."""
+        self.ended_sides[side] = how
+
+    def expects(self) -> Expected:
+        """What each side may send now, by its records' ``type``; the text says it for a person."""
+        legal: dict[str, frozenset[str]] = {side: frozenset() for side in self.SIDES}
+        said = []
+        if CONSUMER not in self.ended_sides:
+            commands = _CONSUMER_COMMANDS if self.open_sent else _BEFORE_OPEN
+            if not self.buffer_size:
+                commands = commands - {codec.OPCODES[codec.BUFFER_ACK]}
+            if self.noop_pending is not None:
+                commands = commands | {"DCP_NOOP_RESPONSE"}
+                said.append(f"the consumer's reply to NOOP 0x{self.noop_pending:08x}")
+            legal[CONSUMER] = commands
+            said.append("a command from the consumer" if self.open_sent else "DCP_OPEN from the consumer")
+        if PRODUCER not in self.ended_sides:
+            types = {
+                f"{codec.OPCODES.get(q[0].opcode, hex(q[0].opcode))}_RESPONSE" for q in self.pending.values()
+            }
+            if self.pending:
+                said.append(f"the producer's answers to {sum(map(len, self.pending.values()))} requests")
+            if self.streams:
+                if self.may_send():
+                    types |= _STREAM_MESSAGE_NAMES
+                    said.append(f"stream messages on {len(self.streams)} streams")
+                else:
+                    said.append("a BUFFER_ACK before more stream messages")
+            if self.noop_enabled and self.noop_pending is None:
+                types.add(codec.OPCODES[codec.NOOP])
+            legal[PRODUCER] = frozenset(types)
+        return Expected(legal, ", or ".join(said) if said else "nothing: both sides have ended")
+
     # --------------------------------------------------------------------------------- consumer
 
-    def from_consumer(self, p: Packet, offset: int = 0) -> Verdict:
+    def _from_consumer(self, p: Packet, offset: int) -> Verdict:
         """A packet the consumer (the side that sent DCP_OPEN) sent."""
         request_opcode = None
         if not p.is_request and p.opcode == codec.NOOP:
@@ -277,52 +421,64 @@ class Connection:
             return self._malformed(CONSUMER, p, err)
         if not p.is_request:
             return self._consumer_response(p, msg)
-        reasons: list[str] = []
+        reasons: Reasons = []
         op = p.opcode
         if op in codec.STREAM_MESSAGES or op == codec.NOOP:
-            reasons.append(f"{p.name} is the producer's message, sent by the consumer")
+            reasons.append(("wrong-side", f"{p.name} is the producer's message, sent by the consumer"))
         elif op in _NEEDS_OPEN and not self.open_sent:
-            reasons.append(f"{p.name} before DCP_OPEN")
+            reasons.append(("open-first", f"{p.name} before DCP_OPEN"))
         if op == codec.OPEN:
             self.open_sent = True
         if op == codec.BUFFER_ACK:
             return self._buffer_ack(p, msg, reasons)
         if op == codec.STREAM_REQ:
             if p.opaque in self.pending or p.opaque in self.streams:  # its opaque names its stream
-                reasons.append(f"stream request with opaque 0x{p.opaque:08x}, already in use")
+                reasons.append(
+                    ("stream-opaque", f"stream request with opaque 0x{p.opaque:08x}, already in use")
+                )
             reasons += self._stream_req_rules(p, msg)
         self.pending.setdefault(p.opaque, deque()).append(_Pending(op, p.vbucket, msg))
         return self._verdict(CONSUMER, p, msg, reasons)
 
-    def _stream_req_rules(self, p: Packet, req: StreamReq) -> list[str]:
+    def _stream_req_rules(self, p: Packet, req: StreamReq) -> Reasons:
         problems = []
         if req.start > req.end:
-            problems.append(f"start {req.start} > end {req.end} (the producer must answer ERANGE)")
+            problems.append(
+                ("request-range", f"start {req.start} > end {req.end} (the producer must answer ERANGE)")
+            )
         if not req.snap_start <= req.start <= req.snap_end:
             problems.append(
-                f"snapshot range {req.snap_start}..{req.snap_end} does not hold start {req.start} "
-                "(the producer must answer ERANGE)"
+                (
+                    "request-range",
+                    f"snapshot range {req.snap_start}..{req.snap_end} does not hold start {req.start} "
+                    "(the producer must answer ERANGE)",
+                )
             )
         return problems
 
-    def _buffer_ack(self, p: Packet, msg: BufferAck, reasons: list[str]) -> Verdict:
+    def _buffer_ack(self, p: Packet, msg: BufferAck, reasons: Reasons) -> Verdict:
         if not self.buffer_size:
-            reasons.append("BUFFER_ACK without connection_buffer_size")
+            reasons.append(("buffer-ack", "BUFFER_ACK without connection_buffer_size"))
         elif msg.nbytes > self.outstanding:
-            reasons.append(f"acknowledges {msg.nbytes} bytes, only {self.outstanding} are unacknowledged")
+            reasons.append(
+                ("buffer-ack", f"acknowledges {msg.nbytes} bytes, only {self.outstanding} are unacknowledged")
+            )
         self.outstanding = max(0, self.outstanding - msg.nbytes)
         self.acked += msg.nbytes
         return self._verdict(CONSUMER, p, msg, reasons, event=f"acked {msg.nbytes}")
 
     def _consumer_response(self, p: Packet, msg: Response) -> Verdict:
-        reasons = []
+        reasons: Reasons = []
         event = None
         if p.opcode == codec.NOOP:
             if self.noop_pending is None:
-                reasons.append("NOOP reply with no NOOP outstanding")
+                reasons.append(("noop-reply", "NOOP reply with no NOOP outstanding"))
             elif p.opaque != self.noop_pending:
                 reasons.append(
-                    f"NOOP reply opaque 0x{p.opaque:08x}, the NOOP's was 0x{self.noop_pending:08x}"
+                    (
+                        "noop-reply",
+                        f"NOOP reply opaque 0x{p.opaque:08x}, the NOOP's was 0x{self.noop_pending:08x}",
+                    )
                 )
             self.noop_pending = None
         elif msg.status != SUCCESS:
@@ -331,7 +487,7 @@ class Connection:
 
     # --------------------------------------------------------------------------------- producer
 
-    def from_producer(self, p: Packet, offset: int = 0) -> Verdict:
+    def _from_producer(self, p: Packet, offset: int) -> Verdict:
         """A packet the producer sent."""
         if not p.is_request:
             queue = self.pending.get(p.opaque)
@@ -350,17 +506,20 @@ class Connection:
             return self._malformed(PRODUCER, p, err)
         op = p.opcode
         if op == codec.NOOP:
-            reasons = []
+            reasons: Reasons = []
             if not self.noop_enabled:
-                reasons.append("NOOP before enable_noop=true")
+                reasons.append(("noop", "NOOP before enable_noop=true"))
             if self.noop_pending is not None:
-                reasons.append(f"NOOP while the NOOP 0x{self.noop_pending:08x} is unanswered")
+                reasons.append(("noop", f"NOOP while the NOOP 0x{self.noop_pending:08x} is unanswered"))
             self.noop_pending = p.opaque
             self.noops += 1
             return self._verdict(PRODUCER, p, msg, reasons)
         if op not in codec.STREAM_MESSAGES:
             return self._verdict(
-                PRODUCER, p, msg, [f"{p.name} is the consumer's command, sent by the producer"]
+                PRODUCER,
+                p,
+                msg,
+                [("wrong-side", f"{p.name} is the consumer's command, sent by the producer")],
             )
         return self._stream_message(p, msg)
 
@@ -369,14 +528,15 @@ class Connection:
     ) -> tuple[int, list[StreamRun]]:
         """Judge the producer's stream messages at ``buf[pos:]`` in one pass, straight from the bytes.
 
-        Takes whole packets as long as ``from_producer`` would accept each with no
+        Takes whole packets as long as ``feed`` would accept each with no
         violation: MUTATION, DELETION, EXPIRATION and V1 SNAPSHOT_MARKER with magic
         0x80 on an open stream without a stream id, with the same checks (extras and
         key shape, opaque to stream, vbucket, seqno rising and inside the snapshot and
         the stream's end, key once per snapshot, flow control) and the same changes to
         the state. It stops before the first packet it does not take (a violation, a
-        partial packet, any other message); the caller gives that one to
-        ``from_producer``, which gives its verdict, and calls again after it.
+        partial packet, any other message); the caller ``feed``s that one, which
+        gives its verdict, and calls again after it. The seqno and marker rules are
+        ``item_window`` and ``marker_fits``, which ``feed`` reads too.
 
         While consecutive packets stay on one stream, its fields live in locals (the
         checks per item are a few comparisons); the stream is written back when the
@@ -409,8 +569,7 @@ class Connection:
             last, snap_start, snap_end, flags = s.last_seqno, s.snap_start, s.snap_end, s.snap_flags
             marker_seen, snapshot_open, keys, req_end = s.marker_seen, s.snapshot_open, s.keys, s.request.end
             # An item's seqno must be in (lo, hi]; it completes the snapshot when it is open_end.
-            lo = max(last, snap_start - 1)
-            hi = min(snap_end, req_end) if marker_seen else -1
+            lo, hi = item_window(last, snap_start, snap_end, marker_seen, req_end)
             open_end = snap_end if snapshot_open else -1
             unique = not flags & SNAP_MAY_CONTAIN_DUPLICATES
             room = _KEYS_KEPT - len(keys)
@@ -454,7 +613,7 @@ class Connection:
                     if items:
                         last = items[-1][1]
                     start, mark_end, mark_flags = unpack_marker(buf, pos + 24)
-                    if start > mark_end or snapshot_open or (mark_end <= last and marker_seen):
+                    if not marker_fits(start, mark_end, last, marker_seen, snapshot_open):
                         break
                     snap_start, snap_end, flags = start, mark_end, mark_flags
                     marker_seen = True
@@ -462,8 +621,7 @@ class Connection:
                     keys = set()
                     room = _KEYS_KEPT
                     markers.append((len(items), start, mark_end, mark_flags))
-                    lo = max(last, start - 1)
-                    hi = min(mark_end, req_end)
+                    lo, hi = item_window(last, start, mark_end, True, req_end)
                     open_end = mark_end if snapshot_open else -1
                     unique = not mark_flags & SNAP_MAY_CONTAIN_DUPLICATES
                 else:
@@ -499,14 +657,16 @@ class Connection:
 
     def _producer_response(self, p: Packet, msg: Response, pending: _Pending | None) -> Verdict:
         if pending is None:
-            return self._verdict(PRODUCER, p, msg, [f"response opaque 0x{p.opaque:08x} answers no request"])
+            reason = f"response opaque 0x{p.opaque:08x} answers no request"
+            return self._verdict(PRODUCER, p, msg, [("response-unsolicited", reason)])
         vb = pending.vbucket
         if pending.opcode != p.opcode:
             reason = (
                 f"{p.name} response to a {codec.OPCODES.get(pending.opcode, hex(pending.opcode))} request"
             )
-            return self._verdict(PRODUCER, p, msg, [reason], request_opcode=pending.opcode, vbucket=vb)
-        reasons: list[str] = []
+            reasons: Reasons = [("response-opcode", reason)]
+            return self._verdict(PRODUCER, p, msg, reasons, request_opcode=pending.opcode, vbucket=vb)
+        reasons = []
         event = finding = None
         ok = msg.status == SUCCESS
         if p.opcode == codec.OPEN and ok:
@@ -541,33 +701,39 @@ class Connection:
 
     def _stream_req_answer(
         self, p: Packet, msg: Response, pending: _Pending
-    ) -> tuple[str | None, list[str], tuple[str, str] | None]:
+    ) -> tuple[str | None, Reasons, tuple[str, str] | None]:
         req: StreamReq = pending.message
         vb = pending.vbucket
         bad_range = req.start > req.end or not req.snap_start <= req.start <= req.snap_end
         if msg.status == codec.ROLLBACK:
             seqno = msg.rollback_seqno or 0
             self.rollbacks.append((vb, seqno))
-            problems = []
+            problems: Reasons = []
             if seqno > req.start:
-                problems.append(f"rollback to {seqno}, after the requested start {req.start}")
+                problems.append(("rollback", f"rollback to {seqno}, after the requested start {req.start}"))
             if req.start == 0 and req.vbucket_uuid == 0:
-                problems.append("rollback of a request from seqno 0 (such a request never rolls back)")
+                problems.append(
+                    ("rollback", "rollback of a request from seqno 0 (such a request never rolls back)")
+                )
             return f"rollback to {seqno}", problems, ("warning", self._rollback_cause(vb, req, seqno))
         if msg.status != SUCCESS:
             return f"stream request {msg.status_name}", [], _refusal("stream request", vb, msg)
         problems = []
         if bad_range:
-            problems.append("stream request with a bad seqno range accepted (must be ERANGE)")
+            problems.append(
+                ("range-accepted", "stream request with a bad seqno range accepted (must be ERANGE)")
+            )
         log = msg.failover_log or []
         if not log:
-            problems.append("stream accepted with an empty failover log")
+            problems.append(("failover-log", "stream accepted with an empty failover log"))
         if any(u == 0 for u, _ in log):
-            problems.append("failover log entry with vbucket uuid 0")
+            problems.append(("failover-log", "failover log entry with vbucket uuid 0"))
         if any(log[i][1] < log[i + 1][1] for i in range(len(log) - 1)):
-            problems.append("failover log not newest first (seqnos must not increase)")
+            problems.append(("failover-log", "failover log not newest first (seqnos must not increase)"))
         if self.stream_for(vb) is not None:
-            problems.append(f"a second stream for vbucket {vb} accepted (must be KEY_EEXISTS)")
+            problems.append(
+                ("stream-per-vbucket", f"a second stream for vbucket {vb} accepted (must be KEY_EEXISTS)")
+            )
         if log:
             self.failover_logs[vb] = log
         sid = _json_sid(req.json)
@@ -602,24 +768,27 @@ class Connection:
         return f"{asked}; {ends}{shown}"
 
     def _stream_message(self, p: Packet, msg: Any) -> Verdict:
-        reasons: list[str] = []
+        reasons: Reasons = []
         event = None
         if self.buffer_size:
             if not self.may_send():
-                reasons.append(
+                full = (
                     f"sent with {self.outstanding} bytes unacknowledged of a {self.buffer_size}-byte buffer"
                 )
+                reasons.append(("flow-control", full))
             if self.count_sent(p.size):
                 event = "buffer full"
         stream = self.streams.get(p.opaque)
         if stream is None:
-            reasons.append(f"{p.name} on opaque 0x{p.opaque:08x}: no open stream")
+            reasons.append(("no-stream", f"{p.name} on opaque 0x{p.opaque:08x}: no open stream"))
             return self._verdict(PRODUCER, p, msg, reasons, event)
         if p.vbucket != stream.vbucket:
-            reasons.append(f"vbucket {p.vbucket} on the stream of vbucket {stream.vbucket}")
+            reasons.append(
+                ("stream-vbucket", f"vbucket {p.vbucket} on the stream of vbucket {stream.vbucket}")
+            )
         sid = codec.stream_id_of(p)
         if sid != stream.sid:
-            reasons.append(f"stream id {sid} on the stream opened with {stream.sid}")
+            reasons.append(("stream-id", f"stream id {sid} on the stream opened with {stream.sid}"))
         if isinstance(msg, SnapshotMarker):
             event = self._marker(stream, msg, reasons) or event
         elif isinstance(msg, (Mutation, Deletion, Expiration, SeqnoAdvanced)):
@@ -627,8 +796,11 @@ class Connection:
         elif isinstance(msg, StreamEnd):
             if msg.reason == codec.END_OK and stream.snapshot_open:
                 reasons.append(
-                    f"STREAM_END ok inside the snapshot {stream.snap_start}..{stream.snap_end} "
-                    f"(last seqno {stream.last_seqno})"
+                    (
+                        "snapshot-incomplete",
+                        f"STREAM_END ok inside the snapshot {stream.snap_start}..{stream.snap_end} "
+                        f"(last seqno {stream.last_seqno})",
+                    )
                 )
             stream.end_reason = msg.reason_name
             del self.streams[p.opaque]
@@ -641,16 +813,9 @@ class Connection:
                 return self._verdict(PRODUCER, p, msg, reasons, event, finding=finding)
         return self._verdict(PRODUCER, p, msg, reasons, event)
 
-    def _marker(self, s: Stream, m: SnapshotMarker, reasons: list[str]) -> str | None:
-        if m.start > m.end:
-            reasons.append(f"snapshot start {m.start} > end {m.end}")
-        if s.snapshot_open:
-            reasons.append(
-                f"snapshot marker {m.start}..{m.end} before the snapshot {s.snap_start}..{s.snap_end} "
-                f"completed (last seqno {s.last_seqno})"
-            )
-        if m.end <= s.last_seqno and s.marker_seen:
-            reasons.append(f"snapshot end {m.end} not after the last seqno {s.last_seqno}")
+    def _marker(self, s: Stream, m: SnapshotMarker, reasons: Reasons) -> str | None:
+        if not marker_fits(m.start, m.end, s.last_seqno, s.marker_seen, s.snapshot_open):
+            reasons += marker_reasons(s, m.start, m.end)
         s.snap_start, s.snap_end, s.snap_flags = m.start, m.end, m.flags
         s.marker_seen = True
         s.snapshot_open = m.end > s.last_seqno
@@ -658,20 +823,17 @@ class Connection:
         s.snapshots += 1
         return f"snapshot {m.start}..{m.end}"
 
-    def _item(self, s: Stream, m: Any, reasons: list[str]) -> str | None:
+    def _item(self, s: Stream, m: Any, reasons: Reasons) -> str | None:
         seqno = m.seqno
-        if not s.marker_seen:
-            reasons.append(f"seqno {seqno} before any snapshot marker")
-        if seqno <= s.last_seqno:
-            reasons.append(f"seqno {seqno} not after the last seqno {s.last_seqno}")
-        elif s.marker_seen and not s.snap_start <= seqno <= s.snap_end:
-            reasons.append(f"seqno {seqno} outside the snapshot {s.snap_start}..{s.snap_end}")
-        if s.request.end != FOREVER and seqno > s.request.end:
-            reasons.append(f"seqno {seqno} after the stream's end {s.request.end}")
+        lo, hi = item_window(s.last_seqno, s.snap_start, s.snap_end, s.marker_seen, s.request.end)
+        if not lo < seqno <= hi:
+            reasons += item_reasons(s, seqno)
         key = getattr(m, "key", None)
         if key is not None and not s.snap_flags & SNAP_MAY_CONTAIN_DUPLICATES:
             if key in s.keys:
-                reasons.append(f"key {key!r} twice in the snapshot {s.snap_start}..{s.snap_end}")
+                reasons.append(
+                    ("duplicate-key", f"key {key!r} twice in the snapshot {s.snap_start}..{s.snap_end}")
+                )
             elif len(s.keys) < _KEYS_KEPT:
                 s.keys.add(key)
         s.last_seqno = max(s.last_seqno, seqno)

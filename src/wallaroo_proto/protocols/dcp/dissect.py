@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from wallaroo_proto.capture.frame_block import COLUMN, MAX_ROWS, OPTIONAL, PLAIN, SHARED, FrameBlock
 from wallaroo_proto.capture.tracker import ConnectionTracker
 from wallaroo_proto.findings import mark
+from wallaroo_proto.judge import End, Kind
 from wallaroo_proto.records import to_json
 
 from . import codec
 from .codec import HEADER_SIZE, MAGICS, Packet, PacketSplitter, ProtocolError, decode_packet
-from .core import CONSUMER, PRODUCER, Connection, Kind, StreamRun
+from .core import CONSUMER, PRODUCER, Connection, StreamRun
 
 if TYPE_CHECKING:
     from wallaroo_proto.capture.dissector import Dissector
@@ -389,9 +390,7 @@ class DcpTracker(ConnectionTracker):
             self.out.append(to_json(record) if self.jsonl else record)
             return
         sender = self._sender(direction, p)
-        verdict = (
-            self.conn.from_consumer(p, offset) if sender == CONSUMER else self.conn.from_producer(p, offset)
-        )
+        verdict = self.conn.feed(sender, p, offset=offset)
         record["sender"], record["type"] = sender, type_name(p)
         record["verdict"] = verdict.kind.value
         self.types[record["type"]] += 1
@@ -419,10 +418,13 @@ class DcpTracker(ConnectionTracker):
         for direction in self.dirs.values():
             pending = direction.splitter.pending()
             half = direction.half
-            if pending and half is not None and (half.fin_seen or half.rst_seen):
-                self.note(
-                    f"{self.dir_label(direction)}: the connection ended inside a packet ({pending} bytes)"
-                )
+            if half is not None and (half.fin_seen or half.rst_seen):
+                how = End.RESET if half.rst_seen else End.CUT if pending else End.CLOSED
+                self.conn.end(self._sender(direction, None), how, pending)
+                if pending:
+                    self.note(
+                        f"{self.dir_label(direction)}: the connection ended inside a packet ({pending} bytes)"
+                    )
         halves = [d.half for d in self.dirs.values() if d.half is not None]
         if any(h.rst_seen for h in halves):
             self.closed = "reset"

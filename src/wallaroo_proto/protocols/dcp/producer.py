@@ -31,6 +31,7 @@ from itertools import accumulate, chain, repeat
 from operator import add, attrgetter
 from typing import Any
 
+from wallaroo_proto.judge import End, Kind
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.runtime import quiet_accept_errors
 from wallaroo_proto.write_watch import WriteWatch
@@ -47,7 +48,7 @@ from .codec import (
     StreamReq,
     decode_packet,
 )
-from .core import Connection, Kind, needs_rollback
+from .core import CONSUMER, PRODUCER, Connection, needs_rollback
 from .store import CAS_AT, EXPIRATION, MUTATION, OPAQUE_AT, Bucket, VBucket, Version
 
 #: HELLO features granted, those a data node grants that this producer honours: TcpNoDelay, Xattr
@@ -345,7 +346,7 @@ class _Session:
         wire = codec.response(
             p.opcode, status, opaque=p.opaque, value=value, extras=extras, datatype=datatype
         )
-        verdict = self.conn.from_producer(decode_packet(wire))
+        verdict = self.conn.feed(PRODUCER, decode_packet(wire))
         if verdict.kind is not Kind.ACCEPTED:
             self.producer.stats.violations.append(f"connection {self.index}: own response: {verdict.reason}")
         self.send(wire)
@@ -371,6 +372,9 @@ class _Session:
             while not self.closed:
                 data = await self.reader.read(256 * 1024)
                 if not data:
+                    self.conn.end(
+                        CONSUMER, End.CUT if self.splitter.pending() else End.CLOSED, self.splitter.pending()
+                    )
                     break
                 if self.tcp is not None:
                     self.tcp.send(True, data, time.time())
@@ -449,7 +453,7 @@ class _Session:
             status = codec.UNKNOWN_COMMAND if self.authenticated else codec.EACCESS
             self.send(codec.response(op, status, opaque=p.opaque))
             return
-        verdict = self.conn.from_consumer(p, offset)
+        verdict = self.conn.feed(CONSUMER, p, offset=offset)
         stats = self.producer.stats
         if verdict.kind is not Kind.ACCEPTED:
             stats.violations.append(f"connection {self.index} offset {offset}: {verdict.reason}")
@@ -671,7 +675,7 @@ class _Session:
         if rollback is not None:
             stats.rollbacks += 1
             wire = codec.rollback_response(p.opaque, rollback)
-            self.conn.from_producer(decode_packet(wire))
+            self.conn.feed(PRODUCER, decode_packet(wire))
             self.send(wire)
             return
         if req.start > vb.high_seqno:
@@ -779,7 +783,7 @@ class _Session:
                 self.noop_opaque += 1
                 opaque = self.noop_opaque
                 wire = codec.noop(opaque)
-                conn.from_producer(decode_packet(wire))
+                conn.feed(PRODUCER, decode_packet(wire))
                 self.send(wire)
                 self.last_noop = now
                 due = None

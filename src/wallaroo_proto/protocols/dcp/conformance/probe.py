@@ -1,8 +1,8 @@
 """The tester's end of one DCP connection: a consumer whose every packet, both ways, goes through the core.
 
-What it sends goes to ``core.Connection.from_consumer`` (a request the core calls a
+What it sends is fed to ``core.Connection`` as the consumer's (a request the core calls a
 violation is sent anyway, on purpose, and marked so in the trace); what the
-producer sends goes to ``from_producer``, so a reply or stream message that breaks
+producer sends is fed as the producer's, so a reply or stream message that breaks
 a rule the core knows (an answer to no request, a seqno outside its snapshot, a
 message beyond the flow-control buffer, a second stream accepted) fails the case
 with the core's own reason. Only the answer to a request too malformed for the core
@@ -18,10 +18,11 @@ from collections.abc import Callable
 from typing import Any
 
 from wallaroo_proto.conformance.runner import CaseFailed, Trace
+from wallaroo_proto.judge import End, Kind
 
 from .. import codec
 from ..codec import Packet, PacketSplitter, ProtocolError, Response, decode_packet
-from ..core import Connection, Kind, Verdict
+from ..core import CONSUMER, PRODUCER, Connection, Verdict
 
 READ_SIZE = 256 * 1024
 
@@ -89,7 +90,7 @@ class ProducerProbe:
 
     def send(self, wire: bytes) -> Packet:
         p = decode_packet(wire)
-        verdict = self.conn.from_consumer(p)
+        verdict = self.conn.feed(CONSUMER, p)
         mark = ""
         if verdict.kind is Kind.MALFORMED:
             self._unjudged.add(p.opaque)
@@ -112,12 +113,14 @@ class ProducerProbe:
     # --- receiving -------------------------------------------------------------------------------------
 
     async def _read(self) -> None:
+        how = End.CLOSED
         try:
             data = await self.reader.read(READ_SIZE)
         except ConnectionError:
-            data = b""
+            data, how = b"", End.RESET
         if not data:
             self.closed = True
+            self.conn.end(PRODUCER, how, len(self.splitter.buf))
             self.trace(f"{self.label} <- (connection closed)")
             return
         try:
@@ -132,9 +135,9 @@ class ProducerProbe:
     def _take(self, p: Packet, offset: int) -> None:
         if not p.is_request and p.opaque in self._unjudged:
             self._unjudged.discard(p.opaque)
-            verdict = Verdict(Kind.ACCEPTED, "producer", p, Response(p.status, value=p.value))
+            verdict = Verdict(Kind.ACCEPTED, PRODUCER, packet=p, message=Response(p.status, value=p.value))
         else:
-            verdict = self.conn.from_producer(p, offset)
+            verdict = self.conn.feed(PRODUCER, p, offset=offset)
         self.trace(f"{self.label} <- {show(p, verdict.message)}")
         if not verdict.ok:
             raise CaseFailed(verdict.reason or "a packet the core refuses", self.trace.tail())
