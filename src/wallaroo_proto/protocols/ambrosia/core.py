@@ -279,7 +279,7 @@ class Session:
             self.violations += 1
             rule, _, reason = problems[0].partition(": ")
             return Verdict(Kind.VIOLATION, side, rule, reason, tuple(problems), tuple(messages), note)
-        return Verdict(kind, side, messages=tuple(messages), note=note)
+        return Verdict(kind, side, None, None, (), tuple(messages), note)
 
     def _control(self, messages: list[Message], problems: list[str]) -> str | None:
         if len(messages) != 1 or messages[0].type not in CONTROL or messages[0].data:
@@ -399,7 +399,7 @@ class Session:
         if calls is None:
             return self._message(message), None
         self.rpcs_out += len(calls)
-        return Verdict(Kind.ACCEPTED, LB, messages=(message,)), calls
+        return Verdict(Kind.ACCEPTED, LB, None, None, (), (message,)), calls
 
     def _message(self, message: Message) -> Verdict:
         """One message from the LB."""
@@ -503,4 +503,4 @@ class Session:
         return Expected({IC: ic, LB: lb}, text)
 
 
-__all__ = ["IC", "LB", "RULES", "Kind", "Phase", "Session", "Verdict"]
+__all__ = ["IC", "LB", "RULES", "Phase", "Session", "Verdict"]
