@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from wallaroo_proto.judge import End, Kind, Verdict
 from wallaroo_proto.protocols.ambrosia.codec import (
     ATTACH_TO,
     BECOMING_PRIMARY,
     CHECKPOINT,
+    CONTROL,
     FORK,
     IMPULSE,
     INITIAL_MESSAGE,
@@ -26,17 +30,17 @@ from wallaroo_proto.protocols.ambrosia.codec import (
     encode_record,
     read_header,
 )
-from wallaroo_proto.protocols.ambrosia.core import RULES, Kind, Phase, Session
+from wallaroo_proto.protocols.ambrosia.core import _LB_ANY_TIME, IC, LB, RULES, Phase, Session
 
 C = 42
 
 
 def ic(session: Session, wire: bytes):
-    return session.from_ic(read_header(wire), wire[24 : read_header(wire).size])
+    return session.feed(IC, (read_header(wire), wire[24 : read_header(wire).size]))
 
 
 def lb(session: Session, wire: bytes):
-    return session.from_lb(Message(wire[1], wire[2:]))  # one-byte sizes only
+    return session.feed(LB, Message(wire[1], wire[2:]))  # one-byte sizes only
 
 
 def rpc(n: int = 1) -> bytes:
@@ -163,9 +167,9 @@ def test_attach_then_send_is_fine():
 
 def test_checkpoint_truncated_on_close():
     s = Session()
-    v = s.close("lb", 10)
+    v = s.end(LB, End.RESET, blob_left=10)
     assert rules_of(v) == {"checkpoint-truncated"}
-    assert s.close("ic", 0) is None
+    assert s.end(IC) is None
 
 
 def test_every_rule_has_a_test():
@@ -181,3 +185,52 @@ def test_every_rule_has_a_test():
 
 def test_checkpoint_message_type_constant():
     assert encode_checkpoint(0)[1] == CHECKPOINT
+
+
+# ----------------------------------------------------------------------------- the judge contract
+
+_ic_frames = st.one_of(
+    st.builds(control_record, st.just(C), st.sampled_from(sorted(CONTROL))),
+    st.builds(checkpoint_record, st.just(C), st.binary(max_size=8)),
+    st.builds(
+        encode_record,
+        st.sampled_from([C, C + 1]),
+        st.integers(-3, 4),
+        st.one_of(st.builds(rpc, st.integers(0, 3)), st.binary(max_size=12)),
+        st.one_of(st.none(), st.just(1)),
+    ),
+)
+_lb_frames = st.builds(Message, st.integers(0, 20), st.binary(max_size=12))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.one_of(st.tuples(st.just(IC), _ic_frames), st.tuples(st.just(LB), _lb_frames)), max_size=20)
+)
+def test_every_verdict_is_the_judges_and_every_violation_names_a_rule(frames) -> None:
+    s = Session()
+    for side, frame in frames:
+        verdict = ic(s, frame) if side == IC else s.feed(LB, frame)
+        assert isinstance(verdict, Verdict) and verdict.side == side
+        if verdict.kind is Kind.VIOLATION:
+            assert verdict.rule in RULES and verdict.violations
+            assert verdict.violations[0] == f"{verdict.rule}: {verdict.reason}"
+            assert rules_of(verdict) <= set(RULES)
+        assert s.expects().text
+    for side in Session.SIDES:
+        ended = s.end(side, End.CUT, 3)
+        assert isinstance(ended, Verdict) and ended.rule == "framing"
+
+
+def test_expects_follows_a_first_start():
+    s = Session()
+    assert s.expects().legal == {IC: {"TakeBecomingPrimaryCheckpoint", "CheckpointRecord"}, LB: _LB_ANY_TIME}
+    ic(s, control_record(C, TAKE_BECOMING_PRIMARY_CHECKPOINT))
+    assert s.expects().legal[LB] == _LB_ANY_TIME | {"InitialMessage"}
+    assert "Record" not in s.expects().legal[IC]
+    assert s.expects().text == "InitialMessage, then Checkpoint from the LB"
+    lb(s, encode_message(INITIAL_MESSAGE, b"hi"))
+    assert s.expects().legal[LB] == _LB_ANY_TIME | {"Checkpoint"}
+    lb(s, encode_checkpoint(4))
+    assert "Record" in s.expects().legal[IC] and s.expects().legal[LB] == _LB_ANY_TIME
+    assert s.expects().text == "records and RPCs"

@@ -337,7 +337,7 @@ def test_a_close_injected_by_the_proxy_reaches_the_client_with_its_status():
         code, out, err = node.stop()
     # The client: its session's two control replies, then a close 4001 where the echo was due.
     assert client.closed_by_server == 4001
-    assert client.received == 2 and client.session.expecting() == "the server's echo on 'echo'"
+    assert client.received == 2 and client.session.expects().text == "the server's echo on 'echo'"
     # The node: both messages taken and answered, then the client's close (its answer to 4001).
     assert code == 0, err
     stats = json.loads(out.splitlines()[-1])

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wallaroo_proto.protocols.tremor.core import Session
+from wallaroo_proto.judge import End, Kind, Verdict
+from wallaroo_proto.protocols.tremor.core import CLIENT, RULES, SERVER, Session
 from wallaroo_proto.protocols.tremor.node import Broker, NodeSession
 
 CONNECT_ECHO = '{"tremor":{"connect":{"protocol":"echo"}}}'
@@ -17,17 +18,17 @@ ACK_ECHO = '{"tremor":{"connect-ack":{"protocol":"echo","alias":"echo"}}}'
 
 def test_rfc_echo_walkthrough_with_the_prototypes_ack():
     s = Session()
-    assert s.server('{"tremor":{"version":"0.10.2"}}').ok  # the prototype's greeting
-    v = s.client(CONNECT_ECHO)
+    assert s.feed(SERVER, '{"tremor":{"version":"0.10.2"}}').ok  # the prototype's greeting
+    v = s.feed(CLIENT, CONNECT_ECHO)
     assert v.ok and v.type == "connect" and s.state == "active"
-    assert s.server(ACK_ECHO).ok
-    assert s.client('{"echo":"beep"}').type == "echo"
-    assert s.server('{"echo":"beep"}').ok
-    assert s.client('{"tremor":{"disconnect":"echo"}}').ok
-    assert s.server('{"tremor":{"disconnect-ack":{"alias":"echo"}}}').ok
+    assert s.feed(SERVER, ACK_ECHO).ok
+    assert s.feed(CLIENT, '{"echo":"beep"}').type == "echo"
+    assert s.feed(SERVER, '{"echo":"beep"}').ok
+    assert s.feed(CLIENT, '{"tremor":{"disconnect":"echo"}}').ok
+    assert s.feed(SERVER, '{"tremor":{"disconnect-ack":{"alias":"echo"}}}').ok
     assert s.state == "idle"  # RFC: Active -> Idle on the last disconnect
-    assert s.client('{"tremor":"close"}').ok and s.state == "closing"
-    assert s.server('{"tremor":{"close-ack":"ok"}}').ok and s.state == "closed"
+    assert s.feed(CLIENT, '{"tremor":"close"}').ok and s.state == "closing"
+    assert s.feed(SERVER, '{"tremor":{"close-ack":"ok"}}').ok and s.state == "closed"
     assert s.violations == 0 and s.owed() == 0
 
 
@@ -70,7 +71,7 @@ def test_rfc_echo_walkthrough_with_the_prototypes_ack():
 )
 def test_client_violations_and_their_codes(messages, code):
     s = Session()
-    verdicts = [s.client(text) for text in messages]
+    verdicts = [s.feed(CLIENT, text) for text in messages]
     assert all(v.ok for v in verdicts[:-1])
     assert not verdicts[-1].ok and verdicts[-1].code == code and verdicts[-1].reason
 
@@ -87,10 +88,10 @@ def test_client_violations_and_their_codes(messages, code):
 )
 def test_server_violations(server, reason):
     s = Session()
-    s.client(CONNECT_ECHO)
-    s.server(ACK_ECHO)
-    s.client('{"echo":"beep"}')
-    v = s.server(server)
+    s.feed(CLIENT, CONNECT_ECHO)
+    s.feed(SERVER, ACK_ECHO)
+    s.feed(CLIENT, '{"echo":"beep"}')
+    v = s.feed(SERVER, server)
     if "close-ack" in server:  # no close was asked for
         assert v.reason == "close-ack that answers nothing"
     else:
@@ -99,22 +100,23 @@ def test_server_violations(server, reason):
 
 def test_version_info_only_first_or_when_asked():
     s = Session()
-    s.client(CONNECT_ECHO)
-    s.server(ACK_ECHO)
-    assert not s.server('{"tremor":{"version":"1"}}').ok
-    s.client('{"tremor":"version"}')
-    assert s.server('{"tremor":{"version":"1"}}').ok
+    s.feed(CLIENT, CONNECT_ECHO)
+    s.feed(SERVER, ACK_ECHO)
+    assert not s.feed(SERVER, '{"tremor":{"version":"1"}}').ok
+    s.feed(CLIENT, '{"tremor":"version"}')
+    assert s.feed(SERVER, '{"tremor":{"version":"1"}}').ok
 
 
 def test_non_strict_pubsub_acks_only_what_succeeds():
     s = Session()
-    s.client(
-        '{"tremor":{"connect":{"protocol":"pubsub","alias":"p","headers":{"command.policy":"non-strict"}}}}'
+    s.feed(
+        CLIENT,
+        '{"tremor":{"connect":{"protocol":"pubsub","alias":"p","headers":{"command.policy":"non-strict"}}}}',
     )
-    s.server('{"tremor":{"connect-ack":{"protocol":"pubsub","alias":"p"}}}')
-    v = s.client('{"p":{"subscribe":["/pipeline/a/out","bad url"]}}')
+    s.feed(SERVER, '{"tremor":{"connect-ack":{"protocol":"pubsub","alias":"p"}}}')
+    v = s.feed(CLIENT, '{"p":{"subscribe":["/pipeline/a/out","bad url"]}}')
     assert v.ok and v.answers == ({"p": {"subscribe-ack": ["/pipeline/a/out"]}},)
-    assert not s.server('{"p":{"subscribe-ack":["/pipeline/a/out","bad url"]}}').ok
+    assert not s.feed(SERVER, '{"p":{"subscribe-ack":["/pipeline/a/out","bad url"]}}').ok
 
 
 def _node(broker, ident):
@@ -188,13 +190,13 @@ def test_whatever_a_client_sends_the_node_answers_what_a_client_judge_accepts(va
     node = NodeSession(broker, 1)
     judge = Session()
     for text in node.opened():
-        assert judge.server(text).ok
+        assert judge.feed(SERVER, text).ok
     for value in values:
-        judge.client(value)
+        judge.feed(CLIENT, value)
         out = node.receive(json.dumps(value))
         replies = out.replies + [t for target, t in out.deliveries if target is node]
         for text in replies:
-            verdict = judge.server(text)
+            verdict = judge.feed(SERVER, text)
             assert verdict.ok, (value, text, verdict.reason)
         if out.close:
             assert judge.state == "closed"
@@ -204,16 +206,16 @@ def test_whatever_a_client_sends_the_node_answers_what_a_client_judge_accepts(va
 
 def test_pipelined_pubsub_requests_and_an_event_crossing_an_unsubscribe():
     s = Session()
-    s.client('{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}')
-    assert s.client('{"p":{"subscribe":["/pipeline/a/out"]}}').ok
-    assert s.client('{"p":{"unsubscribe":["/pipeline/a/out"]}}').ok  # before the subscribe-ack came
-    assert s.server('{"tremor":{"connect-ack":{"protocol":"pubsub","alias":"p"}}}').ok
-    assert s.server('{"p":{"subscribe-ack":["/pipeline/a/out"]}}').ok
-    assert s.server('{"p":{"data":1,"meta":{}}}').ok  # sent before the node saw the unsubscribe
-    assert s.server('{"p":{"unsubscribe-ack":["/pipeline/a/out"]}}').ok
+    s.feed(CLIENT, '{"tremor":{"connect":{"protocol":"pubsub","alias":"p"}}}')
+    assert s.feed(CLIENT, '{"p":{"subscribe":["/pipeline/a/out"]}}').ok
+    assert s.feed(CLIENT, '{"p":{"unsubscribe":["/pipeline/a/out"]}}').ok  # before the subscribe-ack came
+    assert s.feed(SERVER, '{"tremor":{"connect-ack":{"protocol":"pubsub","alias":"p"}}}').ok
+    assert s.feed(SERVER, '{"p":{"subscribe-ack":["/pipeline/a/out"]}}').ok
+    assert s.feed(SERVER, '{"p":{"data":1,"meta":{}}}').ok  # sent before the node saw the unsubscribe
+    assert s.feed(SERVER, '{"p":{"unsubscribe-ack":["/pipeline/a/out"]}}').ok
     fresh = Session()
-    fresh.client('{"tremor":{"connect":{"protocol":"pubsub","alias":"q"}}}')
-    assert fresh.server('{"q":{"data":1}}').reason == "pubsub data on a stream that never subscribed"
+    fresh.feed(CLIENT, '{"tremor":{"connect":{"protocol":"pubsub","alias":"q"}}}')
+    assert fresh.feed(SERVER, '{"q":{"data":1}}').reason == "pubsub data on a stream that never subscribed"
 
 
 @pytest.mark.parametrize(
@@ -299,15 +301,15 @@ def test_whatever_text_a_client_sends_the_node_answers_validly_or_closes_with_a_
     node = NodeSession(Broker(), 1)
     judge = Session()
     for text in node.opened():
-        assert judge.server(text).ok
+        assert judge.feed(SERVER, text).ok
     for text in texts:
-        judge.client(text)
+        judge.feed(CLIENT, text)
         out = node.receive(text)
         assert out.internal is None, (text, out.internal)
         replies = out.replies + [t for target, t in out.deliveries if target is node]
         for reply in replies:
             reply.encode("utf-8")
-            verdict = judge.server(reply)
+            verdict = judge.feed(SERVER, reply)
             assert verdict.ok, (text, reply, verdict.reason)
         if out.close:
             assert judge.state == "closed"
@@ -315,3 +317,63 @@ def test_whatever_text_a_client_sends_the_node_answers_validly_or_closes_with_a_
                 assert judge.error_close is not None and judge.error_close[:1].isdigit()
             break
     assert judge.owed() == 0
+
+
+# ----------------------------------------------------------------------------- the judge contract
+
+_SERVER_VALUES = st.one_of(
+    _CLIENT_VALUES,
+    st.builds(
+        lambda p, a: {"tremor": {"connect-ack": {"protocol": p, "alias": a}}}, st.just("echo"), _ALIASES
+    ),
+    st.builds(lambda a: {"tremor": {"disconnect-ack": {"alias": a}}}, _ALIASES),
+    st.sampled_from(
+        [{"tremor": {"close-ack": "ok"}}, {"tremor": {"version": "1"}}, {"tremor": {"close": "x"}}]
+    ),
+    st.builds(lambda a, r: {a: r}, _ALIASES, st.sampled_from([{"data": 1}, {"list": {}}, {"x": 1}, 1])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(Session.SIDES), _SERVER_VALUES | _TEXTS), max_size=25))
+def test_every_verdict_is_the_judges_and_every_violation_names_a_rule(messages):
+    s = Session()
+    for side, value in messages:
+        verdict = s.feed(side, value)
+        assert isinstance(verdict, Verdict) and verdict.side == side
+        if verdict.kind is Kind.VIOLATION:
+            assert verdict.rule in RULES and verdict.reason
+        else:
+            assert verdict.rule is None
+        expected = s.expects()
+        assert set(expected.legal) == {CLIENT, SERVER} and expected.text
+
+
+def test_expects_names_the_types_records_give():
+    s = Session()
+    assert s.expects().legal == {
+        CLIENT: {"connect", "version", "close"},
+        SERVER: {"version-info", "error-close"},
+    }
+    s.feed(CLIENT, CONNECT_ECHO)
+    assert s.expects() == (
+        {
+            CLIENT: {"connect", "version", "close", "disconnect", "echo"},
+            SERVER: {"connect-ack", "version-info", "error-close"},
+        },
+        "the server's connect-ack",
+    )
+    s.feed(SERVER, ACK_ECHO)
+    s.feed(CLIENT, '{"echo":"beep"}')
+    assert s.expects().legal[SERVER] == {"echo", "error-close"}
+    s.feed(CLIENT, '{"tremor":"close"}')
+    assert s.expects().legal[CLIENT] == set()
+
+
+def test_a_cut_side_leaves_answers_unjudged():
+    s = Session()
+    s.feed(CLIENT, CONNECT_ECHO)
+    assert s.end(SERVER, End.CLOSED) is None and s.end(SERVER, End.RESET) is None
+    assert not s.feed(SERVER, '{"echo":1}').ok  # nothing asked for it
+    assert s.end(CLIENT, End.CUT, 3) is None  # what the client asked is no longer known
+    assert s.feed(SERVER, '{"echo":1}').ok

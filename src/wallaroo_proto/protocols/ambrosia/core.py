@@ -1,11 +1,12 @@
 """The rules of one IC <-> LB pair's two sockets (sans-IO).
 
-``Session`` judges what each side sends, in the order it happened: records
-from the IC (``from_ic``), messages from the LB (``from_lb``), checkpoint
-blobs either way (``blob``) and the end of a stream (``close``). Each call
-returns a ``Verdict``: accepted, replayed (a record of the recovery replay),
-or a violation with named reasons (``RULES``). The mock IC, the mock LB and
-the capture dissector drive this same object, so a rule is written once.
+``Session`` keeps the judge contract (``wallaroo_proto.judge``): ``feed(IC, (header,
+body))`` for a log record from the IC, ``feed(LB, message)`` for a message from the
+LB, ``end(side, how, partial, blob_left=...)`` for the end of a stream, and
+``expects()``. Each ``feed`` returns a ``Verdict``: accepted, replayed (a record of
+the recovery replay), or a violation with named reasons (``RULES``). The mock IC,
+the mock LB and the capture dissector drive this same object, so a rule is written
+once.
 
 The order the IC's code holds: a first start opens with a control record
 (sequence id -1) TakeBecomingPrimaryCheckpoint, to which the LB answers
@@ -21,10 +22,14 @@ lets the C# binding's InitialMessage be a whole RPC (any bytes are taken).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import NamedTuple
+from typing import Any, ClassVar
 
 from xxhash import xxh64_intdigest
+
+from wallaroo_proto.judge import End, Expected, Kind
+from wallaroo_proto.judge import Verdict as _Verdict
 
 from .codec import (
     ATTACH_TO,
@@ -93,12 +98,6 @@ _ASKS_CHECKPOINT = frozenset({TAKE_CHECKPOINT, TAKE_BECOMING_PRIMARY_CHECKPOINT,
 _ENDS_REPLAY = frozenset({TAKE_BECOMING_PRIMARY_CHECKPOINT, UPGRADE_TAKE_CHECKPOINT, BECOMING_PRIMARY})
 
 
-class Kind(StrEnum):
-    ACCEPTED = "accepted"
-    REPLAYED = "replayed"
-    VIOLATION = "violation"
-
-
 class Phase(StrEnum):
     START = "start"  # nothing from the IC yet
     FIRST_START = "first-start"  # TakeBecomingPrimaryCheckpoint came first: no checkpoint yet
@@ -107,21 +106,34 @@ class Phase(StrEnum):
     NORMAL = "normal"
 
 
-class Verdict(NamedTuple):
-    kind: Kind
+#: The phase a control record moves the IC to: (phase, control message) -> next phase; a pair
+#: not here keeps the phase (a first record other than TakeBecomingPrimaryCheckpoint breaks
+#: start-sequence). The checkpoint record moves it to REPLAY, the LB's Checkpoint answering a
+#: first start to NORMAL.
+_AFTER_CONTROL: dict[tuple[Phase, int], Phase] = {
+    (Phase.START, TAKE_BECOMING_PRIMARY_CHECKPOINT): Phase.FIRST_START,
+    **{(Phase.REPLAY, kind): Phase.NORMAL for kind in _ENDS_REPLAY},
+    **{(phase, UPGRADE_SERVICE): Phase.UPGRADE_TEST for phase in Phase if phase is not Phase.START},
+}
+_CONTROL_NAMES = frozenset(type_name(kind) for kind in CONTROL)
+#: The frame types the LB may always send (their contents decide); InitialMessage and
+#: Checkpoint only when ``expects`` says so.
+_LB_ANY_TIME = frozenset(type_name(kind) for kind in FROM_LB - {INITIAL_MESSAGE, CHECKPOINT})
+
+
+@dataclass(slots=True)
+class Verdict(_Verdict):
+    """The judge's verdict, with every rule a record broke (``rule``/``reason``: the first)."""
+
     #: "rule: reason" for each rule broken.
     violations: tuple[str, ...] = ()
     #: The record's or message's messages (a message: itself), decoded as far as they go.
     messages: tuple[Message, ...] = ()
     note: str | None = None
 
-    @property
-    def ok(self) -> bool:
-        return self.kind is not Kind.VIOLATION
 
-
-#: The verdict on a record with nothing wrong (the common one, shared).
-_ACCEPTED = Verdict(Kind.ACCEPTED)
+#: The verdict on a record with nothing wrong (the common one, shared: a dataclass is slow to build).
+_ACCEPTED = Verdict(Kind.ACCEPTED, IC)
 
 
 def _violation(rule: str, reason: str) -> str:
@@ -130,6 +142,9 @@ def _violation(rule: str, reason: str) -> str:
 
 class Session:
     """One LB and its IC: both sockets' rules, in the order things happened."""
+
+    SIDES: ClassVar[tuple[str, str]] = (IC, LB)
+    RULES: ClassVar[dict[str, str]] = RULES
 
     def __init__(self, *, verify_check_bytes: bool = True, judge_own_bodies: bool = True) -> None:
         self.verify_check_bytes = verify_check_bytes
@@ -155,9 +170,18 @@ class Session:
         #: Which one-pass scanner ``from_ic_rpcs`` tries first (a hint of speed, not a rule).
         self._batches_seen = False
 
+    def feed(self, side: str, frame: Any) -> Verdict:
+        """``side`` sent ``frame``: the IC a log record as ``(Header, body)``, the LB a ``Message``."""
+        if side == IC:
+            header, body = frame
+            return self._record(header, body)
+        if side == LB:
+            return self._message(frame)
+        raise ValueError(f"side {side!r}: one of {self.SIDES}")
+
     # --- IC -> LB ---------------------------------------------------------------------------------
 
-    def from_ic(self, header: Header, body: bytes) -> Verdict:
+    def _record(self, header: Header, body: bytes) -> Verdict:
         """One log record from the IC."""
         problems: list[str] = []
         seq = header.seq
@@ -183,17 +207,17 @@ class Session:
             self.records += 1
             if kind is Kind.REPLAYED:
                 self.replayed += 1
-        return self._verdict(kind, problems, messages, note)
+        return self._verdict(kind, IC, problems, messages, note)
 
     def from_ic_rpcs(self, header: Header, body: bytes) -> tuple[Verdict, tuple[bytes, list[bytes]] | None]:
-        """``from_ic`` for a record of plain RPCs, read in one pass: (verdict, (method ids, args)).
+        """``feed(IC, ...)`` for a record of plain RPCs, read in one pass: (verdict, (method ids, args)).
 
         Method ids come one a byte (``codec.scan_rpcs``); RPCs in batches come as if plain, in
         order (``codec.scan_batched_rpcs``), where every batch is one the general path accepts.
 
         The record-level rules are the same; the RPCs come as two lists instead
         of messages in the verdict. Any other record (a control or checkpoint
-        record, an unusual message, a malformed size) goes through ``from_ic``,
+        record, an unusual message, a malformed size) goes through ``feed``,
         whose verdict holds its messages, with None for the lists.
         """
         seq = header.seq
@@ -208,7 +232,7 @@ class Session:
                 rpcs = scan_batched_rpcs(body)
                 self._batches_seen = rpcs is not None
         if rpcs is None:
-            return self.from_ic(header, body), None
+            return self._record(header, body), None
         if (  # the usual record, checked inline: the next one, in the normal phase, nothing wrong
             seq - 1 == self.last_seq
             and self.phase is Phase.NORMAL
@@ -227,8 +251,8 @@ class Session:
         self.records += 1
         if self.phase is Phase.REPLAY or self.phase is Phase.UPGRADE_TEST:
             self.replayed += 1
-            return self._verdict(Kind.REPLAYED, problems, ()), rpcs
-        return self._verdict(Kind.ACCEPTED, problems, ()), rpcs
+            return self._verdict(Kind.REPLAYED, IC, problems, ()), rpcs
+        return self._verdict(Kind.ACCEPTED, IC, problems, ()), rpcs
 
     def _header_checks(self, header: Header, body: bytes, problems: list[str]) -> None:
         """The committer id and the check bytes."""
@@ -248,11 +272,14 @@ class Session:
                     )
                 )
 
-    def _verdict(self, kind: Kind, problems: list[str], messages, note: str | None = None) -> Verdict:
+    def _verdict(
+        self, kind: Kind, side: str, problems: list[str], messages, note: str | None = None
+    ) -> Verdict:
         if problems:
             self.violations += 1
-            return Verdict(Kind.VIOLATION, tuple(problems), tuple(messages), note)
-        return Verdict(kind, (), tuple(messages), note)
+            rule, _, reason = problems[0].partition(": ")
+            return Verdict(Kind.VIOLATION, side, rule, reason, tuple(problems), tuple(messages), note)
+        return Verdict(kind, side, None, None, (), tuple(messages), note)
 
     def _control(self, messages: list[Message], problems: list[str]) -> str | None:
         if len(messages) != 1 or messages[0].type not in CONTROL or messages[0].data:
@@ -262,18 +289,16 @@ class Session:
         kind = messages[0].type
         name = type_name(kind)
         self.requests[name] = self.requests.get(name, 0) + 1
-        if self.phase is Phase.START:
-            if kind == TAKE_BECOMING_PRIMARY_CHECKPOINT:
-                self.phase = Phase.FIRST_START
-                self.first_start = True
-            else:
-                problems.append(_violation("start-sequence", f"the IC opened with {name}"))
-                self.phase = Phase.NORMAL
-        elif kind == UPGRADE_SERVICE:
-            self.phase = Phase.UPGRADE_TEST
+        after = _AFTER_CONTROL.get((self.phase, kind))
+        if after is None and self.phase is Phase.START:
+            problems.append(_violation("start-sequence", f"the IC opened with {name}"))
+            after = Phase.NORMAL
+        if after is not None:
+            self.phase = after
+        if after is Phase.FIRST_START:
+            self.first_start = True
+        elif after is Phase.UPGRADE_TEST:
             return "upgrade test: the LB upgrades, the replay goes on"
-        elif kind in _ENDS_REPLAY and self.phase is Phase.REPLAY:
-            self.phase = Phase.NORMAL
         if kind in _ASKS_CHECKPOINT:
             self.checkpoint_asked = kind
         return None
@@ -368,15 +393,15 @@ class Session:
     # --- LB -> IC ---------------------------------------------------------------------------------
 
     def from_lb_self_calls(self, message: Message) -> tuple[Verdict, list[bytes] | None]:
-        """``from_lb`` for an RPCBatch of plain self calls, read in one pass: (verdict, the calls
-        re-encoded as the IC delivers them). Any other message goes through ``from_lb``, with None."""
+        """``feed(LB, message)`` for an RPCBatch of plain self calls, read in one pass: (verdict, the
+        calls re-encoded as the IC delivers them). Any other message goes through ``feed``, with None."""
         calls = scan_self_calls(message.data) if message.type == RPC_BATCH else None
         if calls is None:
-            return self.from_lb(message), None
+            return self._message(message), None
         self.rpcs_out += len(calls)
-        return Verdict(Kind.ACCEPTED, (), (message,)), calls
+        return Verdict(Kind.ACCEPTED, LB, None, None, (), (message,)), calls
 
-    def from_lb(self, message: Message) -> Verdict:
+    def _message(self, message: Message) -> Verdict:
         """One message from the LB."""
         problems: list[str] = []
         kind = message.type
@@ -408,7 +433,7 @@ class Session:
             note = self._lb_checkpoint(message, problems)
         elif kind == TAKE_CHECKPOINT:
             note = "the LB asks for a checkpoint now"
-        return self._verdict(Kind.ACCEPTED, problems, (message,), note)
+        return self._verdict(Kind.ACCEPTED, LB, problems, (message,), note)
 
     def _lb_checkpoint(self, message: Message, problems: list[str]) -> str | None:
         self.checkpoints_out += 1
@@ -429,39 +454,53 @@ class Session:
 
     # --- both -------------------------------------------------------------------------------------
 
-    def close(self, side: str, blob_left: int, partial: int = 0) -> Verdict | None:
-        """``side``'s stream ended with ``blob_left`` checkpoint bytes still owed, or ``partial`` bytes
-        of a record (IC) or message (LB) it never finished: a violation if any."""
+    def end(
+        self, side: str, how: End = End.CLOSED, partial: int = 0, *, blob_left: int = 0
+    ) -> Verdict | None:
+        """``side``'s stream ended with ``blob_left`` checkpoint bytes still owed (the splitter
+        knows them), or ``partial`` bytes of a record (IC) or message (LB) it never finished: a
+        violation if any. A close and a reset end alike: what breaks a rule is what was owed."""
         if partial and not blob_left:
-            self.violations += 1
-            what = "record" if side == IC else "message"
-            return Verdict(
-                Kind.VIOLATION, (_violation("framing", f"{side} stream ended {partial} bytes into a {what}"),)
+            rule, reason = (
+                "framing",
+                f"{side} stream ended {partial} bytes into a {'record' if side == IC else 'message'}",
             )
-        if blob_left:
-            self.violations += 1
-            return Verdict(
-                Kind.VIOLATION,
-                (
-                    _violation(
-                        "checkpoint-truncated", f"{side} stream ended {blob_left} bytes short of a checkpoint"
-                    ),
-                ),
+        elif blob_left:
+            rule, reason = (
+                "checkpoint-truncated",
+                f"{side} stream ended {blob_left} bytes short of a checkpoint",
             )
-        return None
+        else:
+            return None
+        self.violations += 1
+        return Verdict(Kind.VIOLATION, side, rule, reason, (_violation(rule, reason),))
 
-    def expecting(self) -> str:
-        """What the pair waits for next, for a summary."""
-        if self.checkpoint_asked is not None:
-            first = self.phase is Phase.FIRST_START and not self.initial_message
-            return "InitialMessage, then Checkpoint from the LB" if first else "Checkpoint from the LB"
-        return {
-            Phase.START: "the IC's first record",
-            Phase.REPLAY: "replayed records, then the end of the replay",
-            Phase.UPGRADE_TEST: "replayed records (upgrade test)",
-            Phase.NORMAL: "records and RPCs",
-            Phase.FIRST_START: "Checkpoint from the LB",
-        }[self.phase]
+    def expects(self) -> Expected:
+        """What the pair waits for next: the frame types each side may send now, and a line."""
+        phase, asked = self.phase, self.checkpoint_asked
+        if phase is Phase.START:
+            ic = frozenset({type_name(TAKE_BECOMING_PRIMARY_CHECKPOINT), "CheckpointRecord"})
+        elif asked is None or phase is Phase.UPGRADE_TEST:
+            ic = _CONTROL_NAMES | {"Record"}
+        else:
+            ic = _CONTROL_NAMES
+        lb = _LB_ANY_TIME
+        if self.first_start and not self.initial_message:
+            lb |= {type_name(INITIAL_MESSAGE)}
+        first = phase is Phase.FIRST_START and not self.initial_message
+        if asked is not None and not (first and asked == TAKE_BECOMING_PRIMARY_CHECKPOINT):
+            lb |= {type_name(CHECKPOINT)}
+        if asked is not None:
+            text = "InitialMessage, then Checkpoint from the LB" if first else "Checkpoint from the LB"
+        else:
+            text = {
+                Phase.START: "the IC's first record",
+                Phase.REPLAY: "replayed records, then the end of the replay",
+                Phase.UPGRADE_TEST: "replayed records (upgrade test)",
+                Phase.NORMAL: "records and RPCs",
+                Phase.FIRST_START: "Checkpoint from the LB",
+            }[phase]
+        return Expected({IC: ic, LB: lb}, text)
 
 
-__all__ = ["IC", "LB", "RULES", "Kind", "Phase", "Session", "Verdict"]
+__all__ = ["IC", "LB", "RULES", "Phase", "Session", "Verdict"]

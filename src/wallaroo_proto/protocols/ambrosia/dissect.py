@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from wallaroo_proto.capture.pcap import format_address
 from wallaroo_proto.findings import mark
+from wallaroo_proto.judge import End, Kind
 from wallaroo_proto.records import to_json
 
 from .codec import (
@@ -47,7 +48,7 @@ from .codec import (
     read_message,
     read_zz,
 )
-from .core import IC, LB, Kind, Phase, Session
+from .core import IC, LB, Phase, Session
 
 if TYPE_CHECKING:
     from wallaroo_proto.capture.dissector import Dissector
@@ -356,7 +357,7 @@ class AmbrosiaTracker:
         header = frame.header
         record = self._row(direction, packet, ts, frame.offset, header.size)
         before = self.pair.session.phase
-        verdict = self.pair.session.from_ic(header, frame.body)
+        verdict = self.pair.session.feed(IC, (header, frame.body))
         record["seq_id"] = header.seq
         record["committer_id"] = header.committer
         record["check_bytes"] = f"{header.check:016x}"
@@ -403,7 +404,7 @@ class AmbrosiaTracker:
         msg = frame.message
         record = self._row(direction, packet, ts, frame.offset, frame.length)
         record["type"] = msg.name
-        verdict = self.pair.session.from_lb(msg)
+        verdict = self.pair.session.feed(LB, msg)
         if msg.type == RPC:
             try:
                 rpc = decode_rpc(msg.data, outgoing=True)
@@ -452,7 +453,8 @@ class AmbrosiaTracker:
             if half is None or splitter is None or self.pair is None or not (half.fin_seen or half.rst_seen):
                 continue
             side = IC if direction.client == self.ic_is_client else LB
-            verdict = self.pair.session.close(side, splitter.blob_left)
+            how = End.RESET if half.rst_seen else End.CLOSED
+            verdict = self.pair.session.end(side, how, blob_left=splitter.blob_left)
             if verdict is not None:
                 record = self._row(direction, self.last_packet, int(self.last_ts * 1e9), half.offset, 0)
                 record["type"] = "EOF"
@@ -481,7 +483,7 @@ class AmbrosiaTracker:
             "records": s.records,
             "checkpoints": s.checkpoints_in + s.checkpoints_out,
             "last_seq": s.last_seq,
-            "expecting": s.expecting(),
+            "expecting": s.expects().text,
         }
 
     def as_dict(self) -> dict:
@@ -508,7 +510,7 @@ class AmbrosiaTracker:
             "checkpoint_records": s.checkpoints_in,
             "requests": dict(s.requests),
             "last_seq": s.last_seq,
-            "expecting": s.expecting(),
+            "expecting": s.expects().text,
             "violations": self.violations,
             "violation_list": self.violation_list,
             "capture_notes": self.capture_notes,

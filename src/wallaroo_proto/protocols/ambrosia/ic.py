@@ -62,7 +62,7 @@ from .codec import (
     read_header,
     type_name,
 )
-from .core import Session
+from .core import IC, LB, Session
 from .immortal import RpcSource
 from .store import DirStore, IcCheckpoint, LoggedRecord, MemoryStore
 
@@ -556,7 +556,7 @@ class MockIC:
         for wire in wires:
             header = read_header(wire)
             # Its own records keep the judge's phase right; their flaws are the faults it was told to make.
-            run.session.from_ic(header, wire[24 : header.size])
+            run.session.feed(IC, (header, wire[24 : header.size]))
             if run.pcap_out is not None:
                 run.pcap_out.send(False, wire)
             normal += header.seq >= 0
@@ -633,7 +633,7 @@ class MockIC:
                         self._violation("lb", (f"framing: {frame.reason} (stream offset {frame.offset})",))
                     if run.fatal:
                         return
-            verdict = run.session.close("lb", splitter.blob_left)
+            verdict = run.session.end(LB, blob_left=splitter.blob_left)
             if verdict is not None:  # the LB went away mid-checkpoint: noted, the run is over anyway
                 self._violation("lb", verdict.violations, fatal=False)
         except ConnectionError:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from wallaroo_proto.judge import End, Kind
 from wallaroo_proto.write_watch import WriteWatch, reset
 
 from .codec import (
@@ -51,7 +52,7 @@ from .codec import (
     type_name,
     zz64,
 )
-from .core import Kind, Session
+from .core import IC, LB, Session
 from .immortal import Counter
 
 _ASKS = (TAKE_CHECKPOINT, TAKE_BECOMING_PRIMARY_CHECKPOINT, UPGRADE_TAKE_CHECKPOINT)
@@ -171,8 +172,10 @@ class MockLB:
                 await self.writer.drain()
                 if self.stats.lost:
                     break
+            pending = splitter.pending
+            how = End.CUT if pending else End.CLOSED
             verdict = (
-                None if self.stats.lost else self.session.close("ic", splitter.blob_left, splitter.pending)
+                None if self.stats.lost else self.session.end(IC, how, pending, blob_left=splitter.blob_left)
             )
             if verdict is not None:
                 self._violations(verdict.violations)
@@ -325,7 +328,7 @@ class MockLB:
 
         Self calls made before it go first: a checkpoint must follow the calls its state made."""
         self._apply_pending()
-        verdict = self.session.from_lb(message)
+        verdict = self.session.feed(LB, message)
         if not verdict.ok:
             self._violations(verdict.violations)
         self._flush_self_calls(encode_message(message.type, message.data) + blob)

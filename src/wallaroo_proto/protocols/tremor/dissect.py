@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from wallaroo_proto.capture.tracker import KEEP_VIOLATIONS, ConnectionTracker
 from wallaroo_proto.findings import mark
+from wallaroo_proto.judge import End
 from wallaroo_proto.records import to_json
 
 from .core import CLIENT, SERVER, Session
@@ -133,14 +134,14 @@ class _Direction:
             self.phase = "frames"
             self.splitter.gap(0)
             self.splitter.offset = offset
-            self.tracker.session.lost()
+            self.tracker.session.end(CLIENT if self.client else SERVER, End.CUT)
             return
         self.tracker.note(
             f"{label}: {missing} bytes missing at stream offset {offset} "
             f"(lost segment before packet {packet}); resynced at the next frame that starts a JSON message; "
             "answers are no longer judged (what was asked is unknown)"
         )
-        self.tracker.session.lost()
+        self.tracker.session.end(CLIENT if self.client else SERVER, End.CUT)
         if self.phase == "frames":
             self.splitter.gap(missing)
             self.assembler.opcode = None
@@ -293,8 +294,8 @@ class TremorTracker(ConnectionTracker):
             self.note(
                 f"{self.dir_label(self.dirs[not direction.client])}: bytes missing; answers no longer judged"
             )
-            session.lost()
-        verdict = session.client(text) if direction.client else session.server(text)
+            session.end(SERVER if direction.client else CLIENT, End.CUT)
+        verdict = session.feed(CLIENT if direction.client else SERVER, text)
         record["type"] = verdict.type
         self.types[verdict.type] += 1
         record["message_json"] = text if len(text) <= _MAX_JSON_FIELD else text[:_MAX_JSON_FIELD] + "..."
@@ -351,7 +352,7 @@ class TremorTracker(ConnectionTracker):
             "state": s.state,
             "streams": len(s.streams),
             "messages": self.messages,
-            "expecting": s.expecting(),
+            "expecting": s.expects().text,
         }
 
     def as_dict(self) -> dict:
@@ -376,7 +377,7 @@ class TremorTracker(ConnectionTracker):
             "state": s.state,
             "error_close": s.error_close,
             "close_codes": self.close_codes,
-            "expecting": s.expecting(),
+            "expecting": s.expects().text,
             "violations": self.violations,
             "violation_list": self.violation_list,
             "capture_notes": self.capture_notes,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, NamedTuple
 
-from .core import CLIENT, Session, full_url
+from .core import CLIENT, SERVER, Session, full_url
 from .messages import CONTROL, VERSION, dumps, status_text
 
 #: The prototype's close text for a failure of its own (``prelude.rs``).
@@ -60,7 +60,7 @@ class Broker:
         full = full_url(url)
         for (_, alias), node in list(self.subscribers.get(full, {}).items()):
             push = {alias: {"data": data, "meta": {"url": full}}}
-            verdict = node.session.server(push)
+            verdict = node.session.feed(SERVER, push)
             if verdict.ok:
                 out.append((node, dumps(push)))
         return out
@@ -82,7 +82,7 @@ class NodeSession:
         if not self.announce_version:
             return []
         greeting = {CONTROL: {"version": VERSION}}
-        self.session.server(greeting)
+        self.session.feed(SERVER, greeting)
         return [dumps(greeting)]
 
     def receive(self, text: str) -> Output:
@@ -96,18 +96,18 @@ class NodeSession:
         except Exception as err:  # noqa: BLE001 - the node's own bug, reported and survived
             reply = {CONTROL: {"close": INTERNAL_ERROR}}
             with contextlib.suppress(Exception):
-                self.session.server(reply)
+                self.session.feed(SERVER, reply)
             self.broker.forget(self)
             return Output([dumps(reply)], True, [], internal=f"{type(err).__name__}: {err}"[:200])
 
     def _receive(self, text: str) -> Output:
         session = self.session
-        verdict = session.client(text)
+        verdict = session.feed(CLIENT, text)
         if not verdict.ok:
             return self._refuse(verdict.code or "0.202", verdict.reason)
         replies = []
         for answer in verdict.answers:
-            judged = session.server(answer)
+            judged = session.feed(SERVER, answer)
             if not judged.ok:  # the node's own bug: say so rather than send it
                 raise RuntimeError(f"the node's answer would break the protocol: {judged.reason}")
             replies.append(dumps(answer))
@@ -121,7 +121,7 @@ class NodeSession:
 
     def _refuse(self, code: str, reason: str | None) -> Output:
         reply = {CONTROL: {"close": status_text(code)}}
-        self.session.server(reply)
+        self.session.feed(SERVER, reply)
         self.broker.forget(self)
         return Output([dumps(reply)], True, [], reason)
 

@@ -37,7 +37,7 @@ from wallaroo_proto.pcap_writer import PcapWriter, TcpSession
 from wallaroo_proto.runtime import quiet_accept_errors
 from wallaroo_proto.write_watch import WriteWatch
 
-from .core import Session
+from .core import CLIENT, SERVER, Session
 from .messages import CONTROL, dumps
 from .node import Broker, NodeSession
 
@@ -436,7 +436,7 @@ class MockClient:
     def _read(self, deadline: float) -> bool:
         """Read what is there; False at EOF."""
         left = deadline - time.monotonic()
-        waiting = self.session.expecting() if self.accepted else "its answer to the upgrade"
+        waiting = self.session.expects().text if self.accepted else "its answer to the upgrade"
         if left <= 0:
             raise ClientError(f"timed out waiting for the server ({waiting})")
         self.sock.settimeout(left)
@@ -522,7 +522,7 @@ class MockClient:
             raise ClientError(f"the node closed the session: {self.session.error_close}")
         if self.ws.state is not ConnectionState.OPEN:
             raise ClientError("the connection is closed")
-        verdict = self.session.client(text)
+        verdict = self.session.feed(CLIENT, text)
         self._write(self.ws.send(TextMessage(data=text)))
         self.sent += 1
         return Step(
@@ -536,7 +536,7 @@ class MockClient:
             while self.inbox:
                 text = self.inbox.pop(0)
                 self.received += 1
-                verdict = self.session.server(text)
+                verdict = self.session.feed(SERVER, text)
                 if step is not None:
                     step.replies.append(text)
                 if not verdict.ok:
@@ -723,7 +723,7 @@ def _finish(client: MockClient, result: ExchangeResult, t0: float) -> ExchangeRe
     result.error_close = client.session.error_close
     result.failures.extend(client.problems)
     if client.session.owed():
-        result.failures.append(f"unanswered: {client.session.expecting()}")
+        result.failures.append(f"unanswered: {client.session.expects().text}")
     if client.session.failed is not None and client.session.error_close is None:
         result.failures.append(
             f"the client broke the protocol ({client.session.failed}) and the server did not close"

@@ -126,7 +126,7 @@ class TremorAdapter:
         if f.opcode == CLOSE:
             out["ws_close_code"] = side.assembler.close_code if len(f.payload) >= 2 else None
         if message is not None and message.opcode == TEXT and message.text is not None:
-            verdict = self.session.client(message.text) if from_client else self.session.server(message.text)
+            verdict = self.session.feed(CLIENT if from_client else SERVER, message.text)
             out["type"] = verdict.type
             out["message_json"] = message.text
             verdict_fields(out, verdict)

@@ -30,6 +30,7 @@ from wallaroo_proto.conformance.runner import (
     Trace,
 )
 from wallaroo_proto.conformance.target import parse_address
+from wallaroo_proto.judge import Kind
 
 from ..codec import (
     CHECKPOINT_SEQ,
@@ -52,7 +53,7 @@ from ..codec import (
     read_message,
     type_name,
 )
-from ..core import Kind, Phase, Session
+from ..core import IC, LB, Phase, Session
 
 IC_CODE = "IC code"
 #: The method id of the suite's self calls: one the counter immortal does not know, so it is ours.
@@ -94,7 +95,7 @@ class LbProbe:
 
     def send(self, message: bytes, what: str, blob: bytes = b"") -> None:
         """One message (and a checkpoint's bytes after it), judged as the LB's."""
-        verdict = self.session.from_lb(read_message(message, 0, len(message))[0])
+        verdict = self.session.feed(LB, read_message(message, 0, len(message))[0])
         mark = "" if verdict.ok else f"   (on purpose: {'; '.join(verdict.violations)})"
         self.trace(f"{self.label} -> {what}{mark}")
         self.to_ic.write(message + blob)
@@ -124,7 +125,7 @@ class LbProbe:
             return
         for frame in self.splitter.feed(data):
             if type(frame) is RecordFrame:
-                verdict = self.session.from_ic(frame.header, frame.body)
+                verdict = self.session.feed(IC, (frame.header, frame.body))
                 seq = frame.header.seq
                 names = ", ".join(m.name for m in verdict.messages[:3]) or "no messages"
                 if len(verdict.messages) > 3:
@@ -147,7 +148,7 @@ class LbProbe:
         while not self.events:
             if self.closed:
                 raise CaseFailed(
-                    f"the IC closed the send port; the LB expected {self.session.expecting()}",
+                    f"the IC closed the send port; the LB expected {self.session.expects().text}",
                     self.trace.tail(),
                 )
             await self._read()

@@ -57,7 +57,7 @@ from ..codec import (
     read_header,
     type_name,
 )
-from ..core import Session
+from ..core import IC, LB, Session
 from ..immortal import RpcSource
 
 IC_CODE = "IC code"
@@ -103,7 +103,7 @@ class LbPeer:
 
     def send(self, wire: bytes, what: str) -> None:
         header = read_header(wire)
-        self.session.from_ic(header, wire[24 : header.size])
+        self.session.feed(IC, (header, wire[24 : header.size]))
         self.trace(f"ic -> record {header.seq}: {what}")
         self.rec_writer.write(wire)
 
@@ -129,7 +129,7 @@ class LbPeer:
         for frame in self.splitter.feed(data):
             if type(frame) is MessageFrame:
                 msg = frame.message
-                verdict = self.session.from_lb(msg)
+                verdict = self.session.feed(LB, msg)
                 self.trace(
                     f"lb -> {msg.name}" + ("" if msg.type == CHECKPOINT else f" ({len(msg.data)} bytes)")
                 )
@@ -154,7 +154,7 @@ class LbPeer:
     async def event(self) -> tuple[str, Any]:
         while not self.events:
             if self.closed:
-                raise self.fail(f"the LB closed its socket; the IC expected {self.session.expecting()}")
+                raise self.fail(f"the LB closed its socket; the IC expected {self.session.expects().text}")
             await self._read()
         return self.events.popleft()
 

@@ -33,7 +33,7 @@ from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from wallaroo_proto.conformance.runner import CaseFailed, Trace
 
-from ..core import Session, Verdict
+from ..core import CLIENT, SERVER, Session, Verdict
 from ..messages import ErrorClose, VersionInfo, dumps
 from ..wsframes import Handshake, head_length, read_request, read_response, unmask
 
@@ -174,7 +174,7 @@ class NodeProbe:
     def send(self, value: Any) -> Verdict:
         """One text message (a JSON value, or text sent as written), judged as the client's."""
         text = value if isinstance(value, str) else dumps(value)
-        verdict = self.session.client(text)
+        verdict = self.session.feed(CLIENT, text)
         mark = "" if verdict.ok else f"   (on purpose: {verdict.code} {verdict.reason})"
         self.trace(f"{self.label} -> {short(text)}{mark}")
         self._write(self.ws.send(TextMessage(data=text)))
@@ -182,7 +182,7 @@ class NodeProbe:
 
     def send_fragments(self, text: str, pieces: int, ping: bytes | None = None) -> None:
         """``text`` in ``pieces`` frames, a ping after the first when given (RFC 6455 5.4)."""
-        self.session.client(text)
+        self.session.feed(CLIENT, text)
         size = -(-len(text) // pieces)
         chunks = [text[i : i + size] for i in range(0, len(text), size)]
         for i, chunk in enumerate(chunks):
@@ -215,7 +215,7 @@ class NodeProbe:
             event = await self._event()
             if isinstance(event, Closed):
                 raise CaseFailed(
-                    f"the node {event.how}; expecting {self.session.expecting()}", self.trace.tail()
+                    f"the node {event.how}; expecting {self.session.expects().text}", self.trace.tail()
                 )
             if isinstance(event, str):
                 verdict = self._judge(event)
@@ -225,7 +225,7 @@ class NodeProbe:
                 return verdict
 
     def _judge(self, text: str) -> Verdict:
-        verdict = self.session.server(text)
+        verdict = self.session.feed(SERVER, text)
         self.trace(f"{self.label} <- {short(text)}")
         if not verdict.ok:
             raise CaseFailed(verdict.reason or f"a {verdict.type} the core refuses", self.trace.tail())
