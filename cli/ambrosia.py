@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import gc
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -38,7 +36,9 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
+from wallaroo_proto import runtime
 from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, ListenError, MockIC
 from wallaroo_proto.protocols.ambrosia.immortal import ADD, ARG_FORMS, BATCHING, RpcSource
 from wallaroo_proto.protocols.ambrosia.lb import IcUnreachable, LbConfig, MockLB
@@ -60,12 +60,6 @@ def _log(prefix: str, verbosity: int):
 
 def _trace(prefix: str, verbosity: int):
     return (lambda line: click.echo(f"{prefix}: {line}", err=True)) if verbosity > 0 else (lambda line: None)
-
-
-def _tune_gc() -> None:
-    """Records and messages build no cycles: keep the cyclic collector off the per-RPC path."""
-    gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
 
 
 def _console() -> Console:
@@ -120,7 +114,6 @@ async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
         host, rport, sport = ic.bind()
     except ListenError as err:
         raise usage_error(f"cannot listen on {err.address} ({err.which}): {os_reason(err)}") from None
-    loop = asyncio.get_running_loop()
     if ic.config.source.streaming:
         ic.stream_input(sys.stdin.buffer)
     serve = asyncio.ensure_future(ic.serve())
@@ -134,10 +127,8 @@ async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
             ic.stop()
         serve.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
-    click.echo(_ready_line(host, rport, ic.send_host, sport))
-    sys.stdout.flush()
+    on_stop_signals(on_signal)
+    ready(_ready_line(host, rport, ic.send_host, sport))
     try:
         await serve
         return ic.summary(), False
@@ -379,7 +370,7 @@ def mock_ic(**opts) -> None:
     note = ic.resume_note()
     for line in ([note] if note else []) + warned:
         config.log(line)
-    _tune_gc()
+    runtime.tune_gc()
     summary, interrupted = asyncio.run(_serve_ic(ic))
     _print_ic_summary(summary, opts["fmt"])
     for fault in summary["faults_not_fired"]:
@@ -395,10 +386,8 @@ def mock_ic(**opts) -> None:
 
 
 async def _run_lb(lb: MockLB) -> tuple[dict, bool]:
-    loop = asyncio.get_running_loop()
     run = asyncio.ensure_future(lb.run())
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, run.cancel)
+    on_stop_signals(run.cancel)
     try:
         await run
         return lb.summary(), False
@@ -494,7 +483,7 @@ def mock_lb(**opts) -> None:
         trace=_trace(LB, verbosity),
     )
     lb = MockLB(config)
-    _tune_gc()
+    runtime.tune_gc()
     try:
         summary, interrupted = asyncio.run(_run_lb(lb))
     except IcUnreachable as err:

@@ -6,12 +6,10 @@ stdout (``--format json`` for scripts).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import random
-import signal
 import sys
 import time
 
@@ -37,6 +35,7 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
 from wallaroo_proto.durable import write_atomic
@@ -160,15 +159,11 @@ async def _serve(producer: MockProducer) -> bool:
     except OSError as err:
         address = format_address((producer.config.host, producer.config.port))
         raise usage_error(f"cannot listen on {address}: {os_reason(err)}") from err
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = on_stop_signals()
     if len(producer.ports) > 1:
         second = format_address((host, producer.ports[1]))
         click.echo(f"wallaroo-proto dcp mock-producer: second node on {second}")
-    click.echo(f"wallaroo-proto dcp mock-producer: listening on {format_address((host, port))}")
-    sys.stdout.flush()
+    ready(f"wallaroo-proto dcp mock-producer: listening on {format_address((host, port))}")
     await stop.wait()
     await producer.stop()
     return True
@@ -410,7 +405,6 @@ def _print_consumer_summary(s: dict, fmt: str, err: bool, verbosity: int) -> Non
 
 
 async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
-    loop = asyncio.get_running_loop()
     interrupted = False
 
     def on_signal() -> None:
@@ -418,8 +412,7 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
         interrupted = True
         consumer.stop()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    on_stop_signals(on_signal)
     return await consumer.run(), interrupted
 
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import io
 import json
 import os
 import shutil
-import signal
 import sys
 import time
 from typing import TextIO
@@ -43,7 +41,9 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
+from wallaroo_proto import runtime
 from wallaroo_proto.protocols.kinesis.codec import DIALECTS
 from wallaroo_proto.protocols.kinesis.daemon import DaemonConfig, Faults, MockDaemon, parse_checkpoint_error
 from wallaroo_proto.protocols.kinesis.leases import LeaseTable, StateError
@@ -55,17 +55,6 @@ from wallaroo_proto.protocols.kinesis.processor import (
     summary,
 )
 from wallaroo_proto.protocols.kinesis.records import RESHARDS, from_lines, generated, reshard
-
-
-def _tune_gc() -> None:
-    """The peers allocate a dict per record and build no cycles worth chasing.
-
-    With the default thresholds the cyclic collector walks the young records
-    every few hundred allocations, which costs more than parsing them; start-up
-    objects are frozen out of its way and young passes made rare.
-    """
-    gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
 
 
 @click.group(
@@ -155,7 +144,6 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
             raise usage_error(open_failure(err, "--record")) from err
         where = format_address(daemon.config.listen)
         raise usage_error(f"cannot listen on {where}: {os_reason(err)}") from err
-    loop = asyncio.get_running_loop()
     run = asyncio.ensure_future(daemon.run())
     signals = 0
 
@@ -173,11 +161,9 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
         else:
             run.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
+    on_stop_signals(on_signal)
     if address is not None:
-        click.echo(f"wallaroo-proto kinesis mock-daemon: listening on {address[0]}:{address[1]}")
-        sys.stdout.flush()
+        ready(f"wallaroo-proto kinesis mock-daemon: listening on {address[0]}:{address[1]}")
     try:
         return await run, False
     except asyncio.CancelledError:
@@ -411,7 +397,7 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         record=opts["record"],
         faults=faults,
     )
-    _tune_gc()
+    runtime.tune_gc()
     try:
         daemon = MockDaemon(
             config, shards, leases, command_log("kinesis mock-daemon", opts["verbosity"] >= 0)
@@ -501,18 +487,14 @@ def _write_processor_summary(result: dict, fmt: str, file: TextIO, rows: int | N
 
 async def _run_tcp(config: ProcessorConfig, opts: dict) -> tuple[dict, bool]:
     procs = TcpProcessors(config, command_log("kinesis mock-processor", opts["verbosity"] >= 0))
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = on_stop_signals()
     listen = opts["listen"]
     if listen is not None:
         try:
             host, port = await procs.listen(*listen)
         except OSError as err:
             raise usage_error(f"cannot listen on {format_address(listen)}: {os_reason(err)}") from err
-        click.echo(f"wallaroo-proto kinesis mock-processor: listening on {host}:{port}")
-        sys.stdout.flush()
+        ready(f"wallaroo-proto kinesis mock-processor: listening on {host}:{port}")
         waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(procs.crash_event.wait())]
     else:
         host, port = opts["connect"]
@@ -624,7 +606,7 @@ def mock_processor(**opts) -> None:
         if not os.path.isdir(directory):
             raise usage_error(f"cannot use --output {opts['output']}: its folder does not exist")
     stdio = not (opts["listen"] or opts["connect"])
-    _tune_gc()
+    runtime.tune_gc()
     if stdio:
         # Spawned by a daemon, whose pipes may be gone by the end: notes go to stderr while read.
         def note(line: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,7 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import (
@@ -286,19 +286,15 @@ async def _run(
     except OSError as err:
         raise usage_error(open_failure(err)) from err
     # Handlers first: a SIGTERM sent the moment the ready line appears must still end cleanly.
-    stop = asyncio.Event()
+    stop = on_stop_signals()
     worker.on_fatal = stop.set
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         host, port = await worker.start()
     except OSError as err:
         worker.io.shutdown()
         address = format_address((config.host, config.port))
         raise usage_error(f"cannot listen on {address}: {os_reason(err)}") from err
-    click.echo(f"wallaroo-proto {NAME}: listening on {host}:{port}")
-    sys.stdout.flush()
+    ready(f"wallaroo-proto {NAME}: listening on {host}:{port}")
 
     if live:
         console = Console(stderr=True)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import signal
 import sys
 from collections import Counter
 from functools import partial
@@ -31,6 +30,7 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto.protocols import get_plugin, names
 from wallaroo_proto.proxy import faults as fault_rules
@@ -92,11 +92,9 @@ def _sent_by_a_peer(r: dict, side: str | None) -> bool:
 
 
 async def _serve(relays: list[Relay], loop_ready, say) -> None:
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(accept_error_handler(Throttled(say)))
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = on_stop_signals()
     bound = []
     try:
         for relay in relays:
@@ -110,8 +108,7 @@ async def _serve(relays: list[Relay], loop_ready, say) -> None:
                 f"listening on {format_address((host, port))}, forwarding to {format_address(relay.upstream)}"
             )
         loop_ready(loop)
-        click.echo(f"{NAME}: " + "; ".join(bound))
-        sys.stdout.flush()
+        ready(f"{NAME}: " + "; ".join(bound))
         await stop.wait()
     finally:
         for relay in relays:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 
 import click
@@ -39,6 +38,7 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.tremor.peers import (
@@ -76,17 +76,13 @@ def command() -> None:
 
 async def _run_node(node: MockNode) -> bool:
     # Handlers first: a signal sent the moment the ready line appears must still end cleanly.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = on_stop_signals()
     try:
         host, port = await node.start()
     except OSError as err:
         where = format_address((node.host, node.port))
         raise usage_error(f"cannot listen on {where}: {os_reason(err)}") from err
-    click.echo(f"wallaroo-proto tremor mock-node: listening on {host}:{port}")
-    sys.stdout.flush()
+    ready(f"wallaroo-proto tremor mock-node: listening on {host}:{port}")
     await stop.wait()
     await node.stop()
     return True
