@@ -43,17 +43,16 @@ from wallaroo_proto.protocols.wallaroo.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     SINK_VERSION,
     SOURCE_VERSION,
-    Text,
-    show_text,
 )
-from wallaroo_proto.protocols.wallaroo.registry import Registry, StateError, write_atomic
+from wallaroo_proto.protocols.wallaroo.registry import Registry, StateError
 from wallaroo_proto.protocols.wallaroo.sink_driver import (
-    SinkDriver,
     SinkRefused,
     SinkUnavailable,
     drive,
+    input_driver,
     input_name,
     input_payloads,
+    input_state,
 )
 from wallaroo_proto.protocols.wallaroo.sink_forwarder import SinkForwarder
 from wallaroo_proto.protocols.wallaroo.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
@@ -145,55 +144,23 @@ def _driver_options(opts: dict) -> dict:
     }
 
 
-def _input_state(path: str, source: str) -> Registry:
-    """The --state of an --input run: its sink position names the input it belongs to."""
-    if source == "-":
-        raise usage_error(
-            f"--state {path}: stdin (--input -) cannot be read again after a crash; give a file or gen:N"
-        )
-    try:
-        registry = Registry.open(path)
-    except StateError as err:
-        raise usage_error(str(err)) from err
-    sink = registry.sink
-    if registry.streams or (sink is not None and sink.get("input") != source):
-        was = f"--input {sink.get('input')}" if sink and sink.get("input") else "a worker serving connectors"
-        raise usage_error(f"--state {path} was written for {was}, not --input {source}; give another file")
-    registry.sink = sink or {"offset": 0, "txn": None, "next_cid": 1, "input": source}
-    return registry
-
-
 def _drive_input(opts: dict) -> None:
-    """``--sink-connect`` with ``--input``: no connectors, just the input through 2PC to the sink.
-
-    With ``--state`` the sink position is written between each commit vote and PHASE2, as the
-    worker's checkpoints do, so a restarted run settles a listed txn by it and sends the input
-    from the committed offset on (the output is the input's bytes): nothing lost or repeated.
-    """
+    """``--sink-connect`` with ``--input``: no connectors, just the input through 2PC to the sink
+    (with ``--state``, crash-safe: ``sink_driver.input_driver``)."""
     host, port = opts["sink_connect"]
     source, path = input_name(opts["sink_input"]), opts["state_path"]
-    registry = _input_state(path, source) if path else None
+    try:
+        registry = input_state(path, source) if path else None
+    except StateError as err:
+        raise usage_error(str(err)) from err
     saved = registry.sink if registry else {"offset": 0, "txn": None}
-
-    async def write_position(txn: Text, end: int) -> None:
-        position = {
-            "offset": end,
-            "txn": show_text(txn),
-            "next_cid": driver.next_checkpoint_id,
-            "input": source,
-        }
-        await asyncio.to_thread(write_atomic, registry.path, registry.state_bytes(sink=position))
-        registry.sink = position
-
-    driver = SinkDriver(
+    driver = input_driver(
         host,
         port,
+        source,
+        registry,
         checkpoint_every_messages=max(opts["checkpoint_every"], 1),
         checkpoint_every_ms=opts["checkpoint_ms"] or 1000.0,
-        start_offset=saved["offset"],
-        first_checkpoint_id=saved.get("next_cid", 1),
-        on_commit_vote=write_position if registry else None,
-        resolve_listed=(lambda txn: show_text(txn) == registry.sink["txn"]) if registry else None,
         **_driver_options(opts),
     )
     try:
