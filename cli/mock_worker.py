@@ -12,7 +12,6 @@ import contextlib
 import json
 import sys
 import time
-from pathlib import Path
 
 import click
 from rich.console import Console, Group
@@ -217,23 +216,6 @@ def _faults_that_did_not_fire(opts: dict, summary: dict) -> list[str]:
     return notes
 
 
-def _out_resume_point(registry: Registry, out: str) -> int | None:
-    """Where ``--out`` continues: the checkpointed length when the state knows this file.
-
-    A state from a run that wrote no ``--out`` (or another file) cannot say; the file
-    is then appended to. No state at all starts a regular file afresh; a pipe just
-    takes what comes.
-    """
-    path = Path(out)
-    known = registry.out
-    registry.out = None  # this run's own checkpoints record its own file
-    if not path.is_file():
-        return None
-    if known is not None and known["path"] == str(path.resolve()):
-        return known["bytes"]
-    return path.stat().st_size if registry.streams else None
-
-
 async def _run(
     config: WorkerConfig,
     registry: Registry,
@@ -245,7 +227,7 @@ async def _run(
         worker = MockWorker(config, registry)
         registry.out = None if not out else registry.out  # a mark for no file of this run is stale
         if out:
-            resume_at = _out_resume_point(registry, out)
+            resume_at = registry.resume_out(out)
             worker.add_consumer(JsonLinesOut(out, resume_at=resume_at, executor=worker.io))
         if sink is not None:
             (host, port), driver_options = sink
