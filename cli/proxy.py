@@ -2,8 +2,9 @@
 
 Thin: ``wallaroo_proto.proxy.relay`` forwards (and finds, or under ``--strict`` ends, a
 violation's connection), ``wallaroo_proto.proxy.faults`` applies fault rules,
-``wallaroo_proto.proxy.watch`` records and checks; this module parses options and prints. Exit codes: 0 stopped cleanly (SIGINT/SIGTERM), 1 the live checks
-stopped short or ``--strict`` found a violation, 2 bad usage or a port that cannot be bound.
+``wallaroo_proto.proxy.watch`` records and checks; this module parses options and prints.
+Exit codes: 0 stopped cleanly (SIGINT/SIGTERM), 1 the live checks stopped short or
+``--strict`` found a violation, 2 bad usage or a port that cannot be bound.
 """
 
 from __future__ import annotations
