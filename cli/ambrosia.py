@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import sys
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
-from wallaroo_proto_cli.serving import on_stop_signals, ready
+from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
 from wallaroo_proto_cli.tables import stdout_console
 
 from wallaroo_proto import runtime
@@ -110,8 +109,7 @@ async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
 
 
 def _print_ic_summary(s: dict, fmt: str) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(s))
+    if json_summary(s, fmt):
         return
     out = stdout_console()
     out.print(

@@ -30,7 +30,7 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
-from wallaroo_proto_cli.serving import on_stop_signals, ready
+from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
 from wallaroo_proto_cli.tables import stdout_console
 
 from wallaroo_proto import runtime
@@ -95,8 +95,7 @@ def _read_items(path: str) -> list[dict]:
 
 
 def _print_producer_summary(s: dict, fmt: str, verbosity: int) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(s))
+    if json_summary(s, fmt):
         return
     out = stdout_console()
     ends = ", ".join(f"{k} {v}" for k, v in s["stream_ends"].items()) or "none"

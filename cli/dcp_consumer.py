@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 
@@ -23,7 +22,7 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
-from wallaroo_proto_cli.serving import on_stop_signals
+from wallaroo_proto_cli.serving import json_summary, on_stop_signals
 from wallaroo_proto_cli.tables import stdout_console
 
 from wallaroo_proto import runtime
@@ -55,8 +54,7 @@ def _vbucket_list(value: str | None) -> list[int] | None:
 
 
 def _print_consumer_summary(s: dict, fmt: str, err: bool, verbosity: int) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(s), err=err)
+    if json_summary(s, fmt, err=err):
         return
     out = Console(file=sys.stderr, highlight=False, soft_wrap=True) if err else stdout_console()
     ends = ", ".join(f"{k} {v}" for k, v in s["stream_ends"].items()) or "none"

@@ -9,7 +9,6 @@ the summary goes to stdout (``--format json`` for scripts).
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import sys
 import time
@@ -36,7 +35,7 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
-from wallaroo_proto_cli.serving import on_stop_signals, ready
+from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.kinesis.codec import DIALECTS
@@ -75,8 +74,7 @@ def _read_inputs(paths: tuple[str, ...]) -> list[bytes]:
 
 
 def _print_daemon_summary(summary_: dict, fmt: str) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(summary_))
+    if json_summary(summary_, fmt):
         return
     out = Console(
         file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200

@@ -35,7 +35,7 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
-from wallaroo_proto_cli.serving import on_stop_signals, ready
+from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import (
@@ -88,8 +88,7 @@ def _live_table(worker: MockWorker, rate: float) -> Group:
 
 
 def _print_summary(summary: dict, fmt: str, rows: int = 50) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(summary))
+    if json_summary(summary, fmt):
         return
     out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
     out.print(

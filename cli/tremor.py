@@ -10,7 +10,6 @@ exchange against a node and checks every reply. The work is done in
 from __future__ import annotations
 
 import asyncio
-import json
 
 import click
 from rich.markup import escape
@@ -28,7 +27,7 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
-from wallaroo_proto_cli.serving import on_stop_signals, ready
+from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
 from wallaroo_proto_cli.tables import stdout_console
 from wallaroo_proto_cli.tremor_client import mock_client
 
@@ -145,8 +144,7 @@ def mock_node(
     )
     asyncio.run(_run_node(node))
     stats = node.stats.as_dict()
-    if fmt == "json":
-        click.echo(json.dumps(stats))
+    if json_summary(stats, fmt):
         return
     out = stdout_console()
     out.print(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 import click
@@ -24,6 +23,7 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
+from wallaroo_proto_cli.serving import json_summary
 from wallaroo_proto_cli.tables import stdout_console
 
 from wallaroo_proto.pcap_writer import PcapWriter
@@ -40,8 +40,7 @@ from wallaroo_proto.protocols.tremor.peers import (
 
 
 def _print_client(result: dict, fmt: str, verbosity: int) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(result))
+    if json_summary(result, fmt):
         return
     out = stdout_console()
     verdict = "[green]ok[/]" if result["ok"] else "[bold red]FAILED[/]"
