@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
-import sys
 
 import click
 from rich.markup import escape
@@ -27,6 +25,7 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.faults import NO_FAULTS, FaultFileError, load_faults
@@ -166,14 +165,10 @@ def command(
 
 async def _serve(server: SinkServer, host: str, port: int) -> None:
     # Handlers first: a SIGTERM sent the moment the ready line appears must still end cleanly.
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = on_stop_signals()
     listener = await server.start(host, port)
     bound = listener.sockets[0].getsockname()
-    sys.stdout.write(f"wallaroo-proto mock-sink: listening on {bound[0]}:{bound[1]}\n")
-    sys.stdout.flush()
+    ready(f"wallaroo-proto mock-sink: listening on {bound[0]}:{bound[1]}")
     await stop.wait()
     listener.close()
     await server.shutdown()

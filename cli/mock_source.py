@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 
 import click
@@ -25,6 +24,7 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
+from wallaroo_proto_cli.serving import on_stop_signals
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
@@ -230,7 +230,6 @@ def command(
 
 async def _run(source: MockSource, console) -> tuple[int, str | None]:
     """Run the source under a progress bar; SIGINT/SIGTERM stop it cleanly."""
-    loop = asyncio.get_running_loop()
     main = asyncio.create_task(source.run())
     interrupted = []
 
@@ -238,8 +237,7 @@ async def _run(source: MockSource, console) -> tuple[int, str | None]:
         interrupted.append(True)
         main.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop)
+    on_stop_signals(stop)
     progress_task = asyncio.create_task(_progress(source.stats, console)) if console else None
     try:
         await main

@@ -10,10 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import signal
 import sys
 import time
-from pathlib import Path
 
 import click
 from rich.console import Console, Group
@@ -37,24 +35,23 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
+from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
 
 from wallaroo_proto import runtime
-from wallaroo_proto.input_spec import STDIN
 from wallaroo_proto.protocols.wallaroo.frames import (
     DEFAULT_MAX_FRAME_SIZE,
     SINK_VERSION,
     SOURCE_VERSION,
-    Text,
-    show_text,
 )
-from wallaroo_proto.protocols.wallaroo.registry import Registry, StateError, write_atomic
+from wallaroo_proto.protocols.wallaroo.registry import Registry, StateError
 from wallaroo_proto.protocols.wallaroo.sink_driver import (
-    SinkDriver,
     SinkRefused,
     SinkUnavailable,
     drive,
+    input_driver,
     input_name,
     input_payloads,
+    input_state,
 )
 from wallaroo_proto.protocols.wallaroo.sink_forwarder import SinkForwarder
 from wallaroo_proto.protocols.wallaroo.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
@@ -91,8 +88,7 @@ def _live_table(worker: MockWorker, rate: float) -> Group:
 
 
 def _print_summary(summary: dict, fmt: str, rows: int = 50) -> None:
-    if fmt == "json":
-        click.echo(json.dumps(summary))
+    if json_summary(summary, fmt):
         return
     out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
     out.print(
@@ -146,55 +142,23 @@ def _driver_options(opts: dict) -> dict:
     }
 
 
-def _input_state(path: str, source: str) -> Registry:
-    """The --state of an --input run: its sink position names the input it belongs to."""
-    if source == STDIN:
-        raise usage_error(
-            f"--state {path}: stdin (--input -) cannot be read again after a crash; give a file or gen:N"
-        )
-    try:
-        registry = Registry.open(path)
-    except StateError as err:
-        raise usage_error(str(err)) from err
-    sink = registry.sink
-    if registry.streams or (sink is not None and sink.get("input") != source):
-        was = f"--input {sink.get('input')}" if sink and sink.get("input") else "a worker serving connectors"
-        raise usage_error(f"--state {path} was written for {was}, not --input {source}; give another file")
-    registry.sink = sink or {"offset": 0, "txn": None, "next_cid": 1, "input": source}
-    return registry
-
-
 def _drive_input(opts: dict) -> None:
-    """``--sink-connect`` with ``--input``: no connectors, just the input through 2PC to the sink.
-
-    With ``--state`` the sink position is written between each commit vote and PHASE2, as the
-    worker's checkpoints do, so a restarted run settles a listed txn by it and sends the input
-    from the committed offset on (the output is the input's bytes): nothing lost or repeated.
-    """
+    """``--sink-connect`` with ``--input``: no connectors, just the input through 2PC to the sink
+    (with ``--state``, crash-safe: ``sink_driver.input_driver``)."""
     host, port = opts["sink_connect"]
     source, path = input_name(opts["sink_input"]), opts["state_path"]
-    registry = _input_state(path, source) if path else None
+    try:
+        registry = input_state(path, source) if path else None
+    except StateError as err:
+        raise usage_error(str(err)) from err
     saved = registry.sink if registry else {"offset": 0, "txn": None}
-
-    async def write_position(txn: Text, end: int) -> None:
-        position = {
-            "offset": end,
-            "txn": show_text(txn),
-            "next_cid": driver.next_checkpoint_id,
-            "input": source,
-        }
-        await asyncio.to_thread(write_atomic, registry.path, registry.state_bytes(sink=position))
-        registry.sink = position
-
-    driver = SinkDriver(
+    driver = input_driver(
         host,
         port,
+        source,
+        registry,
         checkpoint_every_messages=max(opts["checkpoint_every"], 1),
         checkpoint_every_ms=opts["checkpoint_ms"] or 1000.0,
-        start_offset=saved["offset"],
-        first_checkpoint_id=saved.get("next_cid", 1),
-        on_commit_vote=write_position if registry else None,
-        resolve_listed=(lambda txn: show_text(txn) == registry.sink["txn"]) if registry else None,
         **_driver_options(opts),
     )
     try:
@@ -251,23 +215,6 @@ def _faults_that_did_not_fire(opts: dict, summary: dict) -> list[str]:
     return notes
 
 
-def _out_resume_point(registry: Registry, out: str) -> int | None:
-    """Where ``--out`` continues: the checkpointed length when the state knows this file.
-
-    A state from a run that wrote no ``--out`` (or another file) cannot say; the file
-    is then appended to. No state at all starts a regular file afresh; a pipe just
-    takes what comes.
-    """
-    path = Path(out)
-    known = registry.out
-    registry.out = None  # this run's own checkpoints record its own file
-    if not path.is_file():
-        return None
-    if known is not None and known["path"] == str(path.resolve()):
-        return known["bytes"]
-    return path.stat().st_size if registry.streams else None
-
-
 async def _run(
     config: WorkerConfig,
     registry: Registry,
@@ -279,7 +226,7 @@ async def _run(
         worker = MockWorker(config, registry)
         registry.out = None if not out else registry.out  # a mark for no file of this run is stale
         if out:
-            resume_at = _out_resume_point(registry, out)
+            resume_at = registry.resume_out(out)
             worker.add_consumer(JsonLinesOut(out, resume_at=resume_at, executor=worker.io))
         if sink is not None:
             (host, port), driver_options = sink
@@ -287,19 +234,15 @@ async def _run(
     except OSError as err:
         raise usage_error(open_failure(err)) from err
     # Handlers first: a SIGTERM sent the moment the ready line appears must still end cleanly.
-    stop = asyncio.Event()
+    stop = on_stop_signals()
     worker.on_fatal = stop.set
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         host, port = await worker.start()
     except OSError as err:
         worker.io.shutdown()
         address = format_address((config.host, config.port))
         raise usage_error(f"cannot listen on {address}: {os_reason(err)}") from err
-    click.echo(f"wallaroo-proto {NAME}: listening on {host}:{port}")
-    sys.stdout.flush()
+    ready(f"wallaroo-proto {NAME}: listening on {host}:{port}")
 
     if live:
         console = Console(stderr=True)

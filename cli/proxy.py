@@ -1,9 +1,10 @@
 """``wallaroo-proto proxy``: stand between two real peers, forward, record and check live.
 
-Thin: ``wallaroo_proto.proxy.relay`` forwards, ``wallaroo_proto.proxy.faults`` applies
-fault rules, ``wallaroo_proto.proxy.watch`` records and checks; this module parses
-options and prints. Exit codes: 0 stopped cleanly (SIGINT/SIGTERM), 1 the live checks
-stopped short or ``--strict`` found a violation, 2 bad usage or a port that cannot be bound.
+Thin: ``wallaroo_proto.proxy.relay`` forwards (and finds, or under ``--strict`` ends, a
+violation's connection), ``wallaroo_proto.proxy.faults`` applies fault rules,
+``wallaroo_proto.proxy.watch`` records and checks; this module parses options and prints.
+Exit codes: 0 stopped cleanly (SIGINT/SIGTERM), 1 the live checks stopped short or
+``--strict`` found a violation, 2 bad usage or a port that cannot be bound.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import signal
 import sys
 from collections import Counter
 from functools import partial
@@ -31,13 +31,22 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto.protocols import get_plugin, names
 from wallaroo_proto.proxy import faults as fault_rules
 from wallaroo_proto.proxy.checker import mib as _mib
 from wallaroo_proto.proxy.faultkit import FaultError
 from wallaroo_proto.proxy.outlet import Spool, SpoolText, Throttled
-from wallaroo_proto.proxy.relay import Budget, Relay, RelayStats
+from wallaroo_proto.proxy.relay import (
+    Budget,
+    Relay,
+    RelayStats,
+    close_for_violation,
+    connection_of,
+    numbered_summary,
+    sent_by_a_peer,
+)
 from wallaroo_proto.proxy.view import LiveView
 from wallaroo_proto.proxy.watch import Watch
 from wallaroo_proto.runtime import accept_error_handler
@@ -51,29 +60,6 @@ STDERR_WAIT = 2.0
 SECOND_SOCKET_WAIT = 10.0
 
 
-def _who(r: dict, relays: list[Relay]) -> tuple[int, str | None]:
-    """A violation's connection, numbered as the relay numbers connections (and fault lines),
-    and with faults its side ("client", "upstream")."""
-    initiator = (r["initiator_addr"], r["initiator_port"])
-    found = next((who for relay in relays if (who := relay.who(initiator)) is not None), None)
-    return found if found is not None else (r["conn_index"], None)
-
-
-def _numbered(s: dict, relays: list[Relay]) -> dict:
-    """A summary's connection numbered as the live view, the violation and the fault lines number
-    it, and with faults its side named: the checker numbers connections in its own order."""
-    ends = []  # the initiator first: a plug-in may have turned a connection round (AMBROSIA's send port)
-    for end in s.get("connection", "").split(" > "):
-        host, _, port = end.rpartition(":")
-        if port.isdigit():
-            ends.append((host.strip("[]"), int(port)))
-    found = next((who for end in ends for relay in relays if (who := relay.who(end)) is not None), None)
-    if found is None:
-        return s
-    conn, side = found
-    return {**s, "conn_index": f"{conn} ({side} side)" if side else conn}
-
-
 def _violation_line(r: dict, conn: int, side: str | None) -> str:
     """One violation as it happens: the client is always the connection's initiator. Bytes that
     are no frame (a Wallaroo frame that cannot be read) have no frame number: their packet's."""
@@ -84,19 +70,10 @@ def _violation_line(r: dict, conn: int, side: str | None) -> str:
     return f"{NAME}: connection #{conn}{leg} {direction} {where} {r['type']}: {reasons}"
 
 
-def _sent_by_a_peer(r: dict, side: str | None) -> bool:
-    """Whether a peer, not the proxy, sent the violating frame: with faults each side is
-    recorded apart, and what the proxy sent on a side may be its own fault's doing."""
-    from_initiator = r["direction"].startswith("initiator")
-    return side is None or (side == "client") == from_initiator
-
-
 async def _serve(relays: list[Relay], loop_ready, say) -> None:
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.set_exception_handler(accept_error_handler(Throttled(say)))
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop = on_stop_signals()
     bound = []
     try:
         for relay in relays:
@@ -110,26 +87,11 @@ async def _serve(relays: list[Relay], loop_ready, say) -> None:
                 f"listening on {format_address((host, port))}, forwarding to {format_address(relay.upstream)}"
             )
         loop_ready(loop)
-        click.echo(f"{NAME}: " + "; ".join(bound))
-        sys.stdout.flush()
+        ready(f"{NAME}: " + "; ".join(bound))
         await stop.wait()
     finally:
         for relay in relays:
             await relay.stop()
-
-
-def _strict_close(relays: list[Relay], r: dict) -> None:
-    """``--strict``: the connection of this violation ends now, its sender told with the
-    protocol's own error where it has one."""
-    sender_is_client = r["direction"].startswith("initiator")
-    adapter = fault_rules.make_adapter(r.get("protocol", ""))
-    reason = "; ".join(r["violations"])
-    error = adapter.error_frame(reason, sender_is_client) if adapter is not None else None
-    for relay in relays:
-        if relay.close_connection(
-            (r["initiator_addr"], r["initiator_port"]), {sender_is_client: error or b""}
-        ):
-            return
 
 
 @click.command(
@@ -260,16 +222,16 @@ def command(
     violations = Counter[int]()
 
     def on_violation(r: dict) -> None:
-        conn, side = _who(r, relays)
+        conn, side = connection_of(r, relays)
         violations[conn] += 1
         if verbosity >= 0:
             line = _violation_line(r, conn, side)
             if r.get("repeats_hidden"):
                 line += f" (more {r['type']} this way on #{conn}: counted in the summary, not shown)"
             errors.print(escape(line))
-        if strict and conn not in struck and _sent_by_a_peer(r, side) and loop_box:
+        if strict and conn not in struck and sent_by_a_peer(r, side) and loop_box:
             struck.add(conn)
-            loop_box[0].call_soon_threadsafe(_strict_close, relays, r)
+            loop_box[0].call_soon_threadsafe(close_for_violation, relays, r)
 
     struck: set[int] = set()
 
@@ -284,7 +246,7 @@ def command(
     max_held = (max_buffered << 20) * (2 if rules else 1)
 
     def on_given_up(r: dict) -> None:
-        conn, side = _who(r, relays)
+        conn, side = connection_of(r, relays)
         leg = f" ({side} side)" if side else ""
         bound = f"--max-buffered {_mib(r['limit'])}"
         if rules:
@@ -337,7 +299,7 @@ def command(
         errors.print(f"[bold red]{NAME}:[/] live checks incomplete: {escape(watch.error)}")
     out = summary_console(Console(file=sys.stdout, highlight=False, soft_wrap=False))
     if summary:
-        numbered = [_numbered(s, relays) for s in watch.summaries]
+        numbered = [numbered_summary(s, relays) for s in watch.summaries]
         if numbered:  # as dissect --summary of the recording: the findings first
             print_summary_findings(
                 out, numbered, record if record not in (None, "-") else "the proxy's connections"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
@@ -24,3 +26,10 @@ def print_table(console: Console, table: Table, heading: str | None = None) -> N
     finally:
         console.width = width
     console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+
+
+def stdout_console() -> Console:
+    """A summary's console on stdout: 200 columns on a pipe, so scripts get whole lines."""
+    return Console(
+        file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
+    )

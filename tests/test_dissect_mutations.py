@@ -18,10 +18,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 from support import packet_spans
-from wallaroo_proto_cli.dissect import _fields, _Filter, _RichFrames, command
+from wallaroo_proto_cli.dissect import command
+from wallaroo_proto_cli.dissect_view import _fields, _RichFrames
 from wallaroo_proto_cli.report import command as report_command
 
 from wallaroo_proto.capture.dissector import dissect
+from wallaroo_proto.capture.reading import FrameFilter
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.records import to_json
 
@@ -242,7 +244,7 @@ def test_views_show_what_a_record_holds(which, data):
     for label, k in (("stream", "stream_id"), ("id", "message_id")):
         if r["type"] == "MESSAGE" and not r.get("twopc") and r.get("verdict") != "malformed" and k in r:
             assert f"{label}={r[k]}" in _fields(r)
-    keep = _Filter((1,), ("MESSAGE", "PHASE1"), ("1", "7100"), 0.0, 1e12)
+    keep = FrameFilter((1,), ("MESSAGE", "PHASE1"), ("1", "7100"), 0.0, 1e12)
     keep(r)
     assert to_json(r)
 

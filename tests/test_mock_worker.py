@@ -886,3 +886,21 @@ def test_a_fault_that_never_fired_is_said() -> None:
         "wallaroo-proto mock-worker: --restart-after 1000 never fired: no connection delivered 1,000 "
         "messages (3 delivered in all)"
     ) in err
+
+
+def test_out_resumes_at_the_checkpointed_length_only_when_the_state_knows_the_file(tmp_path) -> None:
+    """``Registry.resume_out``: the rule that keeps --out free of lines delivered again."""
+    from wallaroo_proto.protocols.wallaroo.registry import Registry
+
+    out = tmp_path / "out.jsonl"
+    out.write_bytes(b"x" * 100)
+    registry = Registry()
+    assert registry.resume_out(str(tmp_path / "absent.jsonl")) is None  # nothing to resume
+    assert registry.resume_out(str(out)) is None  # no state at all: the file starts afresh
+    registry.notify(1, b"s", owner="c")
+    assert registry.resume_out(str(out)) == 100  # a state that never saw this file: appended to
+    registry.out = {"path": str(out.resolve()), "bytes": 60}
+    assert registry.resume_out(str(out)) == 60  # the checkpointed length
+    assert registry.out is None  # from now on this run's checkpoints say
+    registry.out = {"path": str(tmp_path / "other.jsonl"), "bytes": 60}
+    assert registry.resume_out(str(out)) == 100

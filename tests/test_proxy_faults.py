@@ -763,3 +763,14 @@ def test_a_rule_of_count_0_is_refused() -> None:
     done = run_cli("proxy", "--listen", "127.0.0.1:0", "--upstream", "127.0.0.1:9", "--fault", "drop count=0")
     assert done.returncode == 2
     assert "count must be at least 1" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_violation_is_held_against_a_peer_only_on_the_side_it_sent_from() -> None:
+    """``relay.sent_by_a_peer``: with faults what the proxy sent on a side may be its own doing."""
+    from wallaroo_proto.proxy.relay import sent_by_a_peer
+
+    from_client = {"direction": "initiator→responder"}
+    from_upstream = {"direction": "responder→initiator"}
+    assert sent_by_a_peer(from_client, None) and sent_by_a_peer(from_upstream, None)  # no faults
+    assert sent_by_a_peer(from_client, "client") and not sent_by_a_peer(from_client, "upstream")
+    assert sent_by_a_peer(from_upstream, "upstream") and not sent_by_a_peer(from_upstream, "client")

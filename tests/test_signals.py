@@ -8,6 +8,7 @@ the test checks the signal disposition and sends SIGTERM.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import signal
@@ -95,3 +96,24 @@ def test_a_signal_in_a_deferred_body_is_delivered_after_it(sig: str, code: int, 
     ``Popen`` returning, which would leave the child running unknown to the demo."""
     done = subprocess.run([sys.executable, "-c", _DEFERRED, sig], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout) == (code, "the body ran to its end\n" + said), done.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_the_shared_stop_signals_set_the_event_or_call_the_handler(sig: signal.Signals) -> None:
+    """``runtime.on_stop_signals``, the one place every serving command installs its handlers."""
+    from wallaroo_proto.runtime import on_stop_signals
+
+    async def main() -> tuple[bool, list[str]]:
+        stop = on_stop_signals()
+        signal.raise_signal(sig)
+        async with asyncio.timeout(30):
+            await stop.wait()
+        called: list[str] = []
+        handed = on_stop_signals(lambda: called.append("handler"))
+        signal.raise_signal(sig)
+        async with asyncio.timeout(30):
+            while not called:
+                await asyncio.sleep(0)
+        return handed.is_set(), called
+
+    assert asyncio.run(main()) == (False, ["handler"])

@@ -20,7 +20,15 @@ import pytest
 from support import Server, run_cli
 
 from wallaroo_proto.protocols.wallaroo.frames import Message
-from wallaroo_proto.protocols.wallaroo.sink_driver import SinkConsumer, SinkDriver
+from wallaroo_proto.protocols.wallaroo.sink_driver import (
+    SinkConsumer,
+    SinkDriver,
+    drive,
+    input_driver,
+    input_name,
+    input_payloads,
+    input_state,
+)
 
 RUNNER = str(Path(__file__).with_name("sink_driver_runner.py"))
 
@@ -664,3 +672,63 @@ def test_a_hello_refused_on_a_reconnect_is_retried(tmp_path):
     assert code == 0, err
     assert len(sink.connections) == 3 and stats["reconnects"] == 2
     assert bytes(sink.data) == source.read_bytes() and sink.committed == len(sink.data)
+
+
+def _drive_input(port: int, source: Path, state: Path) -> None:
+    """What ``mock-worker --sink-connect --input --state`` runs, in this process."""
+    name = input_name(str(source))
+    driver = input_driver(
+        "127.0.0.1", port, name, input_state(str(state), name), checkpoint_every_messages=100
+    )
+    asyncio.run(drive(driver, input_payloads(str(source), start=driver.committed)))
+
+
+def _saved_position(state: Path) -> dict | None:
+    return json.loads(state.read_text()).get("sink") if state.exists() else None
+
+
+@pytest.mark.timeout(60)
+def test_an_input_run_writes_its_position_between_the_commit_vote_and_phase2(tmp_path):
+    source, state = _lines(tmp_path, 300), tmp_path / "state.json"
+    at_vote: list[tuple[bytes, dict | None]] = []
+
+    def vote(conn_no: int, round_no: int, txn: bytes) -> bool:
+        at_vote.append((txn, _saved_position(state)))
+        return True
+
+    sink = HandSink(vote=vote)
+    try:
+        _drive_input(sink.port, source, state)
+    finally:
+        sink.close()
+    assert sink.problems == [] and bytes(sink.data) == source.read_bytes()
+    txns = [txn for txn, _ in at_vote]
+    assert len(txns) == 3
+    # At each vote the round before it is on disk (written before its PHASE2), this one not yet.
+    for (txn, saved), before in zip(at_vote, [None, *txns[:-1]], strict=True):
+        assert (saved or {}).get("txn") == (before.decode() if before else None), (txn, saved)
+    last = _saved_position(state)
+    assert last["txn"] == txns[-1].decode() and last["offset"] == source.stat().st_size
+    assert last["input"] == str(source)
+
+
+@pytest.mark.timeout(60)
+def test_a_restarted_input_run_commits_the_txn_its_position_names_and_resumes_after_it(tmp_path):
+    source, state = _lines(tmp_path, 300), tmp_path / "state.json"
+    data = source.read_bytes()
+    cut = data.index(b"\n", 1000) + 1
+    txn = "before-the-crash:c_id=4"
+    position = {"offset": cut, "txn": txn, "next_cid": 5, "input": str(source)}
+    # A state file written by hand, as the worker lays it out (registry.py), not by the code under test.
+    doc = {"format": "wallaroo-proto mock-worker state", "version": 2, "checkpoints": 4, "streams": []}
+    state.write_text(json.dumps({**doc, "sink": position}))
+    sink = HandSink(listed=lambda conn_no: [txn.encode(), b"never-voted:c_id=3"])
+    sink.data[:] = data[:cut]  # the crash came after the commit vote, before PHASE2
+    try:
+        _drive_input(sink.port, source, state)
+    finally:
+        sink.close()
+    frames = sink.connections[0]
+    assert frames[3:5] == [("PHASE2", txn.encode(), True), ("PHASE2", b"never-voted:c_id=3", False)]
+    assert frames[5][:2] == ("DATA", cut)
+    assert sink.problems == [] and bytes(sink.data) == data

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -27,6 +28,20 @@ def tune_gc() -> None:
     """
     gc.freeze()
     gc.set_threshold(100_000, 50, 100)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def on_stop_signals(handler: Callable[[], object] | None = None) -> asyncio.Event:
+    """SIGINT and SIGTERM on the running loop call ``handler``, by default setting the event
+    returned. Installed before a peer's ready line: a signal sent the moment it appears must
+    still end the peer cleanly."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, handler or stop.set)
+    return stop
 
 
 def loop_factory() -> Any:

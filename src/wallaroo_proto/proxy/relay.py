@@ -439,3 +439,50 @@ class _Legs:
     def note(self, from_client: bool, text: str) -> None:
         if self.tap is not None:
             self.tap.note(self.client if from_client else self.upstream, from_client, text, time.time())
+
+
+# --- a violation's connection, among the relays (the live checks and --strict) ---------------
+
+
+def connection_of(r: dict, relays: list[Relay]) -> tuple[int, str | None]:
+    """A violation's connection, numbered as the relay numbers connections (and fault lines),
+    and with faults its side ("client", "upstream")."""
+    initiator = (r["initiator_addr"], r["initiator_port"])
+    found = next((who for relay in relays if (who := relay.who(initiator)) is not None), None)
+    return found if found is not None else (r["conn_index"], None)
+
+
+def numbered_summary(s: dict, relays: list[Relay]) -> dict:
+    """A summary's connection numbered as the live view, the violation and the fault lines number
+    it, and with faults its side named: the checker numbers connections in its own order."""
+    ends = []  # the initiator first: a plug-in may have turned a connection round (AMBROSIA's send port)
+    for end in s.get("connection", "").split(" > "):
+        host, _, port = end.rpartition(":")
+        if port.isdigit():
+            ends.append((host.strip("[]"), int(port)))
+    found = next((who for end in ends for relay in relays if (who := relay.who(end)) is not None), None)
+    if found is None:
+        return s
+    conn, side = found
+    return {**s, "conn_index": f"{conn} ({side} side)" if side else conn}
+
+
+def sent_by_a_peer(r: dict, side: str | None) -> bool:
+    """Whether a peer, not the proxy, sent the violating frame: with faults each side is
+    recorded apart, and what the proxy sent on a side may be its own fault's doing."""
+    from_initiator = r["direction"].startswith("initiator")
+    return side is None or (side == "client") == from_initiator
+
+
+def close_for_violation(relays: list[Relay], r: dict) -> None:
+    """``--strict``: the connection of this violation ends now, its sender told with the
+    protocol's own error where it has one."""
+    sender_is_client = r["direction"].startswith("initiator")
+    adapter = fault_steps.make_adapter(r.get("protocol", ""))
+    reason = "; ".join(r["violations"])
+    error = adapter.error_frame(reason, sender_is_client) if adapter is not None else None
+    for relay in relays:
+        if relay.close_connection(
+            (r["initiator_addr"], r["initiator_port"]), {sender_is_client: error or b""}
+        ):
+            return

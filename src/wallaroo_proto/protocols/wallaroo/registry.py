@@ -195,6 +195,23 @@ class Registry:
         if self.path is not None:
             write_atomic(self.path, self.state_bytes())
 
+    def resume_out(self, out: str) -> int | None:
+        """Where ``--out`` continues after a restart: the checkpointed length when the state
+        knows this file, so lines past the last checkpoint (delivered again) are not doubled.
+
+        A state from a run that wrote no ``--out`` (or another file) cannot say; the file
+        is then appended to. No state at all starts a regular file afresh; a pipe just
+        takes what comes. This run's own checkpoints record its own file from now on.
+        """
+        path = Path(out)
+        known = self.out
+        self.out = None
+        if not path.is_file():
+            return None
+        if known is not None and known["path"] == str(path.resolve()):
+            return known["bytes"]
+        return path.stat().st_size if self.streams else None
+
     @classmethod
     def open(cls, path: str | os.PathLike | None) -> Registry:
         """A registry backed by ``path``, loaded from it when the file exists."""

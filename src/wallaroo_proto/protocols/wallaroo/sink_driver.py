@@ -28,8 +28,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from wallaroo_proto.durable import write_atomic
 from wallaroo_proto.input_spec import GENERATED, STDIN, generated_lines, open_input
 from wallaroo_proto.judge import Kind
 from wallaroo_proto.pcap_writer import PcapWriter
@@ -49,6 +50,7 @@ from .frames import (
 )
 from .peer import FramedConnection
 from .protocol import Side, Use
+from .registry import Registry, StateError
 from .twopc import SINK_DATA_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
 
 #: How many recent txn decisions are kept to settle a REPLY_UNCOMMITTED after a reconnect.
@@ -621,6 +623,55 @@ def input_payloads(spec: str, *, payload_size: int = 32, start: int = 0) -> Iter
         f.close()
         raise
     return _lines(f)
+
+
+def input_state(path: str, source: str) -> Registry:
+    """The --state of an --input run: its sink position names the input it belongs to, so a
+    restart with another input (or stdin, which cannot be read again) is refused (StateError)."""
+    if source == STDIN:
+        raise StateError(
+            f"--state {path}: stdin (--input -) cannot be read again after a crash; give a file or gen:N"
+        )
+    registry = Registry.open(path)
+    sink = registry.sink
+    if registry.streams or (sink is not None and sink.get("input") != source):
+        was = f"--input {sink.get('input')}" if sink and sink.get("input") else "a worker serving connectors"
+        raise StateError(f"--state {path} was written for {was}, not --input {source}; give another file")
+    registry.sink = sink or {"offset": 0, "txn": None, "next_cid": 1, "input": source}
+    return registry
+
+
+def input_driver(
+    host: str, port: int, source: str, registry: Registry | None = None, **options: Any
+) -> SinkDriver:
+    """A driver for ``--input`` named ``source``; crash-safe with ``registry`` (``input_state``).
+
+    The sink position (offset, txn, next checkpoint id) is written between each commit vote and
+    PHASE2, as the worker's checkpoints do, so a restarted run settles a listed txn by it and
+    sends the input from the committed offset on: nothing lost or repeated.
+    """
+    saved = registry.sink if registry else {"offset": 0, "txn": None}
+
+    async def write_position(txn: Text, end: int) -> None:
+        position = {
+            "offset": end,
+            "txn": show_text(txn),
+            "next_cid": driver.next_checkpoint_id,
+            "input": source,
+        }
+        await asyncio.to_thread(write_atomic, registry.path, registry.state_bytes(sink=position))
+        registry.sink = position
+
+    driver = SinkDriver(
+        host,
+        port,
+        start_offset=saved["offset"],
+        first_checkpoint_id=saved.get("next_cid", 1),
+        on_commit_vote=write_position if registry else None,
+        resolve_listed=(lambda txn: show_text(txn) == registry.sink["txn"]) if registry else None,
+        **options,
+    )
+    return driver
 
 
 def input_name(spec: str) -> str:
