@@ -46,6 +46,7 @@ from wallaroo_proto.protocols.wallaroo.twopc import (
 from wallaroo_proto.records import FIELD_NAMES
 from wallaroo_proto.spark import frames as spark_frames
 from wallaroo_proto.spark import jobs, reports
+from wallaroo_proto.spark import plan as spark_plan
 from wallaroo_proto.spark.example_job import key_counts
 from wallaroo_proto.spark.session import build_session
 
@@ -363,12 +364,12 @@ def test_listing_and_task_planning(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.pcapng").write_bytes(b"x" * 30)
     (tmp_path / "readme.txt").write_text("not listed")
-    found, problems = spark_frames.list_captures([str(tmp_path), str(tmp_path / "missing.pcap")])
+    found, problems = spark_plan.list_captures([str(tmp_path), str(tmp_path / "missing.pcap")])
     assert [c.name for c in found] == [str(tmp_path / "a.pcap"), str(tmp_path / "sub" / "b.pcapng")]
-    assert problems == [spark_frames.Problem(str(tmp_path / "missing.pcap"), "no such file or directory")]
-    globbed, _ = spark_frames.list_captures([str(tmp_path / "**" / "*.pcap*")])
+    assert problems == [spark_plan.Problem(str(tmp_path / "missing.pcap"), "no such file or directory")]
+    globbed, _ = spark_plan.list_captures([str(tmp_path / "**" / "*.pcap*")])
     assert len(globbed) == 2
-    tasks = spark_frames.plan_tasks(found, parallelism=2, split_bytes=10)
+    tasks = spark_plan.plan_tasks(found, parallelism=2, split_bytes=10)
     assert [(t[1], t[2], t[3]) for t in tasks] == [
         (str(tmp_path / "sub" / "b.pcapng"), 0, 2),
         (str(tmp_path / "sub" / "b.pcapng"), 1, 2),

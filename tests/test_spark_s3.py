@@ -22,9 +22,9 @@ from test_dcp_dissect import server_port
 
 from wallaroo_proto import records
 from wallaroo_proto.spark import datasource, remote
-from wallaroo_proto.spark import frames as spark_frames
+from wallaroo_proto.spark import plan as spark_plan
 
-SAMPLES = sorted(p for p in CAPTURES.iterdir() if p.name.endswith(spark_frames.CAPTURE_SUFFIXES))
+SAMPLES = sorted(p for p in CAPTURES.iterdir() if p.name.endswith(spark_plan.CAPTURE_SUFFIXES))
 PORTS = sorted(
     {*DEFAULT_PORTS, *(server_port(CAPTURES / n) for n in ("dcp-stream.pcap", "dcp-rollback.pcap"))}
 )
@@ -75,13 +75,13 @@ def tables(directory: Path) -> dict[str, list[str]]:
 
 def test_urls_are_listed_as_paths_are(s3_env):
     sizes = {p.name: p.stat().st_size for p in SAMPLES}
-    found, problems = spark_frames.list_captures(["s3://caps/run/"])
+    found, problems = spark_plan.list_captures(["s3://caps/run/"])
     assert problems == []
     assert [(c.name, c.size) for c in found] == [(f"s3://caps/run/{n}", sizes[n]) for n in sorted(sizes)]
     assert all(c.path == c.name for c in found)
-    globbed, _ = spark_frames.list_captures(["s3://caps/run/*.pcapng", "s3://caps/run/dcp-stream.pcap"])
+    globbed, _ = spark_plan.list_captures(["s3://caps/run/*.pcapng", "s3://caps/run/dcp-stream.pcap"])
     assert [c.name for c in globbed] == ["s3://caps/run/sink-2pc-ns.pcapng", "s3://caps/run/dcp-stream.pcap"]
-    _, problems = spark_frames.list_captures(["s3://nobucket/run/", "s3://caps/none/", "s3://caps/run/*.cap"])
+    _, problems = spark_plan.list_captures(["s3://nobucket/run/", "s3://caps/none/", "s3://caps/run/*.cap"])
     assert [(p.capture, p.error) for p in problems] == [
         ("s3://nobucket/run/", "The specified bucket does not exist"),
         ("s3://caps/none/", "no such object or prefix"),

@@ -1,7 +1,7 @@
 """Captures as a Spark data source: ``spark.read.format("wallaroo-capture").load(paths)``.
 
 A Python data source (Spark 4's ``pyspark.sql.datasource``). The driver lists
-the captures and plans one partition per capture part (``frames.plan_tasks``:
+the captures and plans one partition per capture part (``plan.plan_tasks``:
 a capture much larger than its share of the cluster is split by connection);
 each executor task dissects its part with the dissector's own
 ``records.iter_records`` and hands Spark whole Arrow record batches, so no
@@ -62,8 +62,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from wallaroo_proto import records
 from wallaroo_proto.capture.frame_block import SHARED
-from wallaroo_proto.spark import frames as frames_mod
-from wallaroo_proto.spark import remote
+from wallaroo_proto.spark import plan, remote
 from wallaroo_proto.spark.pushdown import Skip
 
 if TYPE_CHECKING:
@@ -77,7 +76,7 @@ NAME = "wallaroo-capture"
 #: Spark's switch for Python data sources' filter pushdown (PySpark 4.1+).
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
-PROBLEM_COLUMN = frames_mod.PROBLEM_COLUMN
+PROBLEM_COLUMN = plan.PROBLEM_COLUMN
 DEFAULT_BATCH_ROWS = 8192
 
 
@@ -117,7 +116,7 @@ class ReadOptions:
         elif get("path"):
             paths = (get("path"),)
         else:
-            paths = frames_mod.DEFAULT_PATHS
+            paths = plan.DEFAULT_PATHS
         mode = (get("mode") or "PERMISSIVE").upper()
         if mode not in MODES:
             raise OptionError(f"option mode={get('mode')!r}: expected one of {', '.join(MODES)}")
@@ -196,11 +195,11 @@ class CapturePart(InputPartition):
 
 def plan_partitions(options: ReadOptions) -> list[CapturePart]:
     """Driver side: the captures' parts, largest first, then one per path that named nothing."""
-    captures, listing_problems = frames_mod.list_captures(options.paths)
+    captures, listing_problems = plan.list_captures(options.paths)
     if listing_problems and options.mode == "FAILFAST":
         first = listing_problems[0]
-        raise frames_mod.CaptureFailed(f"{frames_mod.FAIL_FAST_MARK} {first.capture}: {first.error}")
-    tasks = frames_mod.plan_tasks(captures, options.parallelism, options.split_bytes)
+        raise plan.CaptureFailed(f"{plan.FAIL_FAST_MARK} {first.capture}: {first.error}")
+    tasks = plan.plan_tasks(captures, options.parallelism, options.split_bytes)
     parts = [CapturePart(*task) for task in tasks]
     if options.mode == "PERMISSIVE":
         parts += [CapturePart("", p.capture, 0, 1, p.error) for p in listing_problems]
@@ -434,7 +433,7 @@ def read_part(
         yield shape.of_dicts([{"capture": part.name, PROBLEM_COLUMN: part.problem}])
         return
     skip = skip or Skip()
-    connection_filter = None if part.nparts == 1 else frames_mod.PartFilter(part.part, part.nparts)
+    connection_filter = None if part.nparts == 1 else plan.PartFilter(part.part, part.nparts)
     protocols = options.protocols
     if skip.protocols is not None:
         protocols = tuple(skip.protocols if protocols is None else skip.protocols & set(protocols))
@@ -460,7 +459,7 @@ def read_part(
     except (CaptureError, OSError) as err:
         message = str(err) if isinstance(err, CaptureError) else f"cannot read: {err}"
         if options.mode == "FAILFAST":
-            raise frames_mod.CaptureFailed(f"{frames_mod.FAIL_FAST_MARK} {part.name}: {message}") from None
+            raise plan.CaptureFailed(f"{plan.FAIL_FAST_MARK} {part.name}: {message}") from None
         if part.part == 0 and options.mode == "PERMISSIVE":
             problem = {"capture": part.name, PROBLEM_COLUMN: message}
             if isinstance(err, CaptureError):
