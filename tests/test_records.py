@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 from wallaroo_proto import protocols, records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.protocols import get_plugin, plugins
-from wallaroo_proto.records import COMMON_FIELDS, FIELD_NAMES, FIELD_TYPES, FIELDS, FieldClash, join_fields
+from wallaroo_proto.protocols.schema import field_names, field_types, fields, spark_schema, table_names
+from wallaroo_proto.records import COMMON_FIELDS, FieldClash, join_fields
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 
@@ -156,8 +158,8 @@ def test_the_spark_tables_keep_the_columns():
     common = [name for name, _, _ in records.COMMON_FIELDS]
     kinds = dict(EXPECTED)
     shown = {
-        table: [(f.name, f.dataType.simpleString()) for f in records.spark_schema(table).fields]
-        for table in records.table_names()
+        table: [(f.name, f.dataType.simpleString()) for f in spark_schema(table).fields]
+        for table in table_names()
         if table != "all"
     }
     assert shown["frames"] == [_spark(name, kinds[name]) for name in common]
@@ -168,14 +170,14 @@ def test_the_spark_tables_keep_the_columns():
         assert all(kind == _spark(name, kinds[name])[1] for name, kind in table)
         seen |= {name for name, _ in table}
     assert seen == set(kinds)
-    everything = records.spark_schema("all")
+    everything = spark_schema("all")
     assert everything.names == [*common, "wallaroo", "kinesis", "dcp", "ambrosia", "tremor"]
 
 
 def test_a_field_two_plugins_share_is_one_column_with_both_meanings():
-    assert FIELD_NAMES.count("reason") == 1
+    assert field_names().count("reason") == 1
     assert (
-        dict((n, m) for n, _, m in FIELDS)["reason"]
+        dict((n, m) for n, _, m in fields())["reason"]
         == "ERROR reason; MLD shutdown reason (TERMINATE, ZOMBIE)"
     )
     assert ("reason", "string", "ERROR reason") in get_plugin("wallaroo").record_fields
@@ -236,12 +238,14 @@ def test_the_registry_refuses_plugins_whose_fields_clash(monkeypatch):
         plugins.cache_clear()
 
 
-def test_importing_records_does_not_import_the_plugins():
+def test_importing_the_schema_does_not_import_the_plugins():
+    """The plug-ins' trackers import the capture machinery, which imports the schema: it joins them
+    on first use, not on import."""
     code = (
-        "import sys, wallaroo_proto.records as r\n"
+        "import sys, wallaroo_proto.protocols.schema as s\n"
         "loaded = lambda: sorted(m for m in sys.modules if m.endswith('.plugin'))\n"
         "assert loaded() == [], loaded()\n"
-        "assert len(r.FIELD_NAMES) > 100 and len(loaded()) == 5, loaded()\n"
+        "assert len(s.field_names()) > 100 and len(loaded()) == 5, loaded()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -268,12 +272,12 @@ def test_each_plugins_records_carry_only_the_common_and_its_own_fields_with_thei
     captures = sorted(CAPTURES.glob("*.pcap*"))
     assert len(captures) >= 5
     for capture in captures:
-        for record in records.iter_records(capture):
+        for record in iter_records(capture):
             protocol = record["protocol"]
             fields = {k for k in record if not k.startswith("_")}
             assert fields <= common | own[protocol], (capture.name, protocol, fields - common - own[protocol])
             seen[protocol] |= fields - common
-            wrong = {k: record[k] for k in fields if not _fits(FIELD_TYPES[k], record[k])}
+            wrong = {k: record[k] for k in fields if not _fits(field_types()[k], record[k])}
             assert not wrong, (capture.name, protocol, wrong)
     # every protocol has a sample capture, and it shows most of its own fields
     for name, fields in seen.items():

@@ -24,6 +24,7 @@ from support import run_cli
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import CaptureError
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.schema import field_names
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import (
     Ack,
@@ -43,7 +44,6 @@ from wallaroo_proto.protocols.wallaroo.twopc import (
     ReplyUncommitted,
     twopc_frame,
 )
-from wallaroo_proto.records import FIELD_NAMES
 from wallaroo_proto.spark import frames as spark_frames
 from wallaroo_proto.spark import jobs, reports
 from wallaroo_proto.spark import plan as spark_plan
@@ -494,7 +494,7 @@ def test_spark_predicate_selects_the_frames_the_python_filter_keeps(replayed):
         spark_predicate(parse(text), reports.field_column).alias(f"_f{i}")
         for i, text in enumerate(DISPLAY_FILTERS)
     ]
-    columns = list(FIELD_NAMES)
+    columns = list(field_names())
     rows = [
         row.asDict(recursive=True) for row in loaded.frames.select(*reports.flat_columns(), *tests).collect()
     ]
@@ -513,8 +513,8 @@ def test_spark_replay_filters_the_frames_before_every_table(spark, capsys):
     from rich.console import Console
     from wallaroo_proto_cli import spark_replay
 
+    from wallaroo_proto.capture.dissector import iter_records
     from wallaroo_proto.display_filter import compile_filter, parse
-    from wallaroo_proto.records import iter_records
 
     sample = str(Path(__file__).resolve().parent.parent / "captures" / "source-session.pcap")
     text = "stream_id == 11 and type != NOTIFY"
@@ -598,8 +598,8 @@ def test_every_registered_view_is_in_the_help_and_the_docs(spark, replayed):
 @pytest.mark.timeout(480)
 def test_connections_violations_and_findings_cover_every_protocol(replayed):
     """The common views hold every protocol's rows, each as the dissector's records give them."""
+    from wallaroo_proto.capture.dissector import iter_records
     from wallaroo_proto.findings import of_record
-    from wallaroo_proto.records import iter_records
 
     names, _, tables = replayed
     connections = rows_by(tables["connections"], "capture", "conn_index")

@@ -20,7 +20,7 @@ from replay_everything import CAPTURES, DEFAULT_PORTS
 from support import run_cli
 from test_dcp_dissect import server_port
 
-from wallaroo_proto import records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.spark import datasource, remote
 from wallaroo_proto.spark import plan as spark_plan
 
@@ -112,7 +112,7 @@ def test_split_parts_of_an_object_give_the_dissectors_frames(s3_env):
     assert all(row[datasource.PROBLEM_COLUMN] is None for row in got)
     expected = []
     for path in SAMPLES:
-        expected += records.iter_records(str(path), ports=PORTS, capture_name=f"s3://caps/run/{path.name}")
+        expected += iter_records(str(path), ports=PORTS, capture_name=f"s3://caps/run/{path.name}")
     key = ("capture", "conn_index", "packet", "offset", "type")
     assert sorted(tuple(r.get(k) for k in key) for r in got) == sorted(
         tuple(r.get(k) for k in key) for r in expected
@@ -156,7 +156,7 @@ def test_a_missing_bucket_a_refused_read_and_a_cut_object_are_one_line_each(s3, 
     per_capture = {}
     for row in frames:
         per_capture[row["capture"]] = per_capture.get(row["capture"], 0) + 1
-    ok = sum(1 for _ in records.iter_records(str(CAPTURES / "sink-2pc.pcap"), ports=PORTS))
+    ok = sum(1 for _ in iter_records(str(CAPTURES / "sink-2pc.pcap"), ports=PORTS))
     assert per_capture["s3://caps/bad/ok.pcap"] == ok  # the other captures are read in full
     assert per_capture["s3://caps/bad/cut.pcap"] > 0  # and the cut one up to the cut
     assert "s3://caps/bad/denied.pcap" not in per_capture

@@ -6,7 +6,7 @@ connection detection, output; ``spark``) knows protocols only through it, and
 no plug-in imports another. To add a protocol: a package here with its codec
 and sans-IO core, a ``plugin.py`` making a ``PLUGIN`` (which declares the
 protocol's record fields with their types and meanings, in ``record_fields``:
-``records.FIELDS`` is the common fields joined with every plug-in's, so new
+``schema.fields()`` is the common fields joined with every plug-in's, so new
 columns come last), and its module name in ``_PLUGIN_MODULES``.
 """
 
@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
+
+from wallaroo_proto.records import join_fields
 
 
 def own_connection(key: Any) -> tuple:
@@ -62,7 +64,7 @@ class ProtocolPlugin:
     #: The driver's per-connection handler: frames, records and the summary.
     tracker: Callable[..., Any]
     #: Its own record fields, (name, type, meaning) each, beside ``records.COMMON_FIELDS``;
-    #: ``records.FIELDS`` joins them (a name two plug-ins declare needs one type in both).
+    #: ``schema.fields()`` joins them (a name two plug-ins declare needs one type in both).
     record_fields: tuple[tuple[str, str, str], ...]
     #: Its frame and message type names, for ``dissect --type``.
     type_names: tuple[str, ...]
@@ -96,8 +98,6 @@ def plugins() -> tuple[ProtocolPlugin, ...]:
 
     Raises ``records.FieldClash`` if their record fields do not join (e.g. one name, two types).
     """
-    from wallaroo_proto.records import join_fields
-
     found = tuple(importlib.import_module(name).PLUGIN for name in _PLUGIN_MODULES)
     join_fields(found)
     return found

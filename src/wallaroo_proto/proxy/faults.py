@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from wallaroo_proto.protocols import schema
 from wallaroo_proto.proxy.faultkit import Adapter, Close, FaultError, Frame, NamedFault, Send, Stall, Wait
 
 GENERIC_ACTIONS = ("drop", "delay", "duplicate", "reorder", "rewrite", "cut", "stall")
@@ -234,9 +235,7 @@ def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None)
             except FilterError as err:
                 fields = ""
                 if "unknown field" in str(err):
-                    from wallaroo_proto.records import FIELD_TYPES
-
-                    fields = f" (fields: {', '.join(sorted(FIELD_TYPES))})"
+                    fields = f" (fields: {', '.join(sorted(schema.field_types()))})"
                 raise FaultError(f"where: {err}{fields}") from err
         if "direction" in table:
             rule.direction = _kind(table["direction"], str, "direction")

@@ -4,9 +4,9 @@ A Python data source (Spark 4's ``pyspark.sql.datasource``). The driver lists
 the captures and plans one partition per capture part (``plan.plan_tasks``:
 a capture much larger than its share of the cluster is split by connection);
 each executor task dissects its part with the dissector's own
-``records.iter_records`` and hands Spark whole Arrow record batches, so no
+``capture.dissector.iter_records`` and hands Spark whole Arrow record batches, so no
 Python row is converted one by one in the JVM. A load reads one table
-(``records.spark_schema(table)``, nothing named here): ``frames``, what every
+(``protocols.schema.spark_schema(table)``, nothing named here): ``frames``, what every
 frame has; ``<protocol>_frames``, the frame key and one plug-in's own fields, of
 that protocol's connections only (the others are not dissected); or ``all``, the
 common fields and one struct column per protocol (spark-replay's single read).
@@ -21,7 +21,7 @@ bits; ``ts`` is a ``timestamp``.
 Options (all optional):
 
 ``table``
-    ``frames`` (default), ``<protocol>_frames`` or ``all`` (``records.table_names()``).
+    ``frames`` (default), ``<protocol>_frames`` or ``all`` (``protocols.schema.table_names()``).
 
 ``ports``
     comma-separated TCP ports to read (default: each protocol's own; connections
@@ -61,7 +61,9 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from wallaroo_proto import records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.capture.frame_block import SHARED
+from wallaroo_proto.protocols.schema import field_types, spark_schema, table_names
 from wallaroo_proto.spark import plan, remote
 from wallaroo_proto.spark.pushdown import Skip
 
@@ -121,8 +123,8 @@ class ReadOptions:
         if mode not in MODES:
             raise OptionError(f"option mode={get('mode')!r}: expected one of {', '.join(MODES)}")
         table = get("table") or records.FRAMES_TABLE
-        if table not in records.table_names():
-            raise OptionError(f"option table={table!r}: expected one of {', '.join(records.table_names())}")
+        if table not in table_names():
+            raise OptionError(f"option table={table!r}: expected one of {', '.join(table_names())}")
         protocol = get("protocol") or None
         if protocol is not None:
             from wallaroo_proto.protocols import get_plugin
@@ -176,13 +178,14 @@ def _optional_number(get, option: str, low: int) -> int | None:
 
 
 def frame_schema(mode: str = "PERMISSIVE", table: str = records.FRAMES_TABLE) -> StructType:
-    """A table's schema (``records.spark_schema``); PERMISSIVE mode adds the ``_problem`` column last."""
+    """A table's schema (``protocols.schema.spark_schema``); PERMISSIVE mode adds the ``_problem``
+    column last."""
     from pyspark.sql import types as T  # noqa: N812
 
-    schema = records.spark_schema(table)
+    struct = spark_schema(table)
     if mode != "PERMISSIVE":
-        return schema
-    return T.StructType([*schema.fields, T.StructField(PROBLEM_COLUMN, T.StringType(), True)])
+        return struct
+    return T.StructType([*struct.fields, T.StructField(PROBLEM_COLUMN, T.StringType(), True)])
 
 
 class CapturePart(InputPartition):
@@ -276,7 +279,7 @@ class Shape:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.target = to_arrow_schema(schema, timezone="UTC")
-        kinds = records.FIELD_TYPES
+        kinds = field_types()
         #: The flat fields records give this table, and the Arrow type each is built in.
         self.build: dict[str, pa.DataType] = {}
 
@@ -443,7 +446,7 @@ def read_part(
             source = part.path
             if remote.is_url(source):  # read in ranged blocks as the dissector goes, not fetched first
                 source = stack.enter_context(remote.open_url(source))
-            items = records.iter_records(
+            items = iter_records(
                 source,
                 ports=options.ports,
                 protocol=options.protocol,

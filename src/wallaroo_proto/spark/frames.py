@@ -2,13 +2,13 @@
 
 The driver only lists the capture files and plans tasks (``plan``); each task is a
 ``(path, name, part, nparts)`` tuple that an executor turns into frame records
-with the dissector's own ``records.iter_records`` (the ``wallaroo-capture``
+with the dissector's own ``capture.dissector.iter_records`` (the ``wallaroo-capture``
 data source, ``datasource``, does the reading). A capture larger than its
 share of the cluster is split into ``nparts`` tasks that each read the file but
 reassemble only the connections whose ``flow_hash`` falls in their part, so one
 big capture's connections are decoded in parallel (connections whose dissection
 shares state, as an AMBROSIA LB's two sockets, have one part key and one task). Rows follow
-``records.spark_schema()``: the same fields as ``dissect --format jsonl``.
+``protocols.schema.spark_schema()``: the same fields as ``dissect --format jsonl``.
 
 A capture that cannot be read (missing, not a capture, truncated, damaged) does
 not stop the others: its records before the damage are kept, and one row in

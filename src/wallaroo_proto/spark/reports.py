@@ -14,6 +14,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from wallaroo_proto.display_filter import u64_column
+from wallaroo_proto.protocols import names, plugins, schema, table_name
+from wallaroo_proto.records import COMMON_FIELDS, FRAME_KEY, STRUCTS, protocol_table
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
@@ -517,9 +521,6 @@ COMMON = {
 
 def view_names() -> list[str]:
     """Every view ``build_tables`` makes (and ``spark-replay`` registers), in its order."""
-    from wallaroo_proto.protocols import plugins, table_name
-    from wallaroo_proto.records import protocol_table
-
     names = ["frames", *(protocol_table(plugin.name) for plugin in plugins())]
     for plugin in plugins():
         names += [table_name(plugin.name, name) for name in plugin.spark_reports()]
@@ -529,8 +530,6 @@ def view_names() -> list[str]:
 def printed_views(protocols: Iterable[str]) -> list[tuple[str, str]]:
     """(view, title) of the standard tables, each title ending in its view name: the common views,
     Wallaroo's reports, and another protocol's when ``protocols`` (those in the captures) has it."""
-    from wallaroo_proto.protocols import plugins, table_name
-
     present = set(protocols)
     shown = [(name, title) for name, (title, _) in COMMON.items()]
     for plugin in plugins():
@@ -548,9 +547,6 @@ def build_tables(everything: DataFrame, problems: DataFrame | None = None) -> di
     reports see its rows with the common fields and its own, and are named ``<protocol>_<report>``,
     Wallaroo's by their plain names (``messages``, ``audit``, ...); the common views see every row.
     """
-    from wallaroo_proto.protocols import plugins, table_name
-    from wallaroo_proto.records import COMMON_FIELDS, FRAME_KEY, protocol_table
-
     F = _f()  # noqa: N806
     common = [name for name, _, _ in COMMON_FIELDS]
     tables = {"frames": everything.select(*common)}
@@ -574,29 +570,25 @@ def build_tables(everything: DataFrame, problems: DataFrame | None = None) -> di
 def field_column(name: str):
     """A record field as a column of the ``all`` table: a common one as it is (``ts`` in seconds, as
     records have it), a plug-in's from the struct of each protocol that declares it."""
-    from wallaroo_proto.records import COMMON_FIELDS, own_fields
-
     F = _f()  # noqa: N806
     if name == "ts":  # as records have it: ts_ns / 1e9, the same double
         return F.col("ts_ns") / 1e9
     if any(name == common for common, _, _ in COMMON_FIELDS):
         return F.col(name)
-    from wallaroo_proto.protocols import names
-
-    owners = [F.col(f"{p}.{name}") for p in names() if any(name == f for f, _, _ in own_fields(p))]
+    owners = [F.col(f"{p}.{name}") for p in names() if any(name == f for f, _, _ in schema.own_fields(p))]
     if not owners:
         raise KeyError(name)
     return owners[0] if len(owners) == 1 else F.coalesce(*owners)
 
 
 def flat_columns() -> list:
-    """Every field (``records.FIELD_NAMES``) as a column of the ``all`` table, as ``dissect --format
-    jsonl`` records hold it: ``ts`` in seconds, u64 values exact (``exact``)."""
-    from wallaroo_proto.records import COMMON_FIELDS, FIELD_NAMES
-
+    """Every field (``protocols.schema.field_names()``) as a column of the ``all`` table, as
+    ``dissect --format jsonl`` records hold it: ``ts`` in seconds, u64 values exact (``exact``)."""
     F = _f()  # noqa: N806
     common = {name for name, _, _ in COMMON_FIELDS} - {"ts"}
-    return [F.col(name) if name in common else exact(name, field_column(name)) for name in FIELD_NAMES]
+    return [
+        F.col(name) if name in common else exact(name, field_column(name)) for name in schema.field_names()
+    ]
 
 
 def flat_frames(everything: DataFrame) -> DataFrame:
@@ -606,20 +598,15 @@ def flat_frames(everything: DataFrame) -> DataFrame:
 
 
 def _own(protocol: str) -> list[str]:
-    from wallaroo_proto.records import own_fields
-
-    return [name for name, _, _ in own_fields(protocol)]
+    return [name for name, _, _ in schema.own_fields(protocol)]
 
 
 def exact(name: str, column):
     """A field's column named ``name``, its u64 values (a ``long`` of their bits in the tables) as
     exact ``decimal(20,0)``: what the reports compute on, so that their ordering, min, max and
     arithmetic hold past 2^63, and what they show."""
-    from wallaroo_proto.display_filter import u64_column
-    from wallaroo_proto.records import FIELD_TYPES, STRUCTS
-
     F = _f()  # noqa: N806
-    kind = FIELD_TYPES.get(name, "")
+    kind = schema.field_types().get(name, "")
     if kind == "u64":
         return u64_column(column).alias(name)
     if kind.startswith("array<struct:"):

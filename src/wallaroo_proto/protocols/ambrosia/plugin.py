@@ -17,7 +17,7 @@ from .core import Session
 from .dissect import PORTS, AmbrosiaTracker, looks_like_ambrosia, pair_key
 from .report import AmbrosiaSignals
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # AMBROSIA IC <-> LB (a frame is a log record, an LB message or a checkpoint's raw bytes)
     ("ambrosia_socket", "string", "AMBROSIA: 'receive' (LB -> IC messages) or 'send' (IC -> LB records)"),

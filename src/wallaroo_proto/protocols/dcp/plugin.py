@@ -17,7 +17,7 @@ from .core import Connection
 from .dissect import PORTS, DcpTracker, looks_like_dcp
 from .report import DcpSignals
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # Couchbase DCP (one memcached binary protocol packet is one frame; `type` is its opcode name,
     # with _RESPONSE for a response; `status` a response's status name)

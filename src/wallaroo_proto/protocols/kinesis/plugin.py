@@ -16,7 +16,7 @@ from .core import Conversation
 from .dissect import PORTS, KinesisTracker, looks_like_mld
 from .report import KinesisSignals
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # Kinesis MultiLangDaemon (one line is one frame; `type` is its action, `reason` a shutdown's)
     ("line_number", "long", "MLD: the line's number in its direction, 1-based"),

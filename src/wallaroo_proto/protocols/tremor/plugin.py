@@ -17,7 +17,7 @@ from .messages import OPS, parse
 from .report import TremorSignals
 from .wsframes import OPCODE_NAMES, FrameSplitter
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # Tremor network protocol (one WebSocket frame or HTTP head is one record; `type` is the message's)
     ("ws_opcode", "int", "Tremor: the WebSocket frame's opcode (0 continuation, 1 text, 8 close...)"),

@@ -4,7 +4,7 @@ The capture driver (``capture.dissector.Dissector``) reads captures, reassembles
 hands each direction's bytes to a ``resync.DirectionFramer``; this tracker
 decodes the frames it splits (the codec), judges each one with the shared
 protocol core (``protocol.Connection``) and makes its record
-(``records.FIELDS``) and the connection's summary.
+(``protocols.schema.fields()``) and the connection's summary.
 
 A connection's first frames settle its use: HELLO version ``v0.0.1`` or 2PC
 messages on stream 0 mark the sink protocol. Frames seen before the use is

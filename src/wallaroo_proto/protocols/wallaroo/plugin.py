@@ -20,7 +20,7 @@ from .views import describe, print_summary
 #: Fields about the connection: joined among the common connection fields, after the endpoints.
 CONNECTION_FIELDS = (("use", "string", "'source' or 'sink' protocol"),)
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # HELLO
     ("version", "string", "HELLO version"),
