@@ -164,3 +164,24 @@ def test_no_module_imports_a_module_that_imports_it_back():
     assert not found, "import circles:\n" + "\n".join(
         f"  {' -> '.join(a_cycle(graph, component))}  (all of: {', '.join(component)})" for component in found
     )
+
+
+def drivers_private_state(package_root: Path) -> list[str]:
+    """Where a plug-in (or the trackers' base) reads a private attribute of its driver."""
+    found = []
+    paths = [*sorted((package_root / "protocols").rglob("*.py")), package_root / "capture" / "tracker.py"]
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_")):
+                continue
+            owner = node.value
+            name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+            if name in ("dissector", "driver") and not node.attr.startswith("__"):
+                found.append(f"{path.relative_to(package_root)}:{node.lineno}: {name}.{node.attr}")
+    return found
+
+
+def test_trackers_use_only_the_drivers_public_interface():
+    """``Dissector.out`` and ``Dissector.hold_back``, not ``_out`` and ``_holding``: the driver may
+    change its insides without breaking a plug-in."""
+    assert drivers_private_state(Path(wallaroo_proto.__file__).parent) == []

@@ -261,6 +261,19 @@ class Dissector:
         #: Given every packet as read (``pcap.PacketTap``): ``dissect -w`` keeps the ones it writes.
         self.tap: PacketTap | None = None
 
+    # what a tracker may use of its driver (besides jsonl, want_records, capture_name) ---------
+
+    @property
+    def out(self) -> list:
+        """The list a tracker appends its records to (dicts, JSONL lines or ``FrameBlock``s) as it
+        makes them: the driver hands them out, in packet order, after each batch of packets."""
+        return self._out
+
+    def hold_back(self, holder: Any) -> None:
+        """``holder`` (a tracker) holds frames whose packets come before records made since: those
+        records wait until it is no longer ``pending`` or the driver calls its ``flush(packet, ts)``."""
+        self._holding[holder] = None
+
     def run(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict]:
         """Every frame record, in the order the packets completing them appear."""
         self.jsonl = False

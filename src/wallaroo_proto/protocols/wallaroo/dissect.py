@@ -130,7 +130,7 @@ class _Tracker:
         client_known: bool,
     ) -> None:
         self.dissector = dissector
-        self.out = dissector._out
+        self.out = dissector.out
         self.jsonl = dissector.jsonl
         #: MESSAGE key -> its base64, shared by the connection's frames (bounded).
         self.key_text: dict[bytes, str] = {}
@@ -158,7 +158,7 @@ class _Tracker:
         #: Records waiting for the use, which decides their sender: (emitting method, its arguments).
         self.held: list[tuple[Callable[..., None], tuple]] = []
         #: The dissector's waiting list: records of later packets wait while frames here do.
-        self.holds = dissector._holding
+        self.hold_back = dissector.hold_back
         self.midstream = False
         self.summary = ConnectionSummary(index, "")
         self.findings: list[dict] = []  # findings.mark's, for the summary
@@ -300,7 +300,7 @@ class _Tracker:
 
     def _hold(self, emit: Callable[..., None], args: tuple) -> None:
         if not self.held:
-            self.holds[self] = None
+            self.hold_back(self)
         self.held.append((emit, args))
         if len(self.held) >= _HOLD_LIMIT:
             self._settle(Use.SOURCE)
