@@ -5,7 +5,8 @@ module. The shared machinery (``capture``: capture reading, TCP reassembly,
 connection detection, output; ``spark``) knows protocols only through it, and
 no plug-in imports another. To add a protocol: a package here with its codec
 and sans-IO core, a ``plugin.py`` making a ``PLUGIN`` (which declares the
-protocol's record fields with their types and meanings, in ``record_fields``:
+protocol's record fields with their types and meanings, in ``record_fields``, and what it
+offers the other tools (Spark reports, conformance suites, proxy faults) as fields too:
 ``schema.fields()`` is the common fields joined with every plug-in's, so new
 columns come last), and its module name in ``_PLUGIN_MODULES``.
 """
@@ -87,6 +88,12 @@ class ProtocolPlugin:
     #: dissection of one connection reads another's state gives them one key (default: each
     #: connection its own).
     part_key: Callable[[Any], tuple] = own_connection
+    #: Optional: ``conformance_suites()`` -> its ``conformance.runner.Suite``s, for ``conformance``
+    #: (a function, so the suites are imported only when asked for).
+    conformance_suites: Callable[[], tuple[Any, ...]] | None = None
+    #: Optional: ``proxy_faults()`` -> its fault kit for ``proxy`` (``proxy.faultkit``): the module
+    #: with ``adapter()`` and ``NAMED_FAULTS`` (imported when asked for).
+    proxy_faults: Callable[[], Any] | None = None
     #: Optional: integer fields shown in hex (as Wireshark's BASE_HEX), name -> digits, so the
     #: table, ``-T fields`` and the summary write one value one way: ``0x`` and zero-padded.
     hex_fields: Mapping[str, int] = field(default_factory=dict)

@@ -108,6 +108,18 @@ def _spark_reports() -> Mapping[str, Any]:
     return {"shards": spark.shards, "violations": spark.violations}
 
 
+def _conformance_suites() -> tuple[Any, ...]:
+    from .conformance import SUITES
+
+    return SUITES
+
+
+def _proxy_faults() -> Any:
+    from . import proxy_faults
+
+    return proxy_faults
+
+
 PLUGIN = ProtocolPlugin(
     name="kinesis",
     default_ports=PORTS,
@@ -121,6 +133,8 @@ PLUGIN = ProtocolPlugin(
     print_summary=print_summary,
     describe=describe,
     spark_reports=_spark_reports,
+    conformance_suites=_conformance_suites,
+    proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=KinesisSignals,
 )

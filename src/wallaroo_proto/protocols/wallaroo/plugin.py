@@ -70,6 +70,18 @@ def _spark_reports() -> Mapping[str, Any]:
     return {"messages": reports.messages, **reports.REPORTS}
 
 
+def _conformance_suites() -> tuple[Any, ...]:
+    from .conformance import SUITES
+
+    return SUITES
+
+
+def _proxy_faults() -> Any:
+    from . import proxy_faults
+
+    return proxy_faults
+
+
 PLUGIN = ProtocolPlugin(
     name="wallaroo",
     default_ports=DEFAULT_PORTS,
@@ -84,6 +96,8 @@ PLUGIN = ProtocolPlugin(
     print_summary=print_summary,
     describe=describe,
     spark_reports=_spark_reports,
+    conformance_suites=_conformance_suites,
+    proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=WallarooSignals,
 )
