@@ -65,9 +65,9 @@ TITLES = {
 
 
 def _spark_reports() -> Mapping[str, Any]:
-    from wallaroo_proto.spark import reports  # imports pyspark only when a report is built
+    from . import spark  # imports pyspark only when a report is built
 
-    return {"messages": reports.messages, **reports.REPORTS}
+    return spark.REPORTS
 
 
 def _conformance_suites() -> tuple[Any, ...]:
