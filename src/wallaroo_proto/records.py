@@ -22,8 +22,6 @@ import zlib
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-DEFAULT_PORTS = (7100, 7200)
-
 STRUCTS: dict[str, list[tuple[str, str]]] = {
     "ack": [("stream_id", "u64"), ("point_of_ref", "u64")],
     "where": [("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")],

@@ -94,6 +94,9 @@ class ProtocolPlugin:
     #: Optional: ``proxy_faults()`` -> its fault kit for ``proxy`` (``proxy.faultkit``): the module
     #: with ``adapter()`` and ``NAMED_FAULTS`` (imported when asked for).
     proxy_faults: Callable[[], Any] | None = None
+    #: Optional: its spark-replay reports keep plain names (``messages``, not ``wallaroo_messages``):
+    #: Wallaroo's, which were the first and whose names users' jobs already use.
+    plain_table_names: bool = False
     #: Optional: integer fields shown in hex (as Wireshark's BASE_HEX), name -> digits, so the
     #: table, ``-T fields`` and the summary write one value one way: ``0x`` and zero-padded.
     hex_fields: Mapping[str, int] = field(default_factory=dict)
@@ -133,8 +136,9 @@ def as_hex(value: int, digits: int) -> str:
 
 
 def table_name(protocol: str, table: str) -> str:
-    """A protocol's report as a table: ``<protocol>_<table>``; Wallaroo's keep their plain names."""
-    return table if protocol == "wallaroo" else f"{protocol}_{table}"
+    """A protocol's report as a table: ``<protocol>_<table>``, or ``table`` when its plug-in keeps
+    plain names (``ProtocolPlugin.plain_table_names``)."""
+    return table if get_plugin(protocol).plain_table_names else f"{protocol}_{table}"
 
 
 __all__ = [

@@ -8,11 +8,10 @@ from typing import Any
 from wallaroo_proto.protocols import ProtocolPlugin
 from wallaroo_proto.protocols.wallaroo.codec import decode
 from wallaroo_proto.protocols.wallaroo.dissect import _Tracker, looks_like_hello
-from wallaroo_proto.protocols.wallaroo.frames import FrameType
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_PORTS, FrameType
 from wallaroo_proto.protocols.wallaroo.protocol import Connection
 from wallaroo_proto.protocols.wallaroo.reader import FrameReader
 from wallaroo_proto.protocols.wallaroo.twopc import TwoPCTag
-from wallaroo_proto.records import DEFAULT_PORTS
 
 from .report import WallarooSignals
 from .views import describe, print_summary
@@ -100,4 +99,5 @@ PLUGIN = ProtocolPlugin(
     proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=WallarooSignals,
+    plain_table_names=True,
 )
