@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wallaroo_proto import (
+from wallaroo_proto.protocols.wallaroo import (
     Ack,
     Connection,
     ConnState,
