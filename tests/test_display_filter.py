@@ -20,11 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import run_cli
 
-from wallaroo_proto import records
 from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.capture.pcap import CaptureError
 from wallaroo_proto.display_filter import FilterError, compile_filter
-from wallaroo_proto.protocols.schema import field_types
+from wallaroo_proto.protocols.schema import field_types, structs
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 NUMBERS = {"int", "long", "u64", "double"}
@@ -61,7 +60,7 @@ def fields() -> list[tuple[str, str, bool]]:
     out = []
     for name, kind in field_types().items():
         if kind.startswith("array<struct:"):
-            out += [(f"{name}.{k}", t, True) for k, t in records.STRUCTS[kind[13:-1]]]
+            out += [(f"{name}.{k}", t, True) for k, t in structs()[kind[13:-1]]]
         elif kind.startswith("array<"):
             out.append((name, kind[6:-1], True))
         else:
@@ -311,7 +310,7 @@ def made_records(draw) -> dict:
             "boolean": st.booleans(),
         }
         if kind.startswith("array<struct:"):
-            keys = records.STRUCTS[kind[13:-1]]
+            keys = structs()[kind[13:-1]]
             item = st.fixed_dictionaries({k: st.integers(0, 2**64 - 1) | st.integers(0, 20) for k, _ in keys})
             record[name] = draw(st.lists(item, max_size=3))
         elif kind.startswith("array<"):

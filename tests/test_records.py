@@ -13,7 +13,14 @@ import pytest
 from wallaroo_proto import protocols, records
 from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.protocols import get_plugin, plugins
-from wallaroo_proto.protocols.schema import field_names, field_types, fields, spark_schema, table_names
+from wallaroo_proto.protocols.schema import (
+    field_names,
+    field_types,
+    fields,
+    spark_schema,
+    structs,
+    table_names,
+)
 from wallaroo_proto.records import COMMON_FIELDS, FieldClash, join_fields
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
@@ -261,7 +268,7 @@ def _fits(kind: str, value: object) -> bool:
         return isinstance(value, _PYTHON_TYPES[kind]) and (kind == "boolean" or not isinstance(value, bool))
     if kind == "array<string>":
         return isinstance(value, list) and all(isinstance(item, str) for item in value)
-    keys = [name for name, _ in records.STRUCTS[kind.removeprefix("array<struct:").removesuffix(">")]]
+    keys = [name for name, _ in structs()[kind.removeprefix("array<struct:").removesuffix(">")]]
     return isinstance(value, list) and all(isinstance(item, dict) and list(item) == keys for item in value)
 
 
@@ -282,3 +289,18 @@ def test_each_plugins_records_carry_only_the_common_and_its_own_fields_with_thei
     # every protocol has a sample capture, and it shows most of its own fields
     for name, fields in seen.items():
         assert len(fields) * 2 > len(own[name]), (name, sorted(own[name] - fields))
+
+
+def test_structs_are_the_plugins_declarations_joined():
+    """An ``array<struct:K>`` field needs a plug-in that declares K, and two that declare it agree."""
+    a = dataclasses.replace(_fake("a", [("xs", "array<struct:s>", "")]), structs={"s": (("k", "long"),)})
+    assert ("xs", "array<struct:s>", "") in join_fields([a])
+    with pytest.raises(FieldClash, match="unknown type 'array<struct:s>'"):
+        join_fields([_fake("b", [("xs", "array<struct:s>", "")])])
+    other = dataclasses.replace(_fake("c"), structs={"s": (("k", "string"),)})
+    with pytest.raises(FieldClash, match="protocol 'c' struct 's' differs from protocol 'a'"):
+        join_fields([a, other])
+    assert structs() == {
+        "ack": (("stream_id", "u64"), ("point_of_ref", "u64")),
+        "where": (("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")),
+    }

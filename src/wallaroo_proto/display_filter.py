@@ -23,7 +23,6 @@ from decimal import Decimal
 from functools import cache
 from typing import Any, NamedTuple
 
-from . import records
 from .protocols import schema
 
 COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
@@ -159,7 +158,7 @@ def _field(token: _Token) -> Field:
             + (f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(types)})"),
         )
     if kind.startswith("array<struct:"):
-        keys = dict(records.STRUCTS[kind[len("array<struct:") : -1]])
+        keys = dict(schema.structs()[kind[len("array<struct:") : -1]])
         if not sub:
             return Field(name, None, "struct", True)
         if sub not in keys:

@@ -11,30 +11,28 @@ Spark read as null). Types are ``string``, ``int`` (32-bit),
 ``long`` (signed 64-bit), ``u64`` (unsigned 64-bit protocol values: stream and
 message ids, points of reference; Spark has no unsigned long, so its tables hold
 them as a ``long`` of the same 64 bits, ``spark_type``), ``double``,
-``boolean``, ``array<string>`` and arrays of the structs in ``STRUCTS`` (JSON
-objects with those keys, e.g. ``"acks": [{"stream_id": 1, "point_of_ref": 9}]``).
+``boolean``, ``array<string>`` and arrays of the structs the plug-ins declare
+(``ProtocolPlugin.structs``: JSON objects with those keys, e.g. Wallaroo's
+``"acks": [{"stream_id": 1, "point_of_ref": 9}]``).
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
-
-STRUCTS: dict[str, list[tuple[str, str]]] = {
-    "ack": [("stream_id", "u64"), ("point_of_ref", "u64")],
-    "where": [("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")],
-}
 
 #: A record field: (name, type, meaning).
 Field = tuple[str, str, str]
+#: What an ``array<struct:K>`` field holds: struct K's (key, scalar type) pairs, in order.
+Struct = tuple[tuple[str, str], ...]
 
-#: The types a field may have (``array<struct:K>`` for each K of ``STRUCTS``).
-FIELD_KINDS = frozenset(
-    {"string", "int", "long", "u64", "double", "boolean", "array<string>"}
-    | {f"array<struct:{k}>" for k in STRUCTS}
-)
+#: The types a struct's key may have.
+SCALAR_KINDS = frozenset({"string", "int", "long", "u64", "double", "boolean"})
+#: The types a field may have, besides ``array<struct:K>`` for each K a plug-in declares
+#: (``ProtocolPlugin.structs``).
+FIELD_KINDS = SCALAR_KINDS | {"array<string>"}
 
 #: Every record's fields about its connection: the first columns, then the plug-ins' connection fields.
 CONNECTION_FIELDS: tuple[Field, ...] = (
@@ -77,6 +75,23 @@ class FieldClash(ValueError):
     """Plug-ins' field declarations that cannot be joined into one schema."""
 
 
+def join_structs(plugins: Iterable[Any]) -> dict[str, Struct]:
+    """The plug-ins' structs (``ProtocolPlugin.structs``) in one table: a name two declare is one
+    struct, and they must declare it alike."""
+    joined: dict[str, Struct] = {}
+    owner: dict[str, str] = {}
+    for plugin in plugins:
+        for name, keys in plugin.structs.items():
+            where = f"protocol {plugin.name!r} struct {name!r}"
+            if any(kind not in SCALAR_KINDS for _, kind in keys):
+                raise FieldClash(f"{where}: a key's type is not one of {', '.join(sorted(SCALAR_KINDS))}")
+            if name in joined and joined[name] != tuple(keys):
+                raise FieldClash(f"{where} differs from protocol {owner[name]!r}'s")
+            joined.setdefault(name, tuple(keys))
+            owner.setdefault(name, plugin.name)
+    return joined
+
+
 def join_fields(plugins: Iterable[Any]) -> list[Field]:
     """The common fields and the plug-ins' in one schema, in the order of ``FIELDS``.
 
@@ -86,6 +101,7 @@ def join_fields(plugins: Iterable[Any]) -> list[Field]:
     joined by "; "; they must give it the same type.
     """
     plugins = tuple(plugins)
+    kinds = FIELD_KINDS | {f"array<struct:{name}>" for name in join_structs(plugins)}
     common = {name for name, _, _ in COMMON_FIELDS}
     joined: dict[str, Field] = {}
     owner: dict[str, str] = {}
@@ -99,8 +115,8 @@ def join_fields(plugins: Iterable[Any]) -> list[Field]:
             if (protocol, name) in declared:
                 raise FieldClash(f"{where}: declared twice")
             declared.add((protocol, name))
-            if kind not in FIELD_KINDS:
-                raise FieldClash(f"{where}: unknown type {kind!r} (known: {', '.join(sorted(FIELD_KINDS))})")
+            if kind not in kinds:
+                raise FieldClash(f"{where}: unknown type {kind!r} (known: {', '.join(sorted(kinds))})")
             if name not in joined:
                 joined[name], owner[name] = (name, kind, meaning), protocol
             elif kind != joined[name][1]:
@@ -148,8 +164,8 @@ def protocol_table(protocol: str) -> str:
     return f"{protocol}_frames"
 
 
-def spark_type(kind: str):
-    """A field type as Spark's (imports pyspark).
+def spark_type(kind: str, structs: Mapping[str, Struct]):
+    """A field type as Spark's (imports pyspark); ``structs`` holds the structs its arrays may hold.
 
     ``u64`` is a ``long`` holding the same 64 bits: exact, and a value from 2^63 up reads
     negative (add 2^64, or use ``spark.u64``). ``ts`` alone is a ``timestamp``
@@ -170,7 +186,7 @@ def spark_type(kind: str):
     if kind == "array<string>":
         return T.ArrayType(T.StringType())
     struct_name = kind[len("array<struct:") : -1]
-    fields = [T.StructField(n, scalars[k]) for n, k in STRUCTS[struct_name]]
+    fields = [T.StructField(n, scalars[k]) for n, k in structs[struct_name]]
     return T.ArrayType(T.StructType(fields))
 
 

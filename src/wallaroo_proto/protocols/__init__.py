@@ -94,6 +94,8 @@ class ProtocolPlugin:
     #: Optional: ``proxy_faults()`` -> its fault kit for ``proxy`` (``proxy.faultkit``): the module
     #: with ``adapter()`` and ``NAMED_FAULTS`` (imported when asked for).
     proxy_faults: Callable[[], Any] | None = None
+    #: Optional: the structs its ``array<struct:K>`` fields hold, K -> ((key, scalar type), ...).
+    structs: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     #: Optional: its spark-replay reports keep plain names (``messages``, not ``wallaroo_messages``):
     #: Wallaroo's, which were the first and whose names users' jobs already use.
     plain_table_names: bool = False

@@ -19,7 +19,9 @@ from wallaroo_proto.records import (
     FRAMES_TABLE,
     TIMESTAMP_FIELDS,
     Field,
+    Struct,
     join_fields,
+    join_structs,
     protocol_table,
     spark_type,
 )
@@ -29,6 +31,12 @@ from wallaroo_proto.records import (
 def fields() -> list[Field]:
     """Every column in order, (name, type, meaning) each."""
     return join_fields(plugins())
+
+
+@cache
+def structs() -> dict[str, Struct]:
+    """The structs the ``array<struct:K>`` fields hold, K -> its (key, type) pairs."""
+    return join_structs(plugins())
 
 
 @cache
@@ -68,7 +76,9 @@ def _spark_fields(fields: list[Field]) -> list:
     from pyspark.sql import types as T  # noqa: N812
 
     return [
-        T.StructField(name, T.TimestampType() if name in TIMESTAMP_FIELDS else spark_type(kind), True)
+        T.StructField(
+            name, T.TimestampType() if name in TIMESTAMP_FIELDS else spark_type(kind, structs()), True
+        )
         for name, kind, _ in fields
     ]
 

@@ -63,7 +63,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from wallaroo_proto import records
 from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.capture.frame_block import SHARED
-from wallaroo_proto.protocols.schema import field_types, spark_schema, table_names
+from wallaroo_proto.protocols.schema import field_types, spark_schema, structs, table_names
 from wallaroo_proto.spark import plan, remote
 from wallaroo_proto.spark.pushdown import Skip
 
@@ -290,7 +290,7 @@ class Shape:
             if field_kind == "u64":
                 return pa.uint64()
             if field_kind.startswith("array<struct:"):
-                parts = records.STRUCTS[field_kind[len("array<struct:") : -1]]
+                parts = structs()[field_kind[len("array<struct:") : -1]]
                 u64 = {part for part, part_kind in parts if part_kind == "u64"}
                 return pa.list_(
                     pa.struct([f.with_type(pa.uint64()) if f.name in u64 else f for f in kind.value_type])

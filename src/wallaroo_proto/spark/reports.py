@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from wallaroo_proto.display_filter import u64_column
 from wallaroo_proto.protocols import names, plugins, schema, table_name
-from wallaroo_proto.records import COMMON_FIELDS, FRAME_KEY, STRUCTS, protocol_table
+from wallaroo_proto.records import COMMON_FIELDS, FRAME_KEY, protocol_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -198,7 +198,7 @@ def exact(name: str, column):
     if kind == "u64":
         return u64_column(column).alias(name)
     if kind.startswith("array<struct:"):
-        parts = STRUCTS[kind[len("array<struct:") : -1]]
+        parts = schema.structs()[kind[len("array<struct:") : -1]]
         return F.transform(
             column,
             lambda e: F.struct(*((u64_column(e[p]) if k == "u64" else e[p]).alias(p) for p, k in parts)),

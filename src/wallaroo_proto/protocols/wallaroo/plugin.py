@@ -16,6 +16,12 @@ from wallaroo_proto.protocols.wallaroo.twopc import TwoPCTag
 from .report import WallarooSignals
 from .views import describe, print_summary
 
+#: What its ``acks`` and ``where`` fields hold (``array<struct:ack>``, ``array<struct:where>``).
+STRUCTS = {
+    "ack": (("stream_id", "u64"), ("point_of_ref", "u64")),
+    "where": (("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")),
+}
+
 #: Fields about the connection: joined among the common connection fields, after the endpoints.
 CONNECTION_FIELDS = (("use", "string", "'source' or 'sink' protocol"),)
 
@@ -100,4 +106,5 @@ PLUGIN = ProtocolPlugin(
     report_titles=TITLES,
     report_signals=WallarooSignals,
     plain_table_names=True,
+    structs=STRUCTS,
 )
