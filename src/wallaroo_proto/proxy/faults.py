@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from wallaroo_proto.display_filter import FilterError, compile_filter
 from wallaroo_proto.protocols import get_plugin, names, plugins, schema
 from wallaroo_proto.proxy.faultkit import Adapter, Close, FaultError, Frame, NamedFault, Send, Stall, Wait
 
@@ -181,8 +182,6 @@ def _named_candidates(action: str, protocol: str | None) -> dict[str, NamedFault
 
 def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None) -> Rule:
     """A rule table checked: every key known and typed, its filter compiled, its action known."""
-    from wallaroo_proto.display_filter import FilterError, compile_filter
-
     action = table.get("action")
     if not isinstance(action, str):
         raise FaultError(
@@ -563,8 +562,6 @@ class ConnectionFaults:
 
 @cache
 def _compiled(where: str) -> Callable[[Mapping[str, Any]], bool]:
-    from wallaroo_proto.display_filter import compile_filter
-
     return compile_filter(where)
 
 

@@ -62,17 +62,18 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from wallaroo_proto import records
 from wallaroo_proto.capture.dissector import iter_records
-from wallaroo_proto.capture.frame_block import SHARED
+from wallaroo_proto.capture.frame_block import SHARED, FrameBlock
+from wallaroo_proto.capture.pcap import CaptureError
+from wallaroo_proto.protocols import get_plugin
 from wallaroo_proto.protocols.schema import field_types, spark_schema, structs, table_names
 from wallaroo_proto.spark import plan, remote
 from wallaroo_proto.spark.pushdown import Skip
+from wallaroo_proto.spark.session import ship_package
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
-
-    from wallaroo_proto.capture.frame_block import FrameBlock
 
 NAME = "wallaroo-capture"
 #: Spark's switch for Python data sources' filter pushdown (PySpark 4.1+).
@@ -127,8 +128,6 @@ class ReadOptions:
             raise OptionError(f"option table={table!r}: expected one of {', '.join(table_names())}")
         protocol = get("protocol") or None
         if protocol is not None:
-            from wallaroo_proto.protocols import get_plugin
-
             try:
                 get_plugin(protocol)
             except KeyError as err:
@@ -429,8 +428,6 @@ def read_part(
     Only part 0 names a damaged capture, so each capture is named once. ``skip`` (the query's
     filters) leaves out connections and frames the query would drop.
     """
-    from wallaroo_proto.capture.pcap import CaptureError
-
     shape = Shape(schema)
     if part.problem is not None:
         yield shape.of_dicts([{"capture": part.name, PROBLEM_COLUMN: part.problem}])
@@ -474,8 +471,6 @@ def read_part(
 
 def _in_time(items: Iterator[dict | FrameBlock], skip: Skip) -> Iterator[dict | FrameBlock]:
     """The records and blocks inside ``skip``'s time range (a block cut to its rows inside it)."""
-    from wallaroo_proto.capture.frame_block import FrameBlock
-
     for item in items:
         if type(item) is dict:
             if skip.in_time(item.get("ts_ns")):
@@ -499,8 +494,6 @@ def register(spark: SparkSession) -> None:
     first, so they find it on any master without installing anything. They
     still need pyarrow: set ``PYSPARK_PYTHON`` to an interpreter that has it.
     """
-    from wallaroo_proto.spark.session import ship_package
-
     ship_package(spark.sparkContext)
     pushing = spark.conf.get(PUSHDOWN_CONF, "false").strip().lower() == "true"
     # A class made here is pickled whole to the Python workers, with what the session said.
