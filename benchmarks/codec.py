@@ -14,7 +14,7 @@ import argparse
 import struct
 import time
 
-from wallaroo_proto import FrameReader, Message, encode
+from wallaroo_proto.protocols.wallaroo import FrameReader, Message, encode
 
 HEAD = struct.Struct(">IBQQqH")
 

@@ -603,8 +603,8 @@ FILTERS = {
 
 def filter_case(args: argparse.Namespace) -> None:
     """dissect -Y against the same selection by --stream/--type and against no filter, same run."""
+    from wallaroo_proto.capture.dissector import iter_records
     from wallaroo_proto.display_filter import compile_filter
-    from wallaroo_proto.records import iter_records
 
     print(f"== dissect -Y on the Wallaroo workload (load average {load_average()})")
     filters = {expr: FILTERS.get(expr) for expr in args.filter or FILTERS}

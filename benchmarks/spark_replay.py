@@ -7,7 +7,7 @@ there). Then, in one Spark session (``--master``, default ``local[2]``), after a
 warm-up job (the smallest capture persisted as three tables), each the best of
 ``--runs`` runs (the least CPU):
 
-* the dissector in this one process: ``records.iter_records(blocks=True)`` over
+* the dissector in this one process: ``capture.dissector.iter_records(blocks=True)`` over
   the files, as the data source reads them (the baseline), the data source's
   Python side alone (``read_part`` to Arrow batches of the ``all`` table), and
   the dissector making a dict a record (issue 37's 1x) for reference;
@@ -166,11 +166,9 @@ def megabytes(paths: list[str]) -> float:
 
 
 def dissector_rows(paths: list[str], blocks: bool = True) -> int:
-    from wallaroo_proto import records
+    from wallaroo_proto.capture.dissector import iter_records
 
-    return sum(
-        1 if type(x) is dict else len(x) for path in paths for x in records.iter_records(path, blocks=blocks)
-    )
+    return sum(1 if type(x) is dict else len(x) for path in paths for x in iter_records(path, blocks=blocks))
 
 
 def python_side(paths: list[str]) -> int:

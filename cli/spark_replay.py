@@ -251,8 +251,7 @@ def command(
     from py4j.protocol import Py4JJavaError
 
     from wallaroo_proto.display_filter import FilterError, parse
-    from wallaroo_proto.spark import frames as frames_mod
-    from wallaroo_proto.spark import jobs
+    from wallaroo_proto.spark import jobs, plan
     from wallaroo_proto.spark.session import SparkStartError, build_session, spark_failure, stop_session
 
     try:  # a bad expression is reported before Spark starts
@@ -264,8 +263,8 @@ def command(
             jobs.load_job(job)  # a typo in --job is reported before Spark reads anything
         except jobs.JobError as exc:
             raise usage_error(str(exc)) from None
-    given = paths or frames_mod.DEFAULT_PATHS
-    captures, listing_problems = frames_mod.list_captures(given)
+    given = paths or plan.DEFAULT_PATHS
+    captures, listing_problems = plan.list_captures(given)
     for problem in listing_problems:
         err.print(f"[red]{NAME}: capture {escape(problem.capture)}: {escape(problem.error)}[/red]")
     if (fail_fast or not captures) and listing_problems:  # the lines above said why

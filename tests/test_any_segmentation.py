@@ -28,10 +28,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.capture.pcap import read_segments
 from wallaroo_proto.pcap_writer import PcapWriter, tcp_frame
 from wallaroo_proto.protocols import plugins
-from wallaroo_proto.records import iter_records
 
 CAPTURES = sorted((Path(__file__).resolve().parent.parent / "captures").glob("*.pcap"))
 _PACKET_FIELDS = {"packet", "ts", "ts_ns", "capture"}

@@ -20,6 +20,7 @@ from test_capture import A4, B4, T, ether, ipv4, pcap_file, tcp_header
 from test_reassembly import DATA, OK_20, hello
 
 from wallaroo_proto import records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.capture.pcap import TCP_ACK, TCP_SYN
 
 CAPTURES = sorted((Path(__file__).resolve().parent.parent / "captures").glob("*.pcap*"))
@@ -35,14 +36,14 @@ def split_records(source, nparts: int) -> list[dict]:
     for part in range(nparts):
         keep = lambda key, part=part: records.flow_hash(key) % nparts == part  # noqa: E731
         blob = source if isinstance(source, Path) else io.BytesIO(source)
-        found += records.iter_records(blob, capture_name="capture", connection_filter=keep)
+        found += iter_records(blob, capture_name="capture", connection_filter=keep)
     return found
 
 
 @pytest.mark.parametrize("nparts", [2, 3])
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda p: p.name)
 def test_parts_together_are_the_whole_capture(capture: Path, nparts: int):
-    whole = list(records.iter_records(capture, capture_name="capture"))
+    whole = list(iter_records(capture, capture_name="capture"))
     assert whole
     assert canonical(split_records(capture, nparts)) == canonical(whole)
 
@@ -50,7 +51,7 @@ def test_parts_together_are_the_whole_capture(capture: Path, nparts: int):
 def test_ambrosia_pair_is_judged_alike_when_split():
     """The first-start capture's IC sockets split by their 4-tuples fall in different parts."""
     capture = next(p for p in CAPTURES if p.name == "ambrosia-first-start.pcap")
-    whole = list(records.iter_records(capture))
+    whole = list(iter_records(capture))
     assert not [r for r in whole if r.get("violations")]
     for nparts in (2, 3):
         split = split_records(capture, nparts)
@@ -100,9 +101,9 @@ FIRST_CONNECTIONS = {
 def test_left_out_connections_are_numbered_as_unsplit(opening: str):
     first = [packet(i, 40000, *seg) for i, seg in enumerate(FIRST_CONNECTIONS[opening])]
     blob = pcap_file(first + second_connection(len(first)))
-    whole = list(records.iter_records(io.BytesIO(blob), capture_name="capture"))
+    whole = list(iter_records(io.BytesIO(blob), capture_name="capture"))
     keep = lambda key: 40001 in key  # noqa: E731
-    only_second = list(records.iter_records(io.BytesIO(blob), capture_name="capture", connection_filter=keep))
+    only_second = list(iter_records(io.BytesIO(blob), capture_name="capture", connection_filter=keep))
     second = [r for r in whole if r["initiator_port"] == 40001 or r["responder_port"] == 40001]
     assert [r["type"] for r in second] == ["HELLO", "OK"]
     assert only_second == second

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from wallaroo_proto import (
+from wallaroo_proto.protocols.wallaroo import (
     Ack,
     EncodeError,
     EosMessage,

@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import run_cli
 
-from wallaroo_proto import records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.capture.pcap import CaptureError
 from wallaroo_proto.display_filter import FilterError, compile_filter
+from wallaroo_proto.protocols.schema import field_types, structs
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 NUMBERS = {"int", "long", "u64", "double"}
@@ -49,7 +50,7 @@ def sample_records() -> list[dict]:
     found = []
     for path in sorted(CAPTURES.glob("*.pcap*")):
         with contextlib.suppress(CaptureError):  # the records before the damage are in
-            found.extend(records.iter_records(str(path)))
+            found.extend(iter_records(str(path)))
     return found
 
 
@@ -57,9 +58,9 @@ def sample_records() -> list[dict]:
 def fields() -> list[tuple[str, str, bool]]:
     """(name as written, element kind, is a list) for every field and struct key."""
     out = []
-    for name, kind in records.FIELD_TYPES.items():
+    for name, kind in field_types().items():
         if kind.startswith("array<struct:"):
-            out += [(f"{name}.{k}", t, True) for k, t in records.STRUCTS[kind[13:-1]]]
+            out += [(f"{name}.{k}", t, True) for k, t in structs()[kind[13:-1]]]
         elif kind.startswith("array<"):
             out.append((name, kind[6:-1], True))
         else:
@@ -296,7 +297,7 @@ expressions = st.recursive(
 def made_records(draw) -> dict:
     """A record with random fields of the right kinds (absent, None, empty lists included)."""
     record = {}
-    for name, kind in draw(st.lists(st.sampled_from(list(records.FIELD_TYPES.items())), max_size=12)):
+    for name, kind in draw(st.lists(st.sampled_from(list(field_types().items())), max_size=12)):
         if draw(st.integers(0, 5)) == 0:
             record[name] = None
             continue
@@ -309,7 +310,7 @@ def made_records(draw) -> dict:
             "boolean": st.booleans(),
         }
         if kind.startswith("array<struct:"):
-            keys = records.STRUCTS[kind[13:-1]]
+            keys = structs()[kind[13:-1]]
             item = st.fixed_dictionaries({k: st.integers(0, 2**64 - 1) | st.integers(0, 20) for k, _ in keys})
             record[name] = draw(st.lists(item, max_size=3))
         elif kind.startswith("array<"):

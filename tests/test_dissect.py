@@ -17,16 +17,10 @@ from support import TABLE, run_cli
 from test_capture import A4, B4, T, ether, ipv4, pcap_file, pcapng_file, tcp_header
 from test_reassembly import DATA, NOTIFY_1, OK_20, capture, hello, message, opening
 
-from wallaroo_proto.capture.dissector import Dissector, dissect
+from wallaroo_proto.capture.dissector import Dissector, dissect, iter_records
 from wallaroo_proto.capture.pcap import TCP_ACK, TCP_SYN
-from wallaroo_proto.records import (
-    FIELD_NAMES,
-    FIELDS,
-    ConnectionKey,
-    flow_hash,
-    iter_records,
-    to_json,
-)
+from wallaroo_proto.protocols.schema import field_names, fields
+from wallaroo_proto.records import ConnectionKey, flow_hash, to_json
 
 pytestmark = pytest.mark.timeout(120)  # the CLI tests run the real command as a subprocess
 
@@ -53,7 +47,7 @@ def test_jsonl_records_follow_the_schema():
     assert code == 0
     assert [r["type"] for r in records][:6] == ["HELLO", "OK", "NOTIFY", "NOTIFY", "NOTIFY_ACK", "NOTIFY_ACK"]
     for r in records:
-        assert set(r) <= set(FIELD_NAMES), set(r) - set(FIELD_NAMES)
+        assert set(r) <= set(field_names()), set(r) - set(field_names())
         for name in ("capture", "connection", "conn_index", "sender", "direction", "ts", "ts_ns", "packet"):
             assert name in r
         assert r["connection"] == "127.0.0.1:51000 > 127.0.0.1:7100"
@@ -180,8 +174,8 @@ def test_pcapng_nanoseconds_reach_the_records():
 
 
 def test_schema_field_list():
-    assert len(FIELD_NAMES) == len(set(FIELD_NAMES))
-    assert {kind for _, kind, _ in FIELDS} <= {
+    assert len(field_names()) == len(set(field_names()))
+    assert {kind for _, kind, _ in fields()} <= {
         "string",
         "int",
         "long",
@@ -196,7 +190,8 @@ def test_schema_field_list():
 
 def test_spark_schemas_hold_the_common_fields_and_one_struct_per_protocol():
     from wallaroo_proto.protocols import names
-    from wallaroo_proto.records import COMMON_FIELDS, spark_schema
+    from wallaroo_proto.protocols.schema import spark_schema
+    from wallaroo_proto.records import COMMON_FIELDS
 
     common = [name for name, _, _ in COMMON_FIELDS]
     assert spark_schema("frames").names == common

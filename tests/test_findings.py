@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from support import run_cli
 
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.capture.stats import ExpertStats, add_item, make
 from wallaroo_proto.findings import mark, of_record, of_summary
 from wallaroo_proto.pcap_writer import PcapWriter
-from wallaroo_proto.records import iter_records
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 

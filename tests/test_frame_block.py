@@ -6,7 +6,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from wallaroo_proto.capture.frame_block import COLUMN, OPTIONAL, PLAIN, SHARED, FrameBlock
-from wallaroo_proto.records import FIELD_TYPES, to_json
+from wallaroo_proto.protocols.schema import field_types
+from wallaroo_proto.records import to_json
 
 TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=12)
 VALUES = {
@@ -21,11 +22,11 @@ VALUES = {
 #: What a PLAIN column holds: text JSON writes as it is (base64 here).
 BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/="
 PLAIN_TEXT = st.text(alphabet=BASE64, max_size=12)
-NAMES = [name for name, kind in FIELD_TYPES.items() if kind in VALUES and name not in ("capture", "offset")]
+NAMES = [name for name, kind in field_types().items() if kind in VALUES and name not in ("capture", "offset")]
 
 
 def _kinds(name: str) -> list[str]:
-    return [SHARED, COLUMN, OPTIONAL] + ([PLAIN] if FIELD_TYPES[name] == "string" else [])
+    return [SHARED, COLUMN, OPTIONAL] + ([PLAIN] if field_types()[name] == "string" else [])
 
 
 @st.composite
@@ -35,11 +36,11 @@ def blocks(draw) -> tuple[FrameBlock, list[dict]]:
     layout = [("capture", SHARED), ("offset", COLUMN)]
     layout += [(n, draw(st.sampled_from(_kinds(n)))) for n in names]
     size = draw(st.integers(1, 5))
-    shared = {n: draw(VALUES[FIELD_TYPES[n]]) for n, kind in layout if kind == SHARED}
+    shared = {n: draw(VALUES[field_types()[n]]) for n, kind in layout if kind == SHARED}
     columns = {}
     for name, kind in layout:
         if kind != SHARED:
-            values = PLAIN_TEXT if kind == PLAIN else VALUES[FIELD_TYPES[name]]
+            values = PLAIN_TEXT if kind == PLAIN else VALUES[field_types()[name]]
             if kind == OPTIONAL:
                 values = st.none() | values
             columns[name] = draw(st.lists(values, min_size=size, max_size=size))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from wallaroo_proto import (
+from wallaroo_proto.protocols.wallaroo import (
     Ack,
     EosMessage,
     Error,

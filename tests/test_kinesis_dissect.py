@@ -11,7 +11,7 @@ import pytest
 from support import run_cli
 
 from wallaroo_proto.pcap_writer import PcapWriter
-from wallaroo_proto.records import FIELD_NAMES
+from wallaroo_proto.protocols.schema import field_names
 
 PROCESSOR = [sys.executable, "-m", "wallaroo_proto_cli", "kinesis", "mock-processor"]
 SHARDS = ("shardId-000000000000", "shardId-000000000001")
@@ -64,7 +64,7 @@ def test_a_recorded_conversation_is_summarised_per_shard(recorded):
 
 def test_a_recorded_conversation_as_records(recorded):
     records = jsonl(str(recorded))
-    assert all(set(r) <= set(FIELD_NAMES) for r in records)
+    assert all(set(r) <= set(field_names()) for r in records)
     assert {r["protocol"] for r in records} == {"kinesis"}
     assert {r["verdict"] for r in records} == {"accepted"}
     for shard in SHARDS:

@@ -170,4 +170,4 @@ def test_the_input_grammar(tmp_path: Path) -> None:
 
 def test_iter_records_means_the_dissectors_record_dicts_alone() -> None:
     """The mock source's length-prefixed input and the sink's transaction log have their own names."""
-    assert _modules_matching(r"^def iter_records\(") == ["records.py"]
+    assert _modules_matching(r"^def iter_records\(") == ["capture/dissector.py"]

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from wallaroo_proto import (
+from wallaroo_proto.judge import Kind
+from wallaroo_proto.protocols.wallaroo import (
     Ack,
     Connection,
     ConnState,
@@ -32,7 +33,6 @@ from wallaroo_proto import (
     judge,
     twopc_frame,
 )
-from wallaroo_proto.judge import Kind
 
 C, W = Side.CONNECTOR, Side.WORKER
 HELLO = Hello("0.0.1", b"", "prog", "inst")

@@ -15,9 +15,9 @@ from wallaroo_proto.judge import Kind
 from wallaroo_proto.protocols.dcp import codec, plugin
 from wallaroo_proto.protocols.dcp.core import CONSUMER, PRODUCER, Connection, needs_rollback
 from wallaroo_proto.protocols.dcp.proxy_faults import NAMED_FAULTS, PROXY_OPAQUE, adapter
+from wallaroo_proto.protocols.schema import field_types
 from wallaroo_proto.proxy.faultkit import FaultError, Frame, Send
 from wallaroo_proto.proxy.faults import ConnectionFaults, parse_rules
-from wallaroo_proto.records import FIELD_TYPES
 
 CAS0 = "0000000000000000"
 FOREVER = "ffffffffffffffff"
@@ -179,7 +179,7 @@ def test_fields_are_those_dissect_names():
     every = {name for name, *_ in plugin.RECORD_FIELDS} | {"type", "sender"}
     for packet, from_client in ((STREAM_REQ, True), (STREAM_OK, False), (MUTATION, False), (MARKER, False)):
         assert set(a.fields(packet, from_client)) <= every
-        assert set(a.fields(packet, from_client)) <= set(FIELD_TYPES)
+        assert set(a.fields(packet, from_client)) <= set(field_types())
 
 
 def test_a_malformed_packet_is_invalid_not_an_error():

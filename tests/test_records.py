@@ -11,8 +11,17 @@ from pathlib import Path
 import pytest
 
 from wallaroo_proto import protocols, records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.protocols import get_plugin, plugins
-from wallaroo_proto.records import COMMON_FIELDS, FIELD_NAMES, FIELD_TYPES, FIELDS, FieldClash, join_fields
+from wallaroo_proto.protocols.schema import (
+    field_names,
+    field_types,
+    fields,
+    spark_schema,
+    structs,
+    table_names,
+)
+from wallaroo_proto.records import COMMON_FIELDS, FieldClash, join_fields
 
 CAPTURES = Path(__file__).resolve().parent.parent / "captures"
 
@@ -156,8 +165,8 @@ def test_the_spark_tables_keep_the_columns():
     common = [name for name, _, _ in records.COMMON_FIELDS]
     kinds = dict(EXPECTED)
     shown = {
-        table: [(f.name, f.dataType.simpleString()) for f in records.spark_schema(table).fields]
-        for table in records.table_names()
+        table: [(f.name, f.dataType.simpleString()) for f in spark_schema(table).fields]
+        for table in table_names()
         if table != "all"
     }
     assert shown["frames"] == [_spark(name, kinds[name]) for name in common]
@@ -168,14 +177,14 @@ def test_the_spark_tables_keep_the_columns():
         assert all(kind == _spark(name, kinds[name])[1] for name, kind in table)
         seen |= {name for name, _ in table}
     assert seen == set(kinds)
-    everything = records.spark_schema("all")
+    everything = spark_schema("all")
     assert everything.names == [*common, "wallaroo", "kinesis", "dcp", "ambrosia", "tremor"]
 
 
 def test_a_field_two_plugins_share_is_one_column_with_both_meanings():
-    assert FIELD_NAMES.count("reason") == 1
+    assert field_names().count("reason") == 1
     assert (
-        dict((n, m) for n, _, m in FIELDS)["reason"]
+        dict((n, m) for n, _, m in fields())["reason"]
         == "ERROR reason; MLD shutdown reason (TERMINATE, ZOMBIE)"
     )
     assert ("reason", "string", "ERROR reason") in get_plugin("wallaroo").record_fields
@@ -236,12 +245,14 @@ def test_the_registry_refuses_plugins_whose_fields_clash(monkeypatch):
         plugins.cache_clear()
 
 
-def test_importing_records_does_not_import_the_plugins():
+def test_importing_the_schema_does_not_import_the_plugins():
+    """The plug-ins' trackers import the capture machinery, which imports the schema: it joins them
+    on first use, not on import."""
     code = (
-        "import sys, wallaroo_proto.records as r\n"
+        "import sys, wallaroo_proto.protocols.schema as s\n"
         "loaded = lambda: sorted(m for m in sys.modules if m.endswith('.plugin'))\n"
         "assert loaded() == [], loaded()\n"
-        "assert len(r.FIELD_NAMES) > 100 and len(loaded()) == 5, loaded()\n"
+        "assert len(s.field_names()) > 100 and len(loaded()) == 5, loaded()\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
@@ -257,7 +268,7 @@ def _fits(kind: str, value: object) -> bool:
         return isinstance(value, _PYTHON_TYPES[kind]) and (kind == "boolean" or not isinstance(value, bool))
     if kind == "array<string>":
         return isinstance(value, list) and all(isinstance(item, str) for item in value)
-    keys = [name for name, _ in records.STRUCTS[kind.removeprefix("array<struct:").removesuffix(">")]]
+    keys = [name for name, _ in structs()[kind.removeprefix("array<struct:").removesuffix(">")]]
     return isinstance(value, list) and all(isinstance(item, dict) and list(item) == keys for item in value)
 
 
@@ -268,13 +279,28 @@ def test_each_plugins_records_carry_only_the_common_and_its_own_fields_with_thei
     captures = sorted(CAPTURES.glob("*.pcap*"))
     assert len(captures) >= 5
     for capture in captures:
-        for record in records.iter_records(capture):
+        for record in iter_records(capture):
             protocol = record["protocol"]
             fields = {k for k in record if not k.startswith("_")}
             assert fields <= common | own[protocol], (capture.name, protocol, fields - common - own[protocol])
             seen[protocol] |= fields - common
-            wrong = {k: record[k] for k in fields if not _fits(FIELD_TYPES[k], record[k])}
+            wrong = {k: record[k] for k in fields if not _fits(field_types()[k], record[k])}
             assert not wrong, (capture.name, protocol, wrong)
     # every protocol has a sample capture, and it shows most of its own fields
     for name, fields in seen.items():
         assert len(fields) * 2 > len(own[name]), (name, sorted(own[name] - fields))
+
+
+def test_structs_are_the_plugins_declarations_joined():
+    """An ``array<struct:K>`` field needs a plug-in that declares K, and two that declare it agree."""
+    a = dataclasses.replace(_fake("a", [("xs", "array<struct:s>", "")]), structs={"s": (("k", "long"),)})
+    assert ("xs", "array<struct:s>", "") in join_fields([a])
+    with pytest.raises(FieldClash, match="unknown type 'array<struct:s>'"):
+        join_fields([_fake("b", [("xs", "array<struct:s>", "")])])
+    other = dataclasses.replace(_fake("c"), structs={"s": (("k", "string"),)})
+    with pytest.raises(FieldClash, match="protocol 'c' struct 's' differs from protocol 'a'"):
+        join_fields([a, other])
+    assert structs() == {
+        "ack": (("stream_id", "u64"), ("point_of_ref", "u64")),
+        "where": (("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")),
+    }

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from wallaroo_proto import records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.spark.datasource import (
     CapturePart,
     ReadOptions,
@@ -40,7 +40,7 @@ def test_batches_from_blocks_equal_batches_from_records(name, batch_rows, table)
     options = ReadOptions(paths=(path,), table=table, batch_rows=batch_rows)
     batches = list(read_part(CapturePart(path, path, 0, 1), options, schema))
     wanted = options.protocols
-    dicts = [r for r in records.iter_records(path) if wanted is None or r["protocol"] in wanted]
+    dicts = [r for r in iter_records(path) if wanted is None or r["protocol"] in wanted]
     if not dicts:
         assert batches == []
         return
@@ -55,9 +55,7 @@ def test_batches_from_blocks_equal_batches_from_records(name, batch_rows, table)
 def test_blocks_reach_the_data_source():
     """The samples hold blocks, so the comparison above covers them."""
     kinds = {
-        type(item).__name__
-        for name in SAMPLES
-        for item in records.iter_records(str(CAPTURES / name), blocks=True)
+        type(item).__name__ for name in SAMPLES for item in iter_records(str(CAPTURES / name), blocks=True)
     }
     assert kinds == {"dict", "FrameBlock"}
 
@@ -71,11 +69,11 @@ def test_a_narrower_schema_takes_only_its_fields():
     schema = T.StructType(fields)
     options = ReadOptions(paths=(path,), batch_rows=5)
     got = _table(read_part(CapturePart(path, path, 0, 1), options, schema))
-    expected = Shape(schema).of_dicts(list(records.iter_records(path)))
+    expected = Shape(schema).of_dicts(list(iter_records(path)))
     assert got.equals(pa.Table.from_batches([expected])) and got.num_rows > 5
     assert got.column_names == ["capture", "message_id"]
     batcher = _Batcher(Shape(schema), 10**9)  # one batch: everything stays gathered until the end
-    for item in records.iter_records(path, blocks=True):
+    for item in iter_records(path, blocks=True):
         list(batcher.add(item))
     batcher._settle()
     assert set(batcher.columns) <= {"capture", "message_id"} and len(batcher) > 5

@@ -23,6 +23,7 @@ from support import run_cli
 from test_spark_replay import Clock, write_sink, write_source
 
 from wallaroo_proto import records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.pcap_writer import PcapWriter
 from wallaroo_proto.protocols.wallaroo.frames import Ack, Hello, Message, Notify, NotifyAck, Ok
 from wallaroo_proto.protocols.wallaroo.twopc import Phase1, Phase2, Reply, twopc_frame
@@ -99,9 +100,7 @@ KEY = ("capture", "packet", "frame_index", "type", "verdict", "stream_id", "mess
 
 
 def dissector_rows(path: Path, **options) -> list[tuple]:
-    return sorted(
-        tuple(r.get(k) for k in KEY) for r in records.iter_records(path, capture_name=str(path), **options)
-    )
+    return sorted(tuple(r.get(k) for k in KEY) for r in iter_records(path, capture_name=str(path), **options))
 
 
 def spark_rows(frame) -> list[tuple]:
@@ -172,7 +171,7 @@ def test_split_ambrosia_capture_frames_equal_the_dissector(spark):
     split = reader.option("splitBytes", "1").option("parallelism", "2").load(name)
     assert split.rdd.getNumPartitions() == 2
     rows = [present(row.asDict(recursive=True)) for row in flat_frames(split).collect()]
-    expected = [present(r) for r in records.iter_records(name, capture_name=name)]
+    expected = [present(r) for r in iter_records(name, capture_name=name)]
     key = lambda r: (r["packet"], r["conn_index"], r["frame_index"])  # noqa: E731
     assert sorted(rows, key=key) == sorted(expected, key=key)
     assert not [r for r in rows if r.get("violations")]

@@ -24,6 +24,7 @@ from support import run_cli
 from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.capture.pcap import CaptureError
 from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.schema import field_names
 from wallaroo_proto.protocols.wallaroo.codec import encode
 from wallaroo_proto.protocols.wallaroo.frames import (
     Ack,
@@ -43,9 +44,9 @@ from wallaroo_proto.protocols.wallaroo.twopc import (
     ReplyUncommitted,
     twopc_frame,
 )
-from wallaroo_proto.records import FIELD_NAMES
 from wallaroo_proto.spark import frames as spark_frames
 from wallaroo_proto.spark import jobs, reports
+from wallaroo_proto.spark import plan as spark_plan
 from wallaroo_proto.spark.example_job import key_counts
 from wallaroo_proto.spark.session import build_session
 
@@ -363,12 +364,12 @@ def test_listing_and_task_planning(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "b.pcapng").write_bytes(b"x" * 30)
     (tmp_path / "readme.txt").write_text("not listed")
-    found, problems = spark_frames.list_captures([str(tmp_path), str(tmp_path / "missing.pcap")])
+    found, problems = spark_plan.list_captures([str(tmp_path), str(tmp_path / "missing.pcap")])
     assert [c.name for c in found] == [str(tmp_path / "a.pcap"), str(tmp_path / "sub" / "b.pcapng")]
-    assert problems == [spark_frames.Problem(str(tmp_path / "missing.pcap"), "no such file or directory")]
-    globbed, _ = spark_frames.list_captures([str(tmp_path / "**" / "*.pcap*")])
+    assert problems == [spark_plan.Problem(str(tmp_path / "missing.pcap"), "no such file or directory")]
+    globbed, _ = spark_plan.list_captures([str(tmp_path / "**" / "*.pcap*")])
     assert len(globbed) == 2
-    tasks = spark_frames.plan_tasks(found, parallelism=2, split_bytes=10)
+    tasks = spark_plan.plan_tasks(found, parallelism=2, split_bytes=10)
     assert [(t[1], t[2], t[3]) for t in tasks] == [
         (str(tmp_path / "sub" / "b.pcapng"), 0, 2),
         (str(tmp_path / "sub" / "b.pcapng"), 1, 2),
@@ -493,7 +494,7 @@ def test_spark_predicate_selects_the_frames_the_python_filter_keeps(replayed):
         spark_predicate(parse(text), reports.field_column).alias(f"_f{i}")
         for i, text in enumerate(DISPLAY_FILTERS)
     ]
-    columns = list(FIELD_NAMES)
+    columns = list(field_names())
     rows = [
         row.asDict(recursive=True) for row in loaded.frames.select(*reports.flat_columns(), *tests).collect()
     ]
@@ -512,8 +513,8 @@ def test_spark_replay_filters_the_frames_before_every_table(spark, capsys):
     from rich.console import Console
     from wallaroo_proto_cli import spark_replay
 
+    from wallaroo_proto.capture.dissector import iter_records
     from wallaroo_proto.display_filter import compile_filter, parse
-    from wallaroo_proto.records import iter_records
 
     sample = str(Path(__file__).resolve().parent.parent / "captures" / "source-session.pcap")
     text = "stream_id == 11 and type != NOTIFY"
@@ -597,8 +598,8 @@ def test_every_registered_view_is_in_the_help_and_the_docs(spark, replayed):
 @pytest.mark.timeout(480)
 def test_connections_violations_and_findings_cover_every_protocol(replayed):
     """The common views hold every protocol's rows, each as the dissector's records give them."""
+    from wallaroo_proto.capture.dissector import iter_records
     from wallaroo_proto.findings import of_record
-    from wallaroo_proto.records import iter_records
 
     names, _, tables = replayed
     connections = rows_by(tables["connections"], "capture", "conn_index")

@@ -20,11 +20,11 @@ from replay_everything import CAPTURES, DEFAULT_PORTS
 from support import run_cli
 from test_dcp_dissect import server_port
 
-from wallaroo_proto import records
+from wallaroo_proto.capture.dissector import iter_records
 from wallaroo_proto.spark import datasource, remote
-from wallaroo_proto.spark import frames as spark_frames
+from wallaroo_proto.spark import plan as spark_plan
 
-SAMPLES = sorted(p for p in CAPTURES.iterdir() if p.name.endswith(spark_frames.CAPTURE_SUFFIXES))
+SAMPLES = sorted(p for p in CAPTURES.iterdir() if p.name.endswith(spark_plan.CAPTURE_SUFFIXES))
 PORTS = sorted(
     {*DEFAULT_PORTS, *(server_port(CAPTURES / n) for n in ("dcp-stream.pcap", "dcp-rollback.pcap"))}
 )
@@ -75,13 +75,13 @@ def tables(directory: Path) -> dict[str, list[str]]:
 
 def test_urls_are_listed_as_paths_are(s3_env):
     sizes = {p.name: p.stat().st_size for p in SAMPLES}
-    found, problems = spark_frames.list_captures(["s3://caps/run/"])
+    found, problems = spark_plan.list_captures(["s3://caps/run/"])
     assert problems == []
     assert [(c.name, c.size) for c in found] == [(f"s3://caps/run/{n}", sizes[n]) for n in sorted(sizes)]
     assert all(c.path == c.name for c in found)
-    globbed, _ = spark_frames.list_captures(["s3://caps/run/*.pcapng", "s3://caps/run/dcp-stream.pcap"])
+    globbed, _ = spark_plan.list_captures(["s3://caps/run/*.pcapng", "s3://caps/run/dcp-stream.pcap"])
     assert [c.name for c in globbed] == ["s3://caps/run/sink-2pc-ns.pcapng", "s3://caps/run/dcp-stream.pcap"]
-    _, problems = spark_frames.list_captures(["s3://nobucket/run/", "s3://caps/none/", "s3://caps/run/*.cap"])
+    _, problems = spark_plan.list_captures(["s3://nobucket/run/", "s3://caps/none/", "s3://caps/run/*.cap"])
     assert [(p.capture, p.error) for p in problems] == [
         ("s3://nobucket/run/", "The specified bucket does not exist"),
         ("s3://caps/none/", "no such object or prefix"),
@@ -112,7 +112,7 @@ def test_split_parts_of_an_object_give_the_dissectors_frames(s3_env):
     assert all(row[datasource.PROBLEM_COLUMN] is None for row in got)
     expected = []
     for path in SAMPLES:
-        expected += records.iter_records(str(path), ports=PORTS, capture_name=f"s3://caps/run/{path.name}")
+        expected += iter_records(str(path), ports=PORTS, capture_name=f"s3://caps/run/{path.name}")
     key = ("capture", "conn_index", "packet", "offset", "type")
     assert sorted(tuple(r.get(k) for k in key) for r in got) == sorted(
         tuple(r.get(k) for k in key) for r in expected
@@ -156,7 +156,7 @@ def test_a_missing_bucket_a_refused_read_and_a_cut_object_are_one_line_each(s3, 
     per_capture = {}
     for row in frames:
         per_capture[row["capture"]] = per_capture.get(row["capture"], 0) + 1
-    ok = sum(1 for _ in records.iter_records(str(CAPTURES / "sink-2pc.pcap"), ports=PORTS))
+    ok = sum(1 for _ in iter_records(str(CAPTURES / "sink-2pc.pcap"), ports=PORTS))
     assert per_capture["s3://caps/bad/ok.pcap"] == ok  # the other captures are read in full
     assert per_capture["s3://caps/bad/cut.pcap"] > 0  # and the cut one up to the cut
     assert "s3://caps/bad/denied.pcap" not in per_capture

@@ -1,7 +1,7 @@
 """Display filters: tshark-shaped expressions over frame records (``dissect -Y``).
 
 ``parse(text)`` turns an expression into a small tree, checked against the record
-schema (``records.FIELD_TYPES``); ``compile_filter(text)`` makes it one Python
+schema (``protocols.schema.field_types()``); ``compile_filter(text)`` makes it one Python
 function over a record dict (generated source, compiled once: dissect calls it per
 frame); ``spark_predicate(tree)`` makes the same test a Spark column for the
 ``frames`` table. Sans-IO; pyspark is imported only by ``spark_predicate``.
@@ -23,7 +23,7 @@ from decimal import Decimal
 from functools import cache
 from typing import Any, NamedTuple
 
-from . import records
+from .protocols import schema
 
 COMPARISONS = ("==", "!=", "<", "<=", ">", ">=")
 _WORD_OPS = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "~": "matches"}
@@ -145,7 +145,7 @@ def _tokens(text: str) -> list[_Token]:
 
 
 def _field(token: _Token) -> Field:
-    types = records.FIELD_TYPES
+    types = schema.field_types()
     name, _, sub = token.text.partition(".")
     kind = types.get(name)
     if kind is None:
@@ -158,7 +158,7 @@ def _field(token: _Token) -> Field:
             + (f" (did you mean {close[0]}?)" if close else f" (known: {', '.join(types)})"),
         )
     if kind.startswith("array<struct:"):
-        keys = dict(records.STRUCTS[kind[len("array<struct:") : -1]])
+        keys = dict(schema.structs()[kind[len("array<struct:") : -1]])
         if not sub:
             return Field(name, None, "struct", True)
         if sub not in keys:

@@ -3,49 +3,36 @@
 A field is (name, type, meaning). Every record has the common fields defined
 here (``CONNECTION_FIELDS``, ``FRAME_FIELDS``); each protocol plug-in declares
 its own (``ProtocolPlugin.connection_fields`` and ``record_fields``), and
-``FIELDS`` (with ``FIELD_NAMES``, ``FIELD_TYPES``, ``spark_schema()``) is their
-join, made on first use (``join_fields``). Records are plain dicts holding the
+``join_fields`` joins them: ``protocols.schema.fields()`` is the join of the
+registered plug-ins. This module imports no other of the package: it is the
+vocabulary the others share. Records are plain dicts holding the
 fields that apply to their frame (others are absent, which JSON readers and
 Spark read as null). Types are ``string``, ``int`` (32-bit),
 ``long`` (signed 64-bit), ``u64`` (unsigned 64-bit protocol values: stream and
 message ids, points of reference; Spark has no unsigned long, so its tables hold
 them as a ``long`` of the same 64 bits, ``spark_type``), ``double``,
-``boolean``, ``array<string>`` and arrays of the structs in ``STRUCTS`` (JSON
-objects with those keys, e.g. ``"acks": [{"stream_id": 1, "point_of_ref": 9}]``).
-
-``iter_records`` streams a capture's records with bounded memory; its
-``connection_filter`` lets N Spark tasks each reassemble 1/N of one capture's
-connections: ``connection_filter=lambda key: flow_hash(key) % n == i``. The
-filter is given each connection's part key (``ProtocolPlugin.part_key``: its
-``ConnectionKey``, unless its plug-in groups connections whose dissection
-shares state), so a group is kept or left whole. Use ``flow_hash``, not
-``hash()``: Python's string hash differs per process.
+``boolean``, ``array<string>`` and arrays of the structs the plug-ins declare
+(``ProtocolPlugin.structs``: JSON objects with those keys, e.g. Wallaroo's
+``"acks": [{"stream_id": 1, "point_of_ref": 9}]``).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator
-from functools import cache
-from typing import Any, BinaryIO, NamedTuple
-
-DEFAULT_PORTS = (7100, 7200)
-
-STRUCTS: dict[str, list[tuple[str, str]]] = {
-    "ack": [("stream_id", "u64"), ("point_of_ref", "u64")],
-    "where": [("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")],
-}
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 #: A record field: (name, type, meaning).
 Field = tuple[str, str, str]
+#: What an ``array<struct:K>`` field holds: struct K's (key, scalar type) pairs, in order.
+Struct = tuple[tuple[str, str], ...]
 
-#: The types a field may have (``array<struct:K>`` for each K of ``STRUCTS``).
-FIELD_KINDS = frozenset(
-    {"string", "int", "long", "u64", "double", "boolean", "array<string>"}
-    | {f"array<struct:{k}>" for k in STRUCTS}
-)
+#: The types a struct's key may have.
+SCALAR_KINDS = frozenset({"string", "int", "long", "u64", "double", "boolean"})
+#: The types a field may have, besides ``array<struct:K>`` for each K a plug-in declares
+#: (``ProtocolPlugin.structs``).
+FIELD_KINDS = SCALAR_KINDS | {"array<string>"}
 
 #: Every record's fields about its connection: the first columns, then the plug-ins' connection fields.
 CONNECTION_FIELDS: tuple[Field, ...] = (
@@ -88,6 +75,23 @@ class FieldClash(ValueError):
     """Plug-ins' field declarations that cannot be joined into one schema."""
 
 
+def join_structs(plugins: Iterable[Any]) -> dict[str, Struct]:
+    """The plug-ins' structs (``ProtocolPlugin.structs``) in one table: a name two declare is one
+    struct, and they must declare it alike."""
+    joined: dict[str, Struct] = {}
+    owner: dict[str, str] = {}
+    for plugin in plugins:
+        for name, keys in plugin.structs.items():
+            where = f"protocol {plugin.name!r} struct {name!r}"
+            if any(kind not in SCALAR_KINDS for _, kind in keys):
+                raise FieldClash(f"{where}: a key's type is not one of {', '.join(sorted(SCALAR_KINDS))}")
+            if name in joined and joined[name] != tuple(keys):
+                raise FieldClash(f"{where} differs from protocol {owner[name]!r}'s")
+            joined.setdefault(name, tuple(keys))
+            owner.setdefault(name, plugin.name)
+    return joined
+
+
 def join_fields(plugins: Iterable[Any]) -> list[Field]:
     """The common fields and the plug-ins' in one schema, in the order of ``FIELDS``.
 
@@ -97,6 +101,7 @@ def join_fields(plugins: Iterable[Any]) -> list[Field]:
     joined by "; "; they must give it the same type.
     """
     plugins = tuple(plugins)
+    kinds = FIELD_KINDS | {f"array<struct:{name}>" for name in join_structs(plugins)}
     common = {name for name, _, _ in COMMON_FIELDS}
     joined: dict[str, Field] = {}
     owner: dict[str, str] = {}
@@ -110,8 +115,8 @@ def join_fields(plugins: Iterable[Any]) -> list[Field]:
             if (protocol, name) in declared:
                 raise FieldClash(f"{where}: declared twice")
             declared.add((protocol, name))
-            if kind not in FIELD_KINDS:
-                raise FieldClash(f"{where}: unknown type {kind!r} (known: {', '.join(sorted(FIELD_KINDS))})")
+            if kind not in kinds:
+                raise FieldClash(f"{where}: unknown type {kind!r} (known: {', '.join(sorted(kinds))})")
             if name not in joined:
                 joined[name], owner[name] = (name, kind, meaning), protocol
             elif kind != joined[name][1]:
@@ -128,38 +133,6 @@ def join_fields(plugins: Iterable[Any]) -> list[Field]:
     for plugin in plugins:
         add(plugin.name, plugin.record_fields)
     return list(joined.values())
-
-
-class _Schema(NamedTuple):
-    fields: list[Field]
-    names: tuple[str, ...]
-    types: dict[str, str]
-
-
-@cache
-def _schema() -> _Schema:
-    """The joined schema of the registered plug-ins (imported here, on first use)."""
-    from .protocols import plugins
-
-    fields = join_fields(plugins())
-    return _Schema(fields, tuple(name for name, _, _ in fields), {name: kind for name, kind, _ in fields})
-
-
-#: The joined schema, made on first use (``__getattr__``): every column in order, names, types.
-FIELDS: list[Field]
-FIELD_NAMES: tuple[str, ...]
-FIELD_TYPES: dict[str, str]
-_LAZY = {"FIELDS": "fields", "FIELD_NAMES": "names", "FIELD_TYPES": "types"}
-
-
-def __getattr__(name: str) -> Any:
-    """``FIELDS``, ``FIELD_NAMES`` and ``FIELD_TYPES``, joined on first use: importing this module
-    does not import the plug-ins."""
-    if name in _LAZY:
-        value = getattr(_schema(), _LAZY[name])
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ConnectionKey(NamedTuple):
@@ -191,40 +164,12 @@ def protocol_table(protocol: str) -> str:
     return f"{protocol}_frames"
 
 
-def own_fields(protocol: str) -> list[Field]:
-    """A plug-in's own fields (its connection fields, then its frame fields), as Spark's tables hold them."""
-    from .protocols import get_plugin
-
-    plugin = get_plugin(protocol)
-    return [*plugin.connection_fields, *plugin.record_fields]
-
-
-def table_names() -> tuple[str, ...]:
-    """The tables the data source reads (``option("table", ...)``), ``all`` first."""
-    from .protocols import names
-
-    return (ALL_TABLE, FRAMES_TABLE, *(protocol_table(name) for name in names()))
-
-
-def table_fields(table: str) -> list[Field]:
-    """The fields of ``frames`` or of ``<protocol>_frames`` (``ValueError`` naming the known tables)."""
-    from .protocols import names
-
-    if table == FRAMES_TABLE:
-        return list(COMMON_FIELDS)
-    protocol = table.removesuffix("_frames")
-    if table != protocol_table(protocol) or protocol not in names():
-        known = ", ".join(t for t in table_names() if t != ALL_TABLE)
-        raise ValueError(f"unknown table {table!r} (known: {known})")
-    key = [field for field in COMMON_FIELDS if field[0] in FRAME_KEY]
-    return key + own_fields(protocol)
-
-
-def spark_type(kind: str):
-    """A field type as Spark's (imports pyspark).
+def spark_type(kind: str, structs: Mapping[str, Struct]):
+    """A field type as Spark's (imports pyspark); ``structs`` holds the structs its arrays may hold.
 
     ``u64`` is a ``long`` holding the same 64 bits: exact, and a value from 2^63 up reads
-    negative (add 2^64, or use ``spark.u64``). ``ts`` alone is a ``timestamp`` (see ``spark_schema``).
+    negative (add 2^64, or use ``spark.u64``). ``ts`` alone is a ``timestamp``
+    (see ``protocols.schema.spark_schema``).
     """
     from pyspark.sql import types as T  # noqa: N812
 
@@ -241,33 +186,12 @@ def spark_type(kind: str):
     if kind == "array<string>":
         return T.ArrayType(T.StringType())
     struct_name = kind[len("array<struct:") : -1]
-    fields = [T.StructField(n, scalars[k]) for n, k in STRUCTS[struct_name]]
+    fields = [T.StructField(n, scalars[k]) for n, k in structs[struct_name]]
     return T.ArrayType(T.StructType(fields))
 
 
 #: Fields that are times: Spark ``timestamp`` columns (microseconds, UTC); ``ts_ns`` keeps nanoseconds.
 TIMESTAMP_FIELDS = frozenset({"ts"})
-
-
-def _spark_fields(fields: Iterable[Field]) -> list:
-    from pyspark.sql import types as T  # noqa: N812
-
-    return [
-        T.StructField(name, T.TimestampType() if name in TIMESTAMP_FIELDS else spark_type(kind), True)
-        for name, kind, _ in fields
-    ]
-
-
-def spark_schema(table: str = ALL_TABLE):
-    """The ``pyspark.sql.types.StructType`` of a Spark table (``table_names()``; imports pyspark)."""
-    from pyspark.sql import types as T  # noqa: N812
-
-    from .protocols import names
-
-    if table != ALL_TABLE:
-        return T.StructType(_spark_fields(table_fields(table)))
-    structs = [T.StructField(name, T.StructType(_spark_fields(own_fields(name))), True) for name in names()]
-    return T.StructType([*_spark_fields(COMMON_FIELDS), *structs])
 
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -278,47 +202,3 @@ def to_json(record: dict) -> str:
     if "_raw" in record:
         record = {k: v for k, v in record.items() if not k.startswith("_")}
     return _encode(record)
-
-
-def iter_records(
-    path_or_fileobj: str | os.PathLike | BinaryIO,
-    *,
-    ports: Iterable[int] | None = None,
-    protocol: str | None = None,
-    protocols: Iterable[str] | None = None,
-    conn_indexes: Iterable[int] | None = None,
-    connection_filter: Callable[[tuple], bool] | None = None,
-    capture_name: str | None = None,
-    max_frame_size: int | None = None,
-    blocks: bool = False,
-) -> Iterator[Any]:
-    """Stream the frame records of one capture, in packet order, with bounded memory.
-
-    Raises ``capture.CaptureError`` after yielding every record before the damage.
-    ``connection_filter`` picks the connections to reassemble (all by default) by their
-    part keys; connections are numbered alike whatever it keeps. ``protocols``: only these
-    protocols' connections are dissected (the others are recognised and numbered, not read);
-    ``conn_indexes``: only the connections of these numbers.
-    ``blocks``: runs of frames come as ``capture.frame_block.FrameBlock`` (rows, not
-    dicts) where a plug-in makes them, for readers that take columns.
-    """
-    from .capture.dissector import Dissector
-
-    if capture_name is None:
-        capture_name = (
-            os.fspath(path_or_fileobj)
-            if isinstance(path_or_fileobj, (str, os.PathLike))
-            else getattr(path_or_fileobj, "name", "<stream>")
-        )
-    kwargs = {} if max_frame_size is None else {"max_frame_size": max_frame_size}
-    dissector = Dissector(
-        capture_name,
-        ports=ports,
-        protocol=protocol,
-        protocols=protocols,
-        conn_indexes=conn_indexes,
-        connection_filter=connection_filter,
-        keep_summaries=False,
-        **kwargs,
-    )
-    yield from dissector.frames(path_or_fileobj) if blocks else dissector.run(path_or_fileobj)

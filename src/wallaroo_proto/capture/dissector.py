@@ -26,7 +26,7 @@ frame-size limits, never by the capture size. A capture read from a pipe
 (``tcpdump -U -w - | ...``) also hands out what it holds whenever the reader is
 about to wait for more bytes, so records come out as their packets arrive. A
 connection's summary is kept for ``summaries()`` (one small object per
-connection); ``keep_summaries=False``, as ``records.iter_records`` uses, drops
+connection); ``keep_summaries=False``, as ``iter_records`` uses, drops
 each connection entirely once it closes.
 """
 
@@ -260,6 +260,19 @@ class Dissector:
         self.want_records = True
         #: Given every packet as read (``pcap.PacketTap``): ``dissect -w`` keeps the ones it writes.
         self.tap: PacketTap | None = None
+
+    # what a tracker may use of its driver (besides jsonl, want_records, capture_name) ---------
+
+    @property
+    def out(self) -> list:
+        """The list a tracker appends its records to (dicts, JSONL lines or ``FrameBlock``s) as it
+        makes them: the driver hands them out, in packet order, after each batch of packets."""
+        return self._out
+
+    def hold_back(self, holder: Any) -> None:
+        """``holder`` (a tracker) holds frames whose packets come before records made since: those
+        records wait until it is no longer ``pending`` or the driver calls its ``flush(packet, ts)``."""
+        self._holding[holder] = None
 
     def run(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict]:
         """Every frame record, in the order the packets completing them appear."""
@@ -745,9 +758,59 @@ def dissect(
     return records, dissector
 
 
+def iter_records(
+    path_or_fileobj: str | os.PathLike | BinaryIO,
+    *,
+    ports: Iterable[int] | None = None,
+    protocol: str | None = None,
+    protocols: Iterable[str] | None = None,
+    conn_indexes: Iterable[int] | None = None,
+    connection_filter: Callable[[tuple], bool] | None = None,
+    capture_name: str | None = None,
+    max_frame_size: int | None = None,
+    blocks: bool = False,
+) -> Iterator[dict | FrameBlock]:
+    """Stream the frame records of one capture, in packet order, with bounded memory.
+
+    ``connection_filter`` lets N Spark tasks each reassemble 1/N of one capture's
+    connections: ``connection_filter=lambda key: flow_hash(key) % n == i``. The filter is
+    given each connection's part key (``ProtocolPlugin.part_key``: its ``ConnectionKey``,
+    unless its plug-in groups connections whose dissection shares state), so a group is
+    kept or left whole. Use ``records.flow_hash``, not ``hash()``: Python's string hash
+    differs per process.
+
+    Raises ``CaptureError`` after yielding every record before the damage.
+    ``connection_filter`` picks the connections to reassemble (all by default) by their
+    part keys; connections are numbered alike whatever it keeps. ``protocols``: only these
+    protocols' connections are dissected (the others are recognised and numbered, not read);
+    ``conn_indexes``: only the connections of these numbers.
+    ``blocks``: runs of frames come as ``frame_block.FrameBlock`` (rows, not
+    dicts) where a plug-in makes them, for readers that take columns.
+    """
+    if capture_name is None:
+        capture_name = (
+            os.fspath(path_or_fileobj)
+            if isinstance(path_or_fileobj, (str, os.PathLike))
+            else getattr(path_or_fileobj, "name", "<stream>")
+        )
+    kwargs = {} if max_frame_size is None else {"max_frame_size": max_frame_size}
+    dissector = Dissector(
+        capture_name,
+        ports=ports,
+        protocol=protocol,
+        protocols=protocols,
+        conn_indexes=conn_indexes,
+        connection_filter=connection_filter,
+        keep_summaries=False,
+        **kwargs,
+    )
+    yield from dissector.frames(path_or_fileobj) if blocks else dissector.run(path_or_fileobj)
+
+
 __all__ = [
     "CaptureError",
     "Dissector",
     "dissect",
     "in_packet_order",
+    "iter_records",
 ]

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from wallaroo_proto import records
+from wallaroo_proto.protocols import schema
 
 #: ``json.dumps(s, ensure_ascii=False)`` of one string (the C encoder), as ``records.to_json`` writes it.
 _string = json.encoder.encode_basestring
@@ -129,7 +129,7 @@ def _jsonl_function(layout: tuple[tuple[str, str], ...]) -> Callable[..., list[s
         var = f"c{len(variables)}"
         variables.append(var)
         label = f",{_string(name)}:"
-        field_type = records.FIELD_TYPES.get(name, "string")
+        field_type = schema.field_types().get(name, "string")
         if kind == COLUMN and field_type == "double":
             doubles.append(var)
             parts.append(f"{label}{{t{var}}}")

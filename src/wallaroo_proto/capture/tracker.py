@@ -28,7 +28,7 @@ class ConnectionTracker:
     def __init__(
         self, dissector: Dissector, index: int, client: tuple[bytes, int], server: tuple[bytes, int]
     ):
-        self.out = dissector._out
+        self.out = dissector.out
         self.jsonl = dissector.jsonl
         self.canon: tuple = ()
         self.initiator_fixed = False

@@ -14,8 +14,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, BinaryIO
 
-from wallaroo_proto import records
-from wallaroo_proto.protocols import as_hex, hex_fields
+from wallaroo_proto.protocols import as_hex, hex_fields, schema
 
 from .frame_block import SHARED, FrameBlock
 
@@ -97,8 +96,9 @@ _ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 
 def check_fields(names: Iterable[str]) -> list[str]:
-    """``-e`` names, each a record field (``records.FIELD_NAMES``) or ``time``; else a did-you-mean."""
-    known = (*records.FIELD_NAMES, TIME_FIELD)
+    """``-e`` names, each a record field (``protocols.schema.field_names()``) or ``time``; else a
+    did-you-mean."""
+    known = (*schema.field_names(), TIME_FIELD)
     out = []
     for name in names:
         if name not in known:
@@ -164,7 +164,7 @@ class FieldRows:
         self.quote = options["quote"]
         self.header = options["header"] == "y"
         self.clock = clock
-        self._kinds = [records.FIELD_TYPES.get(name, "string") for name in names]
+        self._kinds = [schema.field_types().get(name, "string") for name in names]
         hexes = hex_fields()
         #: Digits of each field shown in hex (as the table shows it), else None.
         self._hex = [hexes.get(name) for name in names]

@@ -2,14 +2,15 @@
 
 The shared part lives here: the case runner (``runner``) and the reports
 (``report``: JSON and JUnit XML; the CLI draws the table). Each protocol brings
-its suites from its own package, as a module with ``SUITES``; its module name
-goes in ``_SUITE_MODULES``. No suite module imports another protocol.
+its suites from its own package, and its plug-in offers them
+(``ProtocolPlugin.conformance_suites``). No suite module imports another protocol.
 """
 
 from __future__ import annotations
 
-import importlib
 from functools import cache
+
+from wallaroo_proto.protocols import plugins
 
 from .runner import (
     Case,
@@ -23,22 +24,14 @@ from .runner import (
     select,
 )
 
-_SUITE_MODULES = (
-    "wallaroo_proto.protocols.wallaroo.conformance",
-    "wallaroo_proto.protocols.kinesis.conformance",
-    "wallaroo_proto.protocols.dcp.conformance",
-    "wallaroo_proto.protocols.ambrosia.conformance",
-    "wallaroo_proto.protocols.tremor.conformance",
-)
-
 
 @cache
 def suites() -> tuple[Suite, ...]:
-    """Every registered suite (imported on first use); names are unique across protocols."""
-    found: list[Suite] = []
-    for name in _SUITE_MODULES:
-        found.extend(importlib.import_module(name).SUITES)
-    return tuple(found)
+    """Every plug-in's suites, in registry order (imported on first use); names are unique across
+    protocols."""
+    return tuple(
+        suite for plugin in plugins() if plugin.conformance_suites for suite in plugin.conformance_suites()
+    )
 
 
 def get_suite(name: str) -> Suite:

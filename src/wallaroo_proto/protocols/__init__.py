@@ -5,8 +5,9 @@ module. The shared machinery (``capture``: capture reading, TCP reassembly,
 connection detection, output; ``spark``) knows protocols only through it, and
 no plug-in imports another. To add a protocol: a package here with its codec
 and sans-IO core, a ``plugin.py`` making a ``PLUGIN`` (which declares the
-protocol's record fields with their types and meanings, in ``record_fields``:
-``records.FIELDS`` is the common fields joined with every plug-in's, so new
+protocol's record fields with their types and meanings, in ``record_fields``, and what it
+offers the other tools (Spark reports, conformance suites, proxy faults) as fields too:
+``schema.fields()`` is the common fields joined with every plug-in's, so new
 columns come last), and its module name in ``_PLUGIN_MODULES``.
 """
 
@@ -17,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
+
+from wallaroo_proto.records import join_fields
 
 
 def own_connection(key: Any) -> tuple:
@@ -62,7 +65,7 @@ class ProtocolPlugin:
     #: The driver's per-connection handler: frames, records and the summary.
     tracker: Callable[..., Any]
     #: Its own record fields, (name, type, meaning) each, beside ``records.COMMON_FIELDS``;
-    #: ``records.FIELDS`` joins them (a name two plug-ins declare needs one type in both).
+    #: ``schema.fields()`` joins them (a name two plug-ins declare needs one type in both).
     record_fields: tuple[tuple[str, str, str], ...]
     #: Its frame and message type names, for ``dissect --type``.
     type_names: tuple[str, ...]
@@ -85,6 +88,17 @@ class ProtocolPlugin:
     #: dissection of one connection reads another's state gives them one key (default: each
     #: connection its own).
     part_key: Callable[[Any], tuple] = own_connection
+    #: Optional: ``conformance_suites()`` -> its ``conformance.runner.Suite``s, for ``conformance``
+    #: (a function, so the suites are imported only when asked for).
+    conformance_suites: Callable[[], tuple[Any, ...]] | None = None
+    #: Optional: ``proxy_faults()`` -> its fault kit for ``proxy`` (``proxy.faultkit``): the module
+    #: with ``adapter()`` and ``NAMED_FAULTS`` (imported when asked for).
+    proxy_faults: Callable[[], Any] | None = None
+    #: Optional: the structs its ``array<struct:K>`` fields hold, K -> ((key, scalar type), ...).
+    structs: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    #: Optional: its spark-replay reports keep plain names (``messages``, not ``wallaroo_messages``):
+    #: Wallaroo's, which were the first and whose names users' jobs already use.
+    plain_table_names: bool = False
     #: Optional: integer fields shown in hex (as Wireshark's BASE_HEX), name -> digits, so the
     #: table, ``-T fields`` and the summary write one value one way: ``0x`` and zero-padded.
     hex_fields: Mapping[str, int] = field(default_factory=dict)
@@ -96,8 +110,6 @@ def plugins() -> tuple[ProtocolPlugin, ...]:
 
     Raises ``records.FieldClash`` if their record fields do not join (e.g. one name, two types).
     """
-    from wallaroo_proto.records import join_fields
-
     found = tuple(importlib.import_module(name).PLUGIN for name in _PLUGIN_MODULES)
     join_fields(found)
     return found
@@ -126,8 +138,9 @@ def as_hex(value: int, digits: int) -> str:
 
 
 def table_name(protocol: str, table: str) -> str:
-    """A protocol's report as a table: ``<protocol>_<table>``; Wallaroo's keep their plain names."""
-    return table if protocol == "wallaroo" else f"{protocol}_{table}"
+    """A protocol's report as a table: ``<protocol>_<table>``, or ``table`` when its plug-in keeps
+    plain names (``ProtocolPlugin.plain_table_names``)."""
+    return table if get_plugin(protocol).plain_table_names else f"{protocol}_{table}"
 
 
 __all__ = [

@@ -8,8 +8,8 @@ duplicate, reorder, rewrite, cut, stall). A protocol adds the faults its users f
 most as ``NamedFault`` values, built from its own codec. Everything here is sans-IO:
 bytes in, bytes out, no sockets and no clocks.
 
-A plug-in offers this with a module ``wallaroo_proto.protocols.NAME.proxy_faults``
-holding ``adapter() -> Adapter`` (one per proxied connection) and
+A plug-in offers this through ``ProtocolPlugin.proxy_faults``: a module (its
+``proxy_faults.py``) holding ``adapter() -> Adapter`` (one per proxied connection) and
 ``NAMED_FAULTS: dict[str, NamedFault]``.
 """
 

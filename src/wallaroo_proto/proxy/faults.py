@@ -18,13 +18,14 @@ A protocol's ``NAMED_FAULTS`` add its own words.
 from __future__ import annotations
 
 import difflib
-import importlib
 import shlex
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from wallaroo_proto.display_filter import FilterError, compile_filter
+from wallaroo_proto.protocols import get_plugin, names, plugins, schema
 from wallaroo_proto.proxy.faultkit import Adapter, Close, FaultError, Frame, NamedFault, Send, Stall, Wait
 from wallaroo_proto.rules_file import RulesFileError, read_rules_file, toml_value
 
@@ -51,14 +52,10 @@ DETECT_WAIT = 1.0
 
 
 def _module(protocol: str) -> Any:
-    """The plug-in's ``proxy_faults`` module, None when it has none."""
-    package = f"wallaroo_proto.protocols.{protocol}"
-    try:
-        return importlib.import_module(f"{package}.proxy_faults")
-    except ModuleNotFoundError as err:
-        if err.name not in (package, f"{package}.proxy_faults"):
-            raise
-        return None
+    """The plug-in's fault kit (``ProtocolPlugin.proxy_faults``), None when it has none (or the
+    registry has no such plug-in: a caller's own adapter then brings no named faults)."""
+    kit = next((plugin.proxy_faults for plugin in plugins() if plugin.name == protocol), None)
+    return None if kit is None else kit()
 
 
 @cache
@@ -171,17 +168,12 @@ def _suggest(word: str, known: Iterable[str]) -> str:
 
 
 def _named_candidates(action: str, protocol: str | None) -> dict[str, NamedFault]:
-    from wallaroo_proto.protocols import names
-
     protocols = [protocol] if protocol else list(names())
     return {p: named_faults(p)[action] for p in protocols if action in named_faults(p)}
 
 
 def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None) -> Rule:
     """A rule table checked: every key known and typed, its filter compiled, its action known."""
-    from wallaroo_proto.display_filter import FilterError, compile_filter
-    from wallaroo_proto.protocols import names
-
     action = table.get("action")
     if not isinstance(action, str):
         raise FaultError(
@@ -226,9 +218,7 @@ def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None)
             except FilterError as err:
                 fields = ""
                 if "unknown field" in str(err):
-                    from wallaroo_proto.records import FIELD_TYPES
-
-                    fields = f" (fields: {', '.join(sorted(FIELD_TYPES))})"
+                    fields = f" (fields: {', '.join(sorted(schema.field_types()))})"
                 raise FaultError(f"where: {err}{fields}") from err
         if "direction" in table:
             rule.direction = _kind(table["direction"], str, "direction")
@@ -263,8 +253,6 @@ def build_rule(table: Mapping[str, Any], text: str, protocol: str | None = None)
 def unknown_types(rule: Rule, protocol: str) -> str | None:
     """What is wrong with the rule's ``type`` for this protocol, naming its types; None when
     every type is one of the protocol's (or the protocol names none)."""
-    from wallaroo_proto.protocols import get_plugin, names
-
     known = get_plugin(protocol).type_names if protocol in names() else ()
     if not known or rule.types is None:
         return None
@@ -363,8 +351,6 @@ class ConnectionFaults:
         self._said: list[Step] = []
         self._deciding = protocol is None
         if protocol is None:
-            from wallaroo_proto.protocols import plugins
-
             for plugin in plugins():
                 if upstream_port in plugin.default_ports:
                     self.protocol = plugin.name
@@ -403,7 +389,6 @@ class ConnectionFaults:
         return self._detect(None, b"", final=True) if self._deciding else []
 
     def _detect(self, from_client: bool | None, data: bytes, final: bool = False) -> list[Step]:
-        from wallaroo_proto.protocols import plugins
         from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE  # as dissect's
 
         if from_client is not None:
@@ -569,8 +554,6 @@ class ConnectionFaults:
 
 @cache
 def _compiled(where: str) -> Callable[[Mapping[str, Any]], bool]:
-    from wallaroo_proto.display_filter import compile_filter
-
     return compile_filter(where)
 
 

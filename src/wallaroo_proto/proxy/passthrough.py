@@ -15,17 +15,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from wallaroo_proto.write_watch import reset as reset_transport
-
-if TYPE_CHECKING:
-    from wallaroo_proto.proxy.relay import Tap
 
 #: What a side's transport may hold unsent before reading from the other side pauses: enough
 #: to carry a peer's burst while the other takes it (DCP measured a tenth faster than with
 #: asyncio's 64 KiB), bounded all the same (plus one read, at most 256 KiB).
 WRITE_BUFFER = 1 << 20
+
+
+class Tap(Protocol):
+    """Sees every relayed connection's bytes, in the order they were forwarded."""
+
+    def opened(self, conn: int, client: tuple[str, int], server: tuple[str, int], when: float) -> None: ...
+
+    def data(self, conn: int, from_client: bool, data: bytes, when: float) -> None: ...
+
+    def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None: ...
+
+    def note(self, conn: int, from_client: bool, text: str, when: float) -> None:
+        """A fault applied at the frame just passed (or withheld) in this direction."""
+
+    @property
+    def congested(self) -> bool:
+        """The tap's own output is behind: read nothing more from the peers for now."""
+
+    def when_room(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the relay's loop once the tap is no longer congested."""
+
+    async def room(self) -> None:
+        """Return once the tap is no longer congested."""
 
 
 class _Side(asyncio.Protocol):

@@ -15,40 +15,17 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from wallaroo_proto.proxy import faults as fault_steps
 from wallaroo_proto.proxy.outlet import Throttled
-from wallaroo_proto.proxy.passthrough import pass_through
+from wallaroo_proto.proxy.passthrough import Tap, pass_through
 from wallaroo_proto.write_watch import reset as reset_transport
 
 #: Bytes read at a time from either side.
 READ_SIZE = 1 << 16
 #: Connections remembered for naming a violation the checker reports after they ended.
 KEEP_ENDS = 100_000
-
-
-class Tap(Protocol):
-    """Sees every relayed connection's bytes, in the order they were forwarded."""
-
-    def opened(self, conn: int, client: tuple[str, int], server: tuple[str, int], when: float) -> None: ...
-
-    def data(self, conn: int, from_client: bool, data: bytes, when: float) -> None: ...
-
-    def ended(self, conn: int, from_client: bool, reset: bool, when: float) -> None: ...
-
-    def note(self, conn: int, from_client: bool, text: str, when: float) -> None:
-        """A fault applied at the frame just passed (or withheld) in this direction."""
-
-    @property
-    def congested(self) -> bool:
-        """The tap's own output is behind: read nothing more from the peers for now."""
-
-    def when_room(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` on the relay's loop once the tap is no longer congested."""
-
-    async def room(self) -> None:
-        """Return once the tap is no longer congested."""
 
 
 class Budget:

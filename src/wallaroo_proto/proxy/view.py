@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from wallaroo_proto.proxy.relay import Tap
+from wallaroo_proto.proxy.passthrough import Tap
 
 #: Seconds a rate is measured over (at least): steadier than between two refreshes.
 RATE_WINDOW = 1.0
@@ -138,7 +138,7 @@ class LiveView:
         self.inner = inner
         return self
 
-    # relay.Tap ----------------------------------------------------------------------------
+    # passthrough.Tap ----------------------------------------------------------------------------
 
     def opened(self, conn: Hashable, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
         number, leg = conn if isinstance(conn, tuple) else (conn, None)

@@ -53,7 +53,7 @@ def _set(future: asyncio.Future) -> None:
 
 
 class Watch:
-    """A ``relay.Tap``: records every connection and checks it live.
+    """A ``passthrough.Tap``: records every connection and checks it live.
 
     ``on_violation(record)`` is called on a reader thread for each frame with a
     violation (``record["violations"]``), ``on_state(connections)`` with the checker's
@@ -209,7 +209,7 @@ class Watch:
             self.when_room(partial(_set, ready))
             await ready
 
-    # relay.Tap -------------------------------------------------------------------------
+    # passthrough.Tap -------------------------------------------------------------------------
 
     def opened(self, conn: Hashable, client: tuple[str, int], server: tuple[str, int], when: float) -> None:
         self._count += 1

@@ -1,12 +1,12 @@
 """Captures as a Spark data source: ``spark.read.format("wallaroo-capture").load(paths)``.
 
 A Python data source (Spark 4's ``pyspark.sql.datasource``). The driver lists
-the captures and plans one partition per capture part (``frames.plan_tasks``:
+the captures and plans one partition per capture part (``plan.plan_tasks``:
 a capture much larger than its share of the cluster is split by connection);
 each executor task dissects its part with the dissector's own
-``records.iter_records`` and hands Spark whole Arrow record batches, so no
+``capture.dissector.iter_records`` and hands Spark whole Arrow record batches, so no
 Python row is converted one by one in the JVM. A load reads one table
-(``records.spark_schema(table)``, nothing named here): ``frames``, what every
+(``protocols.schema.spark_schema(table)``, nothing named here): ``frames``, what every
 frame has; ``<protocol>_frames``, the frame key and one plug-in's own fields, of
 that protocol's connections only (the others are not dissected); or ``all``, the
 common fields and one struct column per protocol (spark-replay's single read).
@@ -21,7 +21,7 @@ bits; ``ts`` is a ``timestamp``.
 Options (all optional):
 
 ``table``
-    ``frames`` (default), ``<protocol>_frames`` or ``all`` (``records.table_names()``).
+    ``frames`` (default), ``<protocol>_frames`` or ``all`` (``protocols.schema.table_names()``).
 
 ``ports``
     comma-separated TCP ports to read (default: each protocol's own; connections
@@ -61,23 +61,25 @@ from typing import TYPE_CHECKING
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from wallaroo_proto import records
-from wallaroo_proto.capture.frame_block import SHARED
-from wallaroo_proto.spark import frames as frames_mod
-from wallaroo_proto.spark import remote
+from wallaroo_proto.capture.dissector import iter_records
+from wallaroo_proto.capture.frame_block import SHARED, FrameBlock
+from wallaroo_proto.capture.pcap import CaptureError
+from wallaroo_proto.protocols import get_plugin
+from wallaroo_proto.protocols.schema import field_types, spark_schema, structs, table_names
+from wallaroo_proto.spark import plan, remote
 from wallaroo_proto.spark.pushdown import Skip
+from wallaroo_proto.spark.session import ship_package
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
-    from wallaroo_proto.capture.frame_block import FrameBlock
-
 NAME = "wallaroo-capture"
 #: Spark's switch for Python data sources' filter pushdown (PySpark 4.1+).
 PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 MODES = ("PERMISSIVE", "DROPMALFORMED", "FAILFAST")
-PROBLEM_COLUMN = frames_mod.PROBLEM_COLUMN
+PROBLEM_COLUMN = plan.PROBLEM_COLUMN
 DEFAULT_BATCH_ROWS = 8192
 
 
@@ -117,17 +119,15 @@ class ReadOptions:
         elif get("path"):
             paths = (get("path"),)
         else:
-            paths = frames_mod.DEFAULT_PATHS
+            paths = plan.DEFAULT_PATHS
         mode = (get("mode") or "PERMISSIVE").upper()
         if mode not in MODES:
             raise OptionError(f"option mode={get('mode')!r}: expected one of {', '.join(MODES)}")
         table = get("table") or records.FRAMES_TABLE
-        if table not in records.table_names():
-            raise OptionError(f"option table={table!r}: expected one of {', '.join(records.table_names())}")
+        if table not in table_names():
+            raise OptionError(f"option table={table!r}: expected one of {', '.join(table_names())}")
         protocol = get("protocol") or None
         if protocol is not None:
-            from wallaroo_proto.protocols import get_plugin
-
             try:
                 get_plugin(protocol)
             except KeyError as err:
@@ -177,13 +177,14 @@ def _optional_number(get, option: str, low: int) -> int | None:
 
 
 def frame_schema(mode: str = "PERMISSIVE", table: str = records.FRAMES_TABLE) -> StructType:
-    """A table's schema (``records.spark_schema``); PERMISSIVE mode adds the ``_problem`` column last."""
+    """A table's schema (``protocols.schema.spark_schema``); PERMISSIVE mode adds the ``_problem``
+    column last."""
     from pyspark.sql import types as T  # noqa: N812
 
-    schema = records.spark_schema(table)
+    struct = spark_schema(table)
     if mode != "PERMISSIVE":
-        return schema
-    return T.StructType([*schema.fields, T.StructField(PROBLEM_COLUMN, T.StringType(), True)])
+        return struct
+    return T.StructType([*struct.fields, T.StructField(PROBLEM_COLUMN, T.StringType(), True)])
 
 
 class CapturePart(InputPartition):
@@ -196,11 +197,11 @@ class CapturePart(InputPartition):
 
 def plan_partitions(options: ReadOptions) -> list[CapturePart]:
     """Driver side: the captures' parts, largest first, then one per path that named nothing."""
-    captures, listing_problems = frames_mod.list_captures(options.paths)
+    captures, listing_problems = plan.list_captures(options.paths)
     if listing_problems and options.mode == "FAILFAST":
         first = listing_problems[0]
-        raise frames_mod.CaptureFailed(f"{frames_mod.FAIL_FAST_MARK} {first.capture}: {first.error}")
-    tasks = frames_mod.plan_tasks(captures, options.parallelism, options.split_bytes)
+        raise plan.CaptureFailed(f"{plan.FAIL_FAST_MARK} {first.capture}: {first.error}")
+    tasks = plan.plan_tasks(captures, options.parallelism, options.split_bytes)
     parts = [CapturePart(*task) for task in tasks]
     if options.mode == "PERMISSIVE":
         parts += [CapturePart("", p.capture, 0, 1, p.error) for p in listing_problems]
@@ -277,7 +278,7 @@ class Shape:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.target = to_arrow_schema(schema, timezone="UTC")
-        kinds = records.FIELD_TYPES
+        kinds = field_types()
         #: The flat fields records give this table, and the Arrow type each is built in.
         self.build: dict[str, pa.DataType] = {}
 
@@ -288,7 +289,7 @@ class Shape:
             if field_kind == "u64":
                 return pa.uint64()
             if field_kind.startswith("array<struct:"):
-                parts = records.STRUCTS[field_kind[len("array<struct:") : -1]]
+                parts = structs()[field_kind[len("array<struct:") : -1]]
                 u64 = {part for part, part_kind in parts if part_kind == "u64"}
                 return pa.list_(
                     pa.struct([f.with_type(pa.uint64()) if f.name in u64 else f for f in kind.value_type])
@@ -427,14 +428,12 @@ def read_part(
     Only part 0 names a damaged capture, so each capture is named once. ``skip`` (the query's
     filters) leaves out connections and frames the query would drop.
     """
-    from wallaroo_proto.capture.pcap import CaptureError
-
     shape = Shape(schema)
     if part.problem is not None:
         yield shape.of_dicts([{"capture": part.name, PROBLEM_COLUMN: part.problem}])
         return
     skip = skip or Skip()
-    connection_filter = None if part.nparts == 1 else frames_mod.PartFilter(part.part, part.nparts)
+    connection_filter = None if part.nparts == 1 else plan.PartFilter(part.part, part.nparts)
     protocols = options.protocols
     if skip.protocols is not None:
         protocols = tuple(skip.protocols if protocols is None else skip.protocols & set(protocols))
@@ -444,7 +443,7 @@ def read_part(
             source = part.path
             if remote.is_url(source):  # read in ranged blocks as the dissector goes, not fetched first
                 source = stack.enter_context(remote.open_url(source))
-            items = records.iter_records(
+            items = iter_records(
                 source,
                 ports=options.ports,
                 protocol=options.protocol,
@@ -460,7 +459,7 @@ def read_part(
     except (CaptureError, OSError) as err:
         message = str(err) if isinstance(err, CaptureError) else f"cannot read: {err}"
         if options.mode == "FAILFAST":
-            raise frames_mod.CaptureFailed(f"{frames_mod.FAIL_FAST_MARK} {part.name}: {message}") from None
+            raise plan.CaptureFailed(f"{plan.FAIL_FAST_MARK} {part.name}: {message}") from None
         if part.part == 0 and options.mode == "PERMISSIVE":
             problem = {"capture": part.name, PROBLEM_COLUMN: message}
             if isinstance(err, CaptureError):
@@ -472,8 +471,6 @@ def read_part(
 
 def _in_time(items: Iterator[dict | FrameBlock], skip: Skip) -> Iterator[dict | FrameBlock]:
     """The records and blocks inside ``skip``'s time range (a block cut to its rows inside it)."""
-    from wallaroo_proto.capture.frame_block import FrameBlock
-
     for item in items:
         if type(item) is dict:
             if skip.in_time(item.get("ts_ns")):
@@ -497,8 +494,6 @@ def register(spark: SparkSession) -> None:
     first, so they find it on any master without installing anything. They
     still need pyarrow: set ``PYSPARK_PYTHON`` to an interpreter that has it.
     """
-    from wallaroo_proto.spark.session import ship_package
-
     ship_package(spark.sparkContext)
     pushing = spark.conf.get(PUSHDOWN_CONF, "false").strip().lower() == "true"
     # A class made here is pickled whole to the Python workers, with what the session said.

@@ -193,7 +193,7 @@ class AmbrosiaTracker:
         client_known: bool,
     ) -> None:
         self.dissector = dissector
-        self.out = dissector._out
+        self.out = dissector.out
         self.jsonl = dissector.jsonl
         self.canon: tuple = ()
         self.initiator_fixed = False
@@ -263,7 +263,7 @@ class AmbrosiaTracker:
             if not early or early[0][0] is direction:
                 early.append((direction, payload, packet, ts))
                 if _opens_records(b"".join(item[1] for item in early)[:HEADER_SIZE]) is None:
-                    self.dissector._holding[self] = None  # later records wait, for packet order
+                    self.dissector.hold_back(self)  # later records wait, for packet order
                     return
                 self.flush()
                 return

@@ -17,7 +17,7 @@ from .core import Session
 from .dissect import PORTS, AmbrosiaTracker, looks_like_ambrosia, pair_key
 from .report import AmbrosiaSignals
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # AMBROSIA IC <-> LB (a frame is a log record, an LB message or a checkpoint's raw bytes)
     ("ambrosia_socket", "string", "AMBROSIA: 'receive' (LB -> IC messages) or 'send' (IC -> LB records)"),
@@ -114,6 +114,18 @@ def _spark_reports() -> Mapping[str, Any]:
     return {"pairs": spark.pairs, "violations": spark.violations}
 
 
+def _conformance_suites() -> tuple[Any, ...]:
+    from .conformance import SUITES
+
+    return SUITES
+
+
+def _proxy_faults() -> Any:
+    from . import proxy_faults
+
+    return proxy_faults
+
+
 PLUGIN = ProtocolPlugin(
     name="ambrosia",
     default_ports=PORTS,
@@ -127,6 +139,8 @@ PLUGIN = ProtocolPlugin(
     print_summary=print_summary,
     describe=describe,
     spark_reports=_spark_reports,
+    conformance_suites=_conformance_suites,
+    proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=AmbrosiaSignals,
     part_key=pair_key,

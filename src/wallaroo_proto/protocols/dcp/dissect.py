@@ -4,7 +4,7 @@ The capture driver reassembles each direction and feeds it here; a
 ``PacketSplitter`` per direction cuts packets at the header's body length (and
 resyncs at the next plausible header after a lost segment), the connection's
 ``core.Connection`` judges each one, and each packet becomes a record (the
-common fields plus this protocol's, see ``records.FIELDS``). The summary is
+common fields plus this protocol's, see ``protocols.schema.fields()``). The summary is
 per connection, with a line per vbucket stream.
 
 Which side is the consumer: the one whose first packet is a consumer's command

@@ -17,7 +17,7 @@ from .core import Connection
 from .dissect import PORTS, DcpTracker, looks_like_dcp
 from .report import DcpSignals
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # Couchbase DCP (one memcached binary protocol packet is one frame; `type` is its opcode name,
     # with _RESPONSE for a response; `status` a response's status name)
@@ -153,6 +153,18 @@ def _spark_reports() -> Mapping[str, Any]:
     return {"vbuckets": spark.vbuckets, "flow_control": spark.flow_control, "violations": spark.violations}
 
 
+def _conformance_suites() -> tuple[Any, ...]:
+    from .conformance import SUITES
+
+    return SUITES
+
+
+def _proxy_faults() -> Any:
+    from . import proxy_faults
+
+    return proxy_faults
+
+
 PLUGIN = ProtocolPlugin(
     name="dcp",
     default_ports=PORTS,
@@ -166,6 +178,8 @@ PLUGIN = ProtocolPlugin(
     print_summary=print_summary,
     describe=describe,
     spark_reports=_spark_reports,
+    conformance_suites=_conformance_suites,
+    proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=DcpSignals,
     hex_fields=HEX_FIELDS,

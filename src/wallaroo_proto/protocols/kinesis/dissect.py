@@ -4,7 +4,7 @@ The capture driver reassembles each direction and feeds it here; a
 ``LineSplitter`` per direction splits lines (and resyncs at the next line end
 after a lost segment), the shard's ``Conversation`` judges each one, and each
 line becomes a record (the common fields plus this protocol's, see
-``records.FIELDS``). Blank lines the processor writes around its JSON (kclpy
+``protocols.schema.fields()``). Blank lines the processor writes around its JSON (kclpy
 does) are judged but not recorded. The summary is per shard: one connection
 carries one shard's conversation.
 

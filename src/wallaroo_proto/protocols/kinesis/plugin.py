@@ -16,7 +16,7 @@ from .core import Conversation
 from .dissect import PORTS, KinesisTracker, looks_like_mld
 from .report import KinesisSignals
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # Kinesis MultiLangDaemon (one line is one frame; `type` is its action, `reason` a shutdown's)
     ("line_number", "long", "MLD: the line's number in its direction, 1-based"),
@@ -108,6 +108,18 @@ def _spark_reports() -> Mapping[str, Any]:
     return {"shards": spark.shards, "violations": spark.violations}
 
 
+def _conformance_suites() -> tuple[Any, ...]:
+    from .conformance import SUITES
+
+    return SUITES
+
+
+def _proxy_faults() -> Any:
+    from . import proxy_faults
+
+    return proxy_faults
+
+
 PLUGIN = ProtocolPlugin(
     name="kinesis",
     default_ports=PORTS,
@@ -121,6 +133,8 @@ PLUGIN = ProtocolPlugin(
     print_summary=print_summary,
     describe=describe,
     spark_reports=_spark_reports,
+    conformance_suites=_conformance_suites,
+    proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=KinesisSignals,
 )

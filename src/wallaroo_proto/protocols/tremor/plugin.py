@@ -17,7 +17,7 @@ from .messages import OPS, parse
 from .report import TremorSignals
 from .wsframes import OPCODE_NAMES, FrameSplitter
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # Tremor network protocol (one WebSocket frame or HTTP head is one record; `type` is the message's)
     ("ws_opcode", "int", "Tremor: the WebSocket frame's opcode (0 continuation, 1 text, 8 close...)"),
@@ -129,6 +129,18 @@ def _spark_reports() -> Mapping[str, Any]:
     }
 
 
+def _conformance_suites() -> tuple[Any, ...]:
+    from .conformance import SUITES
+
+    return SUITES
+
+
+def _proxy_faults() -> Any:
+    from . import proxy_faults
+
+    return proxy_faults
+
+
 PLUGIN = ProtocolPlugin(
     name="tremor",
     default_ports=PORTS,
@@ -142,6 +154,8 @@ PLUGIN = ProtocolPlugin(
     print_summary=print_summary,
     describe=describe,
     spark_reports=_spark_reports,
+    conformance_suites=_conformance_suites,
+    proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=TremorSignals,
 )

@@ -4,7 +4,7 @@ The capture driver (``capture.dissector.Dissector``) reads captures, reassembles
 hands each direction's bytes to a ``resync.DirectionFramer``; this tracker
 decodes the frames it splits (the codec), judges each one with the shared
 protocol core (``protocol.Connection``) and makes its record
-(``records.FIELDS``) and the connection's summary.
+(``protocols.schema.fields()``) and the connection's summary.
 
 A connection's first frames settle its use: HELLO version ``v0.0.1`` or 2PC
 messages on stream 0 mark the sink protocol. Frames seen before the use is
@@ -131,7 +131,7 @@ class _Tracker:
         client_known: bool,
     ) -> None:
         self.dissector = dissector
-        self.out = dissector._out
+        self.out = dissector.out
         self.jsonl = dissector.jsonl
         #: MESSAGE key -> its base64, shared by the connection's frames (bounded).
         self.key_text: dict[bytes, str] = {}
@@ -159,7 +159,7 @@ class _Tracker:
         #: Records waiting for the use, which decides their sender: (emitting method, its arguments).
         self.held: list[tuple[Callable[..., None], tuple]] = []
         #: The dissector's waiting list: records of later packets wait while frames here do.
-        self.holds = dissector._holding
+        self.hold_back = dissector.hold_back
         self.midstream = False
         self.summary = ConnectionSummary(index, "")
         self.findings: list[dict] = []  # findings.mark's, for the summary
@@ -301,7 +301,7 @@ class _Tracker:
 
     def _hold(self, emit: Callable[..., None], args: tuple) -> None:
         if not self.held:
-            self.holds[self] = None
+            self.hold_back(self)
         self.held.append((emit, args))
         if len(self.held) >= _HOLD_LIMIT:
             self._settle(Use.SOURCE)

@@ -23,6 +23,9 @@ SINK_VERSION = "v0.0.1"
 #: The spec's footnote B1: a few MiB, configurable.
 DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
 
+#: A worker's source and sink listeners in the examples: connections on these are Wallaroo's.
+DEFAULT_PORTS = (7100, 7200)
+
 
 class FrameType(IntEnum):
     HELLO = 0

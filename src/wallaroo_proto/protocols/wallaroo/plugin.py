@@ -8,19 +8,24 @@ from typing import Any
 from wallaroo_proto.protocols import ProtocolPlugin
 from wallaroo_proto.protocols.wallaroo.codec import decode
 from wallaroo_proto.protocols.wallaroo.dissect import _Tracker, looks_like_hello
-from wallaroo_proto.protocols.wallaroo.frames import FrameType
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_PORTS, FrameType
 from wallaroo_proto.protocols.wallaroo.protocol import Connection
 from wallaroo_proto.protocols.wallaroo.reader import FrameReader
 from wallaroo_proto.protocols.wallaroo.twopc import TwoPCTag
-from wallaroo_proto.records import DEFAULT_PORTS
 
 from .report import WallarooSignals
 from .views import describe, print_summary
 
+#: What its ``acks`` and ``where`` fields hold (``array<struct:ack>``, ``array<struct:where>``).
+STRUCTS = {
+    "ack": (("stream_id", "u64"), ("point_of_ref", "u64")),
+    "where": (("stream_id", "u64"), ("start_por", "u64"), ("end_por", "u64")),
+}
+
 #: Fields about the connection: joined among the common connection fields, after the endpoints.
 CONNECTION_FIELDS = (("use", "string", "'source' or 'sink' protocol"),)
 
-#: Its record fields (name, type, meaning), beside the common ones; ``records.FIELDS`` joins them.
+#: Its record fields (name, type, meaning), beside the common ones; ``protocols.schema.fields()`` joins them.
 RECORD_FIELDS = (
     # HELLO
     ("version", "string", "HELLO version"),
@@ -65,9 +70,21 @@ TITLES = {
 
 
 def _spark_reports() -> Mapping[str, Any]:
-    from wallaroo_proto.spark import reports  # imports pyspark only when a report is built
+    from . import spark  # imports pyspark only when a report is built
 
-    return {"messages": reports.messages, **reports.REPORTS}
+    return spark.REPORTS
+
+
+def _conformance_suites() -> tuple[Any, ...]:
+    from .conformance import SUITES
+
+    return SUITES
+
+
+def _proxy_faults() -> Any:
+    from . import proxy_faults
+
+    return proxy_faults
 
 
 PLUGIN = ProtocolPlugin(
@@ -84,6 +101,10 @@ PLUGIN = ProtocolPlugin(
     print_summary=print_summary,
     describe=describe,
     spark_reports=_spark_reports,
+    conformance_suites=_conformance_suites,
+    proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=WallarooSignals,
+    plain_table_names=True,
+    structs=STRUCTS,
 )

@@ -1,6 +1,6 @@
 """Wallaroo's signals for ``report``: credits held, zero-credit spells, checkpoints, RESTARTs, 2PC latencies.
 
-Credits follow the dissector's flow-control rules (``spark.reports.flow_control``):
+Credits follow the dissector's flow-control rules (``protocols.wallaroo.spark.flow_control``):
 the worker's OK and ACKs grant credits; every frame the connector sends after
 the OK, HELLO aside, spends one, unless the core rejected it; the level never
 goes below zero. Only a source's credits are drawn: on a sink the worker

@@ -2,7 +2,7 @@
 
 ``DirectionFramer`` is the reassembler's consumer for one direction of a
 connection: it splits the in-order byte stream into frames and hands each body
-to its connection tracker (``dissect._Tracker``). After a hole or a capture
+to its connection tracker (``Owner``: ``dissect._Tracker`` is the one). After a hole or a capture
 that starts mid-connection it resyncs with ``find_boundary``. It lives apart
 from the tracker so the framing and resync rules can be read and tested on
 their own.
@@ -10,7 +10,7 @@ their own.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .codec import decode
 from .errors import ProtocolError
@@ -22,11 +22,37 @@ if TYPE_CHECKING:
     from wallaroo_proto.capture.frame_block import FrameBlock
     from wallaroo_proto.capture.reassembly import HalfStream
 
-    from .dissect import _Tracker
-
 _MAX_TYPE = 9
 #: Resync waits for more data on a candidate frame start at most this far back.
 RESYNC_WAIT = 64 * 1024
+
+
+class Owner(Protocol):
+    """What a framer hands its frames and troubles to: its connection's tracker.
+
+    Declared here, not imported from ``dissect``, so the tracker may import the framer
+    and not the other way round.
+    """
+
+    summary: Any
+
+    def frame(self, direction: DirectionFramer, offset: int, body: bytes, packet: int, ts: int) -> None: ...
+
+    def broken(self, direction: DirectionFramer, err: ProtocolError, packet: int, ts: int) -> None: ...
+
+    def midstream_start(self, direction: DirectionFramer, packet: int) -> None: ...
+
+    def gap_noted(
+        self, direction: DirectionFramer, offset: int, missing: int, packet: int, note: str
+    ) -> None: ...
+
+    def resynced(self, direction: DirectionFramer, offset: int, skipped: int) -> None: ...
+
+    def _fast_messages(
+        self, direction: DirectionFramer, bodies: list, start: int, packet: int, ts: int
+    ) -> int: ...
+
+    def _dir_label(self, direction: DirectionFramer) -> str: ...
 
 
 class DirectionFramer:
@@ -58,7 +84,7 @@ class DirectionFramer:
         "block",
     )
 
-    def __init__(self, tracker: _Tracker, client: bool, max_frame_size: int) -> None:
+    def __init__(self, tracker: Owner, client: bool, max_frame_size: int) -> None:
         self.tracker = tracker
         self.client = client
         self.max_frame_size = max_frame_size

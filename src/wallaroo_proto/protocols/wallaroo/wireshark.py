@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from wallaroo_proto import wireshark_lua
-from wallaroo_proto.records import DEFAULT_PORTS
 from wallaroo_proto.wireshark_lua import lua_registration, lua_table
 
-from .frames import DEFAULT_MAX_FRAME_SIZE, FrameType
+from .frames import DEFAULT_MAX_FRAME_SIZE, DEFAULT_PORTS, FrameType
 from .twopc import TWOPC_STREAM, TwoPCTag
 
 _TEMPLATE = r"""-- Wallaroo connector protocol v3 dissector for Wireshark and tshark.
