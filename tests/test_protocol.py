@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from wallaroo_proto import judge
 from wallaroo_proto.judge import Kind
 from wallaroo_proto.protocols.wallaroo import (
     Ack,
@@ -30,7 +31,6 @@ from wallaroo_proto.protocols.wallaroo import (
     Verdict,
     WorkersLeft,
     check_hello,
-    judge,
     twopc_frame,
 )
 
