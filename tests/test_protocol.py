@@ -379,6 +379,7 @@ def test_every_verdict_is_the_judges_and_every_violation_names_a_rule(use, from_
         legal = conn.expects().legal[sender]
         verdict = conn.feed(sender, frame)
         assert isinstance(verdict, judge.Verdict)
+        assert verdict.side == sender.value, (frame, verdict)
         if verdict.kind is Kind.VIOLATION:
             assert verdict.rule in Connection.RULES, verdict
         else:
@@ -400,6 +401,20 @@ def test_the_sides_as_plain_words_judge_as_the_enum_does(use, from_streaming, se
     for frame, sender in sequence:
         assert by_word.feed(str(sender.value), frame) == by_enum.feed(sender, frame)
         assert _state(by_word) == _state(by_enum)
+
+
+def test_a_run_from_the_data_side_by_its_word_takes_the_fast_path() -> None:
+    """A generic driver (replay, fuzz) names sides by ``SIDES``: its runs are not turned away."""
+    conn = streaming(credits=10)
+    open_stream(conn)
+    run = [Message(1, i, 0, b"", b"x") for i in range(1, 4)]
+    assert conn.feed_run(run, "connector") is True
+    assert conn.stream(1).last_message_id == 3
+
+
+def test_an_unknown_side_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown side 'sink'"):
+        Connection().feed("sink", HELLO)
 
 
 def _breaks(rule: str) -> judge.Verdict:

@@ -159,9 +159,13 @@ class Verdict(judge.Verdict):
     twopc: TwoPCMessage | None = None
 
 
-#: The verdict on a frame with nothing to say (the common one, shared: a verdict a frame would
-#: cost a dataclass on the hot path).
-ACCEPTED = Verdict(Kind.ACCEPTED)
+#: The verdict on a frame with nothing to say, one per side (the common one, shared: a verdict
+#: a frame would cost a dataclass on the hot path). Shared, so never changed by a caller.
+ACCEPTED_FROM = {side: Verdict(Kind.ACCEPTED, side.value) for side in Side}
+#: A run of MESSAGEs the core accepted whole (``feed_run``), as the mock peers mark it.
+ACCEPTED = ACCEPTED_FROM[Side.CONNECTOR]
+#: Each side, by its word or its member (a ``Side`` is the str it names).
+_SIDE_OF = {side.value: side for side in Side}
 
 
 @dataclass(slots=True)
@@ -282,7 +286,10 @@ class Connection:
 
     def feed(self, side: str, frame: Frame) -> Verdict:
         """Apply one frame sent by ``side``; the state changes only if it is legal."""
-        sender = side
+        sender = _SIDE_OF.get(side)
+        if sender is None:
+            raise ValueError(f"unknown side {side!r} (known: {', '.join(self.SIDES)})")
+        accepted = ACCEPTED_FROM[sender]
         index = self.frame_index
         self.frame_index = index + 1
         frame_type = type(frame)
@@ -306,7 +313,7 @@ class Connection:
                     record.last_message_id = frame.message_id
                     record.messages += 1
                     self.credits = credits - 1
-                    return ACCEPTED
+                    return accepted
 
         state = self.state
         if state is ConnState.ERROR or state is ConnState.DISCONNECTED:
@@ -325,7 +332,7 @@ class Connection:
         if frame_type is Error:
             self.state = CONNECTION_TRANSITIONS[state]["ERROR"]
             self.closed_by = sender
-            return ACCEPTED
+            return accepted
 
         data_side = self._data_side
         must = self._senders[frame_type]
@@ -359,11 +366,11 @@ class Connection:
         if frame_type is Hello:
             self.state = after
             self.hello = frame
-            return ACCEPTED
+            return accepted
         if frame_type is Ok:
             self.state = after
             self.credits = frame.initial_credits
-            return ACCEPTED
+            return accepted
 
         spends = sender == data_side and self.credits is not None
         if spends and self.credits <= 0 and self.use is Use.SOURCE and not self.lenient_credits:
@@ -374,7 +381,7 @@ class Connection:
                 self.credits -= 1
             else:
                 self.overdraft += 1
-        return outcome
+        return accepted if outcome is ACCEPTED else outcome
 
     def feed_run(self, run: list[Message], side: str) -> bool:
         """Accept a run of MESSAGEs in one step, or change nothing and return False.
@@ -386,7 +393,7 @@ class Connection:
         The checks are passes in C over the run, not a Python step per frame.
         """
         n = len(run)
-        if n == 0 or side is not self._data_side or self.state is not ConnState.STREAMING:
+        if n == 0 or _SIDE_OF.get(side) is not self._data_side or self.state is not ConnState.STREAMING:
             return False
         stream_id = run[0][0]
         record = self.streams.get(stream_id)
