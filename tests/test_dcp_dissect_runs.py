@@ -1,7 +1,7 @@
 """dissect's column path for DCP gives the records the frame-by-frame path gives, byte for byte.
 
 The producer's stream messages go through the core's run path
-(``Connection.process_run``) and come out as a ``FrameBlock`` of columns; every
+(``Connection.feed_run``) and come out as a ``FrameBlock`` of columns; every
 other packet is judged and recorded one at a time. Random producer traffic, valid
 and broken (``test_dcp_run.traffic``), cut into TCP segments at random places with
 the consumer's buffer acknowledgements between them, is dissected twice: as it is,

@@ -1,10 +1,10 @@
-"""The consumer's run path (``Connection.process_run``) judges exactly as ``feed`` does.
+"""The consumer's run path (``Connection.feed_run``) judges exactly as ``feed`` does.
 
 Random producer traffic, valid and broken (seqnos out of order or outside the
 snapshot, repeated keys, wrong vbuckets and opaques, markers too early, bad extras,
 stream ids, noops, stream ends, flow-control overruns and acknowledgements), is fed
 to two connections: one packet by packet through ``feed``, the other
-through ``process_run`` with the packets it leaves to ``feed``. Every
+through ``feed_run`` with the packets it leaves to ``feed``. Every
 packet must get the same verdict and both connections must end in the same state.
 """
 
@@ -179,7 +179,7 @@ def test_the_run_path_gives_every_packet_the_same_verdict_and_state(events, buff
             starts.append(starts[-1] + len(w))
         pos = 0
         while pos < len(buf):
-            pos, taken = by_run.process_run(buf, pos)
+            pos, taken = by_run.feed_run(buf, pos)
             for run in taken:
                 for what in _unrolled(run):
                     assert what == carried[len(got)]  # the same fields, the same snapshot completions
@@ -204,9 +204,9 @@ def test_a_run_returns_items_and_markers_with_their_fields():
         codec.mutation(3, 7, 3, 1, b"d", b""),  # seqno not rising: left to feed
     ]
     buf = b"".join(wires)
-    assert conn.process_run(buf, 0, max_body=20) == (len(wires[0]), [StreamRun(7, [], [(0, 0, 3, 1)], [])])
+    assert conn.feed_run(buf, 0, max_body=20) == (len(wires[0]), [StreamRun(7, [], [(0, 0, 3, 1)], [])])
     conn = _fresh(1000)  # a body over max_body is left to the splitter, which names it
-    pos, taken = conn.process_run(buf)
+    pos, taken = conn.feed_run(buf)
     assert pos == len(buf) - len(wires[-1])
     assert taken == [
         StreamRun(

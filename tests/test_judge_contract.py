@@ -40,3 +40,13 @@ def test_the_verbs_are_the_contracts(name: str) -> None:
         assert ended is None or isinstance(ended, Verdict), how
         if ended is not None and ended.kind is Kind.VIOLATION:
             assert ended.rule in core.RULES, (how, ended)
+
+
+@pytest.mark.parametrize("name", names())
+def test_a_side_none_of_its_sides_is_refused(name: str) -> None:
+    """A driver's slip (a side misnamed) is told, never judged as the other side."""
+    core = get_plugin(name).judge
+    with pytest.raises(ValueError, match="nobody"):
+        core().feed("nobody", None)
+    with pytest.raises(ValueError, match="nobody"):
+        core().end("nobody")

@@ -377,3 +377,13 @@ def test_a_cut_side_leaves_answers_unjudged():
     assert not s.feed(SERVER, '{"echo":1}').ok  # nothing asked for it
     assert s.end(CLIENT, End.CUT, 3) is None  # what the client asked is no longer known
     assert s.feed(SERVER, '{"echo":1}').ok
+
+
+def test_lost_bytes_leave_answers_unjudged_and_both_sides_going_on():
+    """A capture's gap is no end: the session goes on, judging what it still can."""
+    s = Session()
+    s.feed(CLIENT, CONNECT_ECHO)
+    assert not s.feed(SERVER, '{"echo":1}').ok  # nothing asked for it
+    s.lost()
+    assert s.feed(SERVER, '{"echo":1}').ok
+    assert s.expects().legal[CLIENT], "the client may still send"

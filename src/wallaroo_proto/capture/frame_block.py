@@ -1,7 +1,7 @@
 """Frames in blocks: many records of one connection in one object, never a dict per frame.
 
 A plug-in that takes a run of frames in one loop (Wallaroo's plain MESSAGEs, the
-DCP producer's stream through ``dcp.core.Connection.process_run``) hands the
+DCP producer's stream through ``dcp.core.Connection.feed_run``) hands the
 driver a ``FrameBlock`` instead of one record dict per frame: the fields every
 frame of the block shares are given once, the others as one tuple per frame
 (``None`` where a frame lacks an optional field). The views take what they need:

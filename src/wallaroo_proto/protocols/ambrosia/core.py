@@ -460,6 +460,8 @@ class Session:
         """``side``'s stream ended with ``blob_left`` checkpoint bytes still owed (the splitter
         knows them), or ``partial`` bytes of a record (IC) or message (LB) it never finished: a
         violation if any. A close and a reset end alike: what breaks a rule is what was owed."""
+        if side not in self.SIDES:
+            raise ValueError(f"unknown side {side!r} (known: {', '.join(self.SIDES)})")
         if partial and not blob_left:
             rule, reason = (
                 "framing",

@@ -65,7 +65,7 @@ RETRY_PAUSE, RETRY_PAUSE_MAX = 0.01, 5.0
 CLOSE_GRACE = 5.0
 
 
-#: What the run path (``Connection.process_run``) can take, as the first byte after magic 0x80.
+#: What the run path (``Connection.feed_run``) can take, as the first byte after magic 0x80.
 _RUN_OPCODES = frozenset((codec.SNAPSHOT_MARKER, codec.MUTATION, codec.DELETION, codec.EXPIRATION))
 
 
@@ -496,7 +496,7 @@ class MockConsumer:
             raise ConnectionLost(str(err)) from None
 
     def take_run(self) -> None:
-        """Judge and apply the stream messages at the head of the buffer in one pass (``process_run``).
+        """Judge and apply the stream messages at the head of the buffer in one pass (``feed_run``).
 
         The copy is written per stream and run, and the flow-control buffer is
         acknowledged per run, not per item.
@@ -510,7 +510,7 @@ class MockConsumer:
             return  # the run path would not take it (a noop, a stream end, a stream id): no copy
         # What the splitter holds (normally the end of a packet) and what came, as one bytes.
         data = bytes(buf) + fresh if buf else fresh
-        end, taken = self.conn.process_run(data, 0, splitter.max_body)
+        end, taken = self.conn.feed_run(data, 0, splitter.max_body)
         if not end:
             return
         self.fresh = b""

@@ -139,7 +139,7 @@ def item_window(
 
     After the stream's last seqno, inside the current snapshot, not past the request's
     end, and only once a marker came: the rule both the packet path (``_item``) and the
-    run path (``process_run``) read, so it is written once.
+    run path (``feed_run``) read, so it is written once.
     """
     lo = last if last >= snap_start else snap_start - 1  # max() and min() are calls: slower
     if not marker_seen:
@@ -251,7 +251,7 @@ class Stream:
 
 @dataclass(slots=True)
 class StreamRun:
-    """Consecutive stream messages of one stream, taken and judged by ``Connection.process_run``.
+    """Consecutive stream messages of one stream, taken and judged by ``Connection.feed_run``.
 
     ``items``: (opcode, seqno, key, value) per item, key and value sliced from the
     buffer; ``markers``: (items before it, start, end, flags) per snapshot marker;
@@ -376,6 +376,8 @@ class Connection:
         mid-snapshot stays so (the summary says "open, mid-snapshot"), and a packet cut
         short is the capture's note, not the peer's violation; from now on ``expects``
         waits for nothing from that side."""
+        if side not in self.SIDES:
+            raise ValueError(f"unknown side {side!r} (known: {', '.join(self.SIDES)})")
         self.ended_sides[side] = how
 
     def expects(self) -> Expected:
@@ -523,7 +525,7 @@ class Connection:
             )
         return self._stream_message(p, msg)
 
-    def process_run(
+    def feed_run(
         self, buf: bytes, pos: int = 0, max_body: int = 20 * 1024 * 1024
     ) -> tuple[int, list[StreamRun]]:
         """Judge the producer's stream messages at ``buf[pos:]`` in one pass, straight from the bytes.

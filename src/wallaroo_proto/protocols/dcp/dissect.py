@@ -198,9 +198,9 @@ class _Direction:
                 return payload  # still inside one packet (a large value): the splitter adds it, no copy
         data = bytes(held) + payload if held else bytes(payload)
         n, pos, max_body = len(data), 0, splitter.max_body
-        process_run = tracker.conn.process_run
+        feed_run = tracker.conn.feed_run
         while True:
-            end, runs = process_run(data, pos, max_body)
+            end, runs = feed_run(data, pos, max_body)
             if runs:
                 tracker.run_block(self, data, pos, end, runs, packet, ts)
                 pos = end
@@ -271,7 +271,7 @@ class DcpTracker(ConnectionTracker):
         packet: int,
         ts: int,
     ) -> None:
-        """The records of the packets at ``data[start:end]``, which ``process_run`` took and accepted
+        """The records of the packets at ``data[start:end]``, which ``feed_run`` took and accepted
         (``runs``): rows of the direction's block, the fields ``packet`` would give each of them."""
         seconds = ts / 1e9
         if not self.first_packet:

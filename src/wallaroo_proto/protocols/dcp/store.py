@@ -302,7 +302,7 @@ class ConsumerVBucket:
         return self.complete(seqno)
 
     def apply_run(self, run: StreamRun) -> tuple[int, bool, int]:
-        """One stream's markers and items as ``Connection.process_run`` judged them.
+        """One stream's markers and items as ``Connection.feed_run`` judged them.
 
         Returns (items applied, whether a snapshot completed, markers that ask for an
         acknowledgement). The same changes as ``marker`` and ``apply`` one by one: the

@@ -297,6 +297,8 @@ class Conversation:
         ``line`` and ``note`` go with a message value (a line carries its own); without
         ``line`` the side's lines are counted.
         """
+        if side != DAEMON and side != PROCESSOR:
+            raise ValueError(f"unknown side {side!r} (known: {', '.join(self.SIDES)})")
         if isinstance(frame, _LINES):
             return self._from_daemon(frame) if side == DAEMON else self._from_processor(frame)
         return (
@@ -449,6 +451,8 @@ class Conversation:
 
         However it ended (closed, reset, cut inside a line): a reader takes each the same.
         """
+        if side != DAEMON and side != PROCESSOR:
+            raise ValueError(f"unknown side {side!r} (known: {', '.join(self.SIDES)})")
         self.closed[side] = True
         if side == PROCESSOR and not self.done:
             line = self._line[PROCESSOR]

@@ -169,12 +169,19 @@ class Session:
         raise ValueError(f"side {side!r}: one of {self.SIDES}")
 
     def end(self, side: str, how: End = End.CLOSED, partial: int = 0) -> Verdict | None:
-        """``side`` stopped sending. Cut short (a capture's lost bytes: the judge goes on after the
-        gap), what was asked is unknown: answers and unknown aliases are no longer judged. A close
-        or a reset breaks no rule of this protocol (the WebSocket handshake is the reader's)."""
-        if how is End.CUT:
-            self.uncertain = True
+        """``side`` stopped sending. Cut inside a message, what it asked is unknown: answers and
+        unknown aliases are no longer judged. A close or a reset breaks no rule of this protocol
+        (the WebSocket handshake is the reader's)."""
+        if side not in self.SIDES:
+            raise ValueError(f"unknown side {side!r} (known: {', '.join(self.SIDES)})")
+        if how == End.CUT:
+            self.lost()
         return None
+
+    def lost(self) -> None:
+        """Some messages of either side were never seen (a capture's lost bytes, a start
+        mid-connection), and both sides go on: stop judging answers and unknown aliases."""
+        self.uncertain = True
 
     # ------------------------------------------------------------------------- client
 

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from wallaroo_proto.capture.tracker import KEEP_VIOLATIONS, ConnectionTracker
 from wallaroo_proto.findings import mark
-from wallaroo_proto.judge import End
 from wallaroo_proto.records import to_json
 
 from .core import CLIENT, SERVER, Session
@@ -134,14 +133,14 @@ class _Direction:
             self.phase = "frames"
             self.splitter.gap(0)
             self.splitter.offset = offset
-            self.tracker.session.end(CLIENT if self.client else SERVER, End.CUT)
+            self.tracker.session.lost()
             return
         self.tracker.note(
             f"{label}: {missing} bytes missing at stream offset {offset} "
             f"(lost segment before packet {packet}); resynced at the next frame that starts a JSON message; "
             "answers are no longer judged (what was asked is unknown)"
         )
-        self.tracker.session.end(CLIENT if self.client else SERVER, End.CUT)
+        self.tracker.session.lost()
         if self.phase == "frames":
             self.splitter.gap(missing)
             self.assembler.opcode = None
@@ -294,7 +293,7 @@ class TremorTracker(ConnectionTracker):
             self.note(
                 f"{self.dir_label(self.dirs[not direction.client])}: bytes missing; answers no longer judged"
             )
-            session.end(SERVER if direction.client else CLIENT, End.CUT)
+            session.lost()
         verdict = session.feed(CLIENT if direction.client else SERVER, text)
         record["type"] = verdict.type
         self.types[verdict.type] += 1

@@ -257,6 +257,8 @@ class Connection:
 
         No end breaks a rule here: bytes cut short are the reader's to report.
         """
+        if side not in self.SIDES:
+            raise ValueError(f"unknown side {side!r} (known: {', '.join(self.SIDES)})")
         if self.state is not ConnState.ERROR:
             self.state = ConnState.DISCONNECTED
         return None

@@ -120,7 +120,8 @@ class ProducerProbe:
             data, how = b"", End.RESET
         if not data:
             self.closed = True
-            self.conn.end(PRODUCER, how, len(self.splitter.buf))
+            partial = len(self.splitter.buf)
+            self.conn.end(PRODUCER, End.CUT if partial and how is End.CLOSED else how, partial)
             self.trace(f"{self.label} <- (connection closed)")
             return
         try:
