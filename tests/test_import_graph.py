@@ -11,6 +11,8 @@ each of its parent packages too (Python runs their ``__init__`` first).
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections import deque
 from pathlib import Path
 
@@ -185,3 +187,16 @@ def test_trackers_use_only_the_drivers_public_interface():
     """``Dissector.out`` and ``Dissector.hold_back``, not ``_out`` and ``_holding``: the driver may
     change its insides without breaking a plug-in."""
     assert drivers_private_state(Path(wallaroo_proto.__file__).parent) == []
+
+
+def test_the_package_root_loads_no_machinery() -> None:
+    """Every module (a mock peer's core, a Spark executor's reader) loads the root first: it holds
+    the shared vocabulary, never the capture driver nor a plug-in."""
+    probe = (
+        "import sys, wallaroo_proto\n"
+        "print(' '.join(m for m in sys.modules if m.startswith(('wallaroo_proto.capture', "
+        "'wallaroo_proto.protocols.', 'wallaroo_proto.spark'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == ["wallaroo_proto.protocols.schema"]

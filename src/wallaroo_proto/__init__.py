@@ -2,12 +2,12 @@
 AMBROSIA, Tremor).
 
 The names here are what every protocol shares: the judge contract each core keeps, the
-plug-in registry, the frame record's vocabulary and schema, and the capture driver. Each
-protocol's own API is its package's (``wallaroo_proto.protocols.wallaroo``, ...).
+plug-in registry and the frame record's vocabulary and schema. Each protocol's own API is its
+package's (``wallaroo_proto.protocols.wallaroo``, ...); the capture driver is
+``wallaroo_proto.capture.dissector``'s. Only light modules are imported here: every module of
+the package (a mock peer, a Spark executor) loads this first.
 """
 
-from .capture.dissector import Dissector, dissect, iter_records
-from .capture.pcap import CaptureError
 from .judge import End, Expected, Judge, Kind, Verdict
 from .protocols import ProtocolPlugin, get_plugin, names, plugins
 from .protocols.schema import field_names, field_types, fields, spark_schema, table_names
@@ -17,9 +17,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "COMMON_FIELDS",
-    "CaptureError",
     "ConnectionKey",
-    "Dissector",
     "End",
     "Expected",
     "Field",
@@ -27,13 +25,11 @@ __all__ = [
     "Kind",
     "ProtocolPlugin",
     "Verdict",
-    "dissect",
     "field_names",
     "field_types",
     "fields",
     "flow_hash",
     "get_plugin",
-    "iter_records",
     "names",
     "plugins",
     "spark_schema",
