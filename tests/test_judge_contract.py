@@ -3,8 +3,11 @@ one ``Verdict`` type, its sides and its rules named as data."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from wallaroo_proto.capture.dissector import Dissector
 from wallaroo_proto.judge import End, Expected, Kind, Verdict
 from wallaroo_proto.protocols import get_plugin, names
 
@@ -50,3 +53,32 @@ def test_a_side_none_of_its_sides_is_refused(name: str) -> None:
         core().feed("nobody", None)
     with pytest.raises(ValueError, match="nobody"):
         core().end("nobody")
+
+
+SAMPLES = sorted((Path(__file__).resolve().parent.parent / "captures").glob("*.pcap*"))
+
+
+@pytest.mark.parametrize("name", names())
+def test_every_verdict_on_the_sample_captures_keeps_the_contract(name: str, monkeypatch) -> None:
+    """What the dissector gets from each core on real conversations: judge verdicts, each from one
+    of the core's sides, each violation naming a rule of its catalogue."""
+    core = get_plugin(name).judge
+    given = core.feed
+    verdicts: list[Verdict] = []
+
+    def feed(self, side, frame, *args, **kwargs):
+        verdict = given(self, side, frame, *args, **kwargs)
+        verdicts.append(verdict)
+        return verdict
+
+    monkeypatch.setattr(core, "feed", feed)
+    for capture in SAMPLES:
+        for _ in Dissector(capture.name).run(capture):
+            pass
+    assert verdicts, f"the sample captures hold {name} frames the core judged one by one"
+    for verdict in verdicts:
+        assert isinstance(verdict, Verdict)
+        assert verdict.side in core.SIDES, verdict
+        assert (verdict.rule in core.RULES) if verdict.kind is Kind.VIOLATION else verdict.rule is None, (
+            verdict
+        )
