@@ -185,3 +185,31 @@ def test_trackers_use_only_the_drivers_public_interface():
     """``Dissector.out`` and ``Dissector.hold_back``, not ``_out`` and ``_holding``: the driver may
     change its insides without breaking a plug-in."""
     assert drivers_private_state(Path(wallaroo_proto.__file__).parent) == []
+
+
+def protocol_leaks(graph: dict[str, set[str]]) -> list[str]:
+    """Where a module outside ``protocols/<p>/`` and the CLI imports protocol ``<p>``'s modules:
+    shared code reaches a protocol only through the registry (``wallaroo_proto.protocols``)."""
+    root = "wallaroo_proto.protocols."
+    packages = {
+        name
+        for name, path in _modules(wallaroo_proto).items()
+        if name.startswith(root) and name.count(".") == 2 and path.name == "__init__.py"
+    }
+
+    def protocol(module: str) -> str | None:
+        return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+    return [
+        f"{name} -> {target}"
+        for name, targets in sorted(graph.items())
+        if not name.startswith("wallaroo_proto_cli.") and protocol(name) is None
+        for target in sorted(targets)
+        if protocol(target) is not None
+    ]
+
+
+def test_shared_code_reaches_a_protocol_only_through_the_registry():
+    """A protocol's package is its own: the dissector, the proxy or Spark importing one names that
+    protocol, and the others cannot offer the same through their plug-ins."""
+    assert protocol_leaks(import_graph()) == []
