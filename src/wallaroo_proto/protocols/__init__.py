@@ -106,6 +106,12 @@ class ProtocolPlugin:
     #: Optional: its spark-replay reports keep plain names (``messages``, not ``wallaroo_messages``):
     #: Wallaroo's, which were the first and whose names users' jobs already use.
     plain_table_names: bool = False
+    #: Optional: spark-replay prints its reports even when no capture holds its connections
+    #: (Wallaroo's, printed so since they were the only ones).
+    reports_always_printed: bool = False
+    #: Optional: its field that says what a connection is for (Wallaroo's ``use``: source or
+    #: sink), the ``use`` column of spark-replay's ``connections``.
+    use_field: str | None = None
     #: Optional: integer fields shown in hex (as Wireshark's BASE_HEX), name -> digits, so the
     #: table, ``-T fields`` and the summary write one value one way: ``0x`` and zero-padded.
     hex_fields: Mapping[str, int] = field(default_factory=dict)

@@ -107,5 +107,7 @@ PLUGIN = ProtocolPlugin(
     report_titles=TITLES,
     report_signals=WallarooSignals,
     plain_table_names=True,
+    reports_always_printed=True,
+    use_field="use",
     structs=STRUCTS,
 )
