@@ -39,9 +39,8 @@ from wallaroo_proto.capture.views import (
     check_fields,
     parse_options,
 )
+from wallaroo_proto.protocols import DEFAULT_MAX_FRAME_SIZE, plugins
 from wallaroo_proto.protocols import names as protocol_names
-from wallaroo_proto.protocols import plugins
-from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import to_json
 
 _TYPE_CHOICES = sorted({name.lower() for plugin in plugins() for name in plugin.type_names})

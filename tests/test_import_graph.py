@@ -200,3 +200,31 @@ def test_the_package_root_loads_no_machinery() -> None:
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert loaded.returncode == 0, loaded.stderr
     assert loaded.stdout.split() == ["wallaroo_proto.protocols.schema"]
+
+
+def protocol_leaks(graph: dict[str, set[str]]) -> list[str]:
+    """Where a module outside ``protocols/<p>/`` and the CLI imports protocol ``<p>``'s modules:
+    shared code reaches a protocol only through the registry (``wallaroo_proto.protocols``)."""
+    root = "wallaroo_proto.protocols."
+    packages = {
+        name
+        for name, path in _modules(wallaroo_proto).items()
+        if name.startswith(root) and name.count(".") == 2 and path.name == "__init__.py"
+    }
+
+    def protocol(module: str) -> str | None:
+        return next((p for p in packages if module == p or module.startswith(p + ".")), None)
+
+    return [
+        f"{name} -> {target}"
+        for name, targets in sorted(graph.items())
+        if not name.startswith("wallaroo_proto_cli.") and protocol(name) is None
+        for target in sorted(targets)
+        if protocol(target) is not None
+    ]
+
+
+def test_shared_code_reaches_a_protocol_only_through_the_registry():
+    """A protocol's package is its own: the dissector, the proxy or Spark importing one names that
+    protocol, and the others cannot offer the same through their plug-ins."""
+    assert protocol_leaks(import_graph()) == []

@@ -10,6 +10,7 @@ the example job. One Spark session (local[2]) serves the whole module.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import socket
 from decimal import Decimal
@@ -555,6 +556,42 @@ def test_printed_titles_carry_their_view_names():
     assert ("dcp_vbuckets", "DCP vbucket streams (dcp_vbuckets)") in shown
     assert not [n for n in names if n.startswith(("kinesis_", "tremor_", "ambrosia_"))]
     assert all(title.endswith(f" ({name})") for name, title in shown)
+
+
+def test_the_plugins_say_whose_reports_print_when_their_protocol_is_absent(monkeypatch):
+    """Printing a protocol's reports with none of its connections is its plug-in's declaration,
+    not a name in the shared code."""
+    swapped = tuple(
+        dataclasses.replace(p, reports_always_printed=p.name == "kinesis") for p in reports.plugins()
+    )
+    monkeypatch.setattr(reports, "plugins", lambda: swapped)
+    names = [name for name, _ in reports.printed_views({"dcp"})]
+    assert "kinesis_shards" in names and "dcp_vbuckets" in names
+    assert "audit" not in names and not [n for n in names if n.startswith(("tremor_", "ambrosia_"))]
+
+
+@pytest.mark.timeout(480)
+def test_the_use_column_is_the_field_a_plugin_declares(replayed, monkeypatch):
+    """``connections``' use is each protocol's declared ``use_field``: Wallaroo's use, and here a
+    Kinesis shard too."""
+    from wallaroo_proto.capture.dissector import iter_records
+
+    names, loaded, _ = replayed
+    swapped = tuple(
+        dataclasses.replace(p, use_field="shard_id") if p.name == "kinesis" else p for p in reports.plugins()
+    )
+    monkeypatch.setattr(reports, "plugins", lambda: swapped)
+    got = {
+        k: r["use"] for k, r in rows_by(reports.connections(loaded.frames), "capture", "conn_index").items()
+    }
+    expected: dict = {}
+    for path in names:
+        for r in iter_records(path):
+            use = {"kinesis": r.get("shard_id"), "wallaroo": r.get("use")}.get(r["protocol"])
+            if expected.get((path, r["conn_index"])) is None:
+                expected[(path, r["conn_index"])] = use
+    assert got == expected
+    assert {"shardId-000000000000", "source", "sink"} <= set(got.values())
 
 
 def test_the_standard_tables_print_with_a_question_only_when_asked():

@@ -9,6 +9,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable
 
+from wallaroo_proto.protocols import get_plugin
+
 
 def lua_table(items: Iterable[tuple[int, str]]) -> str:
     """A Lua table literal ``{ [n] = "name", ... }`` (a value-string table for a ProtoField)."""
@@ -90,8 +92,6 @@ PROTOCOLS = ("wallaroo", "kinesis", "ambrosia")
 
 def generate(protocol: str, ports: Iterable[int] = (), max_frame_size: int | None = None) -> str:
     """``protocol``'s plugin text, on ``ports`` (default: the plug-in's ports), with its size limit."""
-    from wallaroo_proto.protocols import get_plugin
-
     if protocol not in PROTOCOLS:
         raise KeyError(f"no Lua plugin for {protocol!r} (there is one for {', '.join(PROTOCOLS)})")
     module = importlib.import_module(f"wallaroo_proto.protocols.{protocol}.wireshark")

@@ -38,7 +38,6 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, BinaryIO
 
 from wallaroo_proto.protocols import ProtocolPlugin, get_plugin, plugins
-from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE
 from wallaroo_proto.records import ConnectionKey, to_json
 
 from .frame_block import SHARED, FrameBlock
@@ -206,7 +205,7 @@ class Dissector:
         protocols: Collection[str] | None = None,
         conn_indexes: Collection[int] | None = None,
         connection_filter: Callable[[tuple], bool] | None = None,
-        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_frame_size: int | None = None,
         max_out_of_order: int = DEFAULT_MAX_OUT_OF_ORDER,
         with_raw: bool = False,
         keep_summaries: bool = True,
@@ -236,6 +235,7 @@ class Dissector:
         self.only = frozenset(protocols) if protocols is not None else None
         #: Only the connections with these numbers are dissected (numbered as ever).
         self.conn_indexes = frozenset(conn_indexes) if conn_indexes is not None else None
+        #: Every protocol's frame-length limit, as the user gave it; None: each plug-in's own.
         self.max_frame_size = max_frame_size
         self.max_out_of_order = max_out_of_order
         self.with_raw = with_raw
@@ -273,6 +273,12 @@ class Dissector:
         """``holder`` (a tracker) holds frames whose packets come before records made since: those
         records wait until it is no longer ``pending`` or the driver calls its ``flush(packet, ts)``."""
         self._holding[holder] = None
+
+    def frame_limit(self, protocol: str) -> int:
+        """A protocol's frame-length limit here: the user's, else its plug-in's ``max_frame_size``."""
+        if self.max_frame_size is not None:
+            return self.max_frame_size
+        return get_plugin(protocol).max_frame_size
 
     def run(self, source: str | os.PathLike | BinaryIO) -> Iterator[dict]:
         """Every frame record, in the order the packets completing them appear."""
@@ -547,7 +553,7 @@ class Dissector:
         """Give a probed connection its plug-in once the first sender's bytes tell (``final``: they must)."""
         plugin = None
         for candidate in self.plugins if detect else ():
-            answer = candidate.detect(bytes(probe.data), self.max_frame_size, final)
+            answer = candidate.detect(bytes(probe.data), self.frame_limit(candidate.name), final)
             if answer is None:  # an earlier plug-in may yet claim these bytes
                 return
             if answer:
@@ -793,7 +799,6 @@ def iter_records(
             if isinstance(path_or_fileobj, (str, os.PathLike))
             else getattr(path_or_fileobj, "name", "<stream>")
         )
-    kwargs = {} if max_frame_size is None else {"max_frame_size": max_frame_size}
     dissector = Dissector(
         capture_name,
         ports=ports,
@@ -801,8 +806,8 @@ def iter_records(
         protocols=protocols,
         conn_indexes=conn_indexes,
         connection_filter=connection_filter,
+        max_frame_size=max_frame_size,
         keep_summaries=False,
-        **kwargs,
     )
     yield from dissector.frames(path_or_fileobj) if blocks else dissector.run(path_or_fileobj)
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from wallaroo_proto.records import to_json
 
-from .dissector import DEFAULT_MAX_FRAME_SIZE, Dissector
+from .dissector import Dissector
 from .frame_block import FrameBlock
 from .pcap import CaptureError, is_stream
 from .stats import StatsError, feed
@@ -131,7 +131,7 @@ class Reading:
     clock: TimeFormat
     ports: Sequence[int] = ()
     protocol: str | None = None
-    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    max_frame_size: int | None = None  # None: each plug-in's own
     fmt: str = "text"
     hexdump: bool = False
     count: int | None = None

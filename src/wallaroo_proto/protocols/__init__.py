@@ -21,6 +21,10 @@ from typing import Any
 
 from wallaroo_proto.records import join_fields
 
+#: The frame-length limit every protocol was read with before its plug-in declared its own, and
+#: ``dissect --max-frame-size``'s default (which applies to every protocol at once).
+DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
+
 
 def own_connection(key: Any) -> tuple:
     """The default ``part_key``: a connection's dissection needs no other connection's."""
@@ -56,6 +60,9 @@ class ProtocolPlugin:
     #: protocol? ``None`` (only when not ``final``): these bytes cannot tell yet, more may.
     #: The driver waits for more bytes rather than decide on a short first segment.
     detect: Callable[[bytes, int, bool], bool | None]
+    #: Its frame-length limit: a longer length prefix is a violation. ``detect`` is given it, and
+    #: the tracker asks the driver (``Dissector.frame_limit``), which gives the user's limit if one.
+    max_frame_size: int
     #: One direction's splitter: ``feed(bytes)`` gives frames, ``gap(n)`` resyncs after lost bytes.
     framer: Callable[..., Any]
     #: A frame's bytes to its value.
@@ -99,6 +106,12 @@ class ProtocolPlugin:
     #: Optional: its spark-replay reports keep plain names (``messages``, not ``wallaroo_messages``):
     #: Wallaroo's, which were the first and whose names users' jobs already use.
     plain_table_names: bool = False
+    #: Optional: spark-replay prints its reports even when no capture holds its connections
+    #: (Wallaroo's, printed so since they were the only ones).
+    reports_always_printed: bool = False
+    #: Optional: its field that says what a connection is for (Wallaroo's ``use``: source or
+    #: sink), the ``use`` column of spark-replay's ``connections``.
+    use_field: str | None = None
     #: Optional: integer fields shown in hex (as Wireshark's BASE_HEX), name -> digits, so the
     #: table, ``-T fields`` and the summary write one value one way: ``0x`` and zero-padded.
     hex_fields: Mapping[str, int] = field(default_factory=dict)
@@ -144,6 +157,7 @@ def table_name(protocol: str, table: str) -> str:
 
 
 __all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
     "ProtocolPlugin",
     "as_hex",
     "get_plugin",

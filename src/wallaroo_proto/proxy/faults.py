@@ -389,8 +389,6 @@ class ConnectionFaults:
         return self._detect(None, b"", final=True) if self._deciding else []
 
     def _detect(self, from_client: bool | None, data: bytes, final: bool = False) -> list[Step]:
-        from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE  # as dissect's
-
         if from_client is not None:
             self._waiting.append((from_client, data))
         if not self._waiting:
@@ -400,7 +398,7 @@ class ConnectionFaults:
         final = final or sum(len(d) for _, d in self._waiting) >= DETECT_LIMIT
         undecided = False
         for plugin in plugins():
-            said = plugin.detect(head, DEFAULT_MAX_FRAME_SIZE, final)
+            said = plugin.detect(head, plugin.max_frame_size, final)
             if said:
                 self.protocol = plugin.name
                 break

@@ -81,14 +81,15 @@ def findings(frames: DataFrame) -> DataFrame:
 
 
 def connections(frames: DataFrame) -> DataFrame:
-    """Per connection of every protocol: use (a Wallaroo connection's source or sink), frames (decoded
-    ones, as the dissector counts them), bytes, violations (rows of ``violations``), span."""
+    """Per connection of every protocol: use (what it is for, as its plug-in's ``use_field`` says),
+    frames (decoded ones, as the dissector counts them), bytes, violations (rows of ``violations``), span."""
     F = _f()  # noqa: N806
+    use = F.coalesce(*(F.col(f"{p.name}.{p.use_field}") for p in plugins() if p.use_field))
     return (
         frames.groupBy(*CONN)
         .agg(
             F.first("protocol").alias("protocol"),
-            F.first("wallaroo.use", ignorenulls=True).alias("use"),
+            F.first(use, ignorenulls=True).alias("use"),
             F.count(F.when(F.col("type") != "INVALID", 1)).alias("frames"),
             F.coalesce(F.sum("length"), F.lit(0)).alias("bytes"),
             F.coalesce(F.sum(F.size(F.coalesce("violations", F.array()))), F.lit(0)).alias("violations"),
@@ -117,11 +118,12 @@ def view_names() -> list[str]:
 
 def printed_views(protocols: Iterable[str]) -> list[tuple[str, str]]:
     """(view, title) of the standard tables, each title ending in its view name: the common views,
-    Wallaroo's reports, and another protocol's when ``protocols`` (those in the captures) has it."""
+    then each protocol's reports when ``protocols`` (those in the captures) has it or its plug-in
+    prints them always (``ProtocolPlugin.reports_always_printed``)."""
     present = set(protocols)
     shown = [(name, title) for name, (title, _) in COMMON.items()]
     for plugin in plugins():
-        if plugin.name == "wallaroo" or plugin.name in present:
+        if plugin.reports_always_printed or plugin.name in present:
             shown += [(table_name(plugin.name, name), title) for name, title in plugin.report_titles.items()]
     return [(name, f"{title} ({name})") for name, title in shown]
 

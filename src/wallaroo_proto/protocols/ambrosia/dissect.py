@@ -253,7 +253,7 @@ class AmbrosiaTracker:
         lb_addr, _ = self.addrs[not self.ic_is_client]
         self.pair = _join(self.dissector, lb_addr, ic_addr, self.role, ic_port)
         self.ident["ambrosia_socket"] = self.role
-        limit = max(self.dissector.max_frame_size, 1 << 20)
+        limit = max(self.dissector.frame_limit("ambrosia"), 1 << 20)
         self.dirs[self.ic_is_client].splitter = RecordSplitter(max_size=limit) if records else None
         self.dirs[not self.ic_is_client].splitter = None if records else MessageSplitter(max_size=limit)
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from wallaroo_proto.protocols import ProtocolPlugin
+from wallaroo_proto.protocols import DEFAULT_MAX_FRAME_SIZE, ProtocolPlugin
 
 from .codec import TYPE_NAMES as MESSAGE_TYPES
 from .codec import RecordSplitter, read_header
@@ -130,6 +130,7 @@ PLUGIN = ProtocolPlugin(
     name="ambrosia",
     default_ports=PORTS,
     detect=looks_like_ambrosia,
+    max_frame_size=DEFAULT_MAX_FRAME_SIZE,  # the splitters take at least 1 MiB
     framer=RecordSplitter,
     decode=decode,
     judge=Session,

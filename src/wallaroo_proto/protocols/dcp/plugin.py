@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from wallaroo_proto.protocols import ProtocolPlugin, as_hex
+from wallaroo_proto.protocols import DEFAULT_MAX_FRAME_SIZE, ProtocolPlugin, as_hex
 
 from . import codec
 from .codec import PacketSplitter, decode_packet
@@ -169,6 +169,7 @@ PLUGIN = ProtocolPlugin(
     name="dcp",
     default_ports=PORTS,
     detect=looks_like_dcp,
+    max_frame_size=DEFAULT_MAX_FRAME_SIZE,  # detect's bound; the splitter keeps the codec's 20 MiB
     framer=PacketSplitter,
     decode=decode_packet,
     judge=Connection,

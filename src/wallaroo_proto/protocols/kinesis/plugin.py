@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from wallaroo_proto.protocols import ProtocolPlugin
+from wallaroo_proto.protocols import DEFAULT_MAX_FRAME_SIZE, ProtocolPlugin
 
 from .codec import REQUESTS, LineSplitter, decode_from_daemon
 from .core import Conversation
@@ -124,6 +124,7 @@ PLUGIN = ProtocolPlugin(
     name="kinesis",
     default_ports=PORTS,
     detect=looks_like_mld,
+    max_frame_size=DEFAULT_MAX_FRAME_SIZE,  # unread: LineSplitter bounds a line itself
     framer=LineSplitter,
     decode=decode_from_daemon,
     judge=Conversation,

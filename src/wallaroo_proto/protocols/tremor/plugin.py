@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from wallaroo_proto.protocols import ProtocolPlugin
+from wallaroo_proto.protocols import DEFAULT_MAX_FRAME_SIZE, ProtocolPlugin
 
 from .core import Session
 from .dissect import PORTS, TremorTracker, detect
@@ -145,6 +145,7 @@ PLUGIN = ProtocolPlugin(
     name="tremor",
     default_ports=PORTS,
     detect=detect,
+    max_frame_size=DEFAULT_MAX_FRAME_SIZE,  # unread: the WebSocket reader bounds a frame itself
     framer=FrameSplitter,
     decode=parse,
     judge=Session,

@@ -140,7 +140,7 @@ class _Tracker:
         #: False (``drain``, the proxy's checker): accepted MESSAGEs are counted, never made records.
         self.want_records = dissector.want_records
         self.canon: tuple = ()
-        max_size = dissector.max_frame_size
+        max_size = dissector.frame_limit("wallaroo")
         self.ends = {True: client, False: server}
         self.dirs = {
             True: DirectionFramer(self, True, max_size),

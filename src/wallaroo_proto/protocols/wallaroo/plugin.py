@@ -8,7 +8,7 @@ from typing import Any
 from wallaroo_proto.protocols import ProtocolPlugin
 from wallaroo_proto.protocols.wallaroo.codec import decode
 from wallaroo_proto.protocols.wallaroo.dissect import _Tracker, looks_like_hello
-from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_PORTS, FrameType
+from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, DEFAULT_PORTS, FrameType
 from wallaroo_proto.protocols.wallaroo.protocol import Connection
 from wallaroo_proto.protocols.wallaroo.reader import FrameReader
 from wallaroo_proto.protocols.wallaroo.twopc import TwoPCTag
@@ -91,6 +91,7 @@ PLUGIN = ProtocolPlugin(
     name="wallaroo",
     default_ports=DEFAULT_PORTS,
     detect=looks_like_hello,
+    max_frame_size=DEFAULT_MAX_FRAME_SIZE,
     framer=FrameReader,
     decode=decode,
     judge=Connection,
@@ -106,5 +107,7 @@ PLUGIN = ProtocolPlugin(
     report_titles=TITLES,
     report_signals=WallarooSignals,
     plain_table_names=True,
+    reports_always_printed=True,
+    use_field="use",
     structs=STRUCTS,
 )
