@@ -21,6 +21,7 @@ from wallaroo_proto_cli.options import (
     open_failure,
     os_reason,
     output_option,
+    protocol_version_option,
     summary_format,
     usage_error,
     verbosity,
@@ -58,14 +59,7 @@ def _console(stderr: bool):
 )
 @hidden_alias("--out-dir", "output", type=click.Path(file_okay=False))
 @click.option("--faults", "faults_file", type=click.Path(dir_okay=False), help="Fault file (TOML or JSON).")
-@click.option(
-    "--protocol-version",
-    "version",
-    default=SINK_VERSION,
-    show_default=True,
-    help="Protocol version to accept.",
-)
-@hidden_alias("--version", "version")
+@protocol_version_option(SINK_VERSION, "Protocol version to accept.")
 @click.option("--cookie", default="", help="Cookie workers must send (empty by default).")
 @click.option("--reply-phase2", is_flag=True, help="Also REPLY to PHASE2 (the shipped sink does not).")
 @click.option(

@@ -8,28 +8,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 
 import click
 from rich.markup import escape
+from wallaroo_proto_cli.mock_source_view import progress, render, rich_console
 from wallaroo_proto_cli.options import (
     CONNECT_ADDRESS,
     EXIT_INTERRUPTED,
     Command,
     examples,
-    hidden_alias,
+    protocol_version_option,
     record_option,
     summary_format,
     usage_error,
     verbosity,
 )
-from wallaroo_proto_cli.serving import on_stop_signals
+from wallaroo_proto_cli.serving import json_summary, on_stop_signals
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import DEFAULT_MAX_FRAME_SIZE, SOURCE_VERSION
 from wallaroo_proto.protocols.wallaroo.inputs import InputError, build_inputs
-from wallaroo_proto.protocols.wallaroo.source import MockSource, SourceFailed, SourceOptions, SourceStats
+from wallaroo_proto.protocols.wallaroo.source import MockSource, SourceFailed, SourceOptions
 
 
 @click.command(
@@ -72,14 +72,7 @@ from wallaroo_proto.protocols.wallaroo.source import MockSource, SourceFailed, S
     show_default=True,
     help="The worker's HOST:PORT.",
 )
-@click.option(
-    "--protocol-version",
-    "version",
-    default=SOURCE_VERSION,
-    show_default=True,
-    help="Protocol version to send.",
-)
-@hidden_alias("--version", "version")
+@protocol_version_option(SOURCE_VERSION, "Protocol version to send.")
 @click.option("--cookie", default="", help="Cookie the worker expects (empty by default).")
 @click.option(
     "--program-name", default="wallaroo-proto", show_default=True, help="Program name in our HELLO."
@@ -204,7 +197,7 @@ def command(
         idle_timeout=idle_timeout,
         dialect=dialect,
     )
-    err_console = _console(stderr=True)
+    err_console = rich_console(stderr=True)
 
     def log(message: str) -> None:
         if verbosity >= 0 or "resumed" in message:  # what a rerun skips is said even with -q
@@ -219,10 +212,8 @@ def command(
     show_bar = verbosity >= 0 and fmt == "text" and sys.stderr.isatty()
     code, problem = runtime.run(_run(source, err_console if show_bar else None))
     stats = source.stats
-    if fmt == "json":
-        click.echo(json.dumps({**stats.as_dict(), "exit_code": code}))
-    else:
-        _render(stats, code)
+    if not json_summary({**stats.as_dict(), "exit_code": code}, fmt):
+        render(stats, code)
     if problem:
         click.echo(f"wallaroo-proto mock-source: {problem}", err=True)
     sys.exit(code)
@@ -238,7 +229,7 @@ async def _run(source: MockSource, console) -> tuple[int, str | None]:
         main.cancel()
 
     on_stop_signals(stop)
-    progress_task = asyncio.create_task(_progress(source.stats, console)) if console else None
+    progress_task = asyncio.create_task(progress(source.stats, console)) if console else None
     try:
         await main
         return 0, None
@@ -255,67 +246,3 @@ async def _run(source: MockSource, console) -> tuple[int, str | None]:
             progress_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await progress_task
-
-
-async def _progress(stats: SourceStats, console) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("[bold]mock-source"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[detail]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    ) as bar:
-        task = bar.add_task("send", total=stats.total, detail="")
-        while True:
-            elapsed = stats.elapsed or 1e-9
-            bar.update(
-                task,
-                completed=stats.messages,
-                detail=f"{stats.messages / elapsed:,.0f} msg/s  acked {stats.acknowledged:,}  "
-                f"replayed {stats.replayed:,}  conns {stats.connections}",
-            )
-            await asyncio.sleep(0.1)
-
-
-def _console(stderr: bool):
-    from rich.console import Console
-
-    return Console(stderr=stderr)
-
-
-def _render(stats: SourceStats, code: int) -> None:
-    from rich.table import Table
-
-    data = stats.as_dict()
-    table = Table(title="mock-source summary", show_header=False)
-    table.add_column("what")
-    table.add_column("value", justify="right")
-    rows = [
-        ("streams done", f"{data['streams_done']} / {data['streams']}"),
-        ("messages", f"{data['messages']:,}"),
-        ("replayed", f"{data['replayed']:,}"),
-        ("acknowledged", f"{data['acknowledged']:,}"),
-        ("payload bytes", f"{data['payload_bytes']:,}"),
-        ("connections", str(data["connections"])),
-        ("restarts / drops", f"{data['restarts']} / {data['drops']}"),
-        ("refused NOTIFYs", str(data["refusals"])),
-        *(
-            (
-                "resumed",
-                f"{r['stream']}: {r['skipped']:,} skipped"
-                + (", nothing left to send" if r["nothing_left"] else "")
-                + " (the worker held them)",
-            )
-            for r in data["resumed"]
-        ),
-        ("elapsed", f"{data['elapsed_s']:.3f} s"),
-        ("throughput", f"{data['messages_per_s']:,.0f} msg/s  {data['mb_per_s']:.2f} MB/s"),
-        ("result", "ok" if code == 0 else f"exit {code}: {data['error']}"),
-    ]
-    for row in rows:
-        table.add_row(*row)
-    _console(stderr=False).print(table)

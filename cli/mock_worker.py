@@ -8,15 +8,11 @@ stdout at the end (``--format json`` for scripts).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import sys
-import time
 
 import click
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
+from wallaroo_proto_cli.mock_worker_view import print_summary, show_live, sink_summary
 from wallaroo_proto_cli.options import (
     CONNECT_ADDRESS,
     Command,
@@ -25,17 +21,20 @@ from wallaroo_proto_cli.options import (
     format_address,
     hidden_alias,
     listen_option,
+    live_option,
     open_failure,
     os_reason,
     output_option,
     problem,
+    protocol_version_option,
     record_option,
+    shows_live,
     summary_format,
     usage_error,
     verbosity,
     write_timeout_option,
 )
-from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
 from wallaroo_proto.protocols.wallaroo.frames import (
@@ -48,10 +47,8 @@ from wallaroo_proto.protocols.wallaroo.sink_driver import (
     SinkRefused,
     SinkUnavailable,
     drive,
-    input_driver,
     input_name,
-    input_payloads,
-    input_state,
+    input_run,
 )
 from wallaroo_proto.protocols.wallaroo.sink_forwarder import SinkForwarder
 from wallaroo_proto.protocols.wallaroo.worker import JsonLinesOut, MockWorker, WorkerConfig, stream_rejecter
@@ -59,70 +56,6 @@ from wallaroo_proto.protocols.wallaroo.worker import JsonLinesOut, MockWorker, W
 NAME = "mock-worker"
 #: Seconds a sink never reached is tried for, and one reached once after it is lost.
 SINK_FIRST_CONTACT, SINK_GIVE_UP = 10.0, 60.0
-
-
-def _live_table(worker: MockWorker, rate: float) -> Group:
-    view = worker.live()
-    head = (
-        f"[bold]{NAME}[/] {worker.address[0]}:{worker.address[1]}  messages {view['messages']:,}"
-        f"  ({rate:,.0f}/s)  replays {view['replays']:,}  checkpoints {view['checkpoints']}"
-        f"  violations {view['violations']}  streams {view['streams']}"
-    )
-    table = Table(expand=False)
-    for col in ("conn", "peer", "instance", "state", "credits", "streams", "messages", "replays"):
-        table.add_column(col)
-    for c in view["connections"][:30]:
-        streams = c["streams"]
-        shown = ", ".join(str(s) for s in streams[:4]) + (" ..." if len(streams) > 4 else "")
-        table.add_row(
-            str(c["connection"]),
-            c["peer"],
-            c["instance"],
-            c["state"],
-            "" if c["credits"] is None else str(c["credits"]),
-            shown,
-            f"{c['messages']:,}",
-            f"{c['replays']:,}",
-        )
-    return Group(head, table)
-
-
-def _print_summary(summary: dict, fmt: str, rows: int = 50) -> None:
-    if json_summary(summary, fmt):
-        return
-    out = Console(file=sys.stdout, highlight=False, soft_wrap=True)
-    out.print(
-        f"{NAME} summary: {summary['messages']:,} messages delivered "
-        f"({summary['messages_per_second']:,.0f}/s over {summary['seconds']:.1f}s), "
-        f"{summary['replays_dropped']:,} replays dropped, {summary['connections']} connections, "
-        f"{summary['checkpoints']} checkpoints"
-    )
-    out.print(
-        f"  notifies {summary['notifies']} (refused {summary['notify_refused']}), eos {summary['eos']}, "
-        f"acks {summary['acks_sent']}, restarts {summary['restarts_sent']}, "
-        f"dropped {summary['dropped_connections']}, violations {summary['violations']}, "
-        f"handshakes failed {summary['handshakes_failed']}, refused connections "
-        f"{summary['refused_connections']}, timeouts {summary['timeouts']}"
-    )
-    for err in summary["errors_received"]:
-        out.print(f"  ERROR from connection {err['connection']} ({err['peer']}): {err['reason']}")
-    for err in summary["errors"]:
-        if err["connection"] is not None:  # a sink's failure is the command's own last line
-            to = f"connection {err['connection']} ({err['peer']})"
-            out.print(f"  ERROR to {to} \\[{err['kind']}]: {err['reason']}")
-    if summary["streams"]:
-        table = Table(title="streams")
-        for col in ("stream_id", "name", "delivered", "replays", "last_seen", "point_of_ref", "held_by"):
-            table.add_column(col)
-        for s in summary["streams"][:rows]:
-            table.add_row(*("" if s[k] is None else str(s[k]) for k in table_columns(table)))
-        out.print(table)
-        if len(summary["streams"]) > rows:
-            out.print(f"  ... and {len(summary['streams']) - rows} more streams (-v or --format json)")
-
-
-def table_columns(table: Table) -> list[str]:
-    return [str(c.header) for c in table.columns]
 
 
 def _driver_options(opts: dict) -> dict:
@@ -144,45 +77,31 @@ def _driver_options(opts: dict) -> dict:
 
 def _drive_input(opts: dict) -> None:
     """``--sink-connect`` with ``--input``: no connectors, just the input through 2PC to the sink
-    (with ``--state``, crash-safe: ``sink_driver.input_driver``)."""
+    (with ``--state``, crash-safe: ``sink_driver.input_run``)."""
     host, port = opts["sink_connect"]
-    source, path = input_name(opts["sink_input"]), opts["state_path"]
     try:
-        registry = input_state(path, source) if path else None
+        run = input_run(
+            host,
+            port,
+            opts["sink_input"],
+            opts["state_path"],
+            checkpoint_every=opts["checkpoint_every"],
+            checkpoint_ms=opts["checkpoint_ms"],
+            **_driver_options(opts),
+        )
     except StateError as err:
         raise usage_error(str(err)) from err
-    saved = registry.sink if registry else {"offset": 0, "txn": None}
-    driver = input_driver(
-        host,
-        port,
-        source,
-        registry,
-        checkpoint_every_messages=max(opts["checkpoint_every"], 1),
-        checkpoint_every_ms=opts["checkpoint_ms"] or 1000.0,
-        **_driver_options(opts),
-    )
-    try:
-        payloads = input_payloads(opts["sink_input"], start=saved["offset"])
     except ValueError as err:
-        if not saved["offset"]:
-            raise click.BadParameter(str(err), param_hint="--input") from err
-        raise usage_error(
-            f"--state {path} has the first {saved['offset']} bytes of --input {source} committed, "
-            f"but {err}: not the input it was written for"
-        ) from err
+        raise click.BadParameter(str(err), param_hint="--input") from err
     except OSError as err:
         raise usage_error(f"cannot read --input {opts['sink_input']}: {err.strerror or err}") from err
-    if registry is not None:
-        try:
-            registry.save()  # find out now, not at the first commit, that it cannot be written
-        except OSError as err:
-            raise usage_error(f"cannot write --state {path}: {err.strerror or err}") from err
-    if saved["offset"] or saved["txn"]:
+    if run.offset or run.txn:
+        source = input_name(opts["sink_input"])
         click.echo(
-            f"wallaroo-proto {NAME}: resuming --input {source} after byte {saved['offset']} of it", err=True
+            f"wallaroo-proto {NAME}: resuming --input {source} after byte {run.offset} of it", err=True
         )
     try:
-        stats = asyncio.run(drive(driver, payloads))
+        stats = asyncio.run(drive(run.driver, run.payloads))
     except SinkUnavailable as err:
         raise CommandError(str(err), 1 if err.reached else 2) from None
     except SinkRefused as err:
@@ -193,26 +112,7 @@ def _drive_input(opts: dict) -> None:
     if opts["fmt"] == "json":
         click.echo(json.dumps(summary, default=str))
     else:
-        click.echo(f"{NAME} sink summary: " + _sink_summary(summary))
-
-
-def _sink_summary(summary: dict) -> str:
-    """The driver's counts as words (what a sink does with credits is nothing: none shown)."""
-    shown = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in summary.items() if k != "last_problem")
-    return shown + (f"; last problem: {summary['last_problem']}" if summary.get("last_problem") else "")
-
-
-def _faults_that_did_not_fire(opts: dict, summary: dict) -> list[str]:
-    """Faults asked for that no connection reached: the run did not test what it was asked to."""
-    notes = []
-    faults = (("restart_after", "restarts_sent"), ("drop_connection_after", "dropped_connections"))
-    for option, fired in faults:
-        if opts[option] and not summary[fired]:
-            notes.append(
-                f"--{option.replace('_', '-')} {opts[option]} never fired: no connection delivered "
-                f"{opts[option]:,} messages ({summary['messages']:,} delivered in all)"
-            )
-    return notes
+        click.echo(f"{NAME} sink summary: " + sink_summary(summary))
 
 
 async def _run(
@@ -244,20 +144,7 @@ async def _run(
         raise usage_error(f"cannot listen on {address}: {os_reason(err)}") from err
     ready(f"wallaroo-proto {NAME}: listening on {host}:{port}")
 
-    if live:
-        console = Console(stderr=True)
-        with Live(console=console, auto_refresh=False, transient=True) as view:
-            last, last_t = 0, time.monotonic()
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.25):
-                        await stop.wait()
-                now = time.monotonic()
-                rate = (worker.stats.messages - last) / max(now - last_t, 1e-9)
-                last, last_t = worker.stats.messages, now
-                view.update(_live_table(worker, rate), refresh=True)
-    else:
-        await stop.wait()
+    await (show_live(worker, stop) if live else stop.wait())
     await worker.close()
     return worker.summary(), worker.sink is not None and worker.sink.driver.never_reached
 
@@ -292,14 +179,7 @@ SECTIONS = {
     ),
 )
 @listen_option(7100, "Address connectors connect to")
-@click.option(
-    "--protocol-version",
-    "protocol_version",
-    default=SOURCE_VERSION,
-    show_default=True,
-    help="Protocol version a HELLO must carry exactly.",
-)
-@hidden_alias("--version", "protocol_version")
+@protocol_version_option(SOURCE_VERSION, "Protocol version a HELLO must carry exactly.", "protocol_version")
 @click.option("--cookie", default="", help="Cookie a HELLO must carry (compared in constant time).")
 @click.option(
     "--credits",
@@ -460,9 +340,7 @@ SECTIONS = {
     help="Record the sink connection into this pcap file.",
 )
 @click.option("--strict", is_flag=True, help="Exit 1 if any connector committed a protocol violation.")
-@click.option(
-    "--live/--no-live", default=None, help="Live view on stderr  [default: when stderr is a terminal]"
-)
+@live_option()
 @verbosity(
     quiet="No live view and no sink lines: errors and the summary.",
     verbose="Every stream in the summary's table (else the first 50).",
@@ -518,10 +396,10 @@ def command(**opts) -> None:
         raise usage_error(str(err)) from err
     except OSError as err:
         raise usage_error(f"cannot write --state {opts['state_path']}: {err.strerror or err}") from err
-    live = opts["live"] if opts["live"] is not None else sys.stderr.isatty() and opts["verbosity"] >= 0
+    live = shows_live(opts["live"], opts["verbosity"])
     summary, unreachable = runtime.run(_run(config, registry, opts["output"], live, sink))
-    _print_summary(summary, opts["fmt"], rows=len(summary["streams"]) if opts["verbosity"] > 0 else 50)
-    for note in _faults_that_did_not_fire(opts, summary):
+    print_summary(summary, opts["fmt"], rows=len(summary["streams"]) if opts["verbosity"] > 0 else 50)
+    for note in config.faults_not_fired(summary):
         click.echo(f"wallaroo-proto {NAME}: {note}", err=True)
     if summary["fatal"]:
         raise CommandError(f"stopped: {summary['fatal']}", 2 if unreachable else 1)

@@ -386,3 +386,29 @@ def record_option(help: str) -> Callable:
         callback=stdout_free,
         help=help + ' ("-": stdout, for `| wallaroo-proto dissect -`; the ready line goes to stderr).',
     )
+
+
+def protocol_version_option(default: str, help: str, dest: str = "version") -> Callable:
+    """``--protocol-version V`` of a Wallaroo peer, passed as ``dest``; ``--version``, the older
+    word, still works, hidden from the help."""
+
+    def decorate(f: Callable) -> Callable:
+        f = hidden_alias("--version", dest)(f)
+        return click.option("--protocol-version", dest, default=default, show_default=True, help=help)(f)
+
+    return decorate
+
+
+def live_option(what: str = "") -> Callable:
+    """``--live/--no-live`` of a server's live view on stderr (``None`` when not given: see
+    ``shows_live``)."""
+    return click.option(
+        "--live/--no-live",
+        default=None,
+        help=f"Live view on stderr{what}  [default: when stderr is a terminal]",
+    )
+
+
+def shows_live(live: bool | None, verbosity: int) -> bool:
+    """``--live`` as given, else the live view shows when stderr is a terminal and -q is not given."""
+    return live if live is not None else sys.stderr.isatty() and verbosity >= 0

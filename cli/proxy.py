@@ -11,40 +11,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-import sys
 from collections import Counter
-from functools import partial
 
 import click
-from rich.console import Console
 from rich.markup import escape
-from wallaroo_proto_cli.dissect_stats import print_summary_findings, summary_console
 from wallaroo_proto_cli.options import (
     CONNECT_ADDRESS,
     LISTEN_ADDRESS,
     Command,
     examples,
     format_address,
+    live_option,
     os_reason,
     record_option,
+    shows_live,
     usage_error,
     verbosity,
 )
+from wallaroo_proto_cli.proxy_view import (
+    given_up_line,
+    print_summary,
+    relay_counts,
+    stderr_console,
+    violation_line,
+)
 from wallaroo_proto_cli.serving import on_stop_signals, ready
 
-from wallaroo_proto.protocols import get_plugin, names
+from wallaroo_proto.protocols import names
 from wallaroo_proto.proxy import faults as fault_rules
-from wallaroo_proto.proxy.checker import mib as _mib
 from wallaroo_proto.proxy.faultkit import FaultError
-from wallaroo_proto.proxy.outlet import Spool, SpoolText, Throttled
+from wallaroo_proto.proxy.outlet import Throttled
 from wallaroo_proto.proxy.relay import (
-    Budget,
     Relay,
-    RelayStats,
     close_for_violation,
     connection_of,
-    numbered_summary,
+    proxy_relays,
     sent_by_a_peer,
 )
 from wallaroo_proto.proxy.view import LiveView
@@ -52,22 +53,8 @@ from wallaroo_proto.proxy.watch import Watch
 from wallaroo_proto.runtime import accept_error_handler
 
 NAME = "wallaroo-proto proxy"
-#: Bytes of stderr lines that may wait for a reader; past it lines are dropped and counted.
-STDERR_BACKLOG = 1 << 20
 #: Seconds the last lines may wait at the end for a stderr nobody reads.
 STDERR_WAIT = 2.0
-#: Seconds a pair after the first tries again a connect its upstream refused.
-SECOND_SOCKET_WAIT = 10.0
-
-
-def _violation_line(r: dict, conn: int, side: str | None) -> str:
-    """One violation as it happens: the client is always the connection's initiator. Bytes that
-    are no frame (a Wallaroo frame that cannot be read) have no frame number: their packet's."""
-    direction = "client→upstream" if r["direction"].startswith("initiator") else "upstream→client"
-    reasons = "; ".join(r["violations"])
-    leg = f" ({side} side)" if side else ""
-    where = f"frame {r['frame_index']}" if r.get("frame_index") is not None else f"packet {r.get('packet')}"
-    return f"{NAME}: connection #{conn}{leg} {direction} {where} {r['type']}: {reasons}"
 
 
 async def _serve(relays: list[Relay], loop_ready, say) -> None:
@@ -162,11 +149,7 @@ async def _serve(relays: list[Relay], loop_ready, say) -> None:
     "each fault a comment on its frame)"
 )
 @click.option("--summary/--no-summary", default=True, show_default=True, help="dissect's summary at the end.")
-@click.option(
-    "--live/--no-live",
-    default=None,
-    help="Live view on stderr: connections, rates, protocol state  [default: when stderr is a terminal]",
-)
+@live_option(": connections, rates, protocol state")
 @verbosity(
     quiet="No live view and no line per violation on stderr: errors and the summary.",
     verbose="Also the relay's counts at the end: connections, bytes each way.",
@@ -196,23 +179,8 @@ def command(
         rules = fault_rules.parse_rules(fault_options, fault_files, protocol)
     except FaultError as err:
         raise usage_error(f"fault rules: {err}") from err
-    live = live if live is not None else sys.stderr.isatty() and verbosity >= 0
-    # Without the live view, stderr's lines are written by a thread of their own: a stderr
-    # nobody reads costs lines (counted, and said once it is read again), never the relay.
-    stderr_spool = None
-    if live:
-        # The live view's own console: a line printed on it goes above the view and stays there
-        # (another console's line lands below it, and the next refresh erases it).
-        errors = Console(stderr=True, highlight=False, emoji=False)
-    else:
-        stderr_spool = Spool(
-            sys.stderr.fileno(),
-            limit=STDERR_BACKLOG,
-            drop_lines=True,
-            dropped_line=lambda n: f"{NAME}: {n} line(s) dropped: stderr was not read\n".encode(),
-            name="stderr",
-        )
-        errors = Console(file=SpoolText(stderr_spool), highlight=False, soft_wrap=True, emoji=False)
+    live = shows_live(live, verbosity)
+    errors, stderr_spool = stderr_console(live)
 
     def say(line: str) -> None:
         errors.print(escape(f"{NAME}: {line}"))
@@ -225,10 +193,7 @@ def command(
         conn, side = connection_of(r, relays)
         violations[conn] += 1
         if verbosity >= 0:
-            line = _violation_line(r, conn, side)
-            if r.get("repeats_hidden"):
-                line += f" (more {r['type']} this way on #{conn}: counted in the summary, not shown)"
-            errors.print(escape(line))
+            errors.print(escape(violation_line(r, conn, side)))
         if strict and conn not in struck and sent_by_a_peer(r, side) and loop_box:
             struck.add(conn)
             loop_box[0].call_soon_threadsafe(close_for_violation, relays, r)
@@ -246,15 +211,7 @@ def command(
     max_held = (max_buffered << 20) * (2 if rules else 1)
 
     def on_given_up(r: dict) -> None:
-        conn, side = connection_of(r, relays)
-        leg = f" ({side} side)" if side else ""
-        bound = f"--max-buffered {_mib(r['limit'])}"
-        if rules:
-            bound = f"{_mib(r['limit'])} (twice --max-buffered: each side checked apart)"
-        say(
-            f"connection #{conn}{leg}: live checks given up: it holds {_mib(r['held'])} of frames not yet "
-            f"whole, and all connections together more than {bound}; its traffic goes on"
-        )
+        say(given_up_line(r, *connection_of(r, relays), faults=bool(rules)))
 
     ports = [address[1] for address in upstream]
     try:
@@ -271,25 +228,17 @@ def command(
         )
     except OSError as err:
         raise usage_error(f"--record {record}: {os_reason(err)}") from err
-    numbers, stats = itertools.count(1), RelayStats()
-    budget = Budget(max_buffered << 20) if rules else None  # without rules bytes pass as they come
     tap = view.wrap(watch) if live else watch  # the view counts each connection's bytes
-    for n, (here, there) in enumerate(zip(listen, upstream, strict=True)):
-        shaper = partial(fault_rules.ConnectionFaults, rules, protocol, there[1]) if rules else None
-        # A second socket's upstream (AMBROSIA's IC send port) listens once the first is accepted.
-        wait = SECOND_SOCKET_WAIT if n else 0.0
-        relays.append(
-            Relay(
-                *(here, there, tap),
-                faults=shaper,
-                on_fault=on_fault,
-                numbers=numbers,
-                stats=stats,
-                wait_for_upstream=wait,
-                say=say,
-                budget=budget,
-            )
-        )
+    relays += proxy_relays(
+        zip(listen, upstream, strict=True),
+        tap,
+        rules=rules,
+        protocol=protocol,
+        max_buffered=max_buffered << 20,
+        on_fault=on_fault,
+        say=say,
+    )
+    stats = relays[0].stats
     try:
         with view.shown(errors) if live else contextlib.nullcontext():
             asyncio.run(_serve(relays, loop_box.append, say))
@@ -297,24 +246,10 @@ def command(
         watch.close()
     if watch.error is not None:
         errors.print(f"[bold red]{NAME}:[/] live checks incomplete: {escape(watch.error)}")
-    out = summary_console(Console(file=sys.stdout, highlight=False, soft_wrap=False))
     if summary:
-        numbered = [numbered_summary(s, relays) for s in watch.summaries]
-        if numbered:  # as dissect --summary of the recording: the findings first
-            print_summary_findings(
-                out, numbered, record if record not in (None, "-") else "the proxy's connections"
-            )
-        for s in numbered:
-            get_plugin(s.get("protocol", "wallaroo")).print_summary(out, s)
-        for rule in rules:
-            missed = f", not applied {rule.not_applied}" if rule.not_applied else ""
-            out.print(escape(f"fault {rule.text}: matched {rule.seen}, applied {rule.fired}{missed}"))
+        print_summary(watch.summaries, relays, record, rules)
     if verbosity > 0:
-        errors.print(
-            f"{NAME}: {stats.accepted} connection(s) relayed, {stats.bytes[True]} bytes client→upstream, "
-            f"{stats.bytes[False]} bytes upstream→client"
-            + (f", {stats.refused_upstream} refused by the upstream" if stats.refused_upstream else "")
-        )
+        errors.print(relay_counts(stats))
     if stderr_spool is not None:
         stderr_spool.close(STDERR_WAIT)
     if watch.error is not None or watch.recording_stopped is not None or (strict and violations):

@@ -6,16 +6,11 @@ the steps with per-stage progress and renders results as rich tables.
 
 from __future__ import annotations
 
-import base64
-import json
 import time
-from collections.abc import Sequence
-from decimal import Decimal
 
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 from wallaroo_proto_cli.options import (
     AliasChoice,
     Command,
@@ -25,7 +20,7 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
-from wallaroo_proto_cli.tables import print_table
+from wallaroo_proto_cli.spark_replay_view import HIDDEN, emit_jsonl, fetch, short_connection, show, votes
 
 from wallaroo_proto.spark.reports import view_names
 
@@ -33,98 +28,6 @@ EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 NAME = "wallaroo-proto spark-replay"
 #: Table file formats, once given as --format (now --output-format).
 FILE_FORMATS = ("parquet", "csv", "json")
-
-#: Columns left out of the printed tables (they are in --output and the views).
-HIDDEN = {
-    "connections": ("first_ts", "last_ts"),
-    "restarts": ("restart_ts",),
-    "twopc": ("phase1_packet", "phase2_packet"),
-    "violations": ("offset", "verdict"),
-    "findings": ("ts",),
-}
-CONN_COLUMNS = ("capture", "connection", "conn_index")
-
-
-def _short_connection(frame):
-    """Print 'capture#n' instead of the capture, connection and index columns (see Connections)."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    if not all(c in frame.columns for c in CONN_COLUMNS):
-        return frame
-    conn = F.concat(F.element_at(F.split("capture", "/"), -1), F.lit("#"), F.col("conn_index").cast("string"))
-    rest = [c for c in frame.columns if c not in CONN_COLUMNS]
-    return frame.select(conn.alias("conn"), *rest)
-
-
-def _votes(frame):
-    """2PC votes and decisions as the words people use."""
-    from pyspark.sql import functions as F  # noqa: N812
-
-    for column in ("vote", "decision"):
-        if column in frame.columns:
-            word = F.when(F.col(column), "commit").when(~F.col(column), "abort")
-            frame = frame.withColumn(column, word)
-    return frame
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, (bytes, bytearray)):
-        text = bytes(value[:24]).decode("utf-8", "replace")
-        return text + ("…" if len(value) > 24 else "")
-    if isinstance(value, list):
-        return ", ".join(_cell(tuple(v) if hasattr(v, "asDict") else v) for v in value)
-    if isinstance(value, tuple):
-        return "(" + " ".join(_cell(v) for v in value) + ")"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
-
-
-def _plain(value: object) -> object:
-    """A Spark value as JSON: rows become objects, binary base64, timestamps ISO text."""
-    if hasattr(value, "asDict"):
-        return {k: _plain(v) for k, v in value.asDict().items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(bytes(value)).decode("ascii")
-    if isinstance(value, Decimal):  # a u64 id (decimal(20,0)): a JSON integer, every digit kept
-        return int(value) if value == value.to_integral_value() else float(value)
-    if hasattr(value, "isoformat"):
-        return value.isoformat()
-    return value
-
-
-def emit_jsonl(name: str, frame) -> None:
-    """Every row of ``frame`` as one JSON line tagged with its table, streamed (not collected)."""
-    for row in frame.toLocalIterator():
-        click.echo(json.dumps({"table": name, **_plain(row)}, separators=(",", ":")))
-
-
-def fetch(frame, rows: int, hidden: Sequence[str] = ()) -> tuple[list[str], list]:
-    """The columns and up to ``rows + 1`` rows of ``frame`` (one more tells that some are left out)."""
-    columns = [c for c in frame.columns if c not in hidden]
-    return columns, frame.select(*columns).limit(rows + 1).collect()
-
-
-def show(console: Console, title: str, columns: Sequence[str], got: Sequence, rows: int) -> int:
-    """Print up to ``rows`` of ``got`` as a table; returns how many rows were shown."""
-    if not got:
-        console.print(f"[dim]{escape(title)}: none[/dim]", soft_wrap=True)
-        return 0
-    table = Table(header_style="bold")
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in got[:rows]:
-        table.add_row(*(escape(_cell(v)) for v in row))
-    print_table(console, table, title)
-    if len(got) > rows:
-        console.print("[dim]… more rows not shown (--rows, or --output DIR for all of them)[/dim]")
-    return min(len(got), rows)
 
 
 def shows_standard_tables(sql: str | None, job: str | None, tables: bool, verbosity: int) -> bool:
@@ -395,7 +298,7 @@ def _run(
                     emit_jsonl(name, frame)
                 continue
             if name not in extra and name != "connections":  # 'capture#n' (Connections names them)
-                frame = _votes(_short_connection(frame))
+                frame = votes(short_connection(frame))
             with stage_progress(spark, f"table {name}", info):  # ended before the table prints over its line
                 columns, got = fetch(frame, rows, HIDDEN.get(name, ()))
             show(out, title, columns, got, rows)

@@ -904,3 +904,12 @@ def test_out_resumes_at_the_checkpointed_length_only_when_the_state_knows_the_fi
     assert registry.out is None  # from now on this run's checkpoints say
     registry.out = {"path": str(tmp_path / "other.jsonl"), "bytes": 60}
     assert registry.resume_out(str(out)) == 100
+
+
+def test_the_faults_asked_for_that_never_fired_are_named_by_their_options() -> None:
+    config = WorkerConfig(restart_after=1000, drop_connection_after=5)
+    summary = {"messages": 1234, "restarts_sent": 0, "dropped_connections": 1}
+    assert config.faults_not_fired(summary) == [
+        "--restart-after 1000 never fired: no connection delivered 1,000 messages (1,234 delivered in all)"
+    ]
+    assert WorkerConfig().faults_not_fired({**summary, "dropped_connections": 0}) == []

@@ -352,3 +352,20 @@ def test_a_checker_that_dies_is_reported_and_the_exit_is_1() -> None:
     assert code == 1, stderr
     assert "live checks incomplete: the checker stopped before the end (exit -9)" in stderr
     assert "Traceback" not in stderr
+
+
+def test_a_proxys_relays_share_numbers_counts_and_with_fault_rules_one_budget() -> None:
+    """``relay.proxy_relays``: the second socket's relay retries a refused connect (its upstream
+    listens once the first is accepted); bytes are budgeted only where fault rules frame them."""
+    from wallaroo_proto.proxy import faults
+    from wallaroo_proto.proxy.relay import proxy_relays
+
+    pairs = [(("127.0.0.1", 0), ("127.0.0.1", 2000)), (("127.0.0.1", 0), ("127.0.0.1", 2001))]
+    plain = proxy_relays(pairs, None, rules=[], protocol=None, max_buffered=1 << 20)
+    assert [r.wait_for_upstream for r in plain] == [0.0, 10.0]
+    assert plain[0].stats is plain[1].stats and plain[0]._numbers is plain[1]._numbers
+    assert [r.budget for r in plain] == [None, None] and [r.faults for r in plain] == [None, None]
+    rules = faults.parse_rules(["drop type=ACK count=1"], [], "wallaroo")
+    shaped = proxy_relays(pairs, None, rules=rules, protocol="wallaroo", max_buffered=1 << 20)
+    assert shaped[0].budget is shaped[1].budget is not None
+    assert all(r.faults is not None for r in shaped)

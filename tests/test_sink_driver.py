@@ -20,6 +20,7 @@ import pytest
 from support import Server, run_cli
 
 from wallaroo_proto.protocols.wallaroo.frames import Message
+from wallaroo_proto.protocols.wallaroo.registry import StateError
 from wallaroo_proto.protocols.wallaroo.sink_driver import (
     SinkConsumer,
     SinkDriver,
@@ -27,6 +28,7 @@ from wallaroo_proto.protocols.wallaroo.sink_driver import (
     input_driver,
     input_name,
     input_payloads,
+    input_run,
     input_state,
 )
 
@@ -732,3 +734,29 @@ def test_a_restarted_input_run_commits_the_txn_its_position_names_and_resumes_af
     assert frames[3:5] == [("PHASE2", txn.encode(), True), ("PHASE2", b"never-voted:c_id=3", False)]
     assert frames[5][:2] == ("DATA", cut)
     assert sink.problems == [] and bytes(sink.data) == data
+
+
+def test_an_input_run_refuses_a_state_written_for_a_longer_input_before_anything_is_sent(tmp_path):
+    """``input_run``: a state whose committed offset is no line end of this input names both."""
+    source = tmp_path / "input.txt"
+    source.write_bytes(b"one\ntwo\n")
+    state = tmp_path / "state.json"
+    position = {"offset": 100, "txn": None, "next_cid": 2, "input": str(source)}
+    doc = {"format": "wallaroo-proto mock-worker state", "version": 2, "checkpoints": 1, "streams": []}
+    state.write_text(json.dumps({**doc, "sink": position}))
+    with pytest.raises(StateError) as caught:
+        input_run("127.0.0.1", 1, str(source), str(state), checkpoint_every=0, checkpoint_ms=0)
+    assert str(caught.value).startswith(
+        f"--state {state} has the first 100 bytes of --input {source} committed"
+    )
+    assert str(caught.value).endswith(": not the input it was written for")
+
+
+def test_an_input_run_always_checkpoints_and_says_at_once_that_its_state_cannot_be_written(tmp_path):
+    run = input_run("127.0.0.1", 1, "gen:3", None, checkpoint_every=0, checkpoint_ms=0)
+    assert (run.driver.every_n, run.driver.every_s, run.offset, run.txn) == (1, 1.0, 0, None)
+    assert list(run.payloads) == [b"0" * 31 + b"\n", b"0" * 30 + b"1\n", b"0" * 30 + b"2\n"]
+    state = tmp_path / "missing" / "state.json"
+    with pytest.raises(StateError) as caught:
+        input_run("127.0.0.1", 1, "gen:3", str(state), checkpoint_every=5, checkpoint_ms=1)
+    assert str(caught.value) == f"cannot write --state {state}: No such file or directory"

@@ -13,8 +13,9 @@ import contextlib
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from wallaroo_proto.proxy import faults as fault_steps
@@ -416,6 +417,41 @@ class _Legs:
     def note(self, from_client: bool, text: str) -> None:
         if self.tap is not None:
             self.tap.note(self.client if from_client else self.upstream, from_client, text, time.time())
+
+
+#: Seconds a pair after the first tries again a connect its upstream refused.
+SECOND_SOCKET_WAIT = 10.0
+
+
+def proxy_relays(
+    pairs: Iterable[tuple[tuple[str, int], tuple[str, int]]],
+    tap: Tap | None,
+    *,
+    rules: list,
+    protocol: str | None,
+    max_buffered: int,
+    on_fault: Callable[[int, fault_steps.Applied], None] | None = None,
+    say: Callable[[str], None] | None = None,
+) -> list[Relay]:
+    """One proxy's relays, one a (listen, upstream) pair: one numbering of connections and one
+    count for all, and with fault ``rules`` one budget of ``max_buffered`` bytes (without rules
+    bytes pass as they come). A second socket's upstream (AMBROSIA's IC send port) listens only
+    once the first is accepted, so a pair after the first tries a refused connect again."""
+    numbers, stats = itertools.count(1), RelayStats()
+    budget = Budget(max_buffered) if rules else None
+    return [
+        Relay(
+            *(here, there, tap),
+            faults=partial(fault_steps.ConnectionFaults, rules, protocol, there[1]) if rules else None,
+            on_fault=on_fault,
+            numbers=numbers,
+            stats=stats,
+            wait_for_upstream=SECOND_SOCKET_WAIT if n else 0.0,
+            say=say,
+            budget=budget,
+        )
+        for n, (here, there) in enumerate(pairs)
+    ]
 
 
 # --- a violation's connection, among the relays (the live checks and --strict) ---------------

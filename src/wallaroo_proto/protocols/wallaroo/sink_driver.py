@@ -674,6 +674,64 @@ def input_driver(
     return driver
 
 
+@dataclass
+class InputRun:
+    """An ``--input`` run made ready: its driver, what it sends, and where it resumes."""
+
+    driver: SinkDriver
+    payloads: Iterator[bytes]
+    #: The committed input bytes it resumes after, and the txn its state names (None: none).
+    offset: int
+    txn: str | None
+
+
+def input_run(
+    host: str,
+    port: int,
+    spec: str,
+    state_path: str | None = None,
+    *,
+    checkpoint_every: int,
+    checkpoint_ms: float,
+    **options: Any,
+) -> InputRun:
+    """Ready ``--input spec`` for the sink at host:port, crash-safe with ``state_path``.
+
+    Checked before the first byte is sent, so a rerun fails at once, not mid-run: the state
+    belongs to this input and can be written (StateError), and the input reads on from its
+    committed offset (StateError when it is not the input the state was written for; ValueError
+    when it cannot be read as an input at all; OSError when it cannot be read). An input run
+    always checkpoints: 0 for either interval means every message, or every second.
+    """
+    source = input_name(spec)
+    registry = input_state(state_path, source) if state_path else None
+    saved = registry.sink if registry else {"offset": 0, "txn": None}
+    driver = input_driver(
+        host,
+        port,
+        source,
+        registry,
+        checkpoint_every_messages=max(checkpoint_every, 1),
+        checkpoint_every_ms=checkpoint_ms or 1000.0,
+        **options,
+    )
+    try:
+        payloads = input_payloads(spec, start=saved["offset"])
+    except ValueError as err:
+        if not saved["offset"]:
+            raise
+        raise StateError(
+            f"--state {state_path} has the first {saved['offset']} bytes of --input {source} committed, "
+            f"but {err}: not the input it was written for"
+        ) from err
+    if registry is not None:
+        try:
+            registry.save()  # find out now, not at the first commit, that it cannot be written
+        except OSError as err:
+            raise StateError(f"cannot write --state {state_path}: {err.strerror or err}") from err
+    return InputRun(driver, payloads, saved["offset"], saved["txn"])
+
+
 def input_name(spec: str) -> str:
     """What ``--input spec`` reads, comparable across runs: "gen:N", "-" or a file's absolute path."""
     if spec.startswith(GENERATED):

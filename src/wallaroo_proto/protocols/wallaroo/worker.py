@@ -131,6 +131,20 @@ class WorkerConfig:
         if self.max_connections < 1:
             raise ValueError("max-connections must be at least 1")
 
+    def faults_not_fired(self, summary: dict[str, Any]) -> list[str]:
+        """The faults asked for that no connection reached, each as a line naming its option: the
+        run did not test what it was asked to."""
+        notes = []
+        faults = (("restart_after", "restarts_sent"), ("drop_connection_after", "dropped_connections"))
+        for option, fired in faults:
+            after = getattr(self, option)
+            if after and not summary[fired]:
+                notes.append(
+                    f"--{option.replace('_', '-')} {after} never fired: no connection delivered "
+                    f"{after:,} messages ({summary['messages']:,} delivered in all)"
+                )
+        return notes
+
 
 def stream_rejecter(specs: Iterable[str]) -> Callable[[int, Text], bool] | None:
     """``--reject-streams`` values: comma-separated stream ids, or a regex searched in the name."""
