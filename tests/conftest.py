@@ -8,8 +8,16 @@ import types
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 TESTS = Path(__file__).resolve().parent
+
+# Property tests judge what the code does, never how long one example takes: a deadline (200 ms by
+# default) or a too-slow health check fails a test on a loaded machine, which is a flake.
+settings.register_profile(
+    "suite", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.load_profile("suite")
 
 # Tests import their helpers (support.py) by plain name.
 sys.path.insert(0, str(TESTS))
