@@ -24,6 +24,8 @@ from wallaroo_proto_cli.options import (
     Group,
     examples,
     format_address,
+    input_lines,
+    input_option,
     open_failure,
     os_reason,
     plural,
@@ -37,7 +39,7 @@ from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
 from wallaroo_proto_cli.tables import stdout_console
 
 from wallaroo_proto import runtime
-from wallaroo_proto.input_spec import STDIN, read_input
+from wallaroo_proto.input_spec import STDIN
 from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, ListenError, MockIC
 from wallaroo_proto.protocols.ambrosia.immortal import ADD, ARG_FORMS, BATCHING, RpcSource
 from wallaroo_proto.protocols.ambrosia.store import StoreError
@@ -62,13 +64,6 @@ def command() -> None:
 
 
 # --------------------------------------------------------------------------- mock-ic
-
-
-def _read_lines(path: str) -> list[bytes]:
-    try:
-        return read_input(path).splitlines()
-    except OSError as err:
-        raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
 
 
 def _ready_line(host: str, rport: int, send_host: str, sport: int) -> str:
@@ -191,13 +186,7 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
     show_default=True,
     help="Generated RPCs the log holds in all: a restart on the same --log-dir delivers only the rest.",
 )
-@click.option(
-    "--input",
-    "input_path",
-    default=None,
-    metavar="FILE|-",
-    help="RPC arguments, one RPC per line, sent as they are (-: stdin, delivered as lines come).",
-)
+@input_option("RPC arguments, one RPC per line, sent as they are (-: stdin, delivered as lines come).")
 @click.option(
     "--args",
     "arg_form",
@@ -292,7 +281,7 @@ def mock_ic(**opts) -> None:
     if opts["input_path"] == STDIN:
         source = RpcSource.streamed(method_id=method, batching=batching)
     elif opts["input_path"] is not None:
-        source = RpcSource(lines=_read_lines(opts["input_path"]), method_id=method, batching=batching)
+        source = RpcSource(lines=input_lines(opts["input_path"]), method_id=method, batching=batching)
     else:
         source = RpcSource(opts["rpcs"], method_id=method, arg_form=opts["arg_form"], batching=batching)
     log_dir = opts["log_dir"]

@@ -21,10 +21,12 @@ from wallaroo_proto_cli.options import (
     command_log,
     examples,
     format_address,
+    input_option,
     listen_option,
     os_reason,
     plural,
     record_option,
+    state_option,
     summary_format,
     usage_error,
     verbosity,
@@ -180,21 +182,9 @@ async def _serve(producer: MockProducer) -> bool:
     show_default=True,
     help="Bytes of a generated JSON value (padded).",
 )
-@click.option(
-    "--input",
-    "input_path",
-    metavar="FILE|-",
-    default=None,
-    help="Items as JSONL: key, value, vbucket, op (mutation, deletion, expiration).",
-)
+@input_option("Items as JSONL: key, value, vbucket, op (mutation, deletion, expiration).")
 @click.option("--seed", type=int, default=None, help="Seed of the generated items.")
-@click.option(
-    "--state",
-    "state_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Durable history: failover logs and every item; a restart keeps them.",
-)
+@state_option("Durable history: failover logs and every item; a restart keeps them.")
 @click.option(
     "--failover",
     type=click.IntRange(0),

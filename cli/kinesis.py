@@ -26,10 +26,13 @@ from wallaroo_proto_cli.options import (
     examples,
     format_address,
     hidden_alias,
+    input_lines,
+    input_option,
     open_failure,
     os_reason,
     plural,
     record_option,
+    state_option,
     summary_format,
     usage_error,
     verbosity,
@@ -37,7 +40,6 @@ from wallaroo_proto_cli.options import (
 from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
-from wallaroo_proto.input_spec import read_input
 from wallaroo_proto.protocols.kinesis.codec import DIALECTS
 from wallaroo_proto.protocols.kinesis.daemon import DaemonConfig, Faults, MockDaemon, parse_checkpoint_error
 from wallaroo_proto.protocols.kinesis.leases import LeaseTable, StateError
@@ -57,16 +59,6 @@ def command() -> None:
 
 
 # --------------------------------------------------------------------------- mock-daemon
-
-
-def _read_inputs(paths: tuple[str, ...]) -> list[bytes]:
-    lines: list[bytes] = []
-    for path in paths:
-        try:
-            lines.extend(read_input(path).splitlines())
-        except OSError as err:
-            raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
-    return lines
 
 
 async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
@@ -140,12 +132,10 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     default=None,
     help="Open one connection per shard to a processor listening there (erlmld's bridge).",
 )
-@click.option(
-    "--input",
+@input_option(
+    "Records: one per line (repeatable; - is stdin). Without it, records are generated.",
     "inputs",
     multiple=True,
-    metavar="FILE|-",
-    help="Records: one per line (repeatable; - is stdin). Without it, records are generated.",
 )
 @click.option(
     "--shards", type=click.IntRange(1, 10_000), default=1, show_default=True, help="Number of shards."
@@ -162,13 +152,7 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
 @click.option(
     "--batch-size", type=click.IntRange(1), default=100, show_default=True, help="Records per batch."
 )
-@click.option(
-    "--state",
-    "state_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Lease table (shard -> checkpoint), written durably at each checkpoint; shards resume from it.",
-)
+@state_option("Lease table (shard -> checkpoint), written durably at each checkpoint; shards resume from it.")
 @click.option(
     "--dialect",
     type=click.Choice(DIALECTS),
@@ -304,7 +288,7 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
             raise click.BadParameter(message, param_hint="--key") from None
         now_ms = int(time.time() * 1000)  # the records "arrived" when read
         shards = from_lines(
-            _read_inputs(opts["inputs"]),
+            input_lines(*opts["inputs"]),
             opts["shards"],
             key_template=opts["key"],
             now_ms=now_ms,
