@@ -43,7 +43,13 @@ from wallaroo_proto import runtime
 from wallaroo_proto.protocols.kinesis.codec import DIALECTS
 from wallaroo_proto.protocols.kinesis.daemon import DaemonConfig, Faults, MockDaemon, parse_checkpoint_error
 from wallaroo_proto.protocols.kinesis.leases import LeaseTable, StateError
-from wallaroo_proto.protocols.kinesis.records import RESHARDS, from_lines, generated, reshard
+from wallaroo_proto.protocols.kinesis.records import (
+    RESHARDS,
+    check_key_template,
+    from_lines,
+    generated,
+    reshard,
+)
 
 
 @click.group(
@@ -282,10 +288,9 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         raise usage_error(open_failure(err, "--state", opts["state_path"])) from err
     if opts["inputs"]:
         try:
-            opts["key"].format(n=0, line="")
-        except (KeyError, IndexError, ValueError) as err:
-            message = f"{opts['key']!r}: use {{n}} and {{line}} only ({err})"
-            raise click.BadParameter(message, param_hint="--key") from None
+            check_key_template(opts["key"])
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--key") from None
         now_ms = int(time.time() * 1000)  # the records "arrived" when read
         shards = from_lines(
             input_lines(*opts["inputs"]),

@@ -14,7 +14,7 @@ from wallaroo_proto.protocols.kinesis.daemon import (
     ShardFailure,
 )
 from wallaroo_proto.protocols.kinesis.leases import LeaseTable
-from wallaroo_proto.protocols.kinesis.records import ShardRecords
+from wallaroo_proto.protocols.kinesis.records import ShardRecords, check_key_template
 
 
 class GoneProcessor(Channel):
@@ -110,3 +110,19 @@ def test_after_a_kill_records_are_delivered_again_so_only_the_kill_is_held_to_th
     shards = [ShardRecords(0, generated=10)]
     assert daemon_on(shards, LeaseTable(), kill_after=5, lease_lost_after=15).fault_reach() is None
     assert daemon_on(shards, LeaseTable(), kill_after=5, shutdown_requested_after=15).fault_reach() is None
+
+
+@pytest.mark.parametrize("template", ["{n}", "pk-{line}", "{line}/{n:03d}", "fixed"])
+def test_a_key_template_naming_n_and_line_only_is_taken(template):
+    check_key_template(template)
+
+
+@pytest.mark.parametrize(
+    ("template", "why"),
+    [("{shard}", "'shard'"), ("{0}", "Replacement index 0 out of range"), ("{n", "expected '}'")],
+)
+def test_a_key_template_that_would_fail_on_every_line_is_refused_before_any_is_read(template, why):
+    with pytest.raises(ValueError) as refused:
+        check_key_template(template)
+    assert str(refused.value).startswith(f"{template!r}: use {{n}} and {{line}} only (")
+    assert why in str(refused.value)
