@@ -13,8 +13,8 @@ import sys
 import time
 
 import click
-from rich.table import Table
 from wallaroo_proto_cli.dcp_consumer import mock_consumer
+from wallaroo_proto_cli.dcp_view import print_producer_summary
 from wallaroo_proto_cli.options import (
     Command,
     Group,
@@ -24,7 +24,6 @@ from wallaroo_proto_cli.options import (
     input_option,
     listen_option,
     os_reason,
-    plural,
     record_option,
     state_option,
     summary_format,
@@ -32,19 +31,14 @@ from wallaroo_proto_cli.options import (
     verbosity,
     write_timeout_option,
 )
-from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
-from wallaroo_proto_cli.tables import stdout_console
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
 from wallaroo_proto.durable import write_atomic
 from wallaroo_proto.input_spec import open_input
 from wallaroo_proto.protocols.dcp import codec
-from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, ProducerConfig
+from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, ProducerConfig, parse_stream_end
 from wallaroo_proto.protocols.dcp.store import Bucket, StateError, new_uuid
-
-_REASONS = {name: value for value, name in codec.END_REASONS.items()}
-#: vbuckets shown in the consumer's table (a bucket's default count; a producer may claim up to 65,535).
-_TABLE_ROWS = 1024
 
 
 @click.group(
@@ -95,38 +89,6 @@ def _read_items(path: str) -> list[dict]:
                 raise usage_error(f"--input {path} line {n}: not a JSON object")
             items.append(item)
     return items
-
-
-def _print_producer_summary(s: dict, fmt: str, verbosity: int) -> None:
-    if json_summary(s, fmt):
-        return
-    out = stdout_console()
-    ends = ", ".join(f"{k} {v}" for k, v in s["stream_ends"].items()) or "none"
-    out.print(
-        f"dcp mock-producer summary: {plural(s['connections'], 'connection')}, "
-        f"{plural(s['streams'], 'stream')}, {plural(s['items_sent'], 'item')} in "
-        f"{plural(s['snapshots'], 'snapshot')}, {plural(s['rollbacks'], 'rollback')}, "
-        f"{s['not_my_vbucket']:,} NOT_MY_VBUCKET, {plural(len(s['moved']), 'vbucket')} moved, "
-        f"stream ends: {ends}, {plural(s['noops'], 'noop')} answered, "
-        f"{plural(s['flow_control_stalls'], 'flow-control stall')}, "
-        f"{plural(s['dropped_connections'], 'connection')} dropped, {plural(s['timeouts'], 'timeout')}"
-    )
-    if verbosity < 0:
-        return
-    table = Table(title="vbuckets")
-    for col in ("vbucket", "uuid", "high seqno", "failover entries", "items sent"):
-        table.add_column(col)
-    for v in s["vbuckets"]:
-        table.add_row(
-            str(v["vbucket"]),
-            f"{v['uuid']:#018x}",
-            str(v["high_seqno"]),
-            str(v["failover_entries"]),
-            f"{v['items_sent']:,}",
-        )
-    out.print(table)
-    for violation in s["violations"] if verbosity > 0 else s["violations"][:50]:
-        out.print(f"[bold red]VIOLATION[/] {violation}")
 
 
 async def _serve(producer: MockProducer) -> bool:
@@ -219,7 +181,8 @@ async def _serve(producer: MockProducer) -> bool:
     "--stream-end",
     default=None,
     metavar="REASON@N",
-    help=f"End each vbucket's stream once after N items with REASON ({', '.join(_REASONS)}).",
+    help="End each vbucket's stream once after N items with REASON "
+    f"({', '.join(codec.END_REASONS.values())}).",
 )
 @click.option(
     "--drop-after",
@@ -274,12 +237,10 @@ def mock_producer(listen: tuple[str, int], verbosity: int, **opts) -> None:
         drop_times=opts["drop_times"],
     )
     if opts["stream_end"]:
-        reason, _, after = opts["stream_end"].partition("@")
-        if reason not in _REASONS or not after.isdigit() or int(after) < 1:
-            raise click.BadParameter(
-                f"{opts['stream_end']!r}: use REASON@N, e.g. too_slow@10", param_hint="--stream-end"
-            )
-        faults.end_reason, faults.end_after = _REASONS[reason], int(after)
+        try:
+            faults.end_reason, faults.end_after = parse_stream_end(opts["stream_end"])
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--stream-end") from None
     uuids = random.SystemRandom()
     bucket = _load_bucket(opts, uuids)
     if opts["failover"] is not None:
@@ -317,7 +278,7 @@ def mock_producer(listen: tuple[str, int], verbosity: int, **opts) -> None:
         raise usage_error(f"cannot write --record {opts['record']}: {err.strerror or err}") from err
     runtime.run(_serve(producer))
     summary = producer.summary()
-    _print_producer_summary(summary, opts["fmt"], verbosity)
+    print_producer_summary(summary, opts["fmt"], verbosity)
     if summary["violations"]:
         sys.exit(1)
 
