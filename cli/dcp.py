@@ -6,8 +6,6 @@ stdout (``--format json`` for scripts).
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import sys
 import time
@@ -38,7 +36,7 @@ from wallaroo_proto.durable import write_atomic
 from wallaroo_proto.input_spec import open_input
 from wallaroo_proto.protocols.dcp import codec
 from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, ProducerConfig, parse_stream_end
-from wallaroo_proto.protocols.dcp.store import Bucket, StateError, new_uuid
+from wallaroo_proto.protocols.dcp.store import Bucket, StateError, items_of
 
 
 @click.group(
@@ -56,39 +54,16 @@ def command() -> None:
 # --------------------------------------------------------------------------- mock-producer
 
 
-def _load_bucket(opts: dict, uuids: random.Random) -> Bucket:
-    path = opts["state_path"]
-    if path and os.path.exists(path):
-        try:
-            with open(path, "rb") as f:
-                bucket = Bucket.from_json(f.read())
-        except OSError as err:
-            raise usage_error(f"cannot read --state {path}: {err.strerror or err}") from err
-        except StateError as err:
-            raise usage_error(f"--state {path}: {err}") from err
-    else:
-        bucket = Bucket.new(opts["vbuckets"], uuids)
-    return bucket
-
-
 def _read_items(path: str) -> list[dict]:
-    items = []
     try:
         f = open_input(path)
     except OSError as err:
         raise usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
     with f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except ValueError as err:
-                raise usage_error(f"--input {path} line {n}: not JSON ({err})") from None
-            if not isinstance(item, dict):
-                raise usage_error(f"--input {path} line {n}: not a JSON object")
-            items.append(item)
-    return items
+        try:
+            return items_of(f)
+        except StateError as err:
+            raise usage_error(f"--input {path} {err}") from None
 
 
 async def _serve(producer: MockProducer) -> bool:
@@ -242,10 +217,12 @@ def mock_producer(listen: tuple[str, int], verbosity: int, **opts) -> None:
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--stream-end") from None
     uuids = random.SystemRandom()
-    bucket = _load_bucket(opts, uuids)
+    try:
+        bucket = Bucket.open(opts["state_path"], opts["vbuckets"], uuids)
+    except StateError as err:
+        raise usage_error(str(err)) from err
     if opts["failover"] is not None:
-        for vb in bucket.vbuckets.values():
-            vb.fail_over(new_uuid(uuids), opts["failover"])
+        bucket.fail_over(uuids, opts["failover"])
     bucket.clock = time.time_ns
     rng = random.Random(opts["seed"])
     bucket.generate(opts["items"], rng, opts["keys"], opts["value_size"])
