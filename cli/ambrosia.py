@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import sys
-from pathlib import Path
 
 import click
-from rich.markup import escape
-from wallaroo_proto_cli.ambrosia_lb import _log, _state, _trace, mock_lb
+from wallaroo_proto_cli.ambrosia_lb import _log, _trace, mock_lb
+from wallaroo_proto_cli.ambrosia_view import IC, print_ic_summary, ready_line
 from wallaroo_proto_cli.options import (
     DEFAULT_HOST,
     EXIT_INTERRUPTED,
@@ -23,29 +22,25 @@ from wallaroo_proto_cli.options import (
     Command,
     Group,
     examples,
-    format_address,
+    input_lines,
+    input_option,
     open_failure,
     os_reason,
-    plural,
     record_option,
     summary_format,
     usage_error,
     verbosity,
     write_timeout_option,
 )
-from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
-from wallaroo_proto_cli.tables import stdout_console
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
-from wallaroo_proto.input_spec import STDIN, read_input
+from wallaroo_proto.input_spec import STDIN
 from wallaroo_proto.protocols.ambrosia.ic import DIALECTS, IcConfig, ListenError, MockIC
 from wallaroo_proto.protocols.ambrosia.immortal import ADD, ARG_FORMS, BATCHING, RpcSource
 from wallaroo_proto.protocols.ambrosia.store import StoreError
 
-IC = "wallaroo-proto ambrosia mock-ic"
 
-
-#: Words of a log line said even with -q: a rule broken, a run lost, a rerun's skip, a fault's fate.
 @click.group(
     name="ambrosia",
     cls=Group,
@@ -62,21 +57,6 @@ def command() -> None:
 
 
 # --------------------------------------------------------------------------- mock-ic
-
-
-def _read_lines(path: str) -> list[bytes]:
-    try:
-        return read_input(path).splitlines()
-    except OSError as err:
-        raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
-
-
-def _ready_line(host: str, rport: int, send_host: str, sport: int) -> str:
-    receive, send = format_address((host, rport)), format_address((send_host, sport))
-    return (
-        f"{IC}: listening on {receive} (receive port {rport}, send port {sport}); "
-        f"an LB connects with --connect {receive} --send-connect {send}"
-    )
 
 
 async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
@@ -98,7 +78,7 @@ async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
         serve.cancel()
 
     on_stop_signals(on_signal)
-    ready(_ready_line(host, rport, ic.send_host, sport))
+    ready(ready_line(host, rport, ic.send_host, sport))
     try:
         await serve
         return ic.summary(), False
@@ -106,31 +86,6 @@ async def _serve_ic(ic: MockIC) -> tuple[dict, bool]:
         return ic.summary(), True
     finally:
         ic.close()
-
-
-def _print_ic_summary(s: dict, fmt: str) -> None:
-    if json_summary(s, fmt):
-        return
-    out = stdout_console()
-    out.print(
-        f"ambrosia mock-ic summary: {plural(s['rpcs_logged'], 'RPC')} logged and delivered since it started "
-        f"({s['rpcs_before']:,} were in the log then; {s['rpcs_total']:,} in all), "
-        f"{plural(s['self_calls_logged'], 'self call')} logged ({s['self_calls_dropped']:,} replayed ones "
-        f"dropped), {plural(s['records_sent'], 'record')} sent ({s['records_replayed']:,} replayed), "
-        f"{plural(s['checkpoints'], 'checkpoint')}; "
-        f"{plural(s['runs'], 'run')}: {plural(s['first_starts'], 'first start')}, "
-        f"{plural(s['recoveries'], 'recovery', 'recoveries')}; {s['rpcs_per_second']:,} RPCs/s"
-    )
-    last = s["last_checkpoint"]
-    if last is not None:
-        out.print(
-            f"last checkpoint: before record {last['seq']}, {plural(last['bytes'], 'byte')}, "
-            f"state {escape(_state(last['state']))}"
-        )
-    if s["stalls"]:
-        out.print(f"{plural(s['stalls'], 'LB connection')} reset for reading nothing (--write-timeout)")
-    for v in s["violations"]:
-        out.print(f"[bold red]VIOLATION[/] {escape(v)}")
 
 
 def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
@@ -191,13 +146,7 @@ def _ic_listen(opts: dict) -> tuple[str, int, str, int]:
     show_default=True,
     help="Generated RPCs the log holds in all: a restart on the same --log-dir delivers only the rest.",
 )
-@click.option(
-    "--input",
-    "input_path",
-    default=None,
-    metavar="FILE|-",
-    help="RPC arguments, one RPC per line, sent as they are (-: stdin, delivered as lines come).",
-)
+@input_option("RPC arguments, one RPC per line, sent as they are (-: stdin, delivered as lines come).")
 @click.option(
     "--args",
     "arg_form",
@@ -292,7 +241,7 @@ def mock_ic(**opts) -> None:
     if opts["input_path"] == STDIN:
         source = RpcSource.streamed(method_id=method, batching=batching)
     elif opts["input_path"] is not None:
-        source = RpcSource(lines=_read_lines(opts["input_path"]), method_id=method, batching=batching)
+        source = RpcSource(lines=input_lines(opts["input_path"]), method_id=method, batching=batching)
     else:
         source = RpcSource(opts["rpcs"], method_id=method, arg_form=opts["arg_form"], batching=batching)
     log_dir = opts["log_dir"]
@@ -319,10 +268,6 @@ def mock_ic(**opts) -> None:
         log=_log(IC, verbosity),
         trace=_trace(IC, verbosity),
     )
-    if log_dir is not None and Path(log_dir).is_file():
-        raise usage_error(
-            f"--log-dir {log_dir} is a file; give a folder (mock-ic keeps its log and checkpoints in it)"
-        )
     try:
         ic = MockIC(config)
     except OSError as err:
@@ -341,10 +286,9 @@ def mock_ic(**opts) -> None:
         config.log(line)
     runtime.tune_gc()
     summary, interrupted = asyncio.run(_serve_ic(ic))
-    _print_ic_summary(summary, opts["fmt"])
-    for fault in summary["faults_not_fired"]:
-        if not fault.startswith("--crash-at") or not interrupted:
-            config.log(f"fault {fault} never fired: no record with that sequence id was logged")
+    print_ic_summary(summary, opts["fmt"])
+    for note in ic.unfired_notes(interrupted):
+        config.log(note)
     if summary["violations"]:
         sys.exit(1)
     if interrupted and opts["exit_when_done"] and not summary["done"]:

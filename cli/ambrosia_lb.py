@@ -9,6 +9,7 @@ import sys
 
 import click
 from rich.markup import escape
+from wallaroo_proto_cli.ambrosia_view import state_words
 from wallaroo_proto_cli.options import (
     CONNECT_ADDRESS,
     DEFAULT_HOST,
@@ -43,13 +44,6 @@ def _log(prefix: str, verbosity: int):
 
 def _trace(prefix: str, verbosity: int):
     return (lambda line: click.echo(f"{prefix}: {line}", err=True)) if verbosity > 0 else (lambda line: None)
-
-
-def _state(state: object) -> str:
-    """A checkpoint's state in words: ``key value`` pairs for an object, JSON for anything else."""
-    if isinstance(state, dict):
-        return ", ".join(f"{k} {json.dumps(v)}" for k, v in state.items())
-    return json.dumps(state)
 
 
 # --------------------------------------------------------------------------- mock-lb
@@ -168,7 +162,7 @@ def mock_lb(**opts) -> None:
             f"{plural(summary['self_calls'], 'self call')}, "
             f"{plural(summary['checkpoints_sent'], 'checkpoint')} sent, "
             f"{summary['checkpoints_loaded']} loaded; "
-            f"state {escape(_state(summary['state']))}"
+            f"state {escape(state_words(summary['state']))}"
         )
         for v in summary["violations"]:
             out.print(f"[bold red]VIOLATION[/] {escape(v)}")

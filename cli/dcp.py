@@ -6,43 +6,37 @@ stdout (``--format json`` for scripts).
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import sys
 import time
 
 import click
-from rich.table import Table
 from wallaroo_proto_cli.dcp_consumer import mock_consumer
+from wallaroo_proto_cli.dcp_view import print_producer_summary
 from wallaroo_proto_cli.options import (
     Command,
     Group,
     command_log,
     examples,
     format_address,
+    input_option,
     listen_option,
     os_reason,
-    plural,
     record_option,
+    state_option,
     summary_format,
     usage_error,
     verbosity,
     write_timeout_option,
 )
-from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
-from wallaroo_proto_cli.tables import stdout_console
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
 from wallaroo_proto.durable import write_atomic
 from wallaroo_proto.input_spec import open_input
 from wallaroo_proto.protocols.dcp import codec
-from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, ProducerConfig
-from wallaroo_proto.protocols.dcp.store import Bucket, StateError, new_uuid
-
-_REASONS = {name: value for value, name in codec.END_REASONS.items()}
-#: vbuckets shown in the consumer's table (a bucket's default count; a producer may claim up to 65,535).
-_TABLE_ROWS = 1024
+from wallaroo_proto.protocols.dcp.producer import Faults, MockProducer, ProducerConfig, parse_stream_end
+from wallaroo_proto.protocols.dcp.store import Bucket, StateError, items_of
 
 
 @click.group(
@@ -60,71 +54,16 @@ def command() -> None:
 # --------------------------------------------------------------------------- mock-producer
 
 
-def _load_bucket(opts: dict, uuids: random.Random) -> Bucket:
-    path = opts["state_path"]
-    if path and os.path.exists(path):
-        try:
-            with open(path, "rb") as f:
-                bucket = Bucket.from_json(f.read())
-        except OSError as err:
-            raise usage_error(f"cannot read --state {path}: {err.strerror or err}") from err
-        except StateError as err:
-            raise usage_error(f"--state {path}: {err}") from err
-    else:
-        bucket = Bucket.new(opts["vbuckets"], uuids)
-    return bucket
-
-
 def _read_items(path: str) -> list[dict]:
-    items = []
     try:
         f = open_input(path)
     except OSError as err:
         raise usage_error(f"cannot read --input {path}: {err.strerror or err}") from err
     with f:
-        for n, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except ValueError as err:
-                raise usage_error(f"--input {path} line {n}: not JSON ({err})") from None
-            if not isinstance(item, dict):
-                raise usage_error(f"--input {path} line {n}: not a JSON object")
-            items.append(item)
-    return items
-
-
-def _print_producer_summary(s: dict, fmt: str, verbosity: int) -> None:
-    if json_summary(s, fmt):
-        return
-    out = stdout_console()
-    ends = ", ".join(f"{k} {v}" for k, v in s["stream_ends"].items()) or "none"
-    out.print(
-        f"dcp mock-producer summary: {plural(s['connections'], 'connection')}, "
-        f"{plural(s['streams'], 'stream')}, {plural(s['items_sent'], 'item')} in "
-        f"{plural(s['snapshots'], 'snapshot')}, {plural(s['rollbacks'], 'rollback')}, "
-        f"{s['not_my_vbucket']:,} NOT_MY_VBUCKET, {plural(len(s['moved']), 'vbucket')} moved, "
-        f"stream ends: {ends}, {plural(s['noops'], 'noop')} answered, "
-        f"{plural(s['flow_control_stalls'], 'flow-control stall')}, "
-        f"{plural(s['dropped_connections'], 'connection')} dropped, {plural(s['timeouts'], 'timeout')}"
-    )
-    if verbosity < 0:
-        return
-    table = Table(title="vbuckets")
-    for col in ("vbucket", "uuid", "high seqno", "failover entries", "items sent"):
-        table.add_column(col)
-    for v in s["vbuckets"]:
-        table.add_row(
-            str(v["vbucket"]),
-            f"{v['uuid']:#018x}",
-            str(v["high_seqno"]),
-            str(v["failover_entries"]),
-            f"{v['items_sent']:,}",
-        )
-    out.print(table)
-    for violation in s["violations"] if verbosity > 0 else s["violations"][:50]:
-        out.print(f"[bold red]VIOLATION[/] {violation}")
+        try:
+            return items_of(f)
+        except StateError as err:
+            raise usage_error(f"--input {path} {err}") from None
 
 
 async def _serve(producer: MockProducer) -> bool:
@@ -180,21 +119,9 @@ async def _serve(producer: MockProducer) -> bool:
     show_default=True,
     help="Bytes of a generated JSON value (padded).",
 )
-@click.option(
-    "--input",
-    "input_path",
-    metavar="FILE|-",
-    default=None,
-    help="Items as JSONL: key, value, vbucket, op (mutation, deletion, expiration).",
-)
+@input_option("Items as JSONL: key, value, vbucket, op (mutation, deletion, expiration).")
 @click.option("--seed", type=int, default=None, help="Seed of the generated items.")
-@click.option(
-    "--state",
-    "state_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Durable history: failover logs and every item; a restart keeps them.",
-)
+@state_option("Durable history: failover logs and every item; a restart keeps them.")
 @click.option(
     "--failover",
     type=click.IntRange(0),
@@ -229,7 +156,8 @@ async def _serve(producer: MockProducer) -> bool:
     "--stream-end",
     default=None,
     metavar="REASON@N",
-    help=f"End each vbucket's stream once after N items with REASON ({', '.join(_REASONS)}).",
+    help="End each vbucket's stream once after N items with REASON "
+    f"({', '.join(codec.END_REASONS.values())}).",
 )
 @click.option(
     "--drop-after",
@@ -284,17 +212,17 @@ def mock_producer(listen: tuple[str, int], verbosity: int, **opts) -> None:
         drop_times=opts["drop_times"],
     )
     if opts["stream_end"]:
-        reason, _, after = opts["stream_end"].partition("@")
-        if reason not in _REASONS or not after.isdigit() or int(after) < 1:
-            raise click.BadParameter(
-                f"{opts['stream_end']!r}: use REASON@N, e.g. too_slow@10", param_hint="--stream-end"
-            )
-        faults.end_reason, faults.end_after = _REASONS[reason], int(after)
+        try:
+            faults.end_reason, faults.end_after = parse_stream_end(opts["stream_end"])
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--stream-end") from None
     uuids = random.SystemRandom()
-    bucket = _load_bucket(opts, uuids)
+    try:
+        bucket = Bucket.open(opts["state_path"], opts["vbuckets"], uuids)
+    except StateError as err:
+        raise usage_error(str(err)) from err
     if opts["failover"] is not None:
-        for vb in bucket.vbuckets.values():
-            vb.fail_over(new_uuid(uuids), opts["failover"])
+        bucket.fail_over(uuids, opts["failover"])
     bucket.clock = time.time_ns
     rng = random.Random(opts["seed"])
     bucket.generate(opts["items"], rng, opts["keys"], opts["value_size"])
@@ -327,7 +255,7 @@ def mock_producer(listen: tuple[str, int], verbosity: int, **opts) -> None:
         raise usage_error(f"cannot write --record {opts['record']}: {err.strerror or err}") from err
     runtime.run(_serve(producer))
     summary = producer.summary()
-    _print_producer_summary(summary, opts["fmt"], verbosity)
+    print_producer_summary(summary, opts["fmt"], verbosity)
     if summary["violations"]:
         sys.exit(1)
 

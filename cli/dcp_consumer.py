@@ -18,6 +18,7 @@ from wallaroo_proto_cli.options import (
     hidden_alias,
     output_option,
     plural,
+    state_option,
     summary_format,
     usage_error,
     verbosity,
@@ -146,13 +147,7 @@ async def _consume(consumer: MockConsumer) -> tuple[dict, bool]:
     "--follow", is_flag=True, help="Stream without end (until SIGINT/SIGTERM) instead of up to now."
 )
 @click.option("--stream-ids", is_flag=True, help="Open streams with stream ids (enable_stream_id).")
-@click.option(
-    "--state",
-    "state_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Durable copy: items, vbucket uuids, seqnos and snapshot ranges; a restart resumes.",
-)
+@state_option("Durable copy: items, vbucket uuids, seqnos and snapshot ranges; a restart resumes.")
 @output_option("Write the live items as JSONL at the end (- is stdout).", default=None, metavar="FILE|-")
 @hidden_alias("--out", "output")
 @click.option(

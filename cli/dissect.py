@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from datetime import UTC, datetime
 
 import click
 from rich.console import Console
@@ -36,31 +35,12 @@ from wallaroo_proto.capture.views import (
     StreamNames,
     TimeFormat,
     UsageError,
-    check_fields,
-    parse_options,
 )
 from wallaroo_proto.protocols import DEFAULT_MAX_FRAME_SIZE, plugins
 from wallaroo_proto.protocols import names as protocol_names
 from wallaroo_proto.records import to_json
 
 _TYPE_CHOICES = sorted({name.lower() for plugin in plugins() for name in plugin.type_names})
-
-
-def _parse_time(value: str | None) -> float | None:
-    """Seconds since the epoch, seconds from the capture start (a small number), or ISO 8601."""
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give seconds or an ISO 8601 time") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=UTC)
-    return moment.timestamp()
 
 
 @click.command(
@@ -258,7 +238,7 @@ def command(
     errors = Console(stderr=True, highlight=False, soft_wrap=True)
     clock = TimeFormat(time_format)
     try:
-        field_rows = _field_rows(fmt, fields, field_options, summary, write, clock)
+        field_rows = FieldRows.for_options(fmt, fields, field_options, summary, write, clock)
     except UsageError as err:
         raise CommandError(str(err), EXIT_UNUSABLE) from None
     if stats and write == "-":
@@ -280,20 +260,23 @@ def command(
         line_of = lambda r: text_line(r, clock, hexdump, names)  # noqa: E731
     if stats and summary:
         raise click.UsageError("--stats and --summary exclude each other")
-    keep = FrameFilter(streams, types, connections, _parse_time(since), _parse_time(until))
+    try:
+        bounds = FrameFilter.parse_time(since), FrameFilter.parse_time(until)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    keep = FrameFilter(streams, types, connections, *bounds)
     # Stream names, learnt from the frames that give them: for the text's fields and --stream NAME.
     names = StreamNames() if fmt == "text" or keep.stream_names else None
     keep.names = names
     filtering = keep.active
     asked = keep.describe(streams, types, connections, since, until)
     if display_filter is not None:
-        from wallaroo_proto.display_filter import FilterError, compile_filter  # only when asked: start-up
+        from wallaroo_proto.display_filter import FilterError  # only when asked: start-up
 
         try:
-            matches = compile_filter(display_filter)
+            accept = keep.with_expression(display_filter)
         except FilterError as err:
             raise usage_error(f"-Y: {err}") from None
-        accept = matches if not filtering else (lambda r, options=keep: options(r) and matches(r))
         filtering = True
         asked = f"{asked} -Y {shlex.quote(display_filter)}".lstrip()
     else:
@@ -333,22 +316,3 @@ def command(
         raise CommandError(str(err), err.code) from None
     if code:
         raise SystemExit(code)
-
-
-def _field_rows(fmt, fields, field_options, summary, write, clock) -> FieldRows | None:
-    """``-T fields``' writer, or None; the options that only go with it, checked (as tshark)."""
-    if fmt != "fields":
-        if fields:
-            raise UsageError("-e needs -T fields")
-        if field_options:
-            raise UsageError("-E needs -T fields")
-        if summary and write:
-            raise UsageError("-w writes frames: not with --summary")
-        if write and fmt != "text":
-            raise UsageError(f"-w writes packets instead of showing frames: not with -T {fmt}")
-        return None
-    if summary or write:
-        raise UsageError(f"-T fields writes frames: not with {'--summary' if summary else '-w'}")
-    if not fields:
-        raise UsageError("-T fields needs at least one -e FIELD")
-    return FieldRows(check_fields(fields), parse_options(field_options), clock)

@@ -14,9 +14,8 @@ import sys
 import time
 
 import click
-from rich.console import Console
-from rich.table import Table
 from wallaroo_proto_cli.kinesis_processor import mock_processor
+from wallaroo_proto_cli.kinesis_view import print_daemon_summary
 from wallaroo_proto_cli.options import (
     CONNECT_ADDRESS,
     EXIT_INTERRUPTED,
@@ -27,22 +26,30 @@ from wallaroo_proto_cli.options import (
     examples,
     format_address,
     hidden_alias,
+    input_lines,
+    input_option,
     open_failure,
     os_reason,
     plural,
     record_option,
+    state_option,
     summary_format,
     usage_error,
     verbosity,
 )
-from wallaroo_proto_cli.serving import json_summary, on_stop_signals, ready
+from wallaroo_proto_cli.serving import on_stop_signals, ready
 
 from wallaroo_proto import runtime
-from wallaroo_proto.input_spec import read_input
 from wallaroo_proto.protocols.kinesis.codec import DIALECTS
 from wallaroo_proto.protocols.kinesis.daemon import DaemonConfig, Faults, MockDaemon, parse_checkpoint_error
 from wallaroo_proto.protocols.kinesis.leases import LeaseTable, StateError
-from wallaroo_proto.protocols.kinesis.records import RESHARDS, from_lines, generated, reshard
+from wallaroo_proto.protocols.kinesis.records import (
+    RESHARDS,
+    check_key_template,
+    from_lines,
+    generated,
+    reshard,
+)
 
 
 @click.group(
@@ -58,65 +65,6 @@ def command() -> None:
 
 
 # --------------------------------------------------------------------------- mock-daemon
-
-
-def _read_inputs(paths: tuple[str, ...]) -> list[bytes]:
-    lines: list[bytes] = []
-    for path in paths:
-        try:
-            lines.extend(read_input(path).splitlines())
-        except OSError as err:
-            raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
-    return lines
-
-
-def _print_daemon_summary(summary_: dict, fmt: str) -> None:
-    if json_summary(summary_, fmt):
-        return
-    out = Console(
-        file=sys.stdout, highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200
-    )
-    out.print(
-        f"kinesis mock-daemon summary: {plural(summary_['records_delivered'], 'record')} delivered "
-        f"({summary_['records_redelivered']:,} again), {summary_['records_checkpointed']:,} checkpointed, "
-        f"{plural(summary_['checkpoints'], 'checkpoint')}, "
-        f"{plural(summary_['checkpoint_errors'], 'checkpoint error')}, {summary_['seconds']:.1f}s in all, "
-        f"{summary_['delivery_seconds']:.3f}s delivering ({summary_['records_per_second']:,.0f} records/s)"
-    )
-    table = Table(title="shards")
-    columns = (
-        "shard",
-        "records",
-        "delivered",
-        "checkpointed",
-        "checkpoints",
-        "errors",
-        "checkpoint",
-        "end",
-        "processors",
-    )
-    for col in columns:
-        table.add_column(col)
-    for s in summary_["shards"]:
-        reasons = s["checkpoint_error_reasons"]
-        errors = ", ".join(
-            f"{k} {v}" + (f" (last: {reasons[k]})" if k in reasons else "")
-            for k, v in s["checkpoint_errors"].items()
-        )
-        table.add_row(
-            s["shard_id"],
-            f"{s['records']:,}",
-            f"{s['delivered']:,}",
-            f"{s['checkpointed']:,}",
-            str(s["checkpoints"]),
-            errors,
-            "" if s["checkpoint"] is None else f"{s['checkpoint']}/{s['sub_sequence_number']}",
-            s["end"],
-            f"{s['spawns']}" + (f" ({s['kills']} killed)" if s["kills"] else ""),
-        )
-    out.print(table)
-    for failure in summary_["failures"]:
-        out.print(f"[bold red]FAILED[/] {failure}")
 
 
 async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
@@ -190,12 +138,10 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
     default=None,
     help="Open one connection per shard to a processor listening there (erlmld's bridge).",
 )
-@click.option(
-    "--input",
+@input_option(
+    "Records: one per line (repeatable; - is stdin). Without it, records are generated.",
     "inputs",
     multiple=True,
-    metavar="FILE|-",
-    help="Records: one per line (repeatable; - is stdin). Without it, records are generated.",
 )
 @click.option(
     "--shards", type=click.IntRange(1, 10_000), default=1, show_default=True, help="Number of shards."
@@ -212,13 +158,7 @@ async def _run_daemon(daemon: MockDaemon) -> tuple[dict, bool]:
 @click.option(
     "--batch-size", type=click.IntRange(1), default=100, show_default=True, help="Records per batch."
 )
-@click.option(
-    "--state",
-    "state_path",
-    type=click.Path(dir_okay=False),
-    default=None,
-    help="Lease table (shard -> checkpoint), written durably at each checkpoint; shards resume from it.",
-)
+@state_option("Lease table (shard -> checkpoint), written durably at each checkpoint; shards resume from it.")
 @click.option(
     "--dialect",
     type=click.Choice(DIALECTS),
@@ -348,13 +288,12 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         raise usage_error(open_failure(err, "--state", opts["state_path"])) from err
     if opts["inputs"]:
         try:
-            opts["key"].format(n=0, line="")
-        except (KeyError, IndexError, ValueError) as err:
-            message = f"{opts['key']!r}: use {{n}} and {{line}} only ({err})"
-            raise click.BadParameter(message, param_hint="--key") from None
+            check_key_template(opts["key"])
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--key") from None
         now_ms = int(time.time() * 1000)  # the records "arrived" when read
         shards = from_lines(
-            _read_inputs(opts["inputs"]),
+            input_lines(*opts["inputs"]),
             opts["shards"],
             key_template=opts["key"],
             now_ms=now_ms,
@@ -364,8 +303,6 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         shards = generated(opts["shards"], opts["records"], opts["aggregate"])
     if opts["reshard"]:
         shards = reshard(shards, opts["reshard"], opts["records"], opts["aggregate"])
-    remaining = _resumed(shards, leases, opts["state_path"])
-    _refuse_faults_that_cannot_fire(opts, max(remaining, default=0))
     config = DaemonConfig(
         command=command_ or None,
         listen=opts["listen"],
@@ -380,52 +317,31 @@ def mock_daemon(processor_command: tuple[str, ...], **opts) -> None:
         record=opts["record"],
         faults=faults,
     )
+    daemon = MockDaemon(config, shards, leases, command_log("kinesis mock-daemon", opts["verbosity"] >= 0))
+    for shard, skipped in daemon.resumed():
+        if skipped:
+            click.echo(
+                f"wallaroo-proto kinesis mock-daemon: {shard.shard_id} resumed from its checkpoint in "
+                f"--state {opts['state_path']}: {skipped:,} of {plural(len(shard), 'record')} skipped",
+                err=True,
+            )
+    refusal = daemon.fault_reach()
+    if refusal:
+        raise usage_error(refusal)
+    if opts["verbosity"] > 0:
+        daemon.trace = daemon.log
     runtime.tune_gc()
     try:
-        daemon = MockDaemon(
-            config, shards, leases, command_log("kinesis mock-daemon", opts["verbosity"] >= 0)
-        )
-        if opts["verbosity"] > 0:
-            daemon.trace = daemon.log
         result, interrupted = asyncio.run(_run_daemon(daemon))
     except OSError as err:
         raise usage_error(open_failure(err)) from err
-    _print_daemon_summary(result, opts["fmt"])
+    print_daemon_summary(result, opts["fmt"])
     if interrupted:
         sys.exit(EXIT_INTERRUPTED)
     if opts["connect"] and not any(shard["spawns"] for shard in result["shards"]):
         sys.exit(2)  # no processor was ever reached
     if not result["ok"]:
         sys.exit(1)
-
-
-def _resumed(shards: list, leases: LeaseTable, state_path: str | None) -> list[int]:
-    """Records each shard has left after its lease's checkpoint; says on stderr what a resume skips."""
-    remaining = []
-    for shard in shards:
-        skipped = shard.start_after(leases.get(shard.shard_id))
-        remaining.append(len(shard) - skipped)
-        if skipped:
-            click.echo(
-                f"wallaroo-proto kinesis mock-daemon: {shard.shard_id} resumed from its checkpoint in "
-                f"--state {state_path}: {skipped:,} of {plural(len(shard), 'record')} skipped",
-                err=True,
-            )
-    return remaining
-
-
-def _refuse_faults_that_cannot_fire(opts: dict, most: int) -> None:
-    """A fault counted in records that no shard reaches would leave a run that tested nothing."""
-    for name in ("kill_after", "lease_lost_after", "shutdown_requested_after"):
-        count = opts[name]
-        if name != "kill_after" and opts["kill_after"]:
-            continue  # records delivered again after the kill count too
-        if count > most:
-            option = "--" + name.replace("_", "-")
-            raise usage_error(
-                f"{option} {count} cannot fire: the most records a shard gets in this run is {most:,}"
-                + (" (what --state holds as checkpointed is skipped)" if opts["state_path"] else "")
-            )
 
 
 command.add_command(mock_processor)

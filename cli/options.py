@@ -12,11 +12,35 @@ from typing import Any
 
 import click
 
+from wallaroo_proto.input_spec import read_input
+
 #: The host an address without one means: everything here runs on loopback by default.
 DEFAULT_HOST = "127.0.0.1"
 
 #: Exit code after SIGINT or SIGTERM (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
+
+
+def input_option(help: str, dest: str = "input_path", **kw: Any) -> Callable:
+    """``--input FILE|-``: what a peer sends instead of what it would generate (``-`` is stdin)."""
+    return click.option("--input", dest, metavar="FILE|-", help=help, **kw)
+
+
+def input_lines(*paths: str) -> list[bytes]:
+    """Every line of the ``--input`` files in turn; one that cannot be read is a usage error."""
+    lines: list[bytes] = []
+    for path in paths:
+        try:
+            lines.extend(read_input(path).splitlines())
+        except OSError as err:
+            raise usage_error(f"cannot read --input {path}: {os_reason(err)}") from err
+    return lines
+
+
+def state_option(help: str) -> Callable:
+    """``--state FILE``, passed as ``state_path``: what a peer keeps durably, so that a restart resumes."""
+    return click.option("--state", "state_path", type=click.Path(dir_okay=False), default=None, help=help)
+
 
 #: ``--format text|json`` for a peer's summary, passed to the command as ``fmt``.
 summary_format = click.option(

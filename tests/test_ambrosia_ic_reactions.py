@@ -156,3 +156,17 @@ def test_the_summary_reads_a_checkpoints_state_where_it_is_json(blob, state):
     ic.stats.last_checkpoint = {"seq": 1, "bytes": len(blob), "blob": blob}
     assert ic.summary()["last_checkpoint"]["state"] == state
     ic.close()
+
+
+def test_a_fault_that_never_fired_is_said_at_the_end_but_a_crash_a_stop_came_before_is_not():
+    from wallaroo_proto.protocols.ambrosia.ic import IcConfig, MockIC
+
+    ic = MockIC(IcConfig(source=RpcSource(0), bad_check_at=3, gap_at=5, crash_at=8))
+    ic.stats.faults_fired.add("gap_at")
+    unfired = "fault {} never fired: no record with that sequence id was logged"
+    assert ic.unfired_notes(interrupted=False) == [
+        unfired.format("--bad-check-at 3"),
+        unfired.format("--crash-at 8"),
+    ]
+    assert ic.unfired_notes(interrupted=True) == [unfired.format("--bad-check-at 3")]
+    ic.close()

@@ -80,3 +80,14 @@ def test_mock_ic_refuses_such_a_log_dir_at_start(tmp_path) -> None:
     done = run_cli("ambrosia", "mock-ic", *args, timeout=120)
     assert done.returncode == 2 and "not a checkpoint mock-ic wrote" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_file_given_for_the_log_folder_is_refused_in_words_and_left_alone(tmp_path) -> None:
+    five = tmp_path / "five.txt"
+    five.write_text("5\n")
+    with pytest.raises(StoreError) as refused:
+        DirStore(str(five))
+    assert str(refused.value) == (
+        f"--log-dir {five} is a file; give a folder (mock-ic keeps its log and checkpoints in it)"
+    )
+    assert five.read_text() == "5\n"

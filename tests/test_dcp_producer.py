@@ -16,7 +16,12 @@ import time
 
 import pytest
 
-from wallaroo_proto.protocols.dcp.producer import MAX_SEND_QUEUE, MockProducer, ProducerConfig
+from wallaroo_proto.protocols.dcp.producer import (
+    MAX_SEND_QUEUE,
+    MockProducer,
+    ProducerConfig,
+    parse_stream_end,
+)
 from wallaroo_proto.protocols.dcp.store import Bucket
 
 HEADER = struct.Struct(">BBHBBHIIQ")
@@ -582,3 +587,19 @@ def test_hello_grants_what_a_node_grants_and_this_producer_honours(asked, grante
             )
 
     run(main())
+
+
+@pytest.mark.parametrize(
+    ("spec", "end"), [("too_slow@10", (4, 10)), ("ok@1", (0, 1)), ("rollback@250", (6, 250))]
+)
+def test_a_stream_end_fault_names_a_reason_and_the_items_before_it(spec, end):
+    assert parse_stream_end(spec) == end
+
+
+@pytest.mark.parametrize(
+    "spec", ["sleepy@3", "too_slow", "too_slow@", "too_slow@0", "too_slow@-1", "@5", "ok@x"]
+)
+def test_a_stream_end_fault_without_a_known_reason_or_a_count_of_one_or_more_is_refused(spec):
+    with pytest.raises(ValueError) as refused:
+        parse_stream_end(spec)
+    assert str(refused.value) == f"{spec!r}: use REASON@N, e.g. too_slow@10"

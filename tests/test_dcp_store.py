@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,7 +16,9 @@ from wallaroo_proto.protocols.dcp.store import (
     MUTATION,
     Bucket,
     ConsumerVBucket,
+    StateError,
     VBucket,
+    items_of,
 )
 
 OPCODES = {MUTATION: codec.MUTATION, DELETION: codec.DELETION, EXPIRATION: codec.EXPIRATION}
@@ -151,3 +154,45 @@ def test_the_promise_in_process(plan, size, rnd):
             break
     assert c.state() == vb.state()
     assert c.seqno == vb.high_seqno
+
+
+def test_a_bucket_opens_from_its_state_file_when_there_is_one_else_new(tmp_path):
+    path = tmp_path / "p.json"
+    fresh = Bucket.open(str(path), 4, random.Random(1))
+    assert sorted(fresh.vbuckets) == [0, 1, 2, 3] and not path.exists()
+    fresh.generate(3, random.Random(2), 5, 10)
+    path.write_bytes(fresh.to_json())
+    again = Bucket.open(str(path), 64, random.Random(3))  # the file keeps its own vbuckets
+    assert again.to_json() == fresh.to_json()
+    assert sorted(Bucket.open(None, 2, random.Random(1)).vbuckets) == [0, 1]
+
+
+def test_a_state_file_that_cannot_be_used_is_refused_naming_it(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(StateError, match=rf"^--state {bad}: not a mock-producer state file: "):
+        Bucket.open(str(bad), 4, random.Random(1))
+    bad.unlink()
+    bad.mkdir()
+    with pytest.raises(StateError, match=rf"^cannot read --state {bad}: Is a directory$"):
+        Bucket.open(str(bad), 4, random.Random(1))
+
+
+def test_a_bucket_fails_over_every_vbucket_at_once():
+    bucket = Bucket.new(3, random.Random(1))
+    bucket.generate(4, random.Random(2), 2, 0)
+    before = {vb.vb: (vb.uuid, vb.high_seqno) for vb in bucket.vbuckets.values()}
+    bucket.fail_over(random.Random(3), 1)
+    for vb in bucket.vbuckets.values():
+        assert vb.uuid != before[vb.vb][0] and vb.high_seqno == before[vb.vb][1] - 1
+
+
+def test_input_items_are_a_json_object_a_line_and_a_bad_line_is_named():
+    assert items_of([b'{"key": "a"}\n', b"  \n", b'{"key": "b", "op": "deletion"}\n']) == [
+        {"key": "a"},
+        {"key": "b", "op": "deletion"},
+    ]
+    with pytest.raises(StateError, match=r"^line 2: not JSON \(Expecting value"):
+        items_of([b"\n", b"nope\n"])
+    with pytest.raises(StateError, match=r"^line 1: not a JSON object$"):
+        items_of([b"[1, 2]\n"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from wallaroo_proto.capture.reading import FrameFilter, Reading, run
-from wallaroo_proto.capture.views import FieldRows, TimeFormat, check_fields, parse_options
+from wallaroo_proto.capture.views import FieldRows, TimeFormat, UsageError, check_fields, parse_options
 from wallaroo_proto.records import to_json
 
 SAMPLES = Path(__file__).parent.parent / "captures"
@@ -81,3 +81,68 @@ def test_the_block_path_and_the_record_path_show_the_same_frames(capture: Path, 
     assert fast or notes  # a capture with no frame says why
     if count is not None:
         assert len(fast) <= count
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        (None, None),
+        ("2.5", 2.5),  # from the first frame
+        ("1700000000", 1700000000.0),
+        ("2023-11-14T22:13:20", 1700000000.0),  # no zone: UTC
+        ("2023-11-14T23:13:20+01:00", 1700000000.0),
+    ],
+)
+def test_since_and_until_take_seconds_or_an_iso_time_in_utc_unless_it_says(text, seconds) -> None:
+    assert FrameFilter.parse_time(text) == seconds
+
+
+def test_a_time_neither_seconds_nor_iso_is_refused_in_words() -> None:
+    with pytest.raises(ValueError, match=r"^'yesterday': give seconds or an ISO 8601 time$"):
+        FrameFilter.parse_time("yesterday")
+
+
+def test_an_expression_alone_or_with_the_options_filter_keeps_the_frames_both_match() -> None:
+    frames = [
+        {"ts": 10.0, "type": "MESSAGE", "stream_id": 1, "conn_index": 0, "connection": "a"},
+        {"ts": 11.0, "type": "ACK", "stream_id": 1, "conn_index": 0, "connection": "a"},
+        {"ts": 12.0, "type": "MESSAGE", "stream_id": 2, "conn_index": 1, "connection": "b"},
+    ]
+    alone = FrameFilter((), (), (), None, None).with_expression("stream_id == 1")
+    assert [alone(r) for r in frames] == [True, True, False]
+    both = FrameFilter((), ("message",), (), None, None).with_expression("stream_id == 1")
+    assert [both(r) for r in frames] == [True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "fields", "options", "summary", "write", "why"),
+    [
+        ("text", ("type",), (), False, None, "-e needs -T fields"),
+        ("jsonl", (), ("header=y",), False, None, "-E needs -T fields"),
+        ("text", (), (), True, "out.pcap", "-w writes frames: not with --summary"),
+        (
+            "jsonl",
+            (),
+            (),
+            False,
+            "out.pcap",
+            "-w writes packets instead of showing frames: not with -T jsonl",
+        ),
+        ("fields", ("type",), (), True, None, "-T fields writes frames: not with --summary"),
+        ("fields", ("type",), (), False, "-", "-T fields writes frames: not with -w"),
+        ("fields", (), (), False, None, "-T fields needs at least one -e FIELD"),
+    ],
+)
+def test_the_field_options_go_with_t_fields_only_as_tshark_has_them(
+    fmt, fields, options, summary, write, why
+):
+    with pytest.raises(UsageError) as refused:
+        FieldRows.for_options(fmt, fields, options, summary, write, TimeFormat("u"))
+    assert str(refused.value) == why
+
+
+def test_t_fields_gets_its_writer_and_the_other_formats_none() -> None:
+    rows = FieldRows.for_options("fields", ("type",), ("header=y",), False, None, TimeFormat("u"))
+    assert rows is not None and rows.names == ["type"] and rows.header
+    assert FieldRows.for_options("text", (), (), True, None, TimeFormat("u")) is None
+    assert FieldRows.for_options("text", (), (), False, "out.pcap", TimeFormat("u")) is None

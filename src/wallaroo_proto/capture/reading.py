@@ -13,6 +13,7 @@ import shlex
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Protocol
 
 from wallaroo_proto.records import to_json
@@ -52,6 +53,32 @@ class FrameFilter:
         self.until = until
         self.start: float | None = None
         self.active = any(v is not None for v in (self.streams, self.types, self.connections, since, until))
+
+    @staticmethod
+    def parse_time(value: str | None) -> float | None:
+        """``--since``/``--until``: seconds since the epoch, seconds from the capture's first frame (a
+        small number), or an ISO 8601 time (UTC unless it says otherwise); ValueError otherwise."""
+        if value is None:
+            return None
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            moment = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{value!r}: give seconds or an ISO 8601 time") from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=UTC)
+        return moment.timestamp()
+
+    def with_expression(self, expression: str) -> Callable[[dict], bool]:
+        """A test of a record by this filter and a ``-Y`` expression both (FilterError when the
+        expression cannot be read)."""
+        from wallaroo_proto.display_filter import compile_filter  # only when asked: start-up
+
+        matches = compile_filter(expression)
+        return matches if not self.active else (lambda r: self(r) and matches(r))
 
     @staticmethod
     def describe(streams, types, connections, since, until) -> str:

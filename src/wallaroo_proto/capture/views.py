@@ -169,6 +169,29 @@ class FieldRows:
         #: Digits of each field shown in hex (as the table shows it), else None.
         self._hex = [hexes.get(name) for name in names]
 
+    @classmethod
+    def for_options(
+        cls, fmt: str, fields: Iterable[str], options: Iterable[str], summary: bool, write: str | None,
+        clock: TimeFormat,
+    ) -> FieldRows | None:  # fmt: skip
+        """``-T fields``' writer, or None; the options that only go with it, checked (as tshark):
+        a mismatch is a UsageError."""
+        if fmt != "fields":
+            if fields:
+                raise UsageError("-e needs -T fields")
+            if options:
+                raise UsageError("-E needs -T fields")
+            if summary and write:
+                raise UsageError("-w writes frames: not with --summary")
+            if write and fmt != "text":
+                raise UsageError(f"-w writes packets instead of showing frames: not with -T {fmt}")
+            return None
+        if summary or write:
+            raise UsageError(f"-T fields writes frames: not with {'--summary' if summary else '-w'}")
+        if not fields:
+            raise UsageError("-T fields needs at least one -e FIELD")
+        return cls(check_fields(fields), parse_options(options), clock)
+
     def header_line(self) -> str:
         return self.separator.join(self._quoted(name) for name in self.names)
 

@@ -738,12 +738,24 @@ class MockIC:
             "rpcs_per_second": round(s.rpcs_logged / s.delivery_seconds) if s.delivery_seconds else 0,
             "done": s.done,
             "resumed": self.resume_note(),
-            "faults_not_fired": [
-                f"--{name.replace('_', '-')} {getattr(self.config, name)}"
-                for name in ("bad_check_at", "gap_at", "crash_at")
-                if getattr(self.config, name) is not None and name not in s.faults_fired
-            ],
+            "faults_not_fired": self._faults_not_fired(),
         }
+
+    def _faults_not_fired(self) -> list[str]:
+        return [
+            f"--{name.replace('_', '-')} {getattr(self.config, name)}"
+            for name in ("bad_check_at", "gap_at", "crash_at")
+            if getattr(self.config, name) is not None and name not in self.stats.faults_fired
+        ]
+
+    def unfired_notes(self, interrupted: bool) -> list[str]:
+        """A line per fault asked for that never fired, for the end of the log: a run that tested
+        less than asked says so. A --crash-at a stop came before is no news."""
+        return [
+            f"fault {fault} never fired: no record with that sequence id was logged"
+            for fault in self._faults_not_fired()
+            if not fault.startswith("--crash-at") or not interrupted
+        ]
 
 
 #: The Node binding's simple checkpoint producer writes its JSON after this tag.

@@ -129,6 +129,10 @@ class DirStore:
 
     def __init__(self, path: str | os.PathLike, *, fsync: bool = True) -> None:
         self.path = Path(path)
+        if self.path.is_file():  # a file given for the folder: said in words, not as mkdir's errno
+            raise StoreError(
+                f"--log-dir {path} is a file; give a folder (mock-ic keeps its log and checkpoints in it)"
+            )
         self.path.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
         self._log = None

@@ -104,6 +104,16 @@ class Faults:
     drop_times: int = 1
 
 
+def parse_stream_end(spec: str) -> tuple[int, int]:
+    """``REASON@N`` (``--stream-end``): the STREAM_END reason's code, and after how many items each
+    vbucket's stream ends (at least one, so that the stream began)."""
+    reasons = {name: value for value, name in codec.END_REASONS.items()}
+    reason, _, after = spec.partition("@")
+    if reason not in reasons or not after.isdigit() or int(after) < 1:
+        raise ValueError(f"{spec!r}: use REASON@N, e.g. too_slow@10")
+    return reasons[reason], int(after)
+
+
 @dataclass
 class ProducerConfig:
     host: str = "127.0.0.1"

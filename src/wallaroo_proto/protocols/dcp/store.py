@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 import random
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -213,6 +214,20 @@ class Bucket:
         return cls([VBucket(vb, [(new_uuid(rng), 0)]) for vb in range(count)])
 
     @classmethod
+    def open(cls, path: str | None, count: int, rng: random.Random) -> Bucket:
+        """The bucket the ``--state`` file keeps, when there is one (a restart keeps its history),
+        else ``count`` new vbuckets; a file that cannot be read or used is a StateError naming it."""
+        if not path or not os.path.exists(path):
+            return cls.new(count, rng)
+        try:
+            with open(path, "rb") as f:
+                return cls.from_json(f.read())
+        except OSError as err:
+            raise StateError(f"cannot read --state {path}: {err.strerror or err}") from err
+        except StateError as err:
+            raise StateError(f"--state {path}: {err}") from err
+
+    @classmethod
     def from_json(cls, raw: bytes) -> Bucket:
         try:
             obj = json.loads(raw)
@@ -223,6 +238,11 @@ class Bucket:
 
     def to_json(self) -> bytes:
         return json.dumps({"vbuckets": {str(vb): v.to_json() for vb, v in self.vbuckets.items()}}).encode()
+
+    def fail_over(self, rng: random.Random, lose: int) -> None:
+        """Every vbucket fails over: its newest ``lose`` versions are gone and a new uuid begins."""
+        for vb in self.vbuckets.values():
+            vb.fail_over(new_uuid(rng), lose)
 
     def generate(self, count: int, rng: random.Random, keys: int, value_size: int) -> None:
         """``count`` new versions per vbucket over ``keys`` keys: mutations, deletions, expirations."""
@@ -252,6 +272,22 @@ class Bucket:
             vb.add(str(item["key"]), op, value if isinstance(value, str) else json.dumps(value), self.clock())
             n += 1
         return n
+
+
+def items_of(lines: Iterable[bytes | str]) -> list[dict]:
+    """``--input``'s items, a JSON object a line (blank lines skipped); a StateError names the line."""
+    items = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except ValueError as err:
+            raise StateError(f"line {n}: not JSON ({err})") from None
+        if not isinstance(item, dict):
+            raise StateError(f"line {n}: not a JSON object")
+        items.append(item)
+    return items
 
 
 # ------------------------------------------------------------------------------------------ consumer

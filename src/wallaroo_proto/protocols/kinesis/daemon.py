@@ -603,6 +603,31 @@ class MockDaemon:
         #: Records in the batches answered by then: the rate's records, over the same span.
         self._answered = 0
 
+    def resumed(self) -> list[tuple[ShardRecords, int]]:
+        """Each shard with how many of its records its lease's checkpoint covers: a run on a used
+        lease table delivers only the rest, and should say what it skips."""
+        return [(shard, shard.start_after(self.leases.get(shard.shard_id))) for shard in self.shards]
+
+    def fault_reach(self) -> str | None:
+        """Why a fault counted in records can never fire in this run, or None.
+
+        No shard gets more records than it has left after its checkpoint; a fault counted past that
+        would leave a run that tested nothing. A kill delivers records again, and they count too,
+        so with --kill-after only the kill itself is checked.
+        """
+        most = max((len(shard) - skipped for shard, skipped in self.resumed()), default=0)
+        faults = self.config.faults
+        counted = (
+            ("--kill-after", faults.kill_after),
+            ("--lease-lost-after", faults.lease_lost_after),
+            ("--shutdown-requested-after", faults.shutdown_requested_after),
+        )
+        for option, count in counted[:1] if faults.kill_after else counted:
+            if count > most:
+                why = f"{option} {count} cannot fire: the most records a shard gets in this run is {most:,}"
+                return why + (" (what --state holds as checkpointed is skipped)" if self.leases.path else "")
+        return None
+
     async def start(self) -> tuple[str, int] | None:
         """Open what must be open before the shards start: the listening socket, the recording."""
         if self.config.record:

@@ -182,6 +182,15 @@ def reshard(parents: list[ShardRecords], how: str, per_shard: int, aggregate: in
     return parents + children
 
 
+def check_key_template(template: str) -> None:
+    """Refuse a partition-key template before any line is read: it may name {n} and {line} only,
+    and one that fails on the first line would fail on every one."""
+    try:
+        template.format(n=0, line="")
+    except (KeyError, IndexError, ValueError) as err:
+        raise ValueError(f"{template!r}: use {{n}} and {{line}} only ({err})") from None
+
+
 def from_lines(
     lines: Iterable[bytes], shards: int, *, key_template: str = "{n}", now_ms: int = 0, aggregate: int = 1
 ) -> list[ShardRecords]:
