@@ -124,9 +124,8 @@ async def _run(
 ) -> tuple[dict, bool]:
     try:
         worker = MockWorker(config, registry)
-        registry.out = None if not out else registry.out  # a mark for no file of this run is stale
+        resume_at = registry.resume_out(out)
         if out:
-            resume_at = registry.resume_out(out)
             worker.add_consumer(JsonLinesOut(out, resume_at=resume_at, executor=worker.io))
         if sink is not None:
             (host, port), driver_options = sink

@@ -904,6 +904,9 @@ def test_out_resumes_at_the_checkpointed_length_only_when_the_state_knows_the_fi
     assert registry.out is None  # from now on this run's checkpoints say
     registry.out = {"path": str(tmp_path / "other.jsonl"), "bytes": 60}
     assert registry.resume_out(str(out)) == 100
+    registry.out = {"path": str(out.resolve()), "bytes": 60}
+    assert registry.resume_out(None) is None  # a run with no --out: the earlier run's mark is stale
+    assert registry.out is None
 
 
 def test_the_faults_asked_for_that_never_fired_are_named_by_their_options() -> None:

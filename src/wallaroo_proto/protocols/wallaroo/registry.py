@@ -195,17 +195,20 @@ class Registry:
         if self.path is not None:
             write_atomic(self.path, self.state_bytes())
 
-    def resume_out(self, out: str) -> int | None:
+    def resume_out(self, out: str | None) -> int | None:
         """Where ``--out`` continues after a restart: the checkpointed length when the state
         knows this file, so lines past the last checkpoint (delivered again) are not doubled.
 
         A state from a run that wrote no ``--out`` (or another file) cannot say; the file
         is then appended to. No state at all starts a regular file afresh; a pipe just
-        takes what comes. This run's own checkpoints record its own file from now on.
+        takes what comes. This run's own checkpoints record its own file (or none, without
+        ``out``: the state's mark of an earlier run's file is stale) from now on.
         """
-        path = Path(out)
         known = self.out
         self.out = None
+        if not out:
+            return None
+        path = Path(out)
         if not path.is_file():
             return None
         if known is not None and known["path"] == str(path.resolve()):
