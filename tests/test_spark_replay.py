@@ -684,6 +684,20 @@ def test_findings_take_a_plug_ins_finding_after_the_frames_violations(replayed):
     assert {r["frame_index"] for r in rows} == {frame["frame_index"]}
 
 
+def test_a_question_follows_the_standard_tables_or_stands_alone():
+    """The run shows the standard tables then --sql's answer, or (standard off) the answer alone."""
+    from wallaroo_proto.spark.replay import Replay, shown_tables
+
+    standard = reports.printed_views({"wallaroo": 3})
+    tables = {name: f"frame {name}" for name, _ in standard}
+    asked = Replay(["x.pcap"], sql="SELECT 1")
+    shown = shown_tables(tables, {"sql": "answer"}, {"wallaroo": 3}, asked)
+    assert shown[:-1] == [(name, title, f"frame {name}") for name, title in standard]
+    assert shown[-1] == ("sql", "--sql SELECT 1", "answer")
+    alone = dataclasses.replace(asked, standard=False)
+    assert shown_tables(tables, {"sql": "answer"}, {"wallaroo": 3}, alone) == [shown[-1]]
+
+
 class _WatchedConsole:
     """A terminal console for the tables that notes whether a progress display was live at each print."""
 

@@ -123,7 +123,7 @@ def run(spark: SparkSession, replay: Replay, show: Show) -> int:  # noqa: C901 -
         show.problem(str(exc))
         return EXIT_USAGE
     try:
-        for name, title, frame in _shown(tables, extra, by_protocol, r):
+        for name, title, frame in shown_tables(tables, extra, by_protocol, r):
             show.table(name, title, frame, answer=name in extra)
     except (Py4JJavaError, PySparkException) as exc:
         show.problem(f"the job failed: {_first_line(exc, 500)}")
@@ -151,7 +151,7 @@ def run(spark: SparkSession, replay: Replay, show: Show) -> int:  # noqa: C901 -
     return EXIT_PROBLEM if problems or r.listing_problems else EXIT_OK
 
 
-def _shown(
+def shown_tables(
     tables: Mapping[str, DataFrame], extra: Mapping[str, DataFrame], by_protocol: Mapping[str, int], r: Replay
 ) -> list[tuple[str, str, DataFrame]]:
     """The tables shown, in order, with their titles: the standard ones, then the answers."""
