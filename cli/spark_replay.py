@@ -1,7 +1,7 @@
 """``wallaroo-proto spark-replay``: captures into a PySpark batch job (thin CLI).
 
-The work lives in ``wallaroo_proto.spark``; this module parses options, runs
-the steps with per-stage progress and renders results as rich tables.
+The work lives in ``wallaroo_proto.spark`` (``replay.run``); this module turns options into a
+``Replay``, starts Spark and renders through ``spark_replay_view.ConsoleShow``.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from wallaroo_proto_cli.options import (
     usage_error,
     verbosity,
 )
-from wallaroo_proto_cli.spark_replay_view import HIDDEN, emit_jsonl, fetch, short_connection, show, votes
+from wallaroo_proto_cli.spark_replay_view import ConsoleShow
 
 from wallaroo_proto.spark.reports import view_names
 
-EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_PROBLEM, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130
 NAME = "wallaroo-proto spark-replay"
 #: Table file formats, once given as --format (now --output-format).
 FILE_FORMATS = ("parquet", "csv", "json")
@@ -155,6 +155,7 @@ def command(
 
     from wallaroo_proto.display_filter import FilterError, parse
     from wallaroo_proto.spark import jobs, plan
+    from wallaroo_proto.spark.replay import Replay, run
     from wallaroo_proto.spark.session import SparkStartError, build_session, spark_failure, stop_session
 
     try:  # a bad expression is reported before Spark starts
@@ -184,25 +185,21 @@ def command(
     info.print(f"[dim]Spark {spark.version} on {master} started in {time.monotonic() - started:.1f} s[/dim]")
     if verbosity > 0:
         err.print(f"{NAME}: Spark's own log: {getattr(spark, '_wallaroo_log', 'not known')}")
+    replay = Replay(
+        given,
+        ports=ports or None,
+        fail_fast=fail_fast,
+        output=output,
+        output_format=output_format,
+        sql=sql,
+        job=job,
+        listing_problems=listing_problems,
+        report_path=report_path,
+        display_filter=tree,
+        standard=shows_standard_tables(sql, job, tables, verbosity),
+    )
     try:
-        code = _run(
-            spark,
-            out,
-            err,
-            given,
-            ports or None,
-            fail_fast,
-            output,
-            output_format,
-            sql,
-            job,
-            None if fmt == "jsonl" else rows,
-            listing_problems,
-            report_path,
-            info,
-            tree,
-            standard=shows_standard_tables(sql, job, tables, verbosity),
-        )
+        code = run(spark, replay, ConsoleShow(spark, out, err, info, None if fmt == "jsonl" else rows, NAME))
     except KeyboardInterrupt:
         err.print(f"[yellow]{NAME}: interrupted; stopping Spark[/yellow]")
         code = EXIT_INTERRUPTED
@@ -212,116 +209,3 @@ def command(
     finally:
         stop_session(spark)
     raise SystemExit(code)
-
-
-def _run(
-    spark,
-    out,
-    err,
-    given,
-    ports,
-    fail_fast,
-    output,
-    fmt,
-    sql,
-    job,
-    rows,
-    listing_problems,
-    report_path=None,
-    info=None,
-    display_filter=None,
-    *,
-    standard: bool = True,
-) -> int:
-    from py4j.protocol import Py4JJavaError
-    from pyspark.errors import PySparkException
-
-    from wallaroo_proto.spark import frames as frames_mod
-    from wallaroo_proto.spark import jobs, reports
-    from wallaroo_proto.spark.session import stage_progress
-
-    info = info or err
-    loaded = frames_mod.load_frames(spark, given, ports=ports, fail_fast=fail_fast)
-    if display_filter is not None:  # a parsed expression (display_filter.parse)
-        from wallaroo_proto.display_filter import spark_predicate
-
-        loaded.frames = loaded.frames.where(spark_predicate(display_filter, reports.field_column))
-    started = time.monotonic()
-    try:
-        with stage_progress(spark, "reading captures", info):
-            by_protocol = dict(loaded.frames.groupBy("protocol").count().collect())
-            totals = sum(by_protocol.values())
-            problems = loaded.problems.collect()
-    except (Py4JJavaError, PySparkException) as exc:
-        failed = frames_mod.fail_fast_message(exc)
-        if failed is None:
-            raise
-        err.print(f"[red]{NAME}: capture {escape(failed)}[/red]")
-        err.print(f"[red]{NAME}: stopped (--fail-fast)[/red]")
-        return EXIT_USAGE
-    size = sum(c.size for c in loaded.captures)
-    info.print(
-        f"[dim]{len(loaded.captures)} captures ({size / 1e6:.1f} MB) in {loaded.tasks} tasks: "
-        f"{totals:,} frames in {time.monotonic() - started:.1f} s[/dim]"
-    )
-    listed = {p.capture for p in listing_problems}  # already named before Spark started
-    for problem in problems:
-        if problem["capture"] not in listed:
-            kept = "(frames before it are kept)"
-            err.print(
-                f"[red]{NAME}: capture {escape(problem['capture'])}: {escape(problem['error'])} {kept}[/red]"
-            )
-
-    tables = reports.build_tables(loaded.frames, loaded.problems)
-    if output:  # shown, then written: each summary computed once (they are small; frames are persisted)
-        tables = {n: t if n in ("frames", "messages", "problems") else t.persist() for n, t in tables.items()}
-    jobs.register_views(tables)
-    extra = {}
-    try:  # planned before anything is printed: a mistake in them is usage, found at once
-        if sql:
-            extra["sql"] = jobs.run_sql(spark, sql)
-        if job:
-            extra["job"] = jobs.run_job(spark, job, tables["messages"])
-    except jobs.JobError as exc:
-        err.print(f"[red]{NAME}: {escape(str(exc))}[/red]")
-        return EXIT_USAGE
-    shown = reports.printed_views(by_protocol) if standard else []
-    shown = [(name, title, tables[name]) for name, title in shown]
-    shown += [(name, f"--{name} {sql if name == 'sql' else job}", frame) for name, frame in extra.items()]
-    try:
-        for name, title, frame in shown:
-            if rows is None and out.is_terminal:  # --jsonl rows streamed to the terminal: no bar among them
-                emit_jsonl(name, frame)
-                continue
-            if rows is None:
-                with stage_progress(spark, f"table {name}", info):
-                    emit_jsonl(name, frame)
-                continue
-            if name not in extra and name != "connections":  # 'capture#n' (Connections names them)
-                frame = votes(short_connection(frame))
-            with stage_progress(spark, f"table {name}", info):  # ended before the table prints over its line
-                columns, got = fetch(frame, rows, HIDDEN.get(name, ()))
-            show(out, title, columns, got, rows)
-    except (Py4JJavaError, PySparkException) as exc:
-        err.print(f"[red]{NAME}: the job failed: {escape(str(exc).strip().splitlines()[0][:500])}[/red]")
-        return EXIT_PROBLEM
-    if output:
-        try:
-            with stage_progress(spark, f"writing {fmt}", info):
-                written = jobs.write_tables({**tables, **extra}, output, fmt)
-        except (Py4JJavaError, PySparkException) as exc:
-            reason = escape(str(exc).strip().splitlines()[0][:300])
-            err.print(f"[red]{NAME}: cannot write {escape(output)}: {reason}[/red]")
-            return EXIT_USAGE
-        info.print(f"[green]wrote {len(written)} tables as {fmt} to {output}/[/green] ({', '.join(written)})")
-    if report_path:
-        from wallaroo_proto.report import spark as report_spark
-        from wallaroo_proto.report.html import write_report
-
-        with stage_progress(spark, "drawing the report", info):
-            errors = {p["capture"]: p["error"] for p in problems}
-            flat = reports.flat_frames(loaded.frames)
-            drawn = report_spark.build_report(flat, [c.name for c in loaded.captures], errors=errors)
-            write_report(drawn, report_path)
-        info.print(f"[green]wrote the report to {report_path}[/green]")
-    return EXIT_PROBLEM if problems or listing_problems else EXIT_OK

@@ -1,10 +1,12 @@
-"""How ``spark-replay`` shows its tables: rich tables of the first rows, or every row as JSON lines."""
+"""How ``spark-replay`` shows a run: rich tables of the first rows, or every row as JSON lines, with
+per-stage progress and one-line notes on stderr."""
 
 from __future__ import annotations
 
 import base64
 import json
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from decimal import Decimal
 
 import click
@@ -104,3 +106,40 @@ def show(console: Console, title: str, columns: Sequence[str], got: Sequence, ro
     if len(got) > rows:
         console.print("[dim]… more rows not shown (--rows, or --output DIR for all of them)[/dim]")
     return min(len(got), rows)
+
+
+class ConsoleShow:
+    """A run shown on consoles: tables on ``out``, problems on ``err``, progress and notes on ``info``;
+    ``rows`` None prints every row as JSON lines (wallaroo_proto.spark.replay.Show)."""
+
+    def __init__(self, spark, out: Console, err: Console, info: Console, rows: int | None, name: str) -> None:
+        self.spark, self.out, self.err, self.info, self.rows, self.name = spark, out, err, info, rows, name
+
+    def stage(self, description: str) -> AbstractContextManager[None]:
+        from wallaroo_proto.spark.session import stage_progress
+
+        return stage_progress(self.spark, description, self.info)
+
+    def problem(self, *parts: str) -> None:
+        self.err.print(f"[red]{self.name}: {''.join(escape(p) for p in parts)}[/red]")
+
+    def note(self, text: str) -> None:
+        self.info.print(f"[dim]{text}[/dim]")
+
+    def done(self, text: str, detail: str = "") -> None:
+        self.info.print(f"[green]{text}[/green]" + (f" {detail}" if detail else ""))
+
+    def table(self, name: str, title: str, frame, answer: bool) -> None:
+        rows = self.rows
+        if rows is None and self.out.is_terminal:  # --jsonl rows streamed to the terminal: no bar among them
+            emit_jsonl(name, frame)
+            return
+        if rows is None:
+            with self.stage(f"table {name}"):
+                emit_jsonl(name, frame)
+            return
+        if not answer and name != "connections":  # 'capture#n' (Connections names them)
+            frame = votes(short_connection(frame))
+        with self.stage(f"table {name}"):  # ended before the table prints over its line
+            columns, got = fetch(frame, rows, HIDDEN.get(name, ()))
+        show(self.out, title, columns, got, rows)

@@ -512,32 +512,18 @@ def test_spark_predicate_selects_the_frames_the_python_filter_keeps(replayed):
 def test_spark_replay_filters_the_frames_before_every_table(spark, capsys):
     """spark-replay -Y: a --sql query over frames and the per-stream audit see the matching frames only."""
     from rich.console import Console
-    from wallaroo_proto_cli import spark_replay
+    from wallaroo_proto_cli.spark_replay_view import ConsoleShow
 
     from wallaroo_proto.capture.dissector import iter_records
     from wallaroo_proto.display_filter import compile_filter, parse
+    from wallaroo_proto.spark.replay import Replay, run
 
     sample = str(Path(__file__).resolve().parent.parent / "captures" / "source-session.pcap")
     text = "stream_id == 11 and type != NOTIFY"
     quiet = Console(quiet=True)
     sql = "SELECT connection, frame_index FROM frames"
-    code = spark_replay._run(
-        spark,
-        quiet,
-        quiet,
-        [sample],
-        None,
-        False,
-        None,
-        "parquet",
-        sql,
-        None,
-        None,
-        [],
-        None,
-        quiet,
-        parse(text),
-    )
+    replay = Replay([sample], sql=sql, display_filter=parse(text))
+    code = run(spark, replay, ConsoleShow(spark, quiet, quiet, quiet, None, "spark-replay"))
     assert code == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     expected = [r for r in iter_records(sample) if compile_filter(text)(r)]
@@ -698,6 +684,20 @@ def test_findings_take_a_plug_ins_finding_after_the_frames_violations(replayed):
     assert {r["frame_index"] for r in rows} == {frame["frame_index"]}
 
 
+def test_a_question_follows_the_standard_tables_or_stands_alone():
+    """The run shows the standard tables then --sql's answer, or (standard off) the answer alone."""
+    from wallaroo_proto.spark.replay import Replay, shown_tables
+
+    standard = reports.printed_views({"wallaroo": 3})
+    tables = {name: f"frame {name}" for name, _ in standard}
+    asked = Replay(["x.pcap"], sql="SELECT 1")
+    shown = shown_tables(tables, {"sql": "answer"}, {"wallaroo": 3}, asked)
+    assert shown[:-1] == [(name, title, f"frame {name}") for name, title in standard]
+    assert shown[-1] == ("sql", "--sql SELECT 1", "answer")
+    alone = dataclasses.replace(asked, standard=False)
+    assert shown_tables(tables, {"sql": "answer"}, {"wallaroo": 3}, alone) == [shown[-1]]
+
+
 class _WatchedConsole:
     """A terminal console for the tables that notes whether a progress display was live at each print."""
 
@@ -724,13 +724,13 @@ def test_the_progress_display_ends_before_a_table_prints(spark, captures):
     import io
 
     from rich.console import Console
-    from wallaroo_proto_cli import spark_replay
+    from wallaroo_proto_cli.spark_replay_view import ConsoleShow
+
+    from wallaroo_proto.spark.replay import Replay, run
 
     info = Console(file=io.StringIO(), force_terminal=True, width=160)
     out = _WatchedConsole(info)
-    code = spark_replay._run(
-        spark, out, info, [str(captures["sink"])], None, False, None, "parquet", None, None, 5, [], None, info
-    )
+    code = run(spark, Replay([str(captures["sink"])]), ConsoleShow(spark, out, info, info, 5, "spark-replay"))
     assert code == 0
     assert len(out.live_at_print) >= 6 and not any(out.live_at_print), out.live_at_print
     assert "2PC rounds (twopc)" in out.console.file.getvalue()
