@@ -172,7 +172,7 @@ class FramedConnection:
                 run = (item,)
             for frame in run:
                 outcome = feed(side, frame)
-                if outcome is not ACCEPTED and check and outcome.kind is Kind.VIOLATION:
+                if check and outcome.kind is Kind.VIOLATION:
                     raise OwnViolation(f"refusing to send {frame.TYPE.name}: {outcome.reason}")
                 chunks.append(encode(frame))
         data = b"".join(chunks)
