@@ -42,6 +42,7 @@ from wallaroo_proto.records import ConnectionKey, to_json
 
 from .frame_block import SHARED, FrameBlock
 from .pcap import (
+    PAUSE,
     TCP_ACK,
     TCP_FIN,
     TCP_RST,
@@ -311,6 +312,12 @@ class Dissector:
         for batch in self._batches(None, segments):
             yield from batch
 
+    def segment_batches(self, segments: Iterable[Segment]) -> Iterator[list]:
+        """``segment_frames`` a batch at a time; a ``PAUSE_SEGMENT`` from ``segments`` makes a batch
+        (maybe empty) at once, so a source fed as bytes come (``replay``) gets control back."""
+        self.jsonl = False
+        return self._batches(None, segments)
+
     def drain(self, source: str | os.PathLike | BinaryIO) -> None:
         """Read the capture for its summaries only: no record is made where a plug-in can avoid it."""
         self.want_records = False
@@ -368,9 +375,12 @@ class Dissector:
             for packet, ts, key, seq, flags, payload in segments:
                 if not payload and not flags & _CONTROL:
                     # A pipe with nothing more yet: out with what is made (unless held back for order).
-                    if flags & WAIT and out and not holding:
-                        yield out
-                        out.clear()
+                    if flags & WAIT:
+                        if out and not holding:
+                            yield out
+                            out.clear()
+                        elif flags & PAUSE:
+                            yield []  # the source gives control back to the reader (``segment_batches``)
                     continue  # a bare ACK: nothing for any flow state here
                 half = flows.get(key)
                 if half is None or (flags & TCP_SYN and not flags & TCP_ACK and self._reused(half, seq)):

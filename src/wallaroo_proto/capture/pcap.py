@@ -80,6 +80,10 @@ Segment = tuple[int, int, tuple[bytes, int, bytes, int], int, int, bytes]
 WAIT = 0x100
 #: What ``read_segments(..., waits=True)`` yields before a live read that may block.
 WAIT_SEGMENT: Segment = (0, 0, (b"", 0, b"", 0), 0, WAIT, b"")
+#: With ``WAIT``: the source has nothing more now, and its reader must hand back control even
+#: with nothing made (``Dissector.segment_batches``), because the source cannot block.
+PAUSE = 0x200
+PAUSE_SEGMENT: Segment = (0, 0, (b"", 0, b"", 0), 0, WAIT | PAUSE, b"")
 
 
 class PacketTap(Protocol):

@@ -112,6 +112,9 @@ class ProtocolPlugin:
     #: Optional: its field that says what a connection is for (Wallaroo's ``use``: source or
     #: sink), the ``use`` column of spark-replay's ``connections``.
     use_field: str | None = None
+    #: Optional: ``replay_adapter()`` -> its module for ``replay`` and ``diff`` (``replay.adapter``
+    #: says what it holds): how a recorded frame follows a live peer, which fields may differ.
+    replay_adapter: Callable[[], Any] | None = None
     #: Optional: integer fields shown in hex (as Wireshark's BASE_HEX), name -> digits, so the
     #: table, ``-T fields`` and the summary write one value one way: ``0x`` and zero-padded.
     hex_fields: Mapping[str, int] = field(default_factory=dict)

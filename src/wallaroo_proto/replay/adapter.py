@@ -1,0 +1,122 @@
+"""What a protocol brings to replay: how a recorded frame follows the live peer, and what may differ.
+
+A plug-in's ``replay_adapter()`` gives a module with:
+
+* ``Adapter(side)``: a sans-IO object for one replay, playing ``side`` (one of the judge's
+  ``SIDES``). The engine calls
+  ``outgoing(frame)`` for each recorded frame of the played side, in order, and sends the
+  bytes it answers, or waits while it answers a ``Hold`` (the live peer has not yet allowed
+  the frame: credits, a window, an answer still owed), or sends nothing for ``SKIP`` (a
+  frame redone another way: a login). ``incoming(record, raw)`` is told every live frame of
+  the peer, to learn the values it decides (ids, opaques, UUIDs, credits), and
+  ``expected(frame)`` gives the fields a recorded frame of the peer should have live, as far
+  as the adapter can tell (an echoed opaque maps to the live one).
+* ``NOISE``: the protocol's fields that legitimately differ between two runs (times,
+  opaques, UUIDs, CAS values); ``--ignore`` adds to them.
+* ``match_key(record)``: what makes a frame itself among frames of its type (a stream and
+  message id, a vbucket and seqno): ``diff`` matches two recordings by it.
+* ``conversation_key(record)``: which recorded connections are one conversation (default:
+  each connection is one).
+
+The ``Adapter`` here plays the recording as it is: the protocols whose frames carry nothing
+the live peer decides, or what a plug-in's adapter builds on.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, ClassVar, Final
+
+from wallaroo_proto.protocols import get_plugin
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """The frame may not go yet; ``reason`` says what the live peer still owes."""
+
+    reason: str
+
+
+#: ``outgoing``'s answer for a recorded frame that is not sent (redone another way).
+SKIP: Final = b""
+
+
+#: Fields of every record that differ between any two runs: where and when, not what.
+COMMON_NOISE = frozenset(
+    {
+        "capture",
+        "connection",
+        "conn_index",
+        "initiator_addr",
+        "initiator_port",
+        "responder_addr",
+        "responder_port",
+        "ts",
+        "ts_ns",
+        "packet",
+        "offset",
+        "frame_index",
+        "latency",
+        "notes",
+        "_raw",
+    }
+)
+
+
+class Adapter:
+    """Plays the recording unchanged: every frame as recorded, nothing waited for."""
+
+    NOISE: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, side: str) -> None:
+        self.side = side
+
+    def outgoing(self, frame: Any) -> bytes | Hold:
+        """The bytes to send for recorded ``frame`` (a ``recording.Frame``) now, or a ``Hold``."""
+        return frame.raw
+
+    def incoming(self, record: dict, raw: bytes) -> None:
+        """A live frame from the peer: learn what it decided."""
+
+    def expected(self, frame: Any) -> dict:
+        """The fields recorded ``frame`` of the peer should have live."""
+        return frame.record
+
+
+def match_key(record: dict) -> tuple:
+    """Default: frames of one type are matched in their order alone."""
+    return ()
+
+
+def conversation_key(record: dict) -> tuple:
+    """Default: each TCP connection is a conversation of its own."""
+    return (record["conn_index"],)
+
+
+def module(protocol: str) -> ModuleType:
+    """The protocol's adapter module (its plug-in's ``replay_adapter``), else this one."""
+    plugin = get_plugin(protocol)
+    factory = getattr(plugin, "replay_adapter", None)
+    return factory() if factory is not None else importlib.import_module(__name__)
+
+
+def noise(protocol: str, extra: frozenset[str] = frozenset()) -> frozenset[str]:
+    """Every field a comparison of ``protocol``'s frames passes over."""
+    mod = module(protocol)
+    return COMMON_NOISE | getattr(mod.Adapter, "NOISE", frozenset()) | extra
+
+
+def make(protocol: str, side: str) -> Any:
+    return module(protocol).Adapter(side)
+
+
+def key_of(protocol: str):
+    mod = module(protocol)
+    return getattr(mod, "match_key", match_key)
+
+
+def conversation_of(protocol: str):
+    mod = module(protocol)
+    return getattr(mod, "conversation_key", conversation_key)

@@ -1,0 +1,425 @@
+"""The player: one side of a recorded conversation, played against a live peer.
+
+It walks the recording in order. A frame of the played side is sent once every frame the
+peer sent before it in the recording has come (or was waited for ``answer_timeout``), and
+once the protocol's adapter lets it go (credits, a window); its bytes follow the live
+peer's values through the adapter. A frame of the peer is expected: the live frames are
+judged by the protocol's core (``live``) and matched and compared with the recorded ones
+(``compare``). Everything waits with deadlines, so a peer that hangs is a finding.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import adapter as adapters
+from .compare import BAD, Matcher, Outcome, Result, compare_runs
+from .links import Link, LinkError, Listener, SpawnLink, connect
+from .live import Transcript
+from .recording import Conversation, Frame, frames
+
+
+class ReplayError(Exception):
+    """The replay could not start (exit 2): nobody listening, no client came, bad options."""
+
+
+@dataclass
+class Options:
+    """How to play: which side, against which peer, how fast, what to ignore."""
+
+    #: The played side: one of the judge's ``SIDES``.
+    side: str
+    connect: list[tuple[str, int]] = field(default_factory=list)
+    listeners: list[Listener] = field(default_factory=list)
+    spawn: str | None = None
+    #: Seconds each answer (or allowance) is waited for.
+    answer_timeout: float = 10.0
+    #: None: as fast as the peer answers; else the recording's pace times this factor.
+    speed: float | None = None
+    ignore: frozenset[str] = frozenset()
+    record: str | None = None
+    #: Outcomes other than matched kept for the summary (the rest are counted).
+    keep: int = 1000
+    #: When a list: every live frame of the peer is appended to it (``learn_noise``).
+    collect: list | None = None
+
+
+@dataclass
+class Report:
+    """What a replay found."""
+
+    protocol: str
+    side: str
+    counts: dict[str, int]
+    outcomes: list[Outcome]
+    #: Violations in the played side's own frames (the recording's or an adaptation's).
+    own_violations: list[str]
+    sent: int
+    received: int
+    seconds: float
+    stopped: str | None = None
+    live_connections: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.stopped and not any(self.counts.get(r.value, 0) for r in BAD) and not self.own_violations
+        )
+
+    def as_dict(self) -> dict:
+        return {
+            "protocol": self.protocol,
+            "played": self.side,
+            "ok": self.ok,
+            "counts": self.counts,
+            "sent": self.sent,
+            "received": self.received,
+            "seconds": round(self.seconds, 3),
+            "stopped": self.stopped,
+            "own_violations": self.own_violations,
+            "live_connections": self.live_connections,
+            "outcomes": [o.as_dict() for o in self.outcomes],
+        }
+
+
+class _Stop(Exception):
+    """The replay cannot go on (the peer closed, or never allowed a frame)."""
+
+
+class _Stream:
+    """One direction's live bytes, kept until the frames that hold them were read."""
+
+    __slots__ = ("base", "buf")
+
+    def __init__(self) -> None:
+        self.base = 0
+        self.buf = bytearray()
+
+    def take(self, offset: int, length: int) -> bytes:
+        start = offset - self.base
+        raw = bytes(self.buf[max(0, start) : start + length])
+        if start + length > 0:
+            del self.buf[: start + length]
+            self.base = offset + length
+        return raw
+
+
+class Player:
+    """One replay of ``conversation`` (see the module's docstring)."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        options: Options,
+        on_outcome: Callable[[Outcome], None] | None = None,
+    ) -> None:
+        self.conversation = conversation
+        self.options = options
+        self.side = options.side
+        self.adapter = adapters.make(conversation.protocol, options.side)
+        ignore = adapters.noise(conversation.protocol, options.ignore)
+        self.matcher = Matcher(ignore, adapters.key_of(conversation.protocol), keep=options.keep)
+        self._on_outcome = on_outcome
+        self.matcher.on_outcome = self._decided
+        self.transcript: Transcript | None = None
+        self.links: dict[int, Link] = {}  # recorded conn_index -> live link
+        self._live_order: list[Link] = []  # live conn_index - 1 -> link
+        self._streams: dict[tuple[int, bool], _Stream] = {}
+        self._to_connect = list(options.connect)
+        self._spawn = options.spawn
+        self.own_violations: list[str] = []
+        self.sent = self.received = 0
+        self._start_ts: float | None = None
+        self._start_wall = 0.0
+
+    # --------------------------------------------------------------- outcomes
+
+    def _decided(self, outcome: Outcome) -> None:
+        if outcome.result is not Result.MATCHED and self.transcript is not None and outcome.live is not None:
+            self.transcript.comment(outcome.live.get("packet") or 0, outcome.text())
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
+
+    # --------------------------------------------------------------- links
+
+    def _open(self, frame: Frame) -> Link:
+        """The live link standing for the recorded connection of ``frame``, opened now if need be."""
+        info = self.conversation.connection(frame.conn_index)
+        ours = info.initiator_side == self.side
+        deadline = time.monotonic() + self.options.answer_timeout
+        if ours:
+            if self._spawn is not None:
+                link: Link = SpawnLink(self._spawn, info.client, info.server)
+                self._spawn = None
+            elif self._to_connect:
+                link = connect(self._to_connect.pop(0), self.options.answer_timeout)
+            else:
+                raise ReplayError(
+                    f"the recording's connection #{info.conn_index} was opened by the {self.side}: "
+                    "give --connect HOST:PORT (once per connection it opens)"
+                )
+        else:
+            link = self._accept(info.conn_index, deadline)
+        self._attach(info.conn_index, link)
+        return link
+
+    def _accept(self, conn_index: int, deadline: float) -> Link:
+        listeners = self.options.listeners
+        if not listeners:
+            raise ReplayError(
+                f"the recording's connection #{conn_index} was opened by the peer: give --listen HOST:PORT"
+            )
+        while True:
+            for listener in listeners:
+                link = listener.accept()
+                if link is not None:
+                    return link
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ReplayError(f"no client connected within {self.options.answer_timeout:g} s")
+            select.select([ls.sock for ls in listeners], [], [], min(left, 1.0))
+
+    def _attach(self, conn_index: int, link: Link) -> None:
+        self.links[conn_index] = link
+        self._live_order.append(link)
+        live_index = len(self._live_order)
+        assert self.transcript is not None
+        self.transcript.open(live_index, link.client, link.server)
+        for d in (True, False):
+            self._streams[(live_index, d)] = _Stream()
+
+    # --------------------------------------------------------------- bytes
+
+    def _send(self, link: Link, data: bytes, deadline_s: float) -> None:
+        view = memoryview(data)
+        deadline = time.monotonic() + deadline_s
+        live_index = self._live_order.index(link) + 1
+        while view:
+            if link.eof:
+                raise _Stop("the live peer closed the connection")
+            try:
+                n = link.send(view)
+            except (BrokenPipeError, ConnectionResetError):
+                raise _Stop("the live peer reset the connection") from None
+            except BlockingIOError:
+                n = 0
+            if n:
+                chunk = bytes(view[:n])
+                self._streams[(live_index, link.we_are_client)].buf += chunk
+                assert self.transcript is not None
+                self.transcript.sent(live_index, link.we_are_client, chunk)
+                view = view[n:]
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Stop(f"the live peer read nothing for {deadline_s:g} s (its receive buffer is full)")
+            self._pump(min(left, 0.05))  # keep reading while it cannot: it may be waiting to write
+            select.select([], [link.write_fd], [], min(left, 0.05))
+
+    def _pump(self, timeout: float) -> int:
+        """Read what the live links have (waiting at most ``timeout``); judge and match it.
+        Returns the number of peer frames read."""
+        links = [link for link in self._live_order if not link.eof]
+        if not links:
+            if timeout > 0:
+                time.sleep(min(timeout, 0.05))
+            return 0
+        ready, _, _ = select.select([link.read_fd for link in links], [], [], max(0.0, timeout))
+        if not ready:
+            return 0
+        assert self.transcript is not None
+        for link in links:
+            if link.read_fd not in ready:
+                continue
+            try:
+                data = link.recv()
+            except BlockingIOError:
+                continue
+            live_index = self._live_order.index(link) + 1
+            if not data:
+                link.eof = True
+                self.transcript.ended(live_index, not link.we_are_client)
+                continue
+            self._streams[(live_index, not link.we_are_client)].buf += data
+            self.transcript.sent(live_index, not link.we_are_client, data)
+        return self._judge()
+
+    def _judge(self) -> int:
+        assert self.transcript is not None
+        got = 0
+        for record in self.transcript.records():
+            link_index = record.get("conn_index") or 0
+            from_initiator = record.get("direction") == "initiator>responder"
+            link = self._live_order[link_index - 1] if 0 < link_index <= len(self._live_order) else None
+            from_us = link is not None and from_initiator == link.we_are_client
+            raw = b""
+            stream = self._streams.get((link_index, from_initiator))
+            if stream is not None and record.get("offset") is not None and record.get("length"):
+                raw = stream.take(record["offset"], record["length"])
+            if from_us:
+                if record.get("verdict") == "violation":
+                    self.own_violations.append(
+                        f"live packet {record.get('packet')} {record.get('type')}: "
+                        + "; ".join(record.get("violations") or ())
+                    )
+                continue
+            got += 1
+            self.received += 1
+            self.adapter.incoming(record, raw)
+            self.matcher.seen(record)
+            if self.options.collect is not None:
+                self.options.collect.append(record)
+        self.transcript.flush()
+        return got
+
+    # --------------------------------------------------------------- play
+
+    def _wait_answers(self, before: int) -> None:
+        """Until every peer frame recorded before frame ``before`` came, or one waited too long."""
+        timeout = self.options.answer_timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            waiting = self.matcher.outstanding_before(before)
+            if waiting is None:
+                return
+            if all(link.eof for link in self._live_order) and self._live_order:
+                self.matcher.give_up(waiting, "the live peer closed the connection before sending it")
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.matcher.give_up(waiting, f"no answer within {timeout:g} s (--answer-timeout)")
+                while (more := self.matcher.outstanding_before(before)) is not None:
+                    self.matcher.give_up(more, "not waited for after an earlier answer did not come")
+                return
+            if self._pump(left):
+                deadline = time.monotonic() + timeout
+
+    def _outgoing(self, frame: Frame) -> bytes:
+        timeout = self.options.answer_timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.adapter.outgoing(frame)
+            if not isinstance(out, adapters.Hold):
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Stop(
+                    f"recorded frame {frame.index} ({frame.type}) held for {timeout:g} s: {out.reason}"
+                )
+            if self._pump(left):
+                deadline = time.monotonic() + timeout
+
+    def _pace(self, frame: Frame) -> None:
+        speed = self.options.speed
+        ts = frame.record.get("ts")
+        if speed is None or ts is None:
+            return
+        if self._start_ts is None:
+            self._start_ts, self._start_wall = ts, time.monotonic()
+            return
+        due = self._start_wall + (ts - self._start_ts) / speed
+        while (left := due - time.monotonic()) > 0:
+            self._pump(left)
+
+    def run(self) -> Report:
+        """Play the whole conversation; ``ReplayError`` if it cannot start."""
+        options = self.options
+        started = time.monotonic()
+        ports = sorted({c.server[1] for c in self.conversation.connections})
+        self.transcript = Transcript(self.conversation.protocol, ports, options.record)
+        stopped = None
+        last_index = -1
+        try:
+            for frame in frames(self.conversation):
+                last_index = frame.index
+                link = self.links.get(frame.conn_index)
+                if link is None:
+                    try:
+                        link = self._open(frame)
+                    except LinkError as err:
+                        raise ReplayError(str(err)) from None
+                if frame.sender == self.side:
+                    self._wait_answers(frame.index)
+                    data = self._outgoing(frame)
+                    if data:
+                        self._pace(frame)
+                        self._send(link, data, options.answer_timeout)
+                        self.sent += 1
+                    self._pump(0)
+                elif frame.sender:
+                    self.matcher.expect(frame.index, self.adapter.expected(frame))
+                    self._pump(0)
+            self._wait_answers(1 << 62)
+            self._finish()
+        except _Stop as stop:
+            stopped = f"{stop} (at recorded frame {last_index})"
+            self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")
+        finally:
+            self._close()
+        counts = {r.value: n for r, n in self.matcher.counts.items()}
+        return Report(
+            self.conversation.protocol,
+            self.side,
+            counts,
+            self.matcher.kept,
+            self.own_violations,
+            self.sent,
+            self.received,
+            time.monotonic() - started,
+            stopped,
+            [
+                f"{link.client[0]}:{link.client[1]} > {link.server[0]}:{link.server[1]}"
+                for link in self._live_order
+            ],
+        )
+
+    def _finish(self) -> None:
+        """The played side is done: half-close, and read what the peer still sends until it closes
+        too (or a short while passes: some peers keep a connection open)."""
+        for link in self._live_order:
+            link.shutdown_write()
+            live_index = self._live_order.index(link) + 1
+            assert self.transcript is not None
+            self.transcript.ended(live_index, link.we_are_client)
+        deadline = time.monotonic() + min(self.options.answer_timeout, 2.0)
+        while any(not link.eof for link in self._live_order):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._pump(left)
+
+    def _close(self) -> None:
+        for link in self._live_order:
+            with contextlib.suppress(OSError):
+                link.close()
+        if self.transcript is not None:
+            self.transcript.close()
+
+
+def run(conversation: Conversation, options: Options, on_outcome: Any = None) -> Report:
+    return Player(conversation, options, on_outcome).run()
+
+
+def learn_noise(conversation: Conversation, options: Options, runs: int) -> frozenset[str]:
+    """The fields of the peer's frames that differ between ``runs`` replays against the same peer
+    (as Diffy finds noise from two references): each run after the first is compared with it."""
+    if runs < 2:
+        raise ReplayError("--learn-noise needs at least 2 runs: noise is what differs between them")
+    seen: list[list[dict]] = []
+    for _ in range(runs):
+        collected: list[dict] = []
+        Player(conversation, replace(options, collect=collected, record=None, keep=1 << 30)).run()
+        seen.append(collected)
+    ignore = adapters.noise(conversation.protocol, options.ignore)
+    key = adapters.key_of(conversation.protocol)
+    learned: set[str] = set()
+    for other in seen[1:]:
+        matcher = compare_runs(seen[0], other, ignore, key)
+        for outcome in matcher.kept:
+            learned.update(name for name, _, _ in outcome.fields)
+    return frozenset(learned)
