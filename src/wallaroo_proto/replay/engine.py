@@ -64,6 +64,11 @@ class Report:
     seconds: float
     stopped: str | None = None
     live_connections: list[str] = field(default_factory=list)
+    #: The packet column of the other run, in the summary's table.
+    other_packet: str = "live packet"
+
+    def title(self) -> str:
+        return f"replay of the {self.protocol} {self.side}: {self.sent} frames sent, {self.received} received"
 
     @property
     def ok(self) -> bool:
