@@ -17,6 +17,10 @@ A plug-in's ``replay_adapter()`` gives a module with:
   message id, a vbucket and seqno): ``diff`` matches two recordings by it.
 * ``conversation_key(record)``: which recorded connections are one conversation (default:
   each connection is one).
+* ``opening(record)``: which side opened the record's connection, and its place in the order
+  the conversation's connections were opened (default: the dissector's initiator, in their
+  numbered order). A protocol whose first sender is not the opener says so here (AMBROSIA's
+  IC speaks first on the socket its LB opened second).
 
 The ``Adapter`` here plays the recording as it is: the protocols whose frames carry nothing
 the live peer decides, or what a plug-in's adapter builds on.
@@ -95,6 +99,13 @@ def conversation_key(record: dict) -> tuple:
     return (record["conn_index"],)
 
 
+def opening(record: dict) -> tuple[str | None, int]:
+    """Default: the sender of the initiator's frames opened the connection; the connections
+    open in their numbered order."""
+    side = record.get("sender") if record.get("direction") == "initiator>responder" else None
+    return side, record["conn_index"]
+
+
 def module(protocol: str) -> ModuleType:
     """The protocol's adapter module (its plug-in's ``replay_adapter``), else this one."""
     plugin = get_plugin(protocol)
@@ -120,3 +131,8 @@ def key_of(protocol: str):
 def conversation_of(protocol: str):
     mod = module(protocol)
     return getattr(mod, "conversation_key", conversation_key)
+
+
+def opening_of(protocol: str):
+    mod = module(protocol)
+    return getattr(mod, "opening", opening)

@@ -153,6 +153,13 @@ class Matcher:
         self._decided(outcome)
         return outcome
 
+    def waits_for(self, record: dict) -> bool:
+        """Whether a frame like ``record`` (its type and key) is expected and has not come."""
+        queue = self._by_key.get((record.get("type"), *self.key(record)))
+        while queue and queue[0].done:
+            queue.popleft()
+        return bool(queue)
+
     def outstanding_before(self, index: int) -> _Waiting | None:
         """The first expected frame recorded before frame ``index`` that has not come."""
         order = self._order

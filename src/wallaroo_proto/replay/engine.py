@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import select
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -21,7 +22,10 @@ from . import adapter as adapters
 from .compare import BAD, Matcher, Outcome, Result, compare_runs
 from .links import Link, LinkError, Listener, SpawnLink, connect
 from .live import Transcript
-from .recording import Conversation, Frame, frames
+from .recording import ConnectionInfo, Conversation, Frame, frames
+
+#: Live frames kept waiting for the walk to expect them; past this, the oldest is extra.
+EARLY_LIMIT = 10_000
 
 
 class ReplayError(Exception):
@@ -138,6 +142,8 @@ class Player:
         self._to_connect = list(options.connect)
         self._spawn = options.spawn
         self.own_violations: list[str] = []
+        #: Live frames of the peer that came before the walk expected their like (``_seen``).
+        self._early: deque[dict] = deque()
         self.sent = self.received = 0
         self._start_ts: float | None = None
         self._start_wall = 0.0
@@ -153,8 +159,17 @@ class Player:
     # --------------------------------------------------------------- links
 
     def _open(self, frame: Frame) -> Link:
-        """The live link standing for the recorded connection of ``frame``, opened now if need be."""
-        info = self.conversation.connection(frame.conn_index)
+        """The live link standing for the recorded connection of ``frame``, opened now, after the
+        connections the recording opened before it (an AMBROSIA LB's receive socket comes before
+        its send socket, whose IC speaks first)."""
+        for info in self.conversation.connections:
+            if info.conn_index not in self.links:
+                self._open_one(info)
+            if info.conn_index == frame.conn_index:
+                break
+        return self.links[frame.conn_index]
+
+    def _open_one(self, info: ConnectionInfo) -> None:
         ours = info.initiator_side == self.side
         deadline = time.monotonic() + self.options.answer_timeout
         if ours:
@@ -162,7 +177,8 @@ class Player:
                 link: Link = SpawnLink(self._spawn, info.client, info.server)
                 self._spawn = None
             elif self._to_connect:
-                link = connect(self._to_connect.pop(0), self.options.answer_timeout)
+                # a peer may listen on its next port only once its first was taken (AMBROSIA's IC)
+                link = connect(self._to_connect.pop(0), self.options.answer_timeout, retry=bool(self.links))
             else:
                 raise ReplayError(
                     f"the recording's connection #{info.conn_index} was opened by the {self.side}: "
@@ -171,7 +187,6 @@ class Player:
         else:
             link = self._accept(info.conn_index, deadline)
         self._attach(info.conn_index, link)
-        return link
 
     def _accept(self, conn_index: int, deadline: float) -> Link:
         listeners = self.options.listeners
@@ -276,13 +291,32 @@ class Player:
             got += 1
             self.received += 1
             self.adapter.incoming(record, raw)
-            self.matcher.seen(record)
+            self._seen(record)
             if self.options.collect is not None:
                 self.options.collect.append(record)
         self.transcript.flush()
         return got
 
     # --------------------------------------------------------------- play
+
+    def _seen(self, record: dict) -> None:
+        """A live frame of the peer: matched now if the walk expects its like, else kept until it
+        does (a fast peer answers before the walk reached the answer: an AMBROSIA IC sends its
+        records as soon as the LB's checkpoint is in); extra if it never does."""
+        if self.matcher.waits_for(record):
+            self.matcher.seen(record)
+            return
+        self._early.append(record)
+        if len(self._early) > EARLY_LIMIT:
+            self.matcher.seen(self._early.popleft())
+
+    def _expect(self, frame: Frame) -> None:
+        self.matcher.expect(frame.index, self.adapter.expected(frame))
+        for i, record in enumerate(self._early):
+            if self.matcher.waits_for(record):
+                del self._early[i]
+                self.matcher.seen(record)
+                return
 
     def _wait_answers(self, before: int) -> None:
         """Until every peer frame recorded before frame ``before`` came, or one waited too long."""
@@ -357,7 +391,7 @@ class Player:
                         self.sent += 1
                     self._pump(0)
                 elif frame.sender:
-                    self.matcher.expect(frame.index, self.adapter.expected(frame))
+                    self._expect(frame)
                     self._pump(0)
             self._wait_answers(1 << 62)
             self._finish()
@@ -366,6 +400,8 @@ class Player:
             self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")
         finally:
             self._close()
+        while self._early:
+            self.matcher.seen(self._early.popleft())
         counts = {r.value: n for r, n in self.matcher.counts.items()}
         return Report(
             self.conversation.protocol,
