@@ -1,0 +1,212 @@
+"""Replay for AMBROSIA's IC <-> LB protocol: a recorded frame follows the live peer's values.
+
+One conversation is one LB's two sockets (the records' ``lb``), opened by the LB, receive
+port first (``opening``). The played side keeps its own ``core.Session``, fed with what it
+sends and with the live peer's frames, so it knows what the protocol allows next:
+
+* playing the IC, a normal record is held while the live LB owes a checkpoint it was asked
+  for (the IC quiesces until the Checkpoint and all its bytes are in), and a record echoing
+  the first start's InitialMessage echoes the live LB's, re-encoded with the codec (its size
+  and check bytes follow);
+* playing the LB, InitialMessage waits for the live IC's first start and a Checkpoint for
+  its request; the live IC's committer id (random at its first start) and sequence ids (its
+  own log's numbering after a recovery; 0 on a first start) stand in for the recorded ones
+  in what its records are expected to hold. Check bytes are compared: they hash the body
+  alone, so equal bodies have equal check bytes whoever commits them.
+
+What it cannot adapt: the self calls a live LB sends that the recording's did not (the
+recorded IC's records echo the recorded LB's), and a recovery whose checkpoint the live
+peer did not write. Those show as divergent frames.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, ClassVar
+
+from wallaroo_proto.replay.adapter import Adapter as PlainAdapter
+from wallaroo_proto.replay.adapter import Hold
+
+from .codec import (
+    CHECKPOINT,
+    HEADER_SIZE,
+    INITIAL_MESSAGE,
+    Incomplete,
+    MalformedError,
+    checkpoint_length,
+    encode_message,
+    encode_record,
+    read_header,
+    read_message,
+)
+from .core import IC, LB, Phase, Session
+
+_UNREADABLE = (MalformedError, Incomplete, struct.error, IndexError)
+
+
+class Adapter(PlainAdapter):
+    #: ``lb``: the pair's label names the LB's and IC's addresses and counts pairs between
+    #: them: where the run was, not what was said. ``direction``: which TCP end sent a frame;
+    #: a capture read without its SYNs takes the first sender (the IC, on the send socket) for
+    #: the initiator, a live run knows the TCP client. ``sender`` says who sent it either way.
+    NOISE: ClassVar[frozenset[str]] = frozenset({"lb", "direction"})
+
+    def __init__(self, side: str) -> None:
+        super().__init__(side)
+        self.session = Session()
+        #: The live LB's InitialMessage data (playing the IC).
+        self.live_initial: bytes | None = None
+        #: The live LB sent a Checkpoint whose bytes have not all come (playing the IC).
+        self.blob_owed = False
+        # playing the LB: the live IC's values, and the recorded ones they replace
+        self.recorded_committer: int | None = None
+        self.live_committer: int | None = None
+        self.recorded_first_seq: int | None = None
+        self.live_first_seq: int | None = None
+        #: Expected records made before the live values were known: (fields, recorded committer, seq).
+        self._pending: list[tuple[dict, int | None, int | None]] = []
+
+    # --- what we send ------------------------------------------------------------------------------
+
+    def outgoing(self, frame: Any) -> bytes | Hold:
+        raw = frame.raw
+        if frame.type == "CheckpointBytes" or not raw:
+            return raw
+        try:
+            if self.side == IC:
+                return self._record_out(raw)
+            return self._message_out(raw)
+        except _UNREADABLE:
+            return raw  # the recording's own bytes, malformed: sent as they are, the judge says why
+
+    def _record_out(self, raw: bytes) -> bytes | Hold:
+        header = read_header(raw)
+        body = raw[HEADER_SIZE : header.size]
+        session = self.session
+        if header.seq >= 0:
+            asked = session.checkpoint_asked is not None and session.phase is not Phase.UPGRADE_TEST
+            if asked or self.blob_owed:
+                return Hold("the live LB has not answered the checkpoint asked for: no record goes before it")
+            echoed = self._echo_live_initial(body)
+            if echoed is not None:
+                body = echoed
+                raw = encode_record(header.committer, header.seq, body) + raw[header.size :]
+        session.feed(IC, (read_header(raw), body))
+        return raw
+
+    def _echo_live_initial(self, body: bytes) -> bytes | None:
+        """``body`` with its InitialMessage echo holding the live LB's data; None: nothing to change."""
+        if self.live_initial is None:
+            return None
+        pos, end = 0, len(body)
+        while pos < end:
+            message, after = read_message(body, pos, end)
+            if message.type == INITIAL_MESSAGE:
+                if message.data == self.live_initial:
+                    return None
+                return body[:pos] + encode_message(INITIAL_MESSAGE, self.live_initial) + body[after:]
+            pos = after
+        return None
+
+    def _message_out(self, raw: bytes) -> bytes | Hold:
+        message, _ = read_message(raw, 0, len(raw))
+        session = self.session
+        if message.type == INITIAL_MESSAGE and not session.first_start:
+            return Hold(f"the live IC has not opened a first start (it is in {session.phase.value})")
+        if message.type == CHECKPOINT and session.checkpoint_asked is None:
+            return Hold("the live IC has not asked for a checkpoint")
+        session.feed(LB, message)
+        return raw
+
+    # --- what the live peer sends ------------------------------------------------------------------
+
+    def incoming(self, record: dict, raw: bytes) -> None:
+        kind = record.get("type")
+        if kind == "CheckpointBytes":
+            if self.side == IC:
+                self.blob_owed = False
+            return
+        if not raw:
+            return
+        try:
+            if self.side == IC:
+                self._message_in(raw)
+            else:
+                self._record_in(raw)
+        except _UNREADABLE:
+            pass  # a malformed live frame: the judge reports it, there is nothing to learn from it
+
+    def _message_in(self, raw: bytes) -> None:
+        message, _ = read_message(raw, 0, len(raw))
+        if message.type == INITIAL_MESSAGE:
+            self.live_initial = message.data
+        elif message.type == CHECKPOINT:
+            self.blob_owed = checkpoint_length(message) > 0
+        self.session.feed(LB, message)
+
+    def _record_in(self, raw: bytes) -> None:
+        header = read_header(raw)
+        self.session.feed(IC, (header, raw[HEADER_SIZE : header.size]))
+        if self.live_committer is None:
+            self.live_committer = header.committer
+        if header.seq >= 0 and self.live_first_seq is None:
+            self.live_first_seq = header.seq
+        self._resolve()
+
+    # --- what the live peer should send ------------------------------------------------------------
+
+    def expected(self, frame: Any) -> dict:
+        fields = dict(frame.record)
+        committer, seq = fields.get("committer_id"), fields.get("seq_id")
+        if self.side == IC or committer is None:
+            return fields
+        if self.recorded_committer is None:
+            self.recorded_committer = committer
+        if seq is not None and seq >= 0 and self.recorded_first_seq is None:
+            self.recorded_first_seq = seq
+        self._pending.append((fields, committer, seq))
+        self._resolve()
+        return fields
+
+    def _seq_offset(self) -> int | None:
+        """Live minus recorded sequence ids: 0 on a live first start (ids start at 0), else the
+        first normal records' difference (a recovery numbers on from the live IC's log)."""
+        if self.session.first_start:
+            return 0
+        if self.live_first_seq is None or self.recorded_first_seq is None:
+            return None
+        return self.live_first_seq - self.recorded_first_seq
+
+    def _resolve(self) -> None:
+        """Put the live values in the expected records made before they were known."""
+        offset = self._seq_offset()
+        live = self.live_committer
+        waiting = []
+        for fields, committer, seq in self._pending:
+            if live is not None and committer == self.recorded_committer:
+                fields["committer_id"] = live
+            if seq is not None and seq >= 0:
+                if offset is None:
+                    waiting.append((fields, committer, seq))
+                    continue
+                fields["seq_id"] = seq + offset
+            if live is None:
+                waiting.append((fields, committer, seq))
+        self._pending = waiting
+
+
+def match_key(record: dict) -> tuple:
+    """Frames are matched in order: each socket is one ordered stream (the IC's log, the LB's
+    messages), and the sequence ids are the live IC's own numbering, compared, not matched on."""
+    return ()
+
+
+def conversation_key(record: dict) -> tuple:
+    """An LB's two sockets (the dissector pairs them: ``lb``) are one conversation."""
+    return (record.get("lb") or f"#{record['conn_index']}",)
+
+
+def opening(record: dict) -> tuple[str, int]:
+    """The LB opens both sockets, the IC's receive port first: the IC listens on its send port
+    only once that one is taken (``SetupLocalServiceStreams``), and speaks first on it."""
+    return LB, 0 if record.get("ambrosia_socket") == "receive" else 1
