@@ -10,7 +10,10 @@ A plug-in's ``replay_adapter()`` gives a module with:
   frame redone another way: a login). ``incoming(record, raw)`` is told every live frame of
   the peer, to learn the values it decides (ids, opaques, UUIDs, credits), and
   ``expected(frame)`` gives the fields a recorded frame of the peer should have live, as far
-  as the adapter can tell (an echoed opaque maps to the live one).
+  as the adapter can tell (an echoed opaque maps to the live one). Where the peer may cut
+  what it says into frames as it likes (an AMBROSIA binding's RPCBatch is a hint),
+  ``expected`` gives a list, one per part, and ``compared(record, raw)`` cuts a live frame
+  alike: parts are matched, not frames.
 * ``NOISE``: the protocol's fields that legitimately differ between two runs (times,
   opaques, UUIDs, CAS values); ``--ignore`` adds to them.
 * ``match_key(record)``: what makes a frame itself among frames of its type (a stream and
@@ -84,9 +87,13 @@ class Adapter:
     def incoming(self, record: dict, raw: bytes) -> None:
         """A live frame from the peer: learn what it decided."""
 
-    def expected(self, frame: Any) -> dict:
-        """The fields recorded ``frame`` of the peer should have live."""
+    def expected(self, frame: Any) -> dict | list[dict]:
+        """The fields recorded ``frame`` of the peer should have live (a list: of each part)."""
         return frame.record
+
+    def compared(self, record: dict, raw: bytes) -> list[dict]:
+        """What a live frame of the peer is compared as: itself, or its parts (``expected``'s)."""
+        return [record]
 
 
 def match_key(record: dict) -> tuple:

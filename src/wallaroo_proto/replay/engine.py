@@ -291,7 +291,9 @@ class Player:
             got += 1
             self.received += 1
             self.adapter.incoming(record, raw)
-            self._seen(record)
+            compared = getattr(self.adapter, "compared", None)
+            for item in compared(record, raw) if compared is not None else (record,):
+                self._seen(item)
             if self.options.collect is not None:
                 self.options.collect.append(record)
         self.transcript.flush()
@@ -311,12 +313,14 @@ class Player:
             self.matcher.seen(self._early.popleft())
 
     def _expect(self, frame: Frame) -> None:
-        self.matcher.expect(frame.index, self.adapter.expected(frame))
-        for i, record in enumerate(self._early):
-            if self.matcher.waits_for(record):
-                del self._early[i]
-                self.matcher.seen(record)
-                return
+        fields = self.adapter.expected(frame)
+        for one in fields if isinstance(fields, list) else (fields,):
+            self.matcher.expect(frame.index, one)
+            for i, record in enumerate(self._early):
+                if self.matcher.waits_for(record):
+                    del self._early[i]
+                    self.matcher.seen(record)
+                    break
 
     def _wait_answers(self, before: int) -> None:
         """Until every peer frame recorded before frame ``before`` came, or one waited too long."""
