@@ -144,10 +144,32 @@ def test_a_live_recovery_numbers_on_from_its_own_log():
     assert lb.expected(expected_record(3, 3))["seq_id"] == 41
 
 
-def test_the_lbs_own_frames_are_expected_as_recorded():
+def test_the_lbs_rpcs_are_compared_one_by_one_batched_or_not():
     ic = ambrosia("ic")
-    fields = {"type": "RPC", "packet": 8, "method_id": 3, "destination": ""}
-    assert ic.expected(Frame(7, fields, SELF_RPC)) == fields
+    common = {"sender": "lb", "verdict": "accepted", "phase": "normal"}
+    alone = {"type": "RPC", "packet": 8, "rpc_count": 1, "length": 8, **common}
+    batch = {"type": "RPCBatch", "packet": 9, "rpc_count": 2, "length": 18, **common}
+    rpc = {
+        "destination": "",
+        "method_id": 3,
+        "rpc_type": "fork",
+        "rpc_count": 1,
+        "length": 8,
+        "args_xxh64": f"{xxhash.xxh64_intdigest(b'{}'):016x}",
+    }
+    assert ic.expected(Frame(7, alone, SELF_RPC)) == [{**alone, **rpc}]
+    # "24 05 04" an RPCBatch (size 18) of 2 messages, each the self RPC above
+    parts = ic.compared(batch, bytes.fromhex("24 05 04 0e00000006017b7d 0e00000006017b7d"))
+    assert parts == [{**batch, **rpc, "type": "RPC"}] * 2
+    assert ic.compared({**batch, "sender": "ic"}, b"") == [{**batch, "sender": "ic"}]  # not the LB's
+
+
+def test_a_batchs_violation_goes_with_its_first_rpc():
+    ic = ambrosia("ic")
+    batch = {"type": "RPCBatch", "sender": "lb", "verdict": "violation", "violations": ["batch: x"]}
+    first, second = ic.compared(batch, bytes.fromhex("24 05 04 0e00000006017b7d 0e00000006017b7d"))
+    assert (first["verdict"], first["violations"]) == ("violation", ["batch: x"])
+    assert second["verdict"] == "accepted" and "violations" not in second
 
 
 def test_noise_is_where_not_what():

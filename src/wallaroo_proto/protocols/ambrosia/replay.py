@@ -14,6 +14,11 @@ sends and with the live peer's frames, so it knows what the protocol allows next
   in what its records are expected to hold. Check bytes are compared: they hash the body
   alone, so equal bodies have equal check bytes whoever commits them.
 
+The LB's RPCs are compared one by one, wherever they sit: a binding may send them alone or
+in RPCBatch messages as its reads and timers fall (the protocol makes a batch a hint the IC
+unpacks; the Node binding batches by timing), so an RPCBatch stands for its RPCs
+(``compared``), each with a digest of its arguments.
+
 What it cannot adapt: the self calls a live LB sends that the recording's did not (the
 recorded IC's records echo the recorded LB's), and a recovery whose checkpoint the live
 peer did not write. Those show as divergent frames.
@@ -24,6 +29,8 @@ from __future__ import annotations
 import struct
 from typing import Any, ClassVar
 
+from xxhash import xxh64_intdigest
+
 from wallaroo_proto.replay.adapter import Adapter as PlainAdapter
 from wallaroo_proto.replay.adapter import Hold
 
@@ -31,9 +38,13 @@ from .codec import (
     CHECKPOINT,
     HEADER_SIZE,
     INITIAL_MESSAGE,
+    RPC,
+    RPC_TYPE_NAMES,
     Incomplete,
     MalformedError,
+    batch_messages,
     checkpoint_length,
+    decode_rpc,
     encode_message,
     encode_record,
     read_header,
@@ -155,10 +166,17 @@ class Adapter(PlainAdapter):
 
     # --- what the live peer should send ------------------------------------------------------------
 
-    def expected(self, frame: Any) -> dict:
+    def compared(self, record: dict, raw: bytes) -> list[dict]:
+        if record.get("type") in _RPC_TYPES and record.get("sender") == LB:
+            return _rpcs(record, raw)
+        return [record]
+
+    def expected(self, frame: Any) -> dict | list[dict]:
+        if self.side == IC:
+            return self.compared(frame.record, frame.raw)
         fields = dict(frame.record)
         committer, seq = fields.get("committer_id"), fields.get("seq_id")
-        if self.side == IC or committer is None:
+        if committer is None:
             return fields
         if self.recorded_committer is None:
             self.recorded_committer = committer
@@ -193,6 +211,43 @@ class Adapter(PlainAdapter):
             if live is None:
                 waiting.append((fields, committer, seq))
         self._pending = waiting
+
+
+_RPC_TYPES = frozenset({"RPC", "RPCBatch"})
+#: A batch's fields that its RPCs do not share (each has its own).
+_BATCH_ONLY = ("rpc_count", "length", "destination", "method_id", "rpc_type")
+
+
+def _rpcs(record: dict, raw: bytes) -> list[dict]:
+    """An LB's RPC, or each RPC of its RPCBatch, as compared: the message's fields and
+    ``args_xxh64``, the RPC's own message length; a batch's verdict goes with its first RPC."""
+    try:
+        message, _ = read_message(raw, 0, len(raw))
+        if message.type == RPC:
+            inner = [(message, len(raw))]
+        else:
+            inner = [(m, len(encode_message(m.type, m.data))) for m in batch_messages(message)[2]]
+        parts = []
+        for i, (one, length) in enumerate(inner):
+            rpc = decode_rpc(one.data, outgoing=True)
+            part = {k: v for k, v in record.items() if k not in _BATCH_ONLY}
+            if i:  # the batch's rules were judged once, on its first RPC
+                for finding in ("violations", "severity", "finding"):
+                    part.pop(finding, None)
+                part["verdict"] = "accepted"
+            part.update(
+                type="RPC",
+                destination=rpc.destination,
+                method_id=rpc.method_id,
+                rpc_type=RPC_TYPE_NAMES.get(rpc.rpc_type, str(rpc.rpc_type)),
+                rpc_count=1,
+                length=length,
+                args_xxh64=f"{xxh64_intdigest(rpc.args):016x}",
+            )
+            parts.append(part)
+    except _UNREADABLE:
+        return [record]  # the judge says what is wrong with it; compared whole
+    return parts or [record]
 
 
 def match_key(record: dict) -> tuple:
