@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import signal
 import subprocess
 
 import pytest
@@ -206,3 +208,34 @@ def test_a_sequence_gap_at_the_live_ic_shows_at_the_skipped_record(recorded, tmp
     assert (first["type"], first["recorded_packet"]) == ("Record", packet_of(frames, 4))
     assert first["reason"].startswith("sequence-gap:")
     assert {"field": "seq_id", "recorded": 4, "live": 5} in first["fields"]
+
+
+def test_a_recovery_replays_both_ways(tmp_path):
+    """The IC killed -9 after logging record 3, then restarted on its log and recorded: the
+    checkpoint record and its bytes, the replayed records, TakeBecomingPrimaryCheckpoint. The
+    IC side is played to a new mock-lb; the LB side to a mock-ic on a copy of the log as the
+    crash left it."""
+    log, copy, capture = tmp_path / "log", tmp_path / "copy", str(tmp_path / "recovery.pcap")
+    ic, rport, sport = start_ic("--log-dir", str(log), "--crash-at", "3")
+    start_lb(rport, sport).communicate(timeout=120)
+    assert ic.stop(sig=None, timeout=120)[0] == -signal.SIGKILL
+    shutil.copytree(log, copy)
+    ic, rport, sport = start_ic("--log-dir", str(log), "--record", capture)
+    lb = start_lb(rport, sport)
+    lb.communicate(timeout=120)
+    assert (ic.stop(sig=None, timeout=120)[0], lb.returncode) == (0, 0)
+    frames = frames_of(capture)
+    assert [f["type"] for f in frames[:2]] == ["CheckpointRecord", "CheckpointBytes"]
+    assert any(f.get("verdict") == "replayed" for f in frames)
+
+    code, report, lb_code, err, _ = play_ic(capture, tmp_path)
+    assert (code, lb_code) == (0, 0), (report, err)
+    assert report["counts"]["matched"] == compared_of(frames, "lb")
+
+    ic, rport, sport = start_ic("--log-dir", str(copy))
+    with ic:
+        code, report, err = replay(
+            capture, "--play", "lb", "--connect", f"127.0.0.1:{rport}", "--connect", f"127.0.0.1:{sport}"
+        )
+    assert code == 0, (report, err)
+    assert report["counts"]["matched"] == compared_of(frames, "ic")
