@@ -64,7 +64,9 @@ class Adapter(PlainAdapter):
 
     def __init__(self, side: str) -> None:
         super().__init__(side)
-        self.session = Session()
+        #: What the protocol allows next (the live frames are judged by the replay's dissector:
+        #: this one only follows, so it neither hashes nor reads normal records' bodies).
+        self.session = Session(verify_check_bytes=False, judge_own_bodies=False)
         #: The live LB's InitialMessage data (playing the IC).
         self.live_initial: bytes | None = None
         #: The live LB sent a Checkpoint whose bytes have not all come (playing the IC).
@@ -98,11 +100,12 @@ class Adapter(PlainAdapter):
             asked = session.checkpoint_asked is not None and session.phase is not Phase.UPGRADE_TEST
             if asked or self.blob_owed:
                 return Hold("the live LB has not answered the checkpoint asked for: no record goes before it")
-            echoed = self._echo_live_initial(body)
-            if echoed is not None:
+            echoed = self._echo_live_initial(body) if session.first_start and not session.records else None
+            if echoed is not None:  # the first record after a first start echoes its InitialMessage
                 body = echoed
                 raw = encode_record(header.committer, header.seq, body) + raw[header.size :]
-        session.feed(IC, (read_header(raw), body))
+                header = read_header(raw)
+        session.feed(IC, (header, body))
         return raw
 
     def _echo_live_initial(self, body: bytes) -> bytes | None:
