@@ -159,15 +159,15 @@ def test_the_lbs_rpcs_are_compared_one_by_one_batched_or_not():
     }
     assert ic.expected(Frame(7, alone, SELF_RPC)) == [{**alone, **rpc}]
     # "24 05 04" an RPCBatch (size 18) of 2 messages, each the self RPC above
-    parts = ic.compared(batch, bytes.fromhex("24 05 04 0e00000006017b7d 0e00000006017b7d"))
+    parts = ic.units(batch, bytes.fromhex("24 05 04 0e00000006017b7d 0e00000006017b7d"))
     assert parts == [{**batch, **rpc, "type": "RPC"}] * 2
-    assert ic.compared({**batch, "sender": "ic"}, b"") == [{**batch, "sender": "ic"}]  # not the LB's
+    assert ic.units({**batch, "sender": "ic"}, b"") == [{**batch, "sender": "ic"}]  # not the LB's
 
 
 def test_a_batchs_violation_goes_with_its_first_rpc():
     ic = ambrosia("ic")
     batch = {"type": "RPCBatch", "sender": "lb", "verdict": "violation", "violations": ["batch: x"]}
-    first, second = ic.compared(batch, bytes.fromhex("24 05 04 0e00000006017b7d 0e00000006017b7d"))
+    first, second = ic.units(batch, bytes.fromhex("24 05 04 0e00000006017b7d 0e00000006017b7d"))
     assert (first["verdict"], first["violations"]) == ("violation", ["batch: x"])
     assert second["verdict"] == "accepted" and "violations" not in second
 

@@ -10,16 +10,20 @@ A plug-in's ``replay_adapter()`` gives a module with:
   frame redone another way: a login). ``incoming(record, raw)`` is told every live frame of
   the peer, to learn the values it decides (ids, opaques, UUIDs, credits), and
   ``expected(frame)`` gives the fields a recorded frame of the peer should have live, as far
-  as the adapter can tell (an echoed opaque maps to the live one). Where the peer may cut
-  what it says into frames as it likes (an AMBROSIA binding's RPCBatch is a hint),
-  ``expected`` gives a list, one per part, and ``compared(record, raw)`` cuts a live frame
-  alike: parts are matched, not frames.
+  as the adapter can tell (an echoed opaque maps to the live one).
 * ``NOISE``: the protocol's fields that legitimately differ between two runs (times,
   opaques, UUIDs, CAS values); ``--ignore`` adds to them.
 * ``match_key(record)``: what makes a frame itself among frames of its type (a stream and
   message id, a vbucket and seqno): ``diff`` matches two recordings by it.
 * ``conversation_key(record)``: which recorded connections are one conversation (default:
   each connection is one).
+* ``units(record)``: what of a frame is compared, as records (default: the frame itself).
+  A frame that only grants room to send (Wallaroo's refill ACK) has none: when and how
+  often a peer sends those is timing, so they are judged and given to ``incoming`` but
+  neither expected nor compared. A frame that gathers independent facts, as a peer
+  happened to batch them (an ACK's points of reference), gives one unit each. Where only
+  the frame's bytes tell its units (an AMBROSIA RPCBatch's RPCs), the ``Adapter`` has a
+  ``units(record, raw)`` for the live frames, and its ``expected`` gives the list.
 * ``opening(record)``: which side opened the record's connection, and its place in the order
   the conversation's connections were opened (default: the dissector's initiator, in their
   numbered order). A protocol whose first sender is not the opener says so here (AMBROSIA's
@@ -88,17 +92,18 @@ class Adapter:
         """A live frame from the peer: learn what it decided."""
 
     def expected(self, frame: Any) -> dict | list[dict]:
-        """The fields recorded ``frame`` of the peer should have live (a list: of each part)."""
+        """The fields recorded ``frame`` of the peer should have live (a list: its units)."""
         return frame.record
-
-    def compared(self, record: dict, raw: bytes) -> list[dict]:
-        """What a live frame of the peer is compared as: itself, or its parts (``expected``'s)."""
-        return [record]
 
 
 def match_key(record: dict) -> tuple:
     """Default: frames of one type are matched in their order alone."""
     return ()
+
+
+def units(record: dict) -> list[dict]:
+    """Default: a frame is compared whole."""
+    return [record]
 
 
 def conversation_key(record: dict) -> tuple:
@@ -135,11 +140,14 @@ def key_of(protocol: str):
     return getattr(mod, "match_key", match_key)
 
 
+def units_of(protocol: str):
+    return getattr(module(protocol), "units", units)
+
+
 def conversation_of(protocol: str):
     mod = module(protocol)
     return getattr(mod, "conversation_key", conversation_key)
 
 
 def opening_of(protocol: str):
-    mod = module(protocol)
-    return getattr(mod, "opening", opening)
+    return getattr(module(protocol), "opening", opening)

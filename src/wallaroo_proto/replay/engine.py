@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import select
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,9 +22,6 @@ from .compare import BAD, Matcher, Outcome, Result, compare_runs
 from .links import Link, LinkError, Listener, SpawnLink, connect
 from .live import Transcript
 from .recording import ConnectionInfo, Conversation, Frame, frames
-
-#: Live frames kept waiting for the walk to expect them; past this, the oldest is extra.
-EARLY_LIMIT = 10_000
 
 
 class ReplayError(Exception):
@@ -133,6 +129,9 @@ class Player:
         self.adapter = adapters.make(conversation.protocol, options.side)
         ignore = adapters.noise(conversation.protocol, options.ignore)
         self.matcher = Matcher(ignore, adapters.key_of(conversation.protocol), keep=options.keep)
+        self._units = adapters.units_of(conversation.protocol)
+        #: An adapter whose units its frames' bytes tell (``Adapter.units``).
+        self._adapter_units = getattr(self.adapter, "units", None)
         self._on_outcome = on_outcome
         self.matcher.on_outcome = self._decided
         self.transcript: Transcript | None = None
@@ -142,8 +141,6 @@ class Player:
         self._to_connect = list(options.connect)
         self._spawn = options.spawn
         self.own_violations: list[str] = []
-        #: Live frames of the peer that came before the walk expected their like (``_seen``).
-        self._early: deque[dict] = deque()
         self.sent = self.received = 0
         self._start_ts: float | None = None
         self._start_wall = 0.0
@@ -263,7 +260,7 @@ class Player:
             live_index = self._live_order.index(link) + 1
             if not data:
                 link.eof = True
-                self.transcript.ended(live_index, not link.we_are_client)
+                self.transcript.ended(live_index, not link.we_are_client, reset=link.reset)
                 continue
             self._streams[(live_index, not link.we_are_client)].buf += data
             self.transcript.sent(live_index, not link.we_are_client, data)
@@ -291,36 +288,15 @@ class Player:
             got += 1
             self.received += 1
             self.adapter.incoming(record, raw)
-            compared = getattr(self.adapter, "compared", None)
-            for item in compared(record, raw) if compared is not None else (record,):
-                self._seen(item)
+            units = self._adapter_units(record, raw) if self._adapter_units else self._units(record)
+            for unit in units or ([record] if record.get("verdict") == "violation" else []):
+                self.matcher.seen(unit)
             if self.options.collect is not None:
                 self.options.collect.append(record)
         self.transcript.flush()
         return got
 
     # --------------------------------------------------------------- play
-
-    def _seen(self, record: dict) -> None:
-        """A live frame of the peer: matched now if the walk expects its like, else kept until it
-        does (a fast peer answers before the walk reached the answer: an AMBROSIA IC sends its
-        records as soon as the LB's checkpoint is in); extra if it never does."""
-        if self.matcher.waits_for(record):
-            self.matcher.seen(record)
-            return
-        self._early.append(record)
-        if len(self._early) > EARLY_LIMIT:
-            self.matcher.seen(self._early.popleft())
-
-    def _expect(self, frame: Frame) -> None:
-        fields = self.adapter.expected(frame)
-        for one in fields if isinstance(fields, list) else (fields,):
-            self.matcher.expect(frame.index, one)
-            for i, record in enumerate(self._early):
-                if self.matcher.waits_for(record):
-                    del self._early[i]
-                    self.matcher.seen(record)
-                    break
 
     def _wait_answers(self, before: int) -> None:
         """Until every peer frame recorded before frame ``before`` came, or one waited too long."""
@@ -331,7 +307,8 @@ class Player:
             if waiting is None:
                 return
             if all(link.eof for link in self._live_order) and self._live_order:
-                self.matcher.give_up(waiting, "the live peer closed the connection before sending it")
+                how = "reset" if any(link.reset for link in self._live_order) else "closed"
+                self.matcher.give_up(waiting, f"the live peer {how} the connection before sending it")
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
@@ -395,7 +372,9 @@ class Player:
                         self.sent += 1
                     self._pump(0)
                 elif frame.sender:
-                    self._expect(frame)
+                    fields = self.adapter.expected(frame)
+                    for unit in fields if isinstance(fields, list) else self._units(fields):
+                        self.matcher.expect(frame.index, unit)
                     self._pump(0)
             self._wait_answers(1 << 62)
             self._finish()
@@ -404,8 +383,6 @@ class Player:
             self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")
         finally:
             self._close()
-        while self._early:
-            self.matcher.seen(self._early.popleft())
         counts = {r.value: n for r, n in self.matcher.counts.items()}
         return Report(
             self.conversation.protocol,

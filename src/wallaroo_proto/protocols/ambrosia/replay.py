@@ -17,7 +17,7 @@ sends and with the live peer's frames, so it knows what the protocol allows next
 The LB's RPCs are compared one by one, wherever they sit: a binding may send them alone or
 in RPCBatch messages as its reads and timers fall (the protocol makes a batch a hint the IC
 unpacks; the Node binding batches by timing), so an RPCBatch stands for its RPCs
-(``compared``), each with a digest of its arguments.
+(``units``), each with a digest of its arguments.
 
 What it cannot adapt: the self calls a live LB sends that the recording's did not (the
 recorded IC's records echo the recorded LB's), and a recovery whose checkpoint the live
@@ -169,14 +169,14 @@ class Adapter(PlainAdapter):
 
     # --- what the live peer should send ------------------------------------------------------------
 
-    def compared(self, record: dict, raw: bytes) -> list[dict]:
+    def units(self, record: dict, raw: bytes) -> list[dict]:
         if record.get("type") in _RPC_TYPES and record.get("sender") == LB:
             return _rpcs(record, raw)
         return [record]
 
     def expected(self, frame: Any) -> dict | list[dict]:
         if self.side == IC:
-            return self.compared(frame.record, frame.raw)
+            return self.units(frame.record, frame.raw)
         fields = dict(frame.record)
         committer, seq = fields.get("committer_id"), fields.get("seq_id")
         if committer is None:
