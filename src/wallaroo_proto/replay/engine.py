@@ -378,6 +378,7 @@ class Player:
                     self._pump(0)
             self._wait_answers(1 << 62)
             self._finish()
+            self.matcher.give_up_all("never came")  # what came early and was never expected: extra
         except _Stop as stop:
             stopped = f"{stop} (at recorded frame {last_index})"
             self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")
