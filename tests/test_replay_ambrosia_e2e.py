@@ -239,3 +239,16 @@ def test_a_recovery_replays_both_ways(tmp_path):
         )
     assert code == 0, (report, err)
     assert report["counts"]["matched"] == compared_of(frames, "ic")
+
+
+def test_checkpoints_a_changed_lb_asks_for_are_extra_where_it_sent_them(recorded, tmp_path):
+    """mock-lb asking for a checkpoint every 4 records (the recording's never asked): each
+    TakeCheckpoint it sends is extra, at its live packet, and nothing else differs."""
+    capture, frames = recorded
+    code, report, lb_code, err, live = play_ic(capture, tmp_path, "--ask-checkpoint-every", "4")
+    assert (code, lb_code) == (1, 0), err
+    asked = [f for f in live if f["sender"] == "lb" and f["type"] == "TakeCheckpoint"]
+    extras = not_matched(report)
+    assert asked and {o["result"] for o in extras} == {"extra"}
+    assert [(o["type"], o["live_packet"]) for o in extras] == [("TakeCheckpoint", f["packet"]) for f in asked]
+    assert report["counts"]["matched"] == compared_of(frames, "lb")
