@@ -140,6 +140,8 @@ class Player:
         self._streams: dict[tuple[int, bool], _Stream] = {}
         self._to_connect = list(options.connect)
         self._spawn = options.spawn
+        #: Recorded connection -> whether the played side was its initiator (as recorded).
+        self._our_direction: dict[int, bool] = {}
         self.own_violations: list[str] = []
         self.sent = self.received = 0
         self._start_ts: float | None = None
@@ -217,8 +219,8 @@ class Player:
         deadline = time.monotonic() + deadline_s
         live_index = self._live_order.index(link) + 1
         while view:
-            if link.eof:
-                raise _Stop("the live peer closed the connection")
+            if link.eof and link.reset:
+                raise _Stop("the live peer reset the connection")
             try:
                 n = link.send(view)
             except (BrokenPipeError, ConnectionResetError):
@@ -364,6 +366,9 @@ class Player:
                     except LinkError as err:
                         raise ReplayError(str(err)) from None
                 if frame.sender == self.side:
+                    self._our_direction[frame.conn_index] = (
+                        frame.record.get("direction") == "initiator>responder"
+                    )
                     self._wait_answers(frame.index)
                     data = self._outgoing(frame)
                     if data:
@@ -402,8 +407,21 @@ class Player:
         )
 
     def _finish(self) -> None:
-        """The played side is done: half-close, and read what the peer still sends until it closes
-        too (or a short while passes: some peers keep a connection open)."""
+        """The played side is done: half-close (after the peer, where the recording's peer closed
+        first: some peers take an early close for a lost connection and reconnect), and read what
+        the peer still sends until it closes too (or a short while passes)."""
+        first_end = self.conversation.first_end
+        peer_first = [
+            link
+            for conn_index, link in self.links.items()
+            if conn_index in first_end and first_end[conn_index] != self._our_direction.get(conn_index)
+        ]
+        deadline = time.monotonic() + self.options.answer_timeout
+        while any(not link.eof for link in peer_first):  # the recording's peer closed first: let it
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._pump(left)
         for link in self._live_order:
             link.shutdown_write()
             live_index = self._live_order.index(link) + 1

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.pcap import CaptureError, Segment, format_address, read_segments
+from wallaroo_proto.capture.pcap import TCP_FIN, TCP_RST, CaptureError, Segment, format_address, read_segments
 from wallaroo_proto.capture.reassembly import HalfStream
 from wallaroo_proto.protocols import get_plugin
 
@@ -53,6 +53,9 @@ class Conversation:
     max_frame_size: int | None = None
     #: The chosen conversation's ``adapter.conversation_key``.
     key: tuple = field(default=(), repr=False)
+    #: Filled by ``frames``: per connection, whether its initiator (else its responder) ended
+    #: its side first (FIN or RST): a player closes in the recording's order.
+    first_end: dict[int, bool] = field(default_factory=dict, repr=False)
 
     def side_named(self, word: str) -> str:
         """``--play``'s word as one of the protocol's sides: ``client`` is the side that opened the
@@ -227,6 +230,7 @@ def frames(conversation: Conversation) -> Iterator[Frame]:
     """The chosen conversation's frames in capture order (second pass), each with its bytes."""
     indexes = {c.conn_index for c in conversation.connections}
     wanted: dict[tuple, _Bytes] = {}
+    which: dict[tuple, tuple[int, bool]] = {}
     halves: dict[tuple, HalfStream] = {}
     streams: dict[tuple[int, bool], _Bytes] = {}
     for conn in conversation.connections:
@@ -234,6 +238,7 @@ def frames(conversation: Conversation) -> Iterator[Frame]:
             src, dst = (conn.client, conn.server) if from_initiator else (conn.server, conn.client)
             stream = _Bytes()
             wanted[(src, dst)] = stream
+            which[(src, dst)] = (conn.conn_index, from_initiator)
             streams[(conn.conn_index, from_initiator)] = stream
 
     def tee(segments: Iterator[Segment]) -> Iterator[Segment]:
@@ -247,6 +252,9 @@ def frames(conversation: Conversation) -> Iterator[Frame]:
                     if half is None:
                         half = halves[ends] = HalfStream(stream)
                     half.segment(seq, flags, payload, segment[0], segment[1])
+                    if flags & (TCP_FIN | TCP_RST):
+                        conn_index, from_initiator = which[ends]
+                        conversation.first_end.setdefault(conn_index, from_initiator)
             yield segment
 
     dissector = Dissector(
