@@ -135,6 +135,9 @@ class Player:
         self._to_connect = list(options.connect)
         self._spawn = options.spawn
         self.own_violations: list[str] = []
+        #: Our frames of one recorded packet, sent together (``_flush_batch``), and where they go.
+        self._batch = bytearray()
+        self._batch_at: tuple[Link | None, int] = (None, 0)
         self.sent = self.received = 0
         self._start_ts: float | None = None
         self._start_wall = 0.0
@@ -308,6 +311,7 @@ class Player:
             out = self.adapter.outgoing(frame)
             if not isinstance(out, adapters.Hold):
                 return out
+            self._flush_batch()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _Stop(
@@ -315,6 +319,16 @@ class Player:
                 )
             if self._pump(left):
                 deadline = time.monotonic() + timeout
+
+    def _flush_batch(self) -> None:
+        """Send our frames held back to go in one write, as the recording's packet held them
+        (a peer may act on how they come: answer a close-ack before the close that came with it)."""
+        if self._batch:
+            link = self._batch_at[0]
+            data = bytes(self._batch)
+            self._batch.clear()
+            self._batch_at = (None, 0)
+            self._send(link, data, self.options.answer_timeout)
 
     def _pace(self, frame: Frame) -> None:
         speed = self.options.speed
@@ -346,16 +360,21 @@ class Player:
                     except LinkError as err:
                         raise ReplayError(str(err)) from None
                 if frame.sender == self.side:
+                    if (link, frame.packet) != self._batch_at:
+                        self._flush_batch()
                     self._wait_answers(frame.index)
                     data = self._outgoing(frame)
                     if data:
                         self._pace(frame)
-                        self._send(link, data, options.answer_timeout)
+                        self._batch += data
+                        self._batch_at = (link, frame.packet)
                         self.sent += 1
                     self._pump(0)
                 elif frame.sender:
+                    self._flush_batch()
                     self.matcher.expect(frame.index, self.adapter.expected(frame))
                     self._pump(0)
+            self._flush_batch()
             self._wait_answers(1 << 62)
             self._finish()
             self.matcher.give_up_all("not waited for")
