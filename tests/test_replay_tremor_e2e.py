@@ -1,0 +1,150 @@
+"""Tremor replay over real loopback sockets: the recorded session's client played to mock-node, its
+server played to our mock client, each against a peer changed on purpose, and a node whose
+accept answers the recording's key instead of ours."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+from support import COMMAND, Server, run_cli
+
+from wallaroo_proto.replay import engine, links
+from wallaroo_proto.replay.recording import find, frames
+
+pytestmark = pytest.mark.e2e
+
+SESSION = Path(__file__).resolve().parent.parent / "captures" / "tremor-session.pcap"
+#: The mock client's exchange the sample capture's first session was recorded from (make_samples.py).
+RECORDED_EXCHANGE = ("--messages", "12", "--window", "4", "--payload-size", "8", "--publish", "3")
+#: Seconds an answer is waited for: a loaded machine's, not a quick one's.
+ANSWER = 30.0
+#: Seconds an answer is waited for where a planted change means one never comes (the wait is the
+#: test's time): still ample for a loopback answer.
+NEVER = 5.0
+
+
+def recorded(sender: str) -> list:
+    """The recorded session's frames of one side (the answers a replay expects of that side)."""
+    return [f for f in frames(find(SESSION, connections=("1",))) if f.sender == sender]
+
+
+def play_client(port: int, **options) -> engine.Report:
+    conversation = find(SESSION, connections=("1",))
+    opts = {"answer_timeout": ANSWER, **options}
+    return engine.run(conversation, engine.Options(side="client", connect=[("127.0.0.1", port)], **opts))
+
+
+def play_server_to_mock_client(*client_args: str, **options) -> tuple[engine.Report, int, str]:
+    """The recorded node played on a free port to ``tremor mock-client`` started as a process."""
+    conversation = find(SESSION, connections=("1",))
+    listener = links.Listener(("127.0.0.1", 0))
+    client = subprocess.Popen(
+        [*COMMAND, "tremor", "mock-client", "--connect", f"127.0.0.1:{listener.address[1]}"]
+        + ["--format", "json", "--idle-timeout", str(ANSWER), *client_args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        opts = {"answer_timeout": ANSWER, **options}
+        report = engine.run(conversation, engine.Options(side="server", listeners=[listener], **opts))
+        out, _ = client.communicate(timeout=120)
+    finally:
+        listener.close()
+        if client.poll() is None:
+            client.kill()
+            client.communicate()
+    return report, client.returncode, out
+
+
+def test_the_recorded_client_played_to_mock_node_matches_every_answer(tmp_path):
+    record = tmp_path / "live.pcapng"
+    with Server("tremor", "mock-node", "--port", "0", "--format", "json") as node:
+        report = play_client(node.port, record=str(record))
+        code, out, _ = node.stop(signal.SIGTERM)
+    assert report.ok, [o.text() for o in report.outcomes]
+    assert report.counts["matched"] == len(recorded("server")) == 25
+    assert report.sent == len(recorded("client")) and report.own_violations == []
+    stats = json.loads(out.splitlines()[-1])
+    assert code == 0 and stats["violations"] == 0 and stats["sessions"] == 1
+    # the live run's key and masks are its own: the node saw none of the recording's bytes again
+    live = record.read_bytes()
+    ours = [line for line in live.split(b"\r\n") if line.startswith(b"Sec-WebSocket-Key: ")]
+    assert len(ours) == 1 and ours[0] not in SESSION.read_bytes()
+    assert recorded("client")[1].raw not in live  # the connect frame, masked afresh
+    dissected = run_cli("dissect", str(record))
+    assert dissected.returncode == 0, dissected.stderr
+    assert "VIOLATION" not in dissected.stdout and "connect-ack" in dissected.stdout
+
+
+def test_the_recorded_node_played_to_the_mock_client_matches_every_message(tmp_path):
+    record = tmp_path / "live.pcapng"
+    report, code, out = play_server_to_mock_client(*RECORDED_EXCHANGE, record=str(record))
+    assert report.ok, [o.text() for o in report.outcomes]
+    assert report.counts["matched"] == len(recorded("client")) == 24
+    assert code == 0, out
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["ok"] and summary["echoes"] == 12 and summary["delivered"] == 3
+    dissected = run_cli("dissect", str(record))
+    assert dissected.returncode == 0 and "VIOLATION" not in dissected.stdout, dissected.stdout
+
+
+def test_a_node_that_cuts_its_fourth_message_short_is_reported_at_that_recorded_frame(tmp_path):
+    """mock-node --malformed-after 4: the node's 4th message (the first echo) is not JSON."""
+    fourth = [f for f in recorded("server") if f.record.get("ws_opcode") == 1][3]
+    assert fourth.type == "echo"
+    record = tmp_path / "live.pcapng"
+    with Server("tremor", "mock-node", "--port", "0", "--malformed-after", "4") as node:
+        report = play_client(node.port, answer_timeout=NEVER, record=str(record))
+    assert not report.ok
+    first = report.outcomes[0]
+    assert first.result.value == "violation" and first.recorded["packet"] == fourth.packet, first.text()
+    cut = [o for o in report.outcomes if o.type == "INVALID"]
+    assert len(cut) == 1 and cut[0].result.value == "violation" and "not JSON" in cut[0].reason
+    assert b"not JSON" in record.read_bytes()  # the recording's comment on the live packet
+    assert run_cli("dissect", str(record)).returncode == 0
+
+
+def test_a_client_that_sends_other_echoes_is_reported_at_its_first_echo():
+    """The mock client with 9 filler bytes a message where the recording's had 8."""
+    first_echo = next(f for f in recorded("client") if f.type == "echo")
+    changed = ("--payload-size", "9", "--idle-timeout", str(NEVER))
+    report, code, _ = play_server_to_mock_client(*RECORDED_EXCHANGE, *changed, answer_timeout=NEVER)
+    assert not report.ok and code == 1  # and the client, given the recorded echoes, fails too
+    first = report.outcomes[0]
+    assert first.result.value == "divergent" and first.recorded["packet"] == first_echo.packet
+    changed = {name for name, _, _ in first.fields}
+    assert changed == {"message_json", "ws_payload_len"}, first.text()
+
+
+def test_a_node_whose_accept_answers_the_recordings_key_is_a_violation():
+    """The played client checks the live accept against its own fresh key: a node that answers
+    with the recording's 101 (the accept for the recorded key) broke the handshake."""
+    answer = next(f for f in frames(find(SESSION, connections=("1",))) if f.type == "UPGRADE_RESPONSE").raw
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def stale_node() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(60)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(4096)
+            conn.sendall(answer)
+
+    thread = threading.Thread(target=stale_node, daemon=True)
+    thread.start()
+    try:
+        report = play_client(server.getsockname()[1], answer_timeout=NEVER)
+    finally:
+        thread.join(timeout=60)
+        server.close()
+    first = report.outcomes[0]
+    assert first.type == "UPGRADE_RESPONSE" and first.result.value == "violation", first.text()
+    assert "Sec-WebSocket-Accept" in first.reason
