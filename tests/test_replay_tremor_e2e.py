@@ -41,9 +41,11 @@ def play_client(port: int, capture: Path = SESSION, **options) -> engine.Report:
     return engine.run(conversation, engine.Options(side="client", connect=[("127.0.0.1", port)], **opts))
 
 
-def play_server_to_mock_client(*client_args: str, **options) -> tuple[engine.Report, int, str]:
+def play_server_to_mock_client(
+    *client_args: str, connection: str = "1", **options
+) -> tuple[engine.Report, int, str]:
     """The recorded node played on a free port to ``tremor mock-client`` started as a process."""
-    conversation = find(SESSION, connections=("1",))
+    conversation = find(SESSION, connections=(connection,))
     listener = links.Listener(("127.0.0.1", 0))
     client = subprocess.Popen(
         [*COMMAND, "tremor", "mock-client", "--connect", f"127.0.0.1:{listener.address[1]}"]
@@ -158,3 +160,21 @@ def test_a_node_whose_accept_answers_the_recordings_key_is_a_violation():
     first = report.outcomes[0]
     assert first.type == "UPGRADE_RESPONSE" and first.result.value == "violation", first.text()
     assert "Sec-WebSocket-Accept" in first.reason
+
+
+def test_the_played_node_answers_on_the_alias_the_live_client_chose(tmp_path):
+    """The recording's second session connected alias "e"; the live client connects "mine": the
+    connect differs (reported), and the node's ack and echo follow the live alias."""
+    script = tmp_path / "script.jsonl"
+    script.write_text(
+        '{"tremor":{"connect":{"protocol":"echo","alias":"mine"}}}\n{"mine":"beep"}\n{"badger":"badger"}\n'
+    )
+    report, code, out = play_server_to_mock_client("--script", str(script), connection="2")
+    assert code == 0, out  # the client took every answer: on its own alias
+    steps = json.loads(out.splitlines()[-1])["steps"]
+    assert steps[0]["replies"][-1] == '{"tremor":{"connect-ack":{"protocol":"echo","alias":"mine"}}}'
+    assert steps[1]["replies"] == ['{"mine":"beep"}']
+    connect, badger = report.outcomes[:2]
+    assert connect.result.value == "divergent" and ("alias", "e", "mine") in connect.fields
+    assert badger.result.value == "violation" and badger.type == "stream"  # as recorded: never connected
+    assert report.counts["matched"] == 3  # the upgrade, the echo on the live alias, the Close
