@@ -107,18 +107,19 @@ def test_the_recorded_node_played_to_the_mock_client_matches_every_message(tmp_p
     assert dissected.returncode == 0 and "VIOLATION" not in dissected.stdout, dissected.stdout
 
 
-def test_a_node_that_cuts_its_fourth_message_short_is_reported_at_that_recorded_frame(tmp_path):
-    """mock-node --malformed-after 4: the node's 4th message (the first echo) is not JSON."""
-    fourth = [f for f in recorded("server") if f.record.get("ws_opcode") == 1][3]
-    assert fourth.type == "echo"
+def test_a_node_that_cuts_its_greeting_short_is_reported_at_that_recorded_frame(tmp_path):
+    """mock-node --malformed-after 1: the node's first message (its version greeting) is not JSON;
+    all else it says is as recorded."""
+    greeting = next(f for f in recorded("server") if f.record.get("ws_opcode") == 1)
+    assert greeting.type == "version-info"
     record = tmp_path / "live.pcapng"
-    with Server("tremor", "mock-node", "--port", "0", "--malformed-after", "4") as node:
+    with Server("tremor", "mock-node", "--port", "0", "--malformed-after", "1") as node:
         report = play_client(node.port, answer_timeout=NEVER, record=str(record))
     assert not report.ok
-    first = report.outcomes[0]
-    assert first.result.value == "violation" and first.recorded["packet"] == fourth.packet, first.text()
-    cut = [o for o in report.outcomes if o.type == "INVALID"]
-    assert len(cut) == 1 and cut[0].result.value == "violation" and "not JSON" in cut[0].reason
+    cut, missing = report.outcomes  # the cut message as it came, then the greeting it should have been
+    assert cut.type == "INVALID" and cut.result.value == "violation" and "not JSON" in cut.reason
+    assert missing.result.value == "missing" and missing.recorded["packet"] == greeting.packet
+    assert report.counts["matched"] == len(recorded("server")) - 1
     assert b"not JSON" in record.read_bytes()  # the recording's comment on the live packet
     assert run_cli("dissect", str(record)).returncode == 0
 
