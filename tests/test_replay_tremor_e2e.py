@@ -4,6 +4,7 @@ accept answers the recording's key instead of ours."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
@@ -14,6 +15,9 @@ from pathlib import Path
 import pytest
 from support import COMMAND, Server, run_cli
 
+from wallaroo_proto.pcap_writer import PcapWriter
+from wallaroo_proto.protocols.tremor.node import NodeSession
+from wallaroo_proto.protocols.tremor.peers import MockClient, MockNode, scripted_exchange
 from wallaroo_proto.replay import engine, links
 from wallaroo_proto.replay.recording import find, frames
 
@@ -179,3 +183,35 @@ def test_the_played_node_answers_on_the_alias_the_live_client_chose(tmp_path):
     assert connect.result.value == "divergent" and ("alias", "e", "mine") in connect.fields
     assert badger.result.value == "violation" and badger.type == "stream"  # as recorded: never connected
     assert report.counts["matched"] == 3  # the upgrade, the echo on the live alias, the Close
+
+
+def test_a_message_the_recording_never_had_is_extra_at_the_end(tmp_path, monkeypatch):
+    """Recorded against a node that did not announce its version, played to mock-node, which
+    does: its greeting is in no recorded frame (it comes before anything like it is expected,
+    and nothing ever is), so it is extra, not lost; all the rest matches."""
+    capture = tmp_path / "quiet-node.pcap"
+    monkeypatch.setattr(NodeSession, "opened", lambda self: [])
+    loop = asyncio.new_event_loop()
+    quiet = MockNode(port=0)
+    _, port = loop.run_until_complete(quiet.start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        with PcapWriter(capture) as pcap:
+            lines = [
+                '{"tremor":{"connect":{"protocol":"echo","alias":"e"}}}',
+                '{"e":"beep"}',
+                '{"tremor":"close"}',
+            ]
+            result = scripted_exchange(MockClient("127.0.0.1", port, record=pcap), list(enumerate(lines, 1)))
+    finally:
+        asyncio.run_coroutine_threadsafe(quiet.stop(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=60)
+    assert result.failures == []
+    monkeypatch.undo()
+    with Server("tremor", "mock-node", "--port", "0") as node:
+        report = play_client(node.port, capture)
+    (extra,) = report.outcomes
+    assert extra.result.value == "extra" and extra.type == "version-info", extra.text()
+    assert not report.ok and report.counts["matched"] == 5  # the 101, 3 answers, the Close
