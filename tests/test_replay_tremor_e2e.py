@@ -70,62 +70,18 @@ def play_server_to_mock_client(
     return report, client.returncode, out
 
 
-def test_the_recorded_client_played_to_mock_node_matches_every_answer(tmp_path):
-    record = tmp_path / "live.pcapng"
-    with Server("tremor", "mock-node", "--port", "0", "--format", "json") as node:
-        report = play_client(node.port, record=str(record))
-        code, out, _ = node.stop(signal.SIGTERM)
-    assert report.ok, [o.text() for o in report.outcomes]
-    assert report.counts["matched"] == len(recorded("server")) == 25
-    assert report.sent == len(recorded("client")) and report.own_violations == []
-    stats = json.loads(out.splitlines()[-1])
-    assert code == 0 and stats["violations"] == 0 and stats["sessions"] == 1
-    # the live run's key and masks are its own: the node saw none of the recording's bytes again
-    live = record.read_bytes()
-    ours = [line for line in live.split(b"\r\n") if line.startswith(b"Sec-WebSocket-Key: ")]
-    assert len(ours) == 1 and ours[0] not in SESSION.read_bytes()
-    assert recorded("client")[1].raw not in live  # the connect frame, masked afresh
-    dissected = run_cli("dissect", str(record))
-    assert dissected.returncode == 0, dissected.stderr
-    assert "VIOLATION" not in dissected.stdout and "connect-ack" in dissected.stdout
-
-
-def test_fragments_a_ping_between_them_and_long_lengths_replay_through_the_codec():
+def test_fragments_a_ping_between_them_and_long_lengths_replay_through_the_codec(tmp_path):
     """The framing sample: 16- and 64-bit lengths, a message in three fragments with a ping
     between them; each frame re-encoded (fresh masks) and every answer matched."""
+    capture = CAPTURES / "tremor-framing.pcap"
+    live = tmp_path / "live.pcapng"
     with Server("tremor", "mock-node", "--port", "0") as node:
-        report = play_client(node.port, CAPTURES / "tremor-framing.pcap")
+        report = play_client(node.port, capture, record=str(live))
     assert report.ok, [o.text() for o in report.outcomes]
     assert report.counts["matched"] == 9 and report.sent == 10
-
-
-def test_the_recorded_node_played_to_the_mock_client_matches_every_message(tmp_path):
-    record = tmp_path / "live.pcapng"
-    report, code, out = play_server_to_mock_client(*RECORDED_EXCHANGE, record=str(record))
-    assert report.ok, [o.text() for o in report.outcomes]
-    assert report.counts["matched"] == len(recorded("client")) == 24
-    assert code == 0, out
-    summary = json.loads(out.splitlines()[-1])
-    assert summary["ok"] and summary["echoes"] == 12 and summary["delivered"] == 3
-    dissected = run_cli("dissect", str(record))
-    assert dissected.returncode == 0 and "VIOLATION" not in dissected.stdout, dissected.stdout
-
-
-def test_a_node_that_cuts_its_greeting_short_is_reported_at_that_recorded_frame(tmp_path):
-    """mock-node --malformed-after 1: the node's first message (its version greeting) is not JSON;
-    all else it says is as recorded."""
-    greeting = next(f for f in recorded("server") if f.record.get("ws_opcode") == 1)
-    assert greeting.type == "version-info"
-    record = tmp_path / "live.pcapng"
-    with Server("tremor", "mock-node", "--port", "0", "--malformed-after", "1") as node:
-        report = play_client(node.port, answer_timeout=NEVER, record=str(record))
-    assert not report.ok
-    cut, missing = report.outcomes  # the cut message as it came, then the greeting it should have been
-    assert cut.type == "INVALID" and cut.result.value == "violation" and "not JSON" in cut.reason
-    assert missing.result.value == "missing" and missing.recorded["packet"] == greeting.packet
-    assert report.counts["matched"] == len(recorded("server")) - 1
-    assert b"not JSON" in record.read_bytes()  # the recording's comment on the live packet
-    assert run_cli("dissect", str(record)).returncode == 0
+    sent = live.read_bytes()
+    ours = [f for f in frames(find(capture, connections=("1",))) if f.sender == "client"]
+    assert not [f.packet for f in ours if len(f.raw) < 1000 and f.raw in sent]  # none as recorded
 
 
 def test_a_client_that_sends_other_echoes_is_reported_at_its_first_echo():
@@ -215,3 +171,109 @@ def test_a_message_the_recording_never_had_is_extra_at_the_end(tmp_path, monkeyp
     (extra,) = report.outcomes
     assert extra.result.value == "extra" and extra.type == "version-info", extra.text()
     assert not report.ok and report.counts["matched"] == 5  # the 101, 3 answers, the Close
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def test_replay_command_plays_the_client_to_mock_node_every_answer_matched(tmp_path):
+    live = tmp_path / "live.pcapng"
+    with Server("tremor", "mock-node", "--port", "0", "--format", "json") as node:
+        result = run_cli(
+            "replay",
+            str(SESSION),
+            "--play",
+            "client",
+            "--connect",
+            node.address,
+            "--connection",
+            "1",
+            "--record",
+            str(live),
+            "--format",
+            "json",
+        )
+        code, out, _ = node.stop(signal.SIGTERM)
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["counts"]["matched"] == len(recorded("server")) == 25
+    assert summary["sent"] == len(recorded("client")) and summary["own_violations"] == []
+    stats = json.loads(out.splitlines()[-1])
+    assert code == 0 and stats["violations"] == 0 and stats["sessions"] == 1
+    # the live run's key and masks are its own: the node saw none of the recording's bytes again
+    sent = live.read_bytes()
+    keys = [line for line in sent.split(b"\r\n") if line.startswith(b"Sec-WebSocket-Key: ")]
+    assert len(keys) == 1 and keys[0] not in SESSION.read_bytes()
+    assert recorded("client")[1].raw not in sent  # the connect frame, masked afresh
+    dissected = run_cli("dissect", str(live))
+    assert dissected.returncode == 0 and "VIOLATION" not in dissected.stdout, dissected.stdout
+    compared = run_cli("diff", str(SESSION), str(live), "--connection", "1")
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+
+
+def test_replay_command_plays_the_node_on_a_port_it_names_to_the_mock_client(tmp_path):
+    live = tmp_path / "live.pcapng"
+    replay = Server(
+        "replay",
+        str(SESSION),
+        "--play",
+        "server",
+        "--listen",
+        "127.0.0.1:0",
+        "--connection",
+        "1",
+        "--record",
+        str(live),
+        "--format",
+        "json",
+    )
+    with replay:
+        client = run_cli(
+            "tremor", "mock-client", "--connect", replay.address, "--format", "json", *RECORDED_EXCHANGE
+        )
+        code, out, err = replay.stop(None)
+    assert client.returncode == 0, client.stdout + client.stderr
+    exchange = json.loads(client.stdout.splitlines()[-1])
+    assert exchange["ok"] and exchange["echoes"] == 12 and exchange["delivered"] == 3
+    assert code == 0, out + err
+    summary = json.loads(out.splitlines()[-1])
+    assert summary["ok"] and summary["counts"]["matched"] == len(recorded("client")) == 24
+    dissected = run_cli("dissect", str(live))
+    assert dissected.returncode == 0 and "VIOLATION" not in dissected.stdout, dissected.stdout
+
+
+def test_replay_command_reports_a_cut_greeting_at_its_recorded_frame_exit_1(tmp_path):
+    """mock-node --malformed-after 1: the node's first message (its version greeting) is not JSON;
+    all else it says is as recorded."""
+    greeting = next(f for f in recorded("server") if f.record.get("ws_opcode") == 1)
+    assert greeting.type == "version-info"
+    live = tmp_path / "live.pcapng"
+    with Server("tremor", "mock-node", "--port", "0", "--malformed-after", "1") as node:
+        result = run_cli(
+            "replay",
+            str(SESSION),
+            "--play",
+            "client",
+            "--connect",
+            node.address,
+            "--connection",
+            "1",
+            "--answer-timeout",
+            str(NEVER),
+            "--record",
+            str(live),
+            "--format",
+            "json",
+        )
+    assert result.returncode == 1, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["counts"]["matched"] == len(recorded("server")) - 1
+    cut, missing = summary["outcomes"]  # the cut message as it came, then the greeting it should have been
+    assert (cut["result"], cut["type"]) == ("violation", "INVALID")
+    assert (missing["result"], missing["type"], missing["recorded_packet"]) == (
+        "missing",
+        "version-info",
+        greeting.packet,
+    )
+    assert b"not JSON" in live.read_bytes()  # the recording's comment on the live packet
+    assert run_cli("dissect", str(live)).returncode == 0
