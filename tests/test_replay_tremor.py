@@ -199,6 +199,15 @@ def test_played_client_follows_the_alias_the_live_node_acknowledged():
     )
     other = a.expected(_text('{"ps":"list"}', "pubsub:list", "ps", "server", False))
     assert other["alias"] == "ps"  # an alias the live node did not rename stays
+    cut = '{"echo":"' + "x" * 4087 + "..."
+    long = frame({"type": "echo", "alias": "echo", "ws_opcode": 1, "ws_fin": True, "message_json": cut}, b"")
+    long.record["ws_payload_len"] = 4111
+    want = a.expected(long)  # a record holds a long message's start only: its alias follows, no more
+    assert (want["alias"], want["message_json"], want["ws_payload_len"]) == (
+        "echo-1",
+        long.record["message_json"],
+        4111,
+    )
 
 
 def test_played_server_answers_on_the_alias_the_live_client_chose():

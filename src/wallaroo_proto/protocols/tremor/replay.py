@@ -205,11 +205,12 @@ class Adapter(adapter.Adapter):
         whole = record.get("ws_opcode") == TEXT and record.get("ws_fin")
         if not whole or record.get("alias") not in self.aliases:
             return record
-        text = record.get("message_json") or ""
-        renamed = self._renamed(text.encode())
         out = dict(record, alias=self.aliases[record["alias"]])
-        out["message_json"] = renamed.decode()
-        out["ws_payload_len"] = len(renamed)
+        text = (record.get("message_json") or "").encode()
+        renamed = self._renamed(text)
+        if renamed != text:  # not when the record holds only the start of a long message
+            out["message_json"] = renamed.decode()
+            out["ws_payload_len"] = len(renamed)
         return out
 
     @property
@@ -246,6 +247,7 @@ def match_key(record: dict) -> tuple:
 
 
 def _event(role: type[h11.CLIENT] | type[h11.SERVER], raw: bytes) -> Any:
+    """What h11, as ``role``, reads first in ``raw`` (None: not HTTP)."""
     conn = h11.Connection(role)
     conn.receive_data(raw)
     try:
