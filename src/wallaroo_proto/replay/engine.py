@@ -373,6 +373,7 @@ class Player:
                 last_index = frame.index
                 link = self.links.get(frame.conn_index)
                 if link is None:
+                    self._flush_batch()  # the peer may open its connection once it has them
                     try:
                         link = self._open(frame)
                     except LinkError as err:
