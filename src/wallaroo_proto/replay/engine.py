@@ -318,7 +318,7 @@ class Player:
                 self.matcher.seen(unit)
             if self.options.collect is not None:
                 self.options.collect.append(record)
-        self.transcript.flush()
+        self.transcript.flush(before=self.matcher.oldest_early_packet())
         if got:
             self._give_flow()
         return got
