@@ -46,12 +46,14 @@ def test_frames_match_by_type_and_key_whatever_order_they_come_in() -> None:
     assert matcher.seen({"type": "M", "vb": 1, "v": "a"}) is None  # nothing like it expected yet
     assert matcher.expect(3, {"type": "M", "vb": 1, "v": "a"}).result is Result.MATCHED  # it came early
     assert matcher.seen({"type": "M", "vb": 9}) is None
-    assert (
-        matcher.seen({"type": "X", "verdict": "violation", "violations": ["bad"]}).result is Result.VIOLATION
-    )
+    bad = {"type": "X", "verdict": "violation", "violations": ["bad"]}
+    assert matcher.seen(bad) is None  # its recorded frame may still be walked to
+    assert matcher.expect(4, {"type": "X"}).result is Result.VIOLATION
+    assert matcher.seen(dict(bad)) is None
     matcher.expect(2, {"type": "N"})
     matcher.give_up_all("gone")
-    assert (matcher.counts[Result.MISSING], matcher.counts[Result.EXTRA]) == (1, 1)
+    counts = matcher.counts
+    assert (counts[Result.MISSING], counts[Result.EXTRA], counts[Result.VIOLATION]) == (1, 1, 2)
     assert matcher.outstanding_before(5) is None
 
 

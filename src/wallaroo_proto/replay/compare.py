@@ -146,7 +146,8 @@ class Matcher:
 
     def seen(self, record: dict) -> Outcome | None:
         """That side really sent ``record``: matched, divergent or a violation; or, with nothing
-        expected like it yet, held as early (extra if nothing like it is expected by the end)."""
+        expected like it yet, held as early (a violation too: its recorded frame may still be
+        expected), extra or a violation if nothing like it is expected by the end."""
         key = (record.get("type"), *self.key(record))
         queue = self._by_key.get(key)
         while queue:
@@ -154,8 +155,6 @@ class Matcher:
             if not candidate.done:
                 candidate.done = True
                 return self._compared(candidate.record, record)
-        if record.get("verdict") == "violation":
-            return self._compared(None, record)
         if self._early_count >= self.early_limit:
             return self._extra(record)
         self._early.setdefault(key, deque()).append(record)
@@ -180,6 +179,22 @@ class Matcher:
         outcome = Outcome(Result.EXTRA, live.get("type") or "", None, live, reason="not in the recording")
         self._decided(outcome)
         return outcome
+
+    def settle_violations(self) -> None:
+        """Decide the early frames that broke a rule: the peer is no longer waited for, so their
+        recorded frames will not be walked to in time (they come before what is then missing)."""
+        for key, queue in list(self._early.items()):
+            bad = [record for record in queue if record.get("verdict") == "violation"]
+            if not bad:
+                continue
+            kept = deque(record for record in queue if record.get("verdict") != "violation")
+            if kept:
+                self._early[key] = kept
+            else:
+                del self._early[key]
+            self._early_count -= len(bad)
+            for record in bad:
+                self._compared(None, record)
 
     def oldest_early_packet(self) -> int | None:
         """The packet of the oldest frame still waiting for its counterpart (its comment may come)."""
@@ -213,7 +228,7 @@ class Matcher:
         self._early.clear()
         self._early_count = 0
         for record in sorted(early, key=lambda r: r.get("packet") or 0):  # what came, first
-            self._extra(record)
+            self._compared(None, record)  # extra, or a violation
         for waiting in list(self._order):
             if not waiting.done:
                 self.give_up(waiting, reason)

@@ -74,18 +74,25 @@ class Transcript:
         if session is not None:
             (session.reset if reset else session.fin)(from_client, time.time())
 
+    def items(self) -> list:
+        """Every frame the bytes so far complete: records, and ``FrameBlock``s where the dissector
+        made runs of accepted frames (their records made only if wanted)."""
+        out: list = []
+        self._paused = False
+        for batch in self._batches:
+            out += batch
+            if self._paused:
+                break
+        return out
+
     def records(self) -> list[dict]:
         """The records of every frame the bytes so far complete."""
         out: list[dict] = []
-        self._paused = False
-        for batch in self._batches:
-            for item in batch:
-                if type(item) is FrameBlock:
-                    out += item.records()
-                else:
-                    out.append(item)
-            if self._paused:
-                break
+        for item in self.items():
+            if type(item) is FrameBlock:
+                out += item.records()
+            else:
+                out.append(item)
         return out
 
     def comment(self, packet: int, text: str) -> None:

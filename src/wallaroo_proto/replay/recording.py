@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from wallaroo_proto.capture.dissector import Dissector
+from wallaroo_proto.capture.frame_block import FrameBlock
 from wallaroo_proto.capture.pcap import TCP_FIN, TCP_RST, CaptureError, Segment, format_address, read_segments
 from wallaroo_proto.capture.reassembly import HalfStream
 from wallaroo_proto.protocols import get_plugin
@@ -125,13 +126,18 @@ def find(
     sides: dict[int, str] = {}
     ranks: dict[int, int] = {}
     keys: dict[int, tuple] = {}
+    hooks: dict[str, tuple[Callable, Callable]] = {}
     try:
-        for record in dissector.run(name):
+        for record in _records(dissector, name, keys, frames, skip_known=display_filter is None):
             index = record["conn_index"]
-            key = (record["protocol"], *adapter.conversation_of(record["protocol"])(record))
+            protocol_name = record["protocol"]
+            conversation_key, opening = hooks.get(protocol_name) or hooks.setdefault(
+                protocol_name, (adapter.conversation_of(protocol_name), adapter.opening_of(protocol_name))
+            )
+            key = (protocol_name, *conversation_key(record))
             keys[index] = key
             frames[key] = frames.get(key, 0) + 1
-            side, rank = adapter.opening_of(record["protocol"])(record)
+            side, rank = opening(record)
             ranks.setdefault(index, rank)
             if side:
                 sides.setdefault(index, side)
@@ -186,6 +192,22 @@ def find(
         max_frame_size,
         key,
     )
+
+
+def _records(
+    dissector: Dissector, name: str, keys: dict[int, tuple], frames: dict[tuple, int], skip_known: bool
+) -> Iterator[dict]:
+    """The capture's records; with ``skip_known``, a run of frames (a ``FrameBlock``) of a
+    connection already placed is only counted: the first pass need not build a record a frame."""
+    for item in dissector.frames(name):
+        if type(item) is FrameBlock:
+            index = item.shared.get("conn_index")
+            if skip_known and index in keys:
+                frames[keys[index]] += len(item)
+                continue
+            yield from item.records()
+        else:
+            yield item
 
 
 def _listing(groups: dict[tuple, list[int]], idents: dict[int, dict]) -> str:
