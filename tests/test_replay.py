@@ -203,10 +203,10 @@ def test_a_recorded_connector_matches_the_same_live_worker_and_a_refusal_is_foun
     assert "the same" in same.stdout
     dissected = run_cli("dissect", str(live), "--strict")
     assert dissected.returncode == 0, dissected.stderr
+    changed_live = tmp_path / "changed.pcapng"
     with Server(*WORKER, "--reject-streams", "stream-0") as worker:
-        changed = run_cli(
-            "replay", capture, "--play", "client", "--connect", worker.address, "--format", "json"
-        )
+        args = ("--connect", worker.address, "--format", "json", "--record", str(changed_live))
+        changed = run_cli("replay", capture, "--play", "client", *args)
     assert changed.returncode == 1, changed.stderr
     report = json.loads(changed.stdout)
     first = report["outcomes"][0]
@@ -217,6 +217,16 @@ def test_a_recorded_connector_matches_the_same_live_worker_and_a_refusal_is_foun
         recorded_notify_ack,
     )
     assert first["fields"][0] == {"field": "success", "recorded": True, "live": False}
+    # the live recording opens in tshark, with the comment on the packet that differs, and in report
+    shown = subprocess.run(
+        ["tshark", "-r", str(changed_live), "-T", "fields", "-e", "frame.number", "-e", "frame.comment"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    comments = dict(line.split("\t", 1) for line in shown.stdout.splitlines() if "\t" in line)
+    assert "divergent NOTIFY_ACK" in comments[str(first["live_packet"])]
+    page = run_cli("report", str(changed_live), "-o", str(tmp_path / "report.html"))
+    assert page.returncode == 0, page.stderr
 
 
 @pytest.mark.e2e
