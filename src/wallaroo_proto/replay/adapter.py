@@ -39,6 +39,14 @@ class Hold:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """Bytes of the adapter's own to send before the frame (then ``outgoing`` is asked again)."""
+
+    data: bytes
+    reason: str
+
+
 #: ``outgoing``'s answer for a recorded frame that is not sent (redone another way).
 SKIP: Final = b""
 
@@ -77,8 +85,8 @@ class Adapter:
         """The bytes to send for recorded ``frame`` (a ``recording.Frame``) now, or a ``Hold``."""
         return frame.raw
 
-    def incoming(self, record: dict, raw: bytes) -> None:
-        """A live frame from the peer: learn what it decided."""
+    def incoming(self, record: dict, raw: bytes) -> bool | None:
+        """A live frame from the peer: learn what it decided (True: it answers an ``Ask``)."""
 
     def expected(self, frame: Any) -> dict:
         """The fields recorded ``frame`` of the peer should have live."""

@@ -275,7 +275,8 @@ class Player:
                 continue
             got += 1
             self.received += 1
-            self.adapter.incoming(record, raw)
+            if self.adapter.incoming(record, raw):
+                continue  # the answer to the adapter's own question (an Ask): not the recording's
             self.matcher.seen(record)
             if self.options.collect is not None:
                 self.options.collect.append(record)
@@ -304,11 +305,14 @@ class Player:
             if self._pump(left):
                 deadline = time.monotonic() + timeout
 
-    def _outgoing(self, frame: Frame) -> bytes:
+    def _outgoing(self, frame: Frame, link: Link) -> bytes:
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
             out = self.adapter.outgoing(frame)
+            if isinstance(out, adapters.Ask):
+                self._send(link, out.data, timeout)
+                continue
             if not isinstance(out, adapters.Hold):
                 return out
             left = deadline - time.monotonic()
@@ -350,7 +354,7 @@ class Player:
                         raise ReplayError(str(err)) from None
                 if frame.sender == self.side:
                     self._wait_answers(frame.index)
-                    data = self._outgoing(frame)
+                    data = self._outgoing(frame, link)
                     if data:
                         self._pace(frame)
                         self._send(link, data, options.answer_timeout)
