@@ -118,34 +118,68 @@ class Matcher:
     kept: list[Outcome] = field(default_factory=list)
     #: Called with each outcome as it is decided (a live view, a recording's comments).
     on_outcome: Callable[[Outcome], None] | None = None
+    #: A frame seen before its recorded counterpart was expected waits for it, up to this many
+    #: frames (a live peer answers as soon as it can, often before the replay has reached the
+    #: answer's place in the recording); 0: extra at once (``diff`` reads ahead instead).
+    hold: int = 0
     _by_key: dict[tuple, deque[_Waiting]] = field(default_factory=dict)
+    _early: dict[tuple, deque[_Waiting]] = field(default_factory=dict)
+    _held: deque[_Waiting] = field(default_factory=deque)
     _order: deque[_Waiting] = field(default_factory=deque)
     counts: dict[Result, int] = field(default_factory=lambda: dict.fromkeys(Result, 0))
 
     def expect(self, index: int, record: dict) -> None:
         """The recording says its side sent ``record`` (its ``index``-th frame)."""
+        key = (record.get("type"), *self.key(record))
+        early = self._early.get(key)
+        while early:
+            seen = early.popleft()
+            if not seen.done:
+                seen.done = True
+                self._judged(record, seen.record, None)
+                return
         waiting = _Waiting(index, record)
         self._order.append(waiting)
-        self._by_key.setdefault((record.get("type"), *self.key(record)), deque()).append(waiting)
+        self._by_key.setdefault(key, deque()).append(waiting)
 
-    def seen(self, record: dict, verdict_rule: str | None = None) -> Outcome:
-        """That side really sent ``record``: matched, divergent, a violation or extra."""
-        queue = self._by_key.get((record.get("type"), *self.key(record)))
+    def seen(self, record: dict, verdict_rule: str | None = None) -> Outcome | None:
+        """That side really sent ``record``: matched, divergent, a violation or extra (None: held
+        for its recorded counterpart, see ``hold``)."""
+        key = (record.get("type"), *self.key(record))
+        queue = self._by_key.get(key)
         waiting = None
         while queue:
             candidate = queue.popleft()
             if not candidate.done:
                 waiting = candidate
                 break
-        if waiting is None:
+        if waiting is None and self.hold:
+            held = _Waiting(-1, record)
+            self._early.setdefault(key, deque()).append(held)
+            self._held.append(held)
+            while self._held and (self._held[0].done or len(self._held) > self.hold):
+                old = self._held.popleft()
+                if not old.done:
+                    old.done = True
+                    self._judged(None, old.record, None)
+            return None
+        if waiting is not None:
+            waiting.done = True
+        return self._judged(waiting.record if waiting else None, record, verdict_rule)
+
+    def first_held(self) -> int | None:
+        """The live packet of the first frame still held (its outcome, and comment, to come)."""
+        return next((w.record.get("packet") for w in self._held if not w.done), None)
+
+    def _judged(self, recorded: dict | None, record: dict, verdict_rule: str | None) -> Outcome:
+        if recorded is None:
             outcome = Outcome(
                 Result.EXTRA, record.get("type") or "", None, record, reason="not in the recording"
             )
         else:
-            waiting.done = True
-            diffs = differences(waiting.record, record, self.ignore)
+            diffs = differences(recorded, record, self.ignore)
             result = Result.DIVERGENT if diffs else Result.MATCHED
-            outcome = Outcome(result, record.get("type") or "", waiting.record, record, diffs)
+            outcome = Outcome(result, record.get("type") or "", recorded, record, diffs)
         if record.get("verdict") == "violation":
             outcome.result = Result.VIOLATION
             outcome.rule = verdict_rule or record.get("rule")
@@ -174,6 +208,13 @@ class Matcher:
         return outcome
 
     def give_up_all(self, reason: str) -> None:
+        """Every frame still held is extra, every one still expected missing (for ``reason``)."""
+        for held in self._held:
+            if not held.done:
+                held.done = True
+                self._judged(None, held.record, None)
+        self._held.clear()
+        self._early.clear()
         for waiting in list(self._order):
             if not waiting.done:
                 self.give_up(waiting, reason)

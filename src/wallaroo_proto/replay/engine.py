@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import adapter as adapters
-from .compare import BAD, Matcher, Outcome, Result, compare_runs
+from .compare import BAD, LOOKAHEAD, Matcher, Outcome, Result, compare_runs
 from .links import Link, LinkError, Listener, SpawnLink, connect
 from .live import Transcript
 from .recording import Conversation, Frame, frames
@@ -128,7 +128,9 @@ class Player:
         self.side = options.side
         self.adapter = adapters.make(conversation.protocol, options.side)
         ignore = adapters.noise(conversation.protocol, options.ignore)
-        self.matcher = Matcher(ignore, adapters.key_of(conversation.protocol), keep=options.keep)
+        self.matcher = Matcher(
+            ignore, adapters.key_of(conversation.protocol), keep=options.keep, hold=LOOKAHEAD
+        )
         self._on_outcome = on_outcome
         self.matcher.on_outcome = self._decided
         self.transcript: Transcript | None = None
@@ -280,7 +282,7 @@ class Player:
             self.matcher.seen(record)
             if self.options.collect is not None:
                 self.options.collect.append(record)
-        self.transcript.flush()
+        self.transcript.flush(self.matcher.first_held())
         return got
 
     # --------------------------------------------------------------- play
@@ -365,6 +367,7 @@ class Player:
                     self._pump(0)
             self._wait_answers(1 << 62)
             self._finish()
+            self.matcher.give_up_all("not waited for")
         except _Stop as stop:
             stopped = f"{stop} (at recorded frame {last_index})"
             self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")

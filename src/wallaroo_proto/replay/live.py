@@ -90,19 +90,22 @@ class Transcript:
         if self.writer is not None and packet:
             self.comments.setdefault(packet, []).append(text)
 
-    def flush(self) -> None:
-        """Write the packets whose frames were judged (all made so far) to the recording."""
+    def flush(self, before: int | None = None) -> None:
+        """Write the packets whose frames were judged (all made so far, or those before packet
+        ``before``, whose frame's outcome is still to come) to the recording."""
         writer = self.writer
         if writer is None:
             return
-        for segment in self._tee.held:
+        held = self._tee.held
+        done = len(held) if before is None else max(0, min(len(held), before - 1 - self._written))
+        for segment in held[:done]:
             self._written += 1
             notes = self.comments.pop(self._written, None)
             *args, comment = segment
             if notes:
                 comment = "; ".join(([comment] if comment else []) + notes)
             writer.tcp_segment(*args, comment)
-        self._tee.held.clear()
+        del held[:done]
 
     def close(self) -> None:
         self.flush()
