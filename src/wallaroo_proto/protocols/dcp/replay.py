@@ -1,0 +1,309 @@
+"""Replay for Couchbase DCP: a recorded packet follows the live peer's values.
+
+The adapter keeps two ``core.Connection`` views of the conversation, the one the dissector
+judges with: ``recorded`` fed with the recording's packets of both sides, and ``live`` with
+the live peer's packets and the adapted packets sent. What the two views hold apart is what
+the replay adapts, each packet re-encoded with the codec:
+
+Playing the consumer (``--play client`` against a producer):
+
+* a NOOP reply echoes the live NOOP's opaque (the producer picks its own);
+* a STREAM_REQ names the live node's vbucket uuid: the recorded uuid's place in the
+  recorded failover log is looked up in the live node's log (learnt from its STREAM_REQ and
+  GET_FAILOVER_LOG answers; before any, the adapter asks the live node with a
+  DCP_GET_FAILOVER_LOG of its own, whose answer is not compared); after a ROLLBACK the
+  request resumes from no later than the live rollback seqno;
+* a BUFFER_ACK leaves as many bytes unacknowledged as the recording did, and never
+  acknowledges more than the live producer sent;
+* SCRAM is redone, not replayed: a new client-first, the proof for the live server's nonce
+  and salt (PLAIN, which has no nonce, goes as recorded).
+
+Playing the producer (``--play server`` to a consumer):
+
+* an answer echoes the opaque of the live request it answers (the n-th recorded request of
+  a kind, per vbucket or control key, is the live n-th), and a stream's messages carry the
+  opaque of the live STREAM_REQ that opened it;
+* a stream message waits while the live consumer's flow-control buffer is full (``Hold``),
+  and the items at or below the seqno the live consumer resumes from are not sent;
+* SCRAM answers are computed for the live client's nonce and proof (``sasl.ScramServer``),
+  with the account from ``WALLAROO_PROTO_DCP_USERNAME`` / ``WALLAROO_PROTO_DCP_PASSWORD``
+  (default: the mocks' ``Administrator`` / ``password``); a wrong proof is answered
+  AUTH_ERROR, as a node would.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from wallaroo_proto.replay.adapter import SKIP, Ask, Hold
+from wallaroo_proto.replay.adapter import Adapter as PlainAdapter
+
+from . import codec, sasl
+from .codec import Packet, ProtocolError, StreamReq, decode_packet
+from .core import CONSUMER, PRODUCER, Connection
+
+#: The account SCRAM is redone with, when the environment names none (the mocks' defaults).
+DEFAULT_USERNAME, DEFAULT_PASSWORD = "Administrator", "password"
+#: Opaques of the adapter's own questions (DCP_GET_FAILOVER_LOG): far from a client's counter.
+_OWN_OPAQUE = 0xD0C0_0000
+_VBUCKET_REQUESTS = frozenset((codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG))
+_ITEMS = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION, codec.SEQNO_ADVANCED))
+
+
+def credentials() -> tuple[str, str]:
+    """The account a SCRAM login is redone with: the environment's, else the mocks'."""
+    return (
+        os.environ.get("WALLAROO_PROTO_DCP_USERNAME", DEFAULT_USERNAME),
+        os.environ.get("WALLAROO_PROTO_DCP_PASSWORD", DEFAULT_PASSWORD),
+    )
+
+
+def _packet(raw: bytes) -> Packet | None:
+    try:
+        return decode_packet(raw)
+    except ProtocolError:
+        return None
+
+
+def _slot(p: Packet) -> tuple:
+    """What makes a consumer request the n-th of its kind: its opcode and vbucket or control key."""
+    if p.opcode in _VBUCKET_REQUESTS:
+        return (p.opcode, p.vbucket)
+    if p.opcode == codec.CONTROL:
+        return (p.opcode, p.key)
+    return (p.opcode,)
+
+
+class Adapter(PlainAdapter):
+    #: ``opaque``: picked by whichever side sends a request (a consumer's counter, the producer's
+    #: NOOP counter); the core checks that each answer echoes its request's, so the value itself
+    #: says nothing. ``vb_uuid``: a node draws a random uuid per vbucket when it takes it over.
+    #: ``outstanding``: the unacknowledged bytes after a packet depend on when the consumer's
+    #: acknowledgements arrive between the producer's messages. ``ack_bytes``: a consumer
+    #: acknowledges what its reads have taken when they cross a mark, and reads follow the
+    #: TCP segmentation, which differs from run to run.
+    NOISE: ClassVar[frozenset[str]] = frozenset({"opaque", "vb_uuid", "outstanding", "ack_bytes"})
+
+    def __init__(self, side: str) -> None:
+        super().__init__(side)
+        self.recorded = Connection()
+        self.live = Connection()
+        self.peer = PRODUCER if side == CONSUMER else CONSUMER
+        self.username, self.password = credentials()
+        self._fed = -1  # the last recorded frame of ours fed to ``recorded``
+        # playing the consumer
+        self.scram: sasl.ScramClient | None = None
+        self.server_first: bytes | None = None
+        self.live_noops: deque[int] = deque()
+        self.asked: dict[int, int] = {}  # vbucket -> opaque of our own GET_FAILOVER_LOG
+        self.own_answers: set[int] = set()  # opaques of our questions still unanswered
+        # playing the producer
+        self.recorded_slots: dict[tuple, deque[int]] = {}
+        self.live_slots: dict[tuple, deque[int]] = {}
+        self.request_opaques: set[int] = set()  # opaques of the recorded consumer's requests
+        self.opaques: dict[int, int] = {}  # recorded request opaque -> the live one
+        self.live_requests: dict[int, Packet] = {}  # live opaque -> the live request
+        self.scram_server: sasl.ScramServer | None = None
+        self.account = sasl.Account(self.username, self.password)
+
+    # ------------------------------------------------------------------ what the peer sent
+
+    def incoming(self, record: dict, raw: bytes) -> bool:
+        """A live packet of the peer: fed to the live view; True for an answer to the adapter's own
+        question (not the recording's, so not compared)."""
+        p = _packet(raw)
+        if p is None:
+            return False
+        self.live.feed(self.peer, p)
+        if self.side == CONSUMER:
+            if p.is_request and p.opcode == codec.NOOP:
+                self.live_noops.append(p.opaque)
+            elif not p.is_request and p.opcode == codec.SASL_AUTH and p.status == codec.AUTH_CONTINUE:
+                self.server_first = p.value
+            elif not p.is_request and p.opaque in self.own_answers:
+                self.own_answers.discard(p.opaque)
+                return True
+            return False
+        if p.is_request:
+            slot = _slot(p)
+            self.live_slots.setdefault(slot, deque()).append(p.opaque)
+            self.live_requests[p.opaque] = p
+            self._pair(slot)
+        return False
+
+    def expected(self, frame: Any) -> dict:
+        """The recorded packet of the peer, as the recorded view sees it (the fields compared are the
+        record's; the noise covers what the live peer picks)."""
+        p = _packet(frame.raw)
+        if p is not None:
+            self.recorded.feed(self.peer, p)
+            if self.side == PRODUCER and p.is_request:
+                slot = _slot(p)
+                self.recorded_slots.setdefault(slot, deque()).append(p.opaque)
+                self.request_opaques.add(p.opaque)
+                self._pair(slot)
+        return frame.record
+
+    def _pair(self, slot: tuple) -> None:
+        recorded, live = self.recorded_slots.get(slot), self.live_slots.get(slot)
+        while recorded and live:
+            self.opaques[recorded.popleft()] = live.popleft()
+
+    # ------------------------------------------------------------------ what we send
+
+    def outgoing(self, frame: Any) -> bytes | Hold | Ask:
+        p = _packet(frame.raw)
+        if p is None:
+            return frame.raw  # the recording's own bad bytes go as recorded: the judge names them
+        if frame.index > self._fed:
+            self._fed = frame.index
+            self.recorded.feed(self.side, p)
+        out = self._consumer(p) if self.side == CONSUMER else self._producer(p)
+        if isinstance(out, Packet):
+            self.live.feed(self.side, out)
+            return codec.encode(out)
+        return out
+
+    def _consumer(self, p: Packet) -> Packet | Hold | Ask | bytes:
+        op = p.opcode
+        if not p.is_request:
+            if op == codec.NOOP:
+                if not self.live_noops:
+                    return Hold("the live producer has sent no NOOP to answer")
+                return replace(p, opaque=self.live_noops.popleft())
+            return p
+        if op == codec.SASL_AUTH and p.key.startswith(b"SCRAM-"):
+            mechanism = p.key.decode("ascii", "replace")
+            self.scram = sasl.ScramClient(self.username, self.password, mechanism)
+            self.server_first = None
+            return replace(p, value=self.scram.first())
+        if op == codec.SASL_STEP and self.scram is not None:
+            if self.server_first is None:
+                return Hold("the live server's SCRAM nonce (its AUTH_CONTINUE) has not come")
+            try:
+                return replace(p, value=self.scram.final(self.server_first))
+            except sasl.AuthFailed as err:
+                return Hold(f"the live server's SCRAM answer cannot be used: {err}")
+        if op == codec.STREAM_REQ:
+            return self._stream_req(p)
+        if op == codec.BUFFER_ACK:
+            return self._buffer_ack(p)
+        return p
+
+    def _stream_req(self, p: Packet) -> Packet | Ask:
+        req: StreamReq = codec.parse(p)
+        vb = p.vbucket
+        if req.vbucket_uuid:
+            live_log = self.live.failover_logs.get(vb)
+            if not live_log:
+                if vb not in self.asked:
+                    self.asked[vb] = opaque = _OWN_OPAQUE + len(self.asked)
+                    self.own_answers.add(opaque)
+                    ask = codec.request(codec.GET_FAILOVER_LOG, vbucket=vb, opaque=opaque)
+                    self.live.feed(CONSUMER, decode_packet(ask))
+                    return Ask(ask, f"the live node's failover log of vbucket {vb}")
+                if self.asked[vb] in self.own_answers:
+                    return Hold(f"the live node's failover log of vbucket {vb} has not come")
+            else:
+                req = replace(req, vbucket_uuid=self._live_uuid(vb, req.vbucket_uuid, live_log))
+        rolled = self._live_rollback(vb)
+        if rolled is not None and req.start > rolled:
+            req = replace(req, start=rolled, snap_start=min(req.snap_start, rolled), snap_end=rolled)
+        return replace(p, extras=decode_packet(codec.stream_req_request(vb, p.opaque, req)).extras)
+
+    def _live_uuid(self, vb: int, uuid: int, live_log: list[tuple[int, int]]) -> int:
+        """The live node's uuid standing where ``uuid`` stands in the recorded node's failover log
+        (its newest when the recording never showed that log)."""
+        recorded_log = self.recorded.failover_logs.get(vb) or []
+        place = next((i for i, (u, _) in enumerate(recorded_log) if u == uuid), 0)
+        return live_log[min(place, len(live_log) - 1)][0]
+
+    def _live_rollback(self, vb: int) -> int | None:
+        """The live ROLLBACK's seqno for ``vb`` when it differs from the recorded one at that point."""
+        live = [s for v, s in self.live.rollbacks if v == vb]
+        recorded = [s for v, s in self.recorded.rollbacks if v == vb]
+        if live and (len(live) != len(recorded) or live[-1] != recorded[-1]):
+            return live[-1]
+        return None
+
+    def _buffer_ack(self, p: Packet) -> Packet | Hold:
+        """Leave as many bytes unacknowledged as the recording did; never more than the live sent."""
+        recorded_ack = codec.parse(p).nbytes
+        # ``recorded`` was fed this ack already: its outstanding is what the recording left.
+        left = self.recorded.outstanding
+        nbytes = self.live.outstanding - left
+        if nbytes <= 0:
+            return Hold(
+                f"the live producer has not sent the bytes the recording acknowledged ({recorded_ack})"
+            )
+        return replace(p, extras=decode_packet(codec.buffer_ack(nbytes)).extras)
+
+    def _producer(self, p: Packet) -> Packet | Hold | bytes:
+        opaque = p.opaque
+        if opaque in self.request_opaques:
+            live = self.opaques.get(opaque)
+            if live is None:
+                return Hold(f"the live consumer has not sent the request opaque 0x{opaque:08x} stands for")
+            p = replace(p, opaque=live)
+        if p.is_request and p.opcode in codec.STREAM_MESSAGES:
+            return self._stream_message(p)
+        if not p.is_request and p.opcode in (codec.SASL_AUTH, codec.SASL_STEP):
+            return self._sasl_answer(p)
+        return p
+
+    def _stream_message(self, p: Packet) -> Packet | Hold | bytes:
+        live_req = self.live_requests.get(p.opaque)
+        if live_req is not None and live_req.opcode == codec.STREAM_REQ:
+            start = codec.parse(live_req).start
+            msg = codec.parse(p)
+            if p.opcode in _ITEMS and msg.seqno <= start:
+                return SKIP  # the live consumer holds it already
+            if p.opcode == codec.SNAPSHOT_MARKER and msg.end <= start:
+                return SKIP
+        if not self.live.may_send():
+            return Hold(
+                f"the live consumer's flow-control buffer is full: {self.live.outstanding} of "
+                f"{self.live.buffer_size} bytes unacknowledged"
+            )
+        return p
+
+    def _sasl_answer(self, p: Packet) -> Packet | Hold:
+        """SCRAM answered for the live client's messages (PLAIN checked against the account)."""
+        asked = self.live_requests.get(p.opaque)
+        if asked is None:
+            return p
+        mechanism = asked.key.decode("ascii", "replace")
+        try:
+            if p.opcode == codec.SASL_AUTH and mechanism == "PLAIN":
+                self.account.plain(asked.value)
+                return replace(p, vbucket=codec.SUCCESS, value=b"")
+            if p.opcode == codec.SASL_AUTH:
+                self.scram_server = sasl.ScramServer(self.account, mechanism)
+                value = self.scram_server.first(asked.value)
+                return replace(p, vbucket=codec.AUTH_CONTINUE, value=value)
+            if self.scram_server is None:
+                return p
+            return replace(p, vbucket=codec.SUCCESS, value=self.scram_server.final(asked.value))
+        except sasl.AuthFailed:
+            return replace(p, vbucket=codec.AUTH_ERROR, value=b"")
+
+
+def match_key(record: dict) -> tuple:
+    """An item is itself by its vbucket and seqno, a snapshot marker by its vbucket and start;
+    a stream's request, answer and end by the vbucket; a control by its key."""
+    kind = record.get("type") or ""
+    if record.get("seqno") is not None:
+        return (record.get("vbucket"), record["seqno"])
+    if kind == "DCP_SNAPSHOT_MARKER":
+        return (record.get("vbucket"), record.get("snap_start"))
+    if kind.startswith(("DCP_STREAM_REQ", "DCP_STREAM_END", "DCP_CLOSE_STREAM", "DCP_GET_FAILOVER_LOG")):
+        return (record.get("vbucket"),)
+    if kind == "DCP_CONTROL":
+        return (record.get("control_key"),)
+    return ()
+
+
+__all__ = ["Adapter", "match_key"]
