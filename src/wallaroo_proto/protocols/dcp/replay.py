@@ -33,9 +33,10 @@ Playing the producer (``--play server`` to a consumer):
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from wallaroo_proto.replay.adapter import SKIP, Ask, Hold
@@ -51,6 +52,26 @@ DEFAULT_USERNAME, DEFAULT_PASSWORD = "Administrator", "password"
 _OWN_OPAQUE = 0xD0C0_0000
 _VBUCKET_REQUESTS = frozenset((codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG))
 _ITEMS = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION, codec.SEQNO_ADVANCED))
+
+
+@dataclass
+class _Flow:
+    """One run's stream messages not yet acknowledged, as the cumulative byte count each ends at."""
+
+    ends: list[int] = field(default_factory=list)
+    base: int = 0  # where the first of ``ends`` begins
+    total: int = 0
+    acked: int = 0
+
+    def add(self, size: int) -> None:
+        self.total += size
+        self.ends.append(self.total)
+
+    def take(self, whole: int, acked: int) -> None:
+        if whole:
+            self.base = self.ends[whole - 1]
+            del self.ends[:whole]
+        self.acked = acked
 
 
 def credentials() -> tuple[str, str]:
@@ -100,6 +121,7 @@ class Adapter(PlainAdapter):
         self.live_noops: deque[int] = deque()
         self.asked: dict[int, int] = {}  # vbucket -> opaque of our own GET_FAILOVER_LOG
         self.own_answers: set[int] = set()  # opaques of our questions still unanswered
+        self.recorded_flow, self.live_flow = _Flow(), _Flow()
         # playing the producer
         self.recorded_slots: dict[tuple, deque[int]] = {}
         self.live_slots: dict[tuple, deque[int]] = {}
@@ -119,7 +141,9 @@ class Adapter(PlainAdapter):
             return False
         self.live.feed(self.peer, p)
         if self.side == CONSUMER:
-            if p.is_request and p.opcode == codec.NOOP:
+            if p.is_request and p.opcode in codec.STREAM_MESSAGES:
+                self.live_flow.add(p.size)
+            elif p.is_request and p.opcode == codec.NOOP:
                 self.live_noops.append(p.opaque)
             elif not p.is_request and p.opcode == codec.SASL_AUTH and p.status == codec.AUTH_CONTINUE:
                 self.server_first = p.value
@@ -140,6 +164,8 @@ class Adapter(PlainAdapter):
         p = _packet(frame.raw)
         if p is not None:
             self.recorded.feed(self.peer, p)
+            if self.side == CONSUMER and p.is_request and p.opcode in codec.STREAM_MESSAGES:
+                self.recorded_flow.add(p.size)
             if self.side == PRODUCER and p.is_request:
                 slot = _slot(p)
                 self.recorded_slots.setdefault(slot, deque()).append(p.opaque)
@@ -230,16 +256,26 @@ class Adapter(PlainAdapter):
         return None
 
     def _buffer_ack(self, p: Packet) -> Packet | Hold:
-        """Leave as many bytes unacknowledged as the recording did; never more than the live sent."""
-        recorded_ack = codec.parse(p).nbytes
-        # ``recorded`` was fed this ack already: its outstanding is what the recording left.
-        left = self.recorded.outstanding
-        nbytes = self.live.outstanding - left
-        if nbytes <= 0:
+        """Acknowledge the live counterparts of the stream messages the recording acknowledged (the
+        n-th live message stands for the n-th recorded one): never more than the live producer sent."""
+        nbytes = codec.parse(p).nbytes
+        recorded = self.recorded_flow
+        live = self.live_flow
+        target = recorded.acked + nbytes
+        whole = bisect.bisect_right(recorded.ends, target)
+        if len(live.ends) < whole:
             return Hold(
-                f"the live producer has not sent the bytes the recording acknowledged ({recorded_ack})"
+                f"the live producer has sent {len(live.ends)} of the {whole} stream messages the "
+                "recording acknowledged here"
             )
-        return replace(p, extras=decode_packet(codec.buffer_ack(nbytes)).extras)
+        past = target - (recorded.ends[whole - 1] if whole else recorded.base)
+        live_target = min((live.ends[whole - 1] if whole else live.base) + past, live.total)
+        if live_target <= live.acked:
+            return Hold("the live producer has sent nothing this acknowledgement covers")
+        recorded.take(whole, target)
+        acked = live_target - live.acked
+        live.take(whole, live_target)
+        return replace(p, extras=decode_packet(codec.buffer_ack(acked)).extras)
 
     def _producer(self, p: Packet) -> Packet | Hold | bytes:
         opaque = p.opaque
