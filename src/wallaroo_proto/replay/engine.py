@@ -287,13 +287,14 @@ class Player:
 
     # --------------------------------------------------------------- play
 
-    def _wait_answers(self, before: int) -> None:
-        """Until every peer frame recorded before frame ``before`` came, or one waited too long."""
+    def _wait_answers(self, before: int, frame: Frame | None = None) -> None:
+        """Until every peer frame recorded before frame ``before`` came, or one waited too long, or
+        the adapter says ``frame`` need not wait any longer."""
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
             waiting = self.matcher.outstanding_before(before)
-            if waiting is None:
+            if waiting is None or (frame is not None and not self.adapter.waits(frame)):
                 return
             if all(link.eof for link in self._live_order) and self._live_order:
                 self.matcher.give_up(waiting, "the live peer closed the connection before sending it")
@@ -355,7 +356,7 @@ class Player:
                     except LinkError as err:
                         raise ReplayError(str(err)) from None
                 if frame.sender == self.side:
-                    self._wait_answers(frame.index)
+                    self._wait_answers(frame.index, frame)
                     data = self._outgoing(frame, link)
                     if data:
                         self._pace(frame)
