@@ -150,7 +150,7 @@ def test_after_a_live_rollback_to_an_earlier_seqno_the_request_resumes_from_ther
     assert s.ours(stream_req(0, 0x12, 20, 0xAAAA)) == stream_req(0, 0x12, 10, 0x1111)
 
 
-def test_a_buffer_ack_leaves_what_the_recording_left_and_never_acks_more_than_came_live():
+def test_a_buffer_ack_acknowledges_the_live_counterparts_and_never_more_than_came_live():
     s = opened("consumer", buffer=b"1000")
     s.ours(stream_req(0, 0x10, 0, 0))
     s.both(failover(0x10, (0xAAAA, 0)), failover(0x10, (0x1111, 0)))
@@ -162,15 +162,27 @@ def test_a_buffer_ack_leaves_what_the_recording_left_and_never_acks_more_than_ca
     assert s.ours(pkt(REQ, BUFFER_ACK, extras=struct.pack(">I", 124))) == pkt(
         REQ, BUFFER_ACK, extras=struct.pack(">I", 128)
     )
-    # the recording acknowledged two more; the live producer has not sent them yet
+    # the recording acknowledged two more; one came live: that one
     s.peer(mutation(0, 0x10, 3, b"key-3"))
-    held = s.ours(pkt(REQ, BUFFER_ACK, extras=struct.pack(">I", 160)))
-    assert isinstance(held, Hold)
     s.live(mutation(0, 0x10, 2, b"key-2"))
-    s.live(mutation(0, 0x10, 3, b"key-3"))
     assert s.ours(pkt(REQ, BUFFER_ACK, extras=struct.pack(">I", 160))) == pkt(
-        REQ, BUFFER_ACK, extras=struct.pack(">I", 160)
+        REQ, BUFFER_ACK, extras=struct.pack(">I", 80)
     )
+    # nothing new came live: no acknowledgement at all
+    s.peer(mutation(0, 0x10, 4, b"key-4"))
+    assert s.ours(pkt(REQ, BUFFER_ACK, extras=struct.pack(">I", 80))) == SKIP
+
+
+def test_a_buffer_ack_stops_waiting_for_the_recorded_messages_once_the_live_window_is_full():
+    s = opened("consumer", buffer=b"200")
+    s.ours(stream_req(0, 0x10, 0, 0))
+    s.both(failover(0x10, (0xAAAA, 0)), failover(0x10, (0x1111, 0)))
+    ack = Frame(99, {"type": "DCP_BUFFER_ACKNOWLEDGEMENT", "conn_index": 1}, b"")
+    s.live(marker(0, 0x10, 0, 9))
+    s.live(mutation(0, 0x10, 1, b"key-1"))
+    assert s.adapter.waits(ack)  # 124 of 200: the live producer may send more
+    s.live(mutation(0, 0x10, 2, b"key-2"))
+    assert not s.adapter.waits(ack)  # 204 of 200: it sends nothing more until acknowledged
 
 
 def test_scram_is_redone_with_the_live_servers_nonce():
