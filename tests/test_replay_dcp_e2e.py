@@ -45,9 +45,12 @@ def records(pcap: Path, port: int) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def replay(pcap: Path, port: int, *args: str) -> tuple[int, dict]:
+def replay(pcap: Path, port: int, *args: str, answer_timeout: float = 20) -> tuple[int, dict]:
+    """``--answer-timeout``: how long a frame that never comes is waited for (each wait ends at
+    the first one missing after answers that came)."""
+    timeout = str(answer_timeout)
     done = run_cli(
-        "replay", str(pcap), "--port", str(port), "--format", "json", "--answer-timeout", "20", *args
+        "replay", str(pcap), "--port", str(port), "--format", "json", "--answer-timeout", timeout, *args
     )
     assert done.stdout.strip(), done.stderr
     return done.returncode, json.loads(done.stdout.splitlines()[-1])
@@ -113,7 +116,7 @@ def test_a_resuming_consumer_names_the_live_nodes_vbucket_uuids(tmp_path):
 def test_a_producer_that_no_longer_serves_a_vbucket_is_reported_at_its_stream_answer(session):
     pcap, port, recorded = session
     with producer(*PRODUCER, "--not-my-vbucket", "1") as server:
-        rc, report = replay(pcap, port, "--play", "client", "--connect", server.address)
+        rc, report = replay(pcap, port, "--play", "client", "--connect", server.address, answer_timeout=5)
     assert rc == 1 and not report["stopped"], report
     answer = next(r for r in recorded if r["type"] == "DCP_STREAM_REQ_RESPONSE" and r["vbucket"] == 1)
     bad = first_bad(report)
@@ -128,7 +131,7 @@ def test_another_seed_carries_through_the_conversation_and_differs_at_the_first_
     pcap, port, recorded = session
     other = [a if a != "7" else "8" for a in PRODUCER]
     with producer(*other) as server:
-        rc, report = replay(pcap, port, "--play", "client", "--connect", server.address)
+        rc, report = replay(pcap, port, "--play", "client", "--connect", server.address, answer_timeout=5)
     assert rc == 1 and not report["stopped"], report
     bad = first_bad(report)
     first_item = next(r for r in recorded if r["type"] in ("DCP_MUTATION", "DCP_DELETION"))
