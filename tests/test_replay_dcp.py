@@ -293,3 +293,47 @@ def test_frames_match_by_vbucket_and_seqno_and_the_noise_is_what_a_peer_picks():
     assert key({"type": "DCP_CONTROL", "control_key": "enable_noop"}) == ("enable_noop",)
     assert {"opaque", "vb_uuid"} <= noise("dcp")
     assert "seqno" not in noise("dcp") and "dcp_key" not in noise("dcp")
+
+
+def test_a_redone_scram_keeps_the_recorded_user_and_nonce_length():
+    s = opened("consumer")
+    first = s.ours(
+        pkt(REQ, SASL_AUTH, opaque=3, key=b"SCRAM-SHA1", value=b"n,,n=dcp=2Creader,r=" + b"x" * 32)
+    )
+    client_first = first[24 + len(b"SCRAM-SHA1") :]
+    head, _, nonce = client_first.rpartition(b",r=")
+    assert head == b"n,,n=dcp=2Creader" and len(nonce) == 32 and nonce != b"x" * 32
+
+
+def test_a_bucket_config_names_the_port_the_live_client_connected_to():
+    recorded_config = (
+        b'{"rev":1,"nodeLocator":"vbucket","nodes":[{"hostname":"127.0.0.1:8091","ports":{"direct":41000}}],'
+        b'"nodesExt":[{"services":{"kv":41000,"mgmt":8091},"thisNode":true}],'
+        b'"vBucketServerMap":{"serverList":["127.0.0.1:41000"],"vBucketMap":[[0],[0]]}}'
+    )
+    live_config = (
+        b'{"rev":1,"nodeLocator":"vbucket","nodes":[{"hostname":"127.0.0.1:8091","ports":{"direct":5123}}],'
+        b'"nodesExt":[{"services":{"kv":5123,"mgmt":8091},"thisNode":true}],'
+        b'"vBucketServerMap":{"serverList":["127.0.0.1:5123"],"vBucketMap":[[0],[0]]}}'
+    )
+    s = Script("producer")
+    s.adapter.expected(
+        Frame(1, {"type": "GET_CLUSTER_CONFIG", "responder_port": 41000}, pkt(REQ, 0xB5, opaque=0))
+    )
+    s.adapter.incoming({"type": "GET_CLUSTER_CONFIG", "responder_port": 5123}, pkt(REQ, 0xB5, opaque=0))
+    recorded = struct.pack(">BBHBBHIIQ", RES, 0xB5, 0, 0, 1, 0, len(recorded_config), 0, 0) + recorded_config
+    live = struct.pack(">BBHBBHIIQ", RES, 0xB5, 0, 0, 1, 0, len(live_config), 0, 0) + live_config
+    assert s.ours(recorded) == live
+
+
+def test_a_clients_random_connection_id_is_masked_in_both_records():
+    s = Script("producer")
+    name = 'java-dcp-client:{"i":"78047F2FC5CA44AB/37D30E02A4513765","a":"java-dcp-client/0.58.0"}'
+    recorded = s.adapter.expected(
+        Frame(1, {"type": "HELLO", "dcp_key": name}, pkt(REQ, 0x1F, key=name.encode()))
+    )
+    live = {"type": "HELLO", "dcp_key": name.replace("78047F2FC5CA44AB", "0123456789ABCDEF")}
+    s.adapter.incoming(live, pkt(REQ, 0x1F, key=live["dcp_key"].encode()))
+    assert (
+        recorded["dcp_key"] == live["dcp_key"] == 'java-dcp-client:{"i":"...","a":"java-dcp-client/0.58.0"}'
+    )

@@ -15,8 +15,9 @@ Playing the consumer (``--play client`` against a producer):
   request resumes from no later than the live rollback seqno;
 * a BUFFER_ACK leaves as many bytes unacknowledged as the recording did, and never
   acknowledges more than the live producer sent;
-* SCRAM is redone, not replayed: a new client-first, the proof for the live server's nonce
-  and salt (PLAIN, which has no nonce, goes as recorded).
+* SCRAM is redone, not replayed: a new client-first (the recorded user, a fresh nonce of the
+  recorded one's length), the proof for the live server's nonce and salt, with the password
+  from ``WALLAROO_PROTO_DCP_PASSWORD`` (PLAIN, which has no nonce, goes as recorded).
 
 Playing the producer (``--play server`` to a consumer):
 
@@ -25,16 +26,26 @@ Playing the producer (``--play server`` to a consumer):
   opaque of the live STREAM_REQ that opened it;
 * a stream message waits while the live consumer's flow-control buffer is full (``Hold``),
   and the items at or below the seqno the live consumer resumes from are not sent;
+* a bucket config (GET_CLUSTER_CONFIG's answer, NOT_MY_VBUCKET's body) names the port the
+  live client connected to where the recording's named the recorded node's, so the client
+  finds its vbuckets on this node;
 * SCRAM answers are computed for the live client's nonce and proof (``sasl.ScramServer``),
   with the account from ``WALLAROO_PROTO_DCP_USERNAME`` / ``WALLAROO_PROTO_DCP_PASSWORD``
   (default: the mocks' ``Administrator`` / ``password``); a wrong proof is answered
   AUTH_ERROR, as a node would.
+
+Either way, the random connection id a client puts in its HELLO and DCP_OPEN names
+(java-dcp-client's ``"i":"..."``) is masked in both records before they are compared.
 """
 
 from __future__ import annotations
 
+import base64
 import bisect
+import json
 import os
+import re
+import secrets
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -74,6 +85,60 @@ class _Flow:
             self.base = self.ends[whole - 1]
             del self.ends[:whole]
         self.acked = acked
+
+
+#: A client's random connection id in its HELLO agent name and DCP_OPEN name (java-dcp-client's).
+_CONNECTION_ID = re.compile(r'"i":"[^"]*"')
+_NAMED = frozenset(("HELLO", "DCP_OPEN"))
+
+
+def _masked(record: dict) -> dict:
+    """The record with a client's random connection id in its name masked (changed in place)."""
+    key = record.get("dcp_key")
+    if record.get("type") in _NAMED and key:
+        record["dcp_key"] = _CONNECTION_ID.sub('"i":"..."', key)
+    return record
+
+
+def _moved(node: Any, recorded_port: int, live_port: int) -> Any:
+    """A bucket config's JSON with the recorded node's KV port changed to the live one."""
+    if isinstance(node, dict):
+        return {
+            k: live_port
+            if k in ("kv", "direct") and v == recorded_port
+            else _moved(v, recorded_port, live_port)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_moved(v, recorded_port, live_port) for v in node]
+    if isinstance(node, str) and node.endswith(f":{recorded_port}"):
+        return f"{node[: -len(str(recorded_port))]}{live_port}"
+    return node
+
+
+def bucket_config_for(value: bytes, recorded_port: int, live_port: int) -> bytes:
+    """A recorded bucket config naming ``live_port`` for the node at ``recorded_port`` (the value as
+    it is when it is no JSON config)."""
+    try:
+        config = json.loads(value)
+    except ValueError:
+        return value
+    if not isinstance(config, dict) or "nodeLocator" not in config:
+        return value
+    return json.dumps(_moved(config, recorded_port, live_port), separators=(",", ":")).encode()
+
+
+def _scram_like(client_first: bytes, username: str, password: str, mechanism: str) -> sasl.ScramClient:
+    """A new SCRAM exchange like the recorded one: its user (unless the environment names one) and
+    a fresh nonce of the recorded nonce's length (the server's answers echo it: same lengths)."""
+    recorded = dict(
+        part.split("=", 1) for part in client_first.decode("utf-8", "replace").split(",")[2:] if "=" in part
+    )
+    if "WALLAROO_PROTO_DCP_USERNAME" not in os.environ and recorded.get("n"):
+        username = recorded["n"].replace("=2C", ",").replace("=3D", "=")
+    size = len(recorded.get("r", "")) or 24
+    nonce = base64.b64encode(secrets.token_bytes(size)).decode()[:size]
+    return sasl.ScramClient(username, password, mechanism, nonce)
 
 
 def credentials() -> tuple[str, str]:
@@ -137,12 +202,17 @@ class Adapter(PlainAdapter):
         self.live_requests: dict[int, Packet] = {}  # live opaque -> the live request
         self.scram_server: sasl.ScramServer | None = None
         self.account = sasl.Account(self.username, self.password)
+        #: The producer's port in the recording and live (a bucket config names it).
+        self.recorded_port: int | None = None
+        self.live_port: int | None = None
 
     # ------------------------------------------------------------------ what the peer sent
 
     def incoming(self, record: dict, raw: bytes) -> bool:
         """A live packet of the peer: fed to the live view; True for an answer to the adapter's own
         question (not the recording's, so not compared)."""
+        _masked(record)
+        self.live_port = record.get("responder_port", self.live_port)
         p = _packet(raw)
         if p is None:
             return False
@@ -178,7 +248,8 @@ class Adapter(PlainAdapter):
                 self.recorded_slots.setdefault(slot, deque()).append(p.opaque)
                 self.request_opaques.add(p.opaque)
                 self._pair(slot)
-        return frame.record
+        self.recorded_port = frame.record.get("responder_port", self.recorded_port)
+        return _masked(dict(frame.record))
 
     def _pair(self, slot: tuple) -> None:
         recorded, live = self.recorded_slots.get(slot), self.live_slots.get(slot)
@@ -210,7 +281,7 @@ class Adapter(PlainAdapter):
             return p
         if op == codec.SASL_AUTH and p.key.startswith(b"SCRAM-"):
             mechanism = p.key.decode("ascii", "replace")
-            self.scram = sasl.ScramClient(self.username, self.password, mechanism)
+            self.scram = _scram_like(p.value, self.username, self.password, mechanism)
             self.server_first = None
             return replace(p, value=self.scram.first())
         if op == codec.SASL_STEP and self.scram is not None:
@@ -307,6 +378,9 @@ class Adapter(PlainAdapter):
             return self._stream_message(p)
         if not p.is_request and p.opcode in (codec.SASL_AUTH, codec.SASL_STEP):
             return self._sasl_answer(p)
+        moved = self.recorded_port and self.live_port and self.recorded_port != self.live_port
+        if moved and not p.is_request and p.value and p.datatype & codec.DATATYPE_JSON:
+            return replace(p, value=bucket_config_for(p.value, self.recorded_port, self.live_port))
         return p
 
     def _stream_message(self, p: Packet) -> Packet | Hold | bytes:
