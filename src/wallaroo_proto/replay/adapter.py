@@ -36,6 +36,8 @@ from typing import Any, ClassVar, Final
 
 from wallaroo_proto.protocols import get_plugin
 
+from .compare import LOOKAHEAD
+
 
 @dataclass(frozen=True, slots=True)
 class Hold:
@@ -82,6 +84,9 @@ class Adapter:
     """Plays the recording unchanged: every frame as recorded, nothing waited for."""
 
     NOISE: ClassVar[frozenset[str]] = frozenset()
+    #: How many live frames may wait for their recorded counterparts (the live peer ahead of the
+    #: replay's place in the recording); a protocol whose window lets a peer run further raises it.
+    HOLD: ClassVar[int] = LOOKAHEAD
 
     def __init__(self, side: str) -> None:
         self.side = side

@@ -167,6 +167,13 @@ class Matcher:
             waiting.done = True
         return self._judged(waiting.record if waiting else None, record, verdict_rule)
 
+    def holding(self) -> int:
+        """How many frames are held for their recorded counterparts (at most ``hold``)."""
+        held = self._held
+        while held and held[0].done:
+            held.popleft()
+        return len(held)
+
     def first_held(self) -> int | None:
         """The live packet of the first frame still held (its outcome, and comment, to come)."""
         return next((w.record.get("packet") for w in self._held if not w.done), None)
