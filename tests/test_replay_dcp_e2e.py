@@ -193,3 +193,14 @@ def test_a_live_consumer_with_a_small_window_is_reported_at_its_control_and_the_
     assert summary["items_received"] == items and summary["buffer_acks"] > 2
     others = {o["type"] for o in report["outcomes"] if o["result"] != "matched"} - {"DCP_CONTROL"}
     assert others == {"DCP_BUFFER_ACKNOWLEDGEMENT"}  # what it sent more than the recorded consumer
+
+
+def test_a_long_session_matches_with_the_live_producer_a_whole_window_ahead(tmp_path):
+    """The live producer sends its 1 MiB window (some 8,000 items of this size) as soon as the
+    streams open, far ahead of the replay's place in the recording: each waits for its match."""
+    big = ("--vbuckets", "2", "--items", "6000", "--snapshot-size", "64", "--value-size", "16", "--seed", "3")
+    pcap, port = record(tmp_path, "long", big, ())
+    with producer(*big) as server:
+        rc, report = replay(pcap, port, "--play", "client", "--connect", server.address)
+    assert rc == 0, {k: report[k] for k in ("counts", "stopped")}
+    assert report["counts"]["matched"] == report["received"] > 6_000
