@@ -63,6 +63,13 @@ DEFAULT_USERNAME, DEFAULT_PASSWORD = "Administrator", "password"
 _OWN_OPAQUE = 0xD0C0_0000
 _VBUCKET_REQUESTS = frozenset((codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG))
 _ITEMS = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION, codec.SEQNO_ADVANCED))
+#: The producer's stream messages a replay only counts the bytes of (the bulk of a conversation).
+_COUNTED = _ITEMS | {codec.SNAPSHOT_MARKER}
+
+
+def _counted(raw: bytes) -> bool:
+    """Is ``raw`` a stream message whose header is all the adapter reads of it (its size)?"""
+    return len(raw) >= codec.HEADER_SIZE and raw[0] in (codec.REQ, codec.ALT_REQ) and raw[1] in _COUNTED
 
 
 @dataclass
@@ -204,6 +211,7 @@ class Adapter(PlainAdapter):
         self.request_opaques: set[int] = set()  # opaques of the recorded consumer's requests
         self.opaques: dict[int, int] = {}  # recorded request opaque -> the live one
         self.live_requests: dict[int, Packet] = {}  # live opaque -> the live request
+        self.live_starts: dict[int, int] = {}  # live stream opaque -> the seqno it resumes from
         self.scram_server: sasl.ScramServer | None = None
         self.account = sasl.Account(self.username, self.password)
         #: The producer's port in the recording and live (a bucket config names it).
@@ -215,6 +223,10 @@ class Adapter(PlainAdapter):
     def incoming(self, record: dict, raw: bytes) -> bool:
         """A live packet of the peer: fed to the live view; True for an answer to the adapter's own
         question (not the recording's, so not compared)."""
+        if self.side == CONSUMER and _counted(raw):
+            self.live_flow.add(len(raw))
+            self.live.count_sent(len(raw))
+            return False
         _masked(record)
         self.live_port = record.get("responder_port", self.live_port)
         p = _packet(raw)
@@ -224,7 +236,7 @@ class Adapter(PlainAdapter):
         if self.side == CONSUMER:
             if p.is_request and p.opcode in codec.STREAM_MESSAGES:
                 self.live_flow.add(p.size)
-            elif p.is_request and p.opcode == codec.NOOP:
+            if p.is_request and p.opcode == codec.NOOP:
                 self.live_noops.append(p.opaque)
             elif not p.is_request and p.opcode == codec.SASL_AUTH and p.status == codec.AUTH_CONTINUE:
                 self.server_first = p.value
@@ -242,16 +254,19 @@ class Adapter(PlainAdapter):
     def expected(self, frame: Any) -> dict:
         """The recorded packet of the peer, as the recorded view sees it (the fields compared are the
         record's; the noise covers what the live peer picks)."""
+        if self.side == CONSUMER and _counted(frame.raw):
+            self.recorded_flow.add(len(frame.raw))
+            return frame.record
         p = _packet(frame.raw)
-        if p is not None:
+        if p is not None and self.side == CONSUMER:
             self.recorded.feed(self.peer, p)
-            if self.side == CONSUMER and p.is_request and p.opcode in codec.STREAM_MESSAGES:
+            if p.is_request and p.opcode in codec.STREAM_MESSAGES:
                 self.recorded_flow.add(p.size)
-            if self.side == PRODUCER and p.is_request:
-                slot = _slot(p)
-                self.recorded_slots.setdefault(slot, deque()).append(p.opaque)
-                self.request_opaques.add(p.opaque)
-                self._pair(slot)
+        elif p is not None and p.is_request:  # a live consumer's request: its place among its kind
+            slot = _slot(p)
+            self.recorded_slots.setdefault(slot, deque()).append(p.opaque)
+            self.request_opaques.add(p.opaque)
+            self._pair(slot)
         self.recorded_port = frame.record.get("responder_port", self.recorded_port)
         return _masked(dict(frame.record))
 
@@ -266,14 +281,17 @@ class Adapter(PlainAdapter):
         p = _packet(frame.raw)
         if p is None:
             return frame.raw  # the recording's own bad bytes go as recorded: the judge names them
-        if frame.index > self._fed:
+        if self.side == CONSUMER and frame.index > self._fed:
             self._fed = frame.index
             self.recorded.feed(self.side, p)
         out = self._consumer(p) if self.side == CONSUMER else self._producer(p)
-        if isinstance(out, Packet):
+        if not isinstance(out, Packet):
+            return out
+        if out.is_request and out.opcode in _COUNTED:
+            self.live.count_sent(out.size)
+        else:
             self.live.feed(self.side, out)
-            return codec.encode(out)
-        return out
+        return codec.encode(out)
 
     def _consumer(self, p: Packet) -> Packet | Hold | Ask | bytes:
         op = p.opcode
@@ -388,9 +406,12 @@ class Adapter(PlainAdapter):
         return p
 
     def _stream_message(self, p: Packet) -> Packet | Hold | bytes:
-        live_req = self.live_requests.get(p.opaque)
-        if live_req is not None and live_req.opcode == codec.STREAM_REQ:
-            start = codec.parse(live_req).start
+        start = self.live_starts.get(p.opaque)
+        if start is None:
+            live_req = self.live_requests.get(p.opaque)
+            is_stream = live_req is not None and live_req.opcode == codec.STREAM_REQ
+            start = self.live_starts[p.opaque] = codec.parse(live_req).start if is_stream else 0
+        if start:
             msg = codec.parse(p)
             if p.opcode in _ITEMS and msg.seqno <= start:
                 return SKIP  # the live consumer holds it already
