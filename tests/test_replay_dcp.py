@@ -125,6 +125,19 @@ def test_a_stream_request_names_the_live_uuid_where_the_recorded_one_stood_in_it
     assert s.ours(stream_req(3, 0x12, 12, 0xAAAA)) == stream_req(3, 0x12, 12, 0x1111)
 
 
+def test_a_recorded_uuid_maps_to_the_live_entry_beginning_at_the_same_seqno():
+    s = opened("consumer")
+    s.ours(stream_req(3, 0x10, 0, 0))
+    # the live node failed over once more than the recorded one (a newer entry at 50)
+    s.both(failover(0x10, (0xAAAA, 30), (0xBBBB, 0)), failover(0x10, (0x3333, 50), (0x1111, 30), (0x2222, 0)))
+    s.both(pkt(REQ, 0x55, vb=3, opaque=0x10, extras=b"\0\0\0\x04"))
+    assert s.ours(stream_req(3, 0x11, 40, 0xAAAA)) == stream_req(3, 0x11, 40, 0x1111)
+    s.both(failover(0x11, (0xAAAA, 30), (0xBBBB, 0)), failover(0x11, (0x4444, 10)))
+    s.both(pkt(REQ, 0x55, vb=3, opaque=0x11, extras=b"\0\0\0\x04"))
+    # no live entry begins at 30: the one as many entries from the oldest (here the only one)
+    assert s.ours(stream_req(3, 0x12, 40, 0xAAAA)) == stream_req(3, 0x12, 40, 0x4444)
+
+
 def test_a_resuming_stream_request_asks_the_live_failover_log_first_and_its_answer_is_not_compared():
     s = opened("consumer")
     asked = s.ours(stream_req(5, 0x10, 40, 0xAAAA))

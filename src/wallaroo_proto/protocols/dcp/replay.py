@@ -8,13 +8,14 @@ the replay adapts, each packet re-encoded with the codec:
 Playing the consumer (``--play client`` against a producer):
 
 * a NOOP reply echoes the live NOOP's opaque (the producer picks its own);
-* a STREAM_REQ names the live node's vbucket uuid: the recorded uuid's place in the
-  recorded failover log is looked up in the live node's log (learnt from its STREAM_REQ and
-  GET_FAILOVER_LOG answers; before any, the adapter asks the live node with a
-  DCP_GET_FAILOVER_LOG of its own, whose answer is not compared); after a ROLLBACK the
+* a STREAM_REQ names the live node's vbucket uuid: that of the live failover entry beginning
+  at the same seqno as the recorded uuid's entry in the recorded log (the live log learnt from
+  its STREAM_REQ and GET_FAILOVER_LOG answers; before any, the adapter asks the live node with
+  a DCP_GET_FAILOVER_LOG of its own, whose answer is not compared); after a ROLLBACK the
   request resumes from no later than the live rollback seqno;
-* a BUFFER_ACK leaves as many bytes unacknowledged as the recording did, and never
-  acknowledges more than the live producer sent;
+* a BUFFER_ACK acknowledges the live counterparts of the stream messages the recorded one
+  acknowledged (the n-th live for the n-th recorded), never more than the live producer sent,
+  and goes without waiting for the recorded messages once the live window is full;
 * SCRAM is redone, not replayed: a new client-first (the recorded user, a fresh nonce of the
   recorded one's length), the proof for the live server's nonce and salt, with the password
   from ``WALLAROO_PROTO_DCP_PASSWORD`` (PLAIN, which has no nonce, goes as recorded).
@@ -341,11 +342,20 @@ class Adapter(PlainAdapter):
         return replace(p, extras=decode_packet(codec.stream_req_request(vb, p.opaque, req)).extras)
 
     def _live_uuid(self, vb: int, uuid: int, live_log: list[tuple[int, int]]) -> int:
-        """The live node's uuid standing where ``uuid`` stands in the recorded node's failover log
-        (its newest when the recording never showed that log)."""
+        """The live node's uuid for the history the recorded ``uuid`` named: the live failover entry
+        that begins at the same seqno as the recorded one (an entry is a branch of history from
+        its seqno on), else the one as many entries from the oldest; the newest when the
+        recording never showed the log ``uuid`` came from."""
         recorded_log = self.recorded.failover_logs.get(vb) or []
-        place = next((i for i, (u, _) in enumerate(recorded_log) if u == uuid), 0)
-        return live_log[min(place, len(live_log) - 1)][0]
+        place = next((i for i, (u, _) in enumerate(recorded_log) if u == uuid), None)
+        if place is None:
+            return live_log[0][0]
+        seqno = recorded_log[place][1]
+        same = next((u for u, s in live_log if s == seqno), None)
+        if same is not None:
+            return same
+        from_oldest = len(recorded_log) - 1 - place
+        return live_log[max(0, len(live_log) - 1 - from_oldest)][0]
 
     def _live_rollback(self, vb: int) -> int | None:
         """The live ROLLBACK's seqno for ``vb`` when it differs from the recorded one at that point."""
