@@ -22,6 +22,17 @@ A plug-in's ``replay_adapter()`` gives a module with:
   message id, a vbucket and seqno): ``diff`` matches two recordings by it.
 * ``conversation_key(record)``: which recorded connections are one conversation (default:
   each connection is one).
+* ``units(record)``: what of a frame is compared, as records (default: the frame itself).
+  A frame that only grants room to send (Wallaroo's refill ACK) has none: when and how
+  often a peer sends those is timing, so they are judged and given to ``incoming`` but
+  neither expected nor compared. A frame that gathers independent facts, as a peer
+  happened to batch them (an ACK's points of reference), gives one unit each. Where only
+  the frame's bytes tell its units (an AMBROSIA RPCBatch's RPCs), the ``Adapter`` has a
+  ``units(record, raw)`` for the live frames, and its ``expected`` gives the list.
+* ``opening(record)``: which side opened the record's connection, and its place in the order
+  the conversation's connections were opened (default: the dissector's initiator, in their
+  numbered order). A protocol whose first sender is not the opener says so here (AMBROSIA's
+  IC speaks first on the socket its LB opened second).
 
 The ``Adapter`` here plays the recording as it is: the protocols whose frames carry nothing
 the live peer decides, or what a plug-in's adapter builds on.
@@ -35,8 +46,6 @@ from types import ModuleType
 from typing import Any, ClassVar, Final
 
 from wallaroo_proto.protocols import get_plugin
-
-from .compare import LOOKAHEAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +93,6 @@ class Adapter:
     """Plays the recording unchanged: every frame as recorded, nothing waited for."""
 
     NOISE: ClassVar[frozenset[str]] = frozenset()
-    #: How many live frames may wait for their recorded counterparts (the live peer ahead of the
-    #: replay's place in the recording); a protocol whose window lets a peer run further raises it.
-    HOLD: ClassVar[int] = LOOKAHEAD
 
     def __init__(self, side: str) -> None:
         self.side = side
@@ -98,8 +104,8 @@ class Adapter:
     def incoming(self, record: dict, raw: bytes) -> bool | None:
         """A live frame from the peer: learn what it decided (True: it answers an ``Ask``)."""
 
-    def expected(self, frame: Any) -> dict:
-        """The fields recorded ``frame`` of the peer should have live."""
+    def expected(self, frame: Any) -> dict | list[dict]:
+        """The fields recorded ``frame`` of the peer should have live (a list: its units)."""
         return frame.record
 
     def waits(self, frame: Any) -> bool:
@@ -114,9 +120,21 @@ def match_key(record: dict) -> tuple:
     return ()
 
 
+def units(record: dict) -> list[dict]:
+    """Default: a frame is compared whole."""
+    return [record]
+
+
 def conversation_key(record: dict) -> tuple:
     """Default: each TCP connection is a conversation of its own."""
     return (record["conn_index"],)
+
+
+def opening(record: dict) -> tuple[str | None, int]:
+    """Default: the sender of the initiator's frames opened the connection; the connections
+    open in their numbered order."""
+    side = record.get("sender") if record.get("direction") == "initiator>responder" else None
+    return side, record["conn_index"]
 
 
 def module(protocol: str) -> ModuleType:
@@ -141,6 +159,14 @@ def key_of(protocol: str):
     return getattr(mod, "match_key", match_key)
 
 
+def units_of(protocol: str):
+    return getattr(module(protocol), "units", units)
+
+
 def conversation_of(protocol: str):
     mod = module(protocol)
     return getattr(mod, "conversation_key", conversation_key)
+
+
+def opening_of(protocol: str):
+    return getattr(module(protocol), "opening", opening)

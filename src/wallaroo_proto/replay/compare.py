@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import zip_longest
 from typing import Any
 
 
@@ -118,79 +119,65 @@ class Matcher:
     kept: list[Outcome] = field(default_factory=list)
     #: Called with each outcome as it is decided (a live view, a recording's comments).
     on_outcome: Callable[[Outcome], None] | None = None
-    #: A frame seen before its recorded counterpart was expected waits for it, up to this many
-    #: frames (a live peer answers as soon as it can, often before the replay has reached the
-    #: answer's place in the recording); 0: extra at once (``diff`` reads ahead instead).
-    hold: int = 0
     _by_key: dict[tuple, deque[_Waiting]] = field(default_factory=dict)
-    _early: dict[tuple, deque[_Waiting]] = field(default_factory=dict)
-    _held: deque[_Waiting] = field(default_factory=deque)
     _order: deque[_Waiting] = field(default_factory=deque)
+    #: Frames seen before anything like them was expected (a peer faster than the recording's
+    #: walk): matched when expected; at most ``early_limit``, beyond which a frame is extra at once.
+    _early: dict[tuple, deque[dict]] = field(default_factory=dict)
+    _early_count: int = 0
+    early_limit: int = 100_000
     counts: dict[Result, int] = field(default_factory=lambda: dict.fromkeys(Result, 0))
 
-    def expect(self, index: int, record: dict) -> None:
-        """The recording says its side sent ``record`` (its ``index``-th frame)."""
+    def expect(self, index: int, record: dict) -> Outcome | None:
+        """The recording says its side sent ``record`` (its ``index``-th frame); the outcome when a
+        frame that came early matches it at once."""
         key = (record.get("type"), *self.key(record))
         early = self._early.get(key)
-        while early:
-            seen = early.popleft()
-            if not seen.done:
-                seen.done = True
-                self._judged(record, seen.record, None)
-                return
+        if early:
+            live = early.popleft()
+            self._early_count -= 1
+            if not early:
+                del self._early[key]
+            return self._compared(record, live)
         waiting = _Waiting(index, record)
         self._order.append(waiting)
         self._by_key.setdefault(key, deque()).append(waiting)
+        return None
 
-    def seen(self, record: dict, verdict_rule: str | None = None) -> Outcome | None:
-        """That side really sent ``record``: matched, divergent, a violation or extra (None: held
-        for its recorded counterpart, see ``hold``)."""
+    def seen(self, record: dict) -> Outcome | None:
+        """That side really sent ``record``: matched, divergent or a violation; or, with nothing
+        expected like it yet, held as early (extra if nothing like it is expected by the end)."""
         key = (record.get("type"), *self.key(record))
         queue = self._by_key.get(key)
-        waiting = None
         while queue:
             candidate = queue.popleft()
             if not candidate.done:
-                waiting = candidate
-                break
-        if waiting is None and self.hold:
-            held = _Waiting(-1, record)
-            self._early.setdefault(key, deque()).append(held)
-            self._held.append(held)
-            while self._held and (self._held[0].done or len(self._held) > self.hold):
-                old = self._held.popleft()
-                if not old.done:
-                    old.done = True
-                    self._judged(None, old.record, None)
-            return None
-        if waiting is not None:
-            waiting.done = True
-        return self._judged(waiting.record if waiting else None, record, verdict_rule)
-
-    def holding(self) -> int:
-        """How many frames are held for their recorded counterparts (at most ``hold``)."""
-        held = self._held
-        while held and held[0].done:
-            held.popleft()
-        return len(held)
-
-    def first_held(self) -> int | None:
-        """The live packet of the first frame still held (its outcome, and comment, to come)."""
-        return next((w.record.get("packet") for w in self._held if not w.done), None)
-
-    def _judged(self, recorded: dict | None, record: dict, verdict_rule: str | None) -> Outcome:
-        if recorded is None:
-            outcome = Outcome(
-                Result.EXTRA, record.get("type") or "", None, record, reason="not in the recording"
-            )
-        else:
-            diffs = differences(recorded, record, self.ignore)
-            result = Result.DIVERGENT if diffs else Result.MATCHED
-            outcome = Outcome(result, record.get("type") or "", recorded, record, diffs)
+                candidate.done = True
+                return self._compared(candidate.record, record)
         if record.get("verdict") == "violation":
+            return self._compared(None, record)
+        if self._early_count >= self.early_limit:
+            return self._extra(record)
+        self._early.setdefault(key, deque()).append(record)
+        self._early_count += 1
+        return None
+
+    def _compared(self, recorded: dict | None, live: dict) -> Outcome:
+        kind = live.get("type") or ""
+        if recorded is None:
+            outcome = Outcome(Result.EXTRA, kind, None, live, reason="not in the recording")
+        else:
+            diffs = differences(recorded, live, self.ignore)
+            outcome = Outcome(Result.DIVERGENT if diffs else Result.MATCHED, kind, recorded, live, diffs)
+        if live.get("verdict") == "violation":
             outcome.result = Result.VIOLATION
-            outcome.rule = verdict_rule or record.get("rule")
-            outcome.reason = "; ".join(record.get("violations") or ()) or None
+            outcome.rule = live.get("rule")
+            outcome.reason = "; ".join(live.get("violations") or ()) or None
+        self._decided(outcome)
+        return outcome
+
+    def _extra(self, live: dict) -> Outcome:
+        outcome = Outcome(Result.EXTRA, live.get("type") or "", None, live, reason="not in the recording")
         self._decided(outcome)
         return outcome
 
@@ -215,13 +202,13 @@ class Matcher:
         return outcome
 
     def give_up_all(self, reason: str) -> None:
-        """Every frame still held is extra, every one still expected missing (for ``reason``)."""
-        for held in self._held:
-            if not held.done:
-                held.done = True
-                self._judged(None, held.record, None)
-        self._held.clear()
+        """The end: what was expected and never came is missing, what came and was never
+        expected is extra."""
+        early = [record for queue in self._early.values() for record in queue]
         self._early.clear()
+        self._early_count = 0
+        for record in sorted(early, key=lambda r: r.get("packet") or 0):  # what came, first
+            self._extra(record)
         for waiting in list(self._order):
             if not waiting.done:
                 self.give_up(waiting, reason)
@@ -235,10 +222,6 @@ class Matcher:
             self.on_outcome(outcome)
 
 
-#: How far ``compare_runs`` reads the first run ahead of the second: the memory it keeps.
-LOOKAHEAD = 4096
-
-
 def compare_runs(
     expected: Iterable[dict],
     actual: Iterable[dict],
@@ -246,27 +229,13 @@ def compare_runs(
     key: Callable[[dict], tuple],
     matcher: Matcher | None = None,
 ) -> Matcher:
-    """Two recordings of one side of a conversation, matched (``diff``). The first is read at
-    most ``LOOKAHEAD`` frames ahead of the second, so two long runs that agree take little
-    memory; a frame further out of place than that counts as missing and extra."""
+    """Two recordings of one side of a conversation, matched (``diff``): read side by side, a
+    frame of either waiting for its counterpart, so two long runs that agree take little memory."""
     matcher = matcher or Matcher(ignore, key)
-    ahead = iter(expected)
-    index = 0
-    for record in actual:
-        for first in ahead:
+    for index, (first, second) in enumerate(zip_longest(expected, actual)):
+        if first is not None:
             matcher.expect(index, first)
-            index += 1
-            if index > matcher_seen(matcher) + LOOKAHEAD:
-                break
-        matcher.seen(record)
-    for first in ahead:
-        matcher.expect(index, first)
-        index += 1
+        if second is not None:
+            matcher.seen(second)
     matcher.give_up_all("not in the second recording")
     return matcher
-
-
-def matcher_seen(matcher: Matcher) -> int:
-    """How many frames of the second run the matcher was told of."""
-    counts = matcher.counts
-    return counts[Result.MATCHED] + counts[Result.DIVERGENT] + counts[Result.VIOLATION] + counts[Result.EXTRA]

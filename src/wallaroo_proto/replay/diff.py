@@ -57,6 +57,7 @@ def diff(first: Conversation, second: Conversation, ignore: frozenset[str] = fro
         raise DiffError(f"{first.capture} holds {first.protocol}, {second.capture} holds {second.protocol}")
     noise = adapters.noise(first.protocol, ignore)
     key = adapters.key_of(first.protocol)
+    units = adapters.units_of(first.protocol)
     counts = dict.fromkeys((r.value for r in Result), 0)
     outcomes: list[Outcome] = []
     sides: dict[str, dict[str, int]] = {}
@@ -68,7 +69,7 @@ def diff(first: Conversation, second: Conversation, ignore: frozenset[str] = fro
             for frame in frames(conversation):
                 totals[which] += 1
                 if frame.sender == side:
-                    yield frame.record
+                    yield from units(frame.record)
 
         compare_runs(of_side(first, 0), of_side(second, 1), noise, key, matcher)
         sides[side] = {r.value: n for r, n in matcher.counts.items()}

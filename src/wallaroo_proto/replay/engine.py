@@ -18,10 +18,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import adapter as adapters
-from .compare import BAD, LOOKAHEAD, Matcher, Outcome, Result, compare_runs
+from .compare import BAD, Matcher, Outcome, Result, compare_runs
 from .links import Link, LinkError, Listener, SpawnLink, connect
 from .live import Transcript
-from .recording import Conversation, Frame, frames
+from .recording import ConnectionInfo, Conversation, Frame, frames
 
 
 class ReplayError(Exception):
@@ -128,12 +128,10 @@ class Player:
         self.side = options.side
         self.adapter = adapters.make(conversation.protocol, options.side)
         ignore = adapters.noise(conversation.protocol, options.ignore)
-        self.matcher = Matcher(
-            ignore,
-            adapters.key_of(conversation.protocol),
-            keep=options.keep,
-            hold=getattr(self.adapter, "HOLD", LOOKAHEAD),
-        )
+        self.matcher = Matcher(ignore, adapters.key_of(conversation.protocol), keep=options.keep)
+        self._units = adapters.units_of(conversation.protocol)
+        #: An adapter whose units its frames' bytes tell (``Adapter.units``).
+        self._adapter_units = getattr(self.adapter, "units", None)
         self._on_outcome = on_outcome
         self.matcher.on_outcome = self._decided
         self.transcript: Transcript | None = None
@@ -142,6 +140,8 @@ class Player:
         self._streams: dict[tuple[int, bool], _Stream] = {}
         self._to_connect = list(options.connect)
         self._spawn = options.spawn
+        #: Recorded connection -> whether the played side was its initiator (as recorded).
+        self._our_direction: dict[int, bool] = {}
         self.own_violations: list[str] = []
         self.sent = self.received = 0
         self._start_ts: float | None = None
@@ -158,8 +158,17 @@ class Player:
     # --------------------------------------------------------------- links
 
     def _open(self, frame: Frame) -> Link:
-        """The live link standing for the recorded connection of ``frame``, opened now if need be."""
-        info = self.conversation.connection(frame.conn_index)
+        """The live link standing for the recorded connection of ``frame``, opened now, after the
+        connections the recording opened before it (an AMBROSIA LB's receive socket comes before
+        its send socket, whose IC speaks first)."""
+        for info in self.conversation.connections:
+            if info.conn_index not in self.links:
+                self._open_one(info)
+            if info.conn_index == frame.conn_index:
+                break
+        return self.links[frame.conn_index]
+
+    def _open_one(self, info: ConnectionInfo) -> None:
         ours = info.initiator_side == self.side
         deadline = time.monotonic() + self.options.answer_timeout
         if ours:
@@ -167,7 +176,8 @@ class Player:
                 link: Link = SpawnLink(self._spawn, info.client, info.server)
                 self._spawn = None
             elif self._to_connect:
-                link = connect(self._to_connect.pop(0), self.options.answer_timeout)
+                # a peer may listen on its next port only once its first was taken (AMBROSIA's IC)
+                link = connect(self._to_connect.pop(0), self.options.answer_timeout, retry=bool(self.links))
             else:
                 raise ReplayError(
                     f"the recording's connection #{info.conn_index} was opened by the {self.side}: "
@@ -176,7 +186,6 @@ class Player:
         else:
             link = self._accept(info.conn_index, deadline)
         self._attach(info.conn_index, link)
-        return link
 
     def _accept(self, conn_index: int, deadline: float) -> Link:
         listeners = self.options.listeners
@@ -210,8 +219,8 @@ class Player:
         deadline = time.monotonic() + deadline_s
         live_index = self._live_order.index(link) + 1
         while view:
-            if link.eof:
-                raise _Stop("the live peer closed the connection")
+            if link.eof and link.reset:
+                raise _Stop("the live peer reset the connection")
             try:
                 n = link.send(view)
             except (BrokenPipeError, ConnectionResetError):
@@ -253,7 +262,7 @@ class Player:
             live_index = self._live_order.index(link) + 1
             if not data:
                 link.eof = True
-                self.transcript.ended(live_index, not link.we_are_client)
+                self.transcript.ended(live_index, not link.we_are_client, reset=link.reset)
                 continue
             self._streams[(live_index, not link.we_are_client)].buf += data
             self.transcript.sent(live_index, not link.we_are_client, data)
@@ -282,10 +291,12 @@ class Player:
             self.received += 1
             if self.adapter.incoming(record, raw):
                 continue  # the answer to the adapter's own question (an Ask): not the recording's
-            self.matcher.seen(record)
+            units = self._adapter_units(record, raw) if self._adapter_units else self._units(record)
+            for unit in units or ([record] if record.get("verdict") == "violation" else []):
+                self.matcher.seen(unit)
             if self.options.collect is not None:
                 self.options.collect.append(record)
-        self.transcript.flush(self.matcher.first_held())
+        self.transcript.flush()
         return got
 
     # --------------------------------------------------------------- play
@@ -300,7 +311,8 @@ class Player:
             if waiting is None or (frame is not None and not self.adapter.waits(frame)):
                 return
             if all(link.eof for link in self._live_order) and self._live_order:
-                self.matcher.give_up(waiting, "the live peer closed the connection before sending it")
+                how = "reset" if any(link.reset for link in self._live_order) else "closed"
+                self.matcher.give_up(waiting, f"the live peer {how} the connection before sending it")
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
@@ -359,6 +371,9 @@ class Player:
                     except LinkError as err:
                         raise ReplayError(str(err)) from None
                 if frame.sender == self.side:
+                    self._our_direction[frame.conn_index] = (
+                        frame.record.get("direction") == "initiator>responder"
+                    )
                     self._wait_answers(frame.index, frame)
                     data = self._outgoing(frame, link)
                     if data:
@@ -367,12 +382,13 @@ class Player:
                         self.sent += 1
                     self._pump(0)
                 elif frame.sender:
-                    self.matcher.expect(frame.index, self.adapter.expected(frame))
-                    if self.matcher.holding() < self.matcher.hold // 2:  # else the recording catches up
-                        self._pump(0)
+                    fields = self.adapter.expected(frame)
+                    for unit in fields if isinstance(fields, list) else self._units(fields):
+                        self.matcher.expect(frame.index, unit)
+                    self._pump(0)
             self._wait_answers(1 << 62)
             self._finish()
-            self.matcher.give_up_all("not waited for")
+            self.matcher.give_up_all("never came")  # what came early and was never expected: extra
         except _Stop as stop:
             stopped = f"{stop} (at recorded frame {last_index})"
             self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")
@@ -396,8 +412,21 @@ class Player:
         )
 
     def _finish(self) -> None:
-        """The played side is done: half-close, and read what the peer still sends until it closes
-        too (or a short while passes: some peers keep a connection open)."""
+        """The played side is done: half-close (after the peer, where the recording's peer closed
+        first: some peers take an early close for a lost connection and reconnect), and read what
+        the peer still sends until it closes too (or a short while passes)."""
+        first_end = self.conversation.first_end
+        peer_first = [
+            link
+            for conn_index, link in self.links.items()
+            if conn_index in first_end and first_end[conn_index] != self._our_direction.get(conn_index)
+        ]
+        deadline = time.monotonic() + self.options.answer_timeout
+        while any(not link.eof for link in peer_first):  # the recording's peer closed first: let it
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._pump(left)
         for link in self._live_order:
             link.shutdown_write()
             live_index = self._live_order.index(link) + 1

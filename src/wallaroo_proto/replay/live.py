@@ -59,6 +59,9 @@ class Transcript:
             yield PAUSE_SEGMENT
 
     def open(self, link_id: int, client: tuple[str, int], server: tuple[str, int]) -> None:
+        # tracked from its SYN: numbered in the order opened (the engine's link ids) and its
+        # initiator the TCP client, though the server may speak first (AMBROSIA's send socket)
+        self.dissector.port_plugins.setdefault(server[1], self.dissector.plugins[0])
         self.sessions[link_id] = TcpSession(
             self._tee, client, server, timestamp=time.time(), segment_size=DEFAULT_SEGMENT_SIZE
         )
@@ -90,22 +93,19 @@ class Transcript:
         if self.writer is not None and packet:
             self.comments.setdefault(packet, []).append(text)
 
-    def flush(self, before: int | None = None) -> None:
-        """Write the packets whose frames were judged (all made so far, or those before packet
-        ``before``, whose frame's outcome is still to come) to the recording."""
+    def flush(self) -> None:
+        """Write the packets whose frames were judged (all made so far) to the recording."""
         writer = self.writer
         if writer is None:
             return
-        held = self._tee.held
-        done = len(held) if before is None else max(0, min(len(held), before - 1 - self._written))
-        for segment in held[:done]:
+        for segment in self._tee.held:
             self._written += 1
             notes = self.comments.pop(self._written, None)
             *args, comment = segment
             if notes:
                 comment = "; ".join(([comment] if comment else []) + notes)
             writer.tcp_segment(*args, comment)
-        del held[:done]
+        self._tee.held.clear()
 
     def close(self) -> None:
         self.flush()

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from wallaroo_proto.capture.dissector import Dissector
-from wallaroo_proto.capture.pcap import CaptureError, Segment, format_address, read_segments
+from wallaroo_proto.capture.pcap import TCP_FIN, TCP_RST, CaptureError, Segment, format_address, read_segments
 from wallaroo_proto.capture.reassembly import HalfStream
 from wallaroo_proto.protocols import get_plugin
 
@@ -43,6 +43,7 @@ class Conversation:
 
     capture: str
     protocol: str
+    #: In the order they were opened (``adapter.opening``).
     connections: list[ConnectionInfo]
     #: The judge's two sides (``plugin.judge().SIDES``).
     sides: tuple[str, str]
@@ -52,6 +53,9 @@ class Conversation:
     max_frame_size: int | None = None
     #: The chosen conversation's ``adapter.conversation_key``.
     key: tuple = field(default=(), repr=False)
+    #: Filled by ``frames``: per connection, whether its initiator (else its responder) ended
+    #: its side first (FIN or RST): a player closes in the recording's order.
+    first_end: dict[int, bool] = field(default_factory=dict, repr=False)
 
     def side_named(self, word: str) -> str:
         """``--play``'s word as one of the protocol's sides: ``client`` is the side that opened the
@@ -119,6 +123,7 @@ def find(
     frames: dict[tuple, int] = {}
     picked: set[tuple] = set()
     sides: dict[int, str] = {}
+    ranks: dict[int, int] = {}
     keys: dict[int, tuple] = {}
     try:
         for record in dissector.run(name):
@@ -126,8 +131,10 @@ def find(
             key = (record["protocol"], *adapter.conversation_of(record["protocol"])(record))
             keys[index] = key
             frames[key] = frames.get(key, 0) + 1
-            if record.get("direction") == "initiator>responder" and record.get("sender"):
-                sides.setdefault(index, record["sender"])
+            side, rank = adapter.opening_of(record["protocol"])(record)
+            ranks.setdefault(index, rank)
+            if side:
+                sides.setdefault(index, side)
             if display_filter is not None and display_filter(record):
                 picked.add(key)
     except CaptureError as err:
@@ -166,7 +173,7 @@ def find(
             (idents[i]["responder_addr"], idents[i]["responder_port"]),
             sides.get(i),
         )
-        for i in groups[key]
+        for i in sorted(groups[key], key=lambda i: (ranks[i], i))
     ]
     protocol_name = key[0]
     return Conversation(
@@ -223,6 +230,7 @@ def frames(conversation: Conversation) -> Iterator[Frame]:
     """The chosen conversation's frames in capture order (second pass), each with its bytes."""
     indexes = {c.conn_index for c in conversation.connections}
     wanted: dict[tuple, _Bytes] = {}
+    which: dict[tuple, tuple[int, bool]] = {}
     halves: dict[tuple, HalfStream] = {}
     streams: dict[tuple[int, bool], _Bytes] = {}
     for conn in conversation.connections:
@@ -230,6 +238,7 @@ def frames(conversation: Conversation) -> Iterator[Frame]:
             src, dst = (conn.client, conn.server) if from_initiator else (conn.server, conn.client)
             stream = _Bytes()
             wanted[(src, dst)] = stream
+            which[(src, dst)] = (conn.conn_index, from_initiator)
             streams[(conn.conn_index, from_initiator)] = stream
 
     def tee(segments: Iterator[Segment]) -> Iterator[Segment]:
@@ -243,6 +252,9 @@ def frames(conversation: Conversation) -> Iterator[Frame]:
                     if half is None:
                         half = halves[ends] = HalfStream(stream)
                     half.segment(seq, flags, payload, segment[0], segment[1])
+                    if flags & (TCP_FIN | TCP_RST):
+                        conn_index, from_initiator = which[ends]
+                        conversation.first_end.setdefault(conn_index, from_initiator)
             yield segment
 
     dissector = Dissector(

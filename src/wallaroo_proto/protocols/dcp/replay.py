@@ -188,10 +188,6 @@ class Adapter(PlainAdapter):
         {"opaque", "vb_uuid", "outstanding", "ack_bytes", "dcp_event"}
     )
 
-    #: A producer may run a whole flow-control window ahead of the replay's place in the recording:
-    #: 1 MiB (the mock consumer's, and a common client's) of 44-byte snapshot markers at worst.
-    HOLD: ClassVar[int] = 1024 * 1024 // 44
-
     def __init__(self, side: str) -> None:
         super().__init__(side)
         self.recorded = Connection()

@@ -113,15 +113,27 @@ class Adapter(PlainAdapter):
         return raw
 
 
+def units(record: dict) -> list[dict]:
+    """An ACK is compared by its points of reference, one each: its credits only top up (the
+    worker sends a refill ACK when the connector's credits fall to its threshold as it reads),
+    and whether two streams' points come in one ACK or two is how the worker batched its reads."""
+    if record.get("type") != "ACK":
+        return [record]
+    return [
+        {**record, "acks": None, "stream_id": ack["stream_id"], "point_of_ref": ack["point_of_ref"]}
+        for ack in record.get("acks") or ()
+    ]
+
+
 def match_key(record: dict) -> tuple:
     """A MESSAGE is itself by its stream and id (and a 2PC message by its txn); NOTIFY and its
     ACK by the stream."""
     kind = record.get("type")
     if kind == "MESSAGE":
         return (record.get("stream_id"), record.get("message_id"), record.get("twopc"), record.get("txn_id"))
-    if kind in ("NOTIFY", "NOTIFY_ACK", "EOS_MESSAGE"):
+    if kind in ("NOTIFY", "NOTIFY_ACK", "EOS_MESSAGE", "ACK"):
         return (record.get("stream_id"),)
     return ()
 
 
-__all__ = ["Adapter", "match_key"]
+__all__ = ["Adapter", "match_key", "units"]
