@@ -204,3 +204,20 @@ def test_a_long_session_matches_with_the_live_producer_a_whole_window_ahead(tmp_
         rc, report = replay(pcap, port, "--play", "client", "--connect", server.address)
     assert rc == 0, {k: report[k] for k in ("counts", "stopped")}
     assert report["counts"]["matched"] == report["received"] > 6_000
+
+
+def test_diff_finds_two_recordings_of_one_session_the_same_and_another_seed_at_its_first_item(
+    session, tmp_path
+):
+    pcap, port, recorded = session
+    again, again_port = record(tmp_path, "again")
+    other, other_port = record(tmp_path, "other", [a if a != "7" else "8" for a in PRODUCER])
+    ports = ("--port", str(port), "--port", str(again_port), "--port", str(other_port))
+    same = run_cli("diff", str(pcap), str(again), *ports, "--format", "json")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert json.loads(same.stdout)["counts"]["matched"] == len(recorded)
+    differs = run_cli("diff", str(pcap), str(other), *ports, "--format", "json")
+    assert differs.returncode == 1, differs.stderr
+    report = json.loads(differs.stdout)
+    first_item = next(r for r in recorded if r["type"] in ("DCP_MUTATION", "DCP_DELETION"))
+    assert first_bad(report)["recorded_packet"] == first_item["packet"]
