@@ -350,3 +350,13 @@ def test_a_clients_random_connection_id_is_masked_in_both_records():
     assert (
         recorded["dcp_key"] == live["dcp_key"] == 'java-dcp-client:{"i":"...","a":"java-dcp-client/0.58.0"}'
     )
+
+
+def test_without_flow_control_the_items_leave_nothing_behind():
+    s = opened("consumer")
+    s.ours(stream_req(0, 0x10, 0, 0))
+    s.both(failover(0x10, (0xAAAA, 0)), failover(0x10, (0x1111, 0)))
+    s.both(marker(0, 0x10, 0, 1000))
+    for seqno in range(1, 1001):
+        s.both(mutation(0, 0x10, seqno))
+    assert not s.adapter.recorded_flow.ends and not s.adapter.live_flow.ends

@@ -221,8 +221,9 @@ class Adapter(PlainAdapter):
         """A live packet of the peer: fed to the live view; True for an answer to the adapter's own
         question (not the recording's, so not compared)."""
         if self.side == CONSUMER and _counted(raw):
-            self.live_flow.add(len(raw))
-            self.live.count_sent(len(raw))
+            if self.live.buffer_size:  # counted only under flow control: the acks bound what is kept
+                self.live_flow.add(len(raw))
+                self.live.count_sent(len(raw))
             return False
         _masked(record)
         self.live_port = record.get("responder_port", self.live_port)
@@ -231,7 +232,7 @@ class Adapter(PlainAdapter):
             return False
         self.live.feed(self.peer, p)
         if self.side == CONSUMER:
-            if p.is_request and p.opcode in codec.STREAM_MESSAGES:
+            if p.is_request and p.opcode in codec.STREAM_MESSAGES and self.live.buffer_size:
                 self.live_flow.add(p.size)
             if p.is_request and p.opcode == codec.NOOP:
                 self.live_noops.append(p.opaque)
@@ -252,12 +253,13 @@ class Adapter(PlainAdapter):
         """The recorded packet of the peer, as the recorded view sees it (the fields compared are the
         record's; the noise covers what the live peer picks)."""
         if self.side == CONSUMER and _counted(frame.raw):
-            self.recorded_flow.add(len(frame.raw))
+            if self.recorded.buffer_size:
+                self.recorded_flow.add(len(frame.raw))
             return frame.record
         p = _packet(frame.raw)
         if p is not None and self.side == CONSUMER:
             self.recorded.feed(self.peer, p)
-            if p.is_request and p.opcode in codec.STREAM_MESSAGES:
+            if p.is_request and p.opcode in codec.STREAM_MESSAGES and self.recorded.buffer_size:
                 self.recorded_flow.add(p.size)
         elif p is not None and p.is_request:  # a live consumer's request: its place among its kind
             slot = _slot(p)
