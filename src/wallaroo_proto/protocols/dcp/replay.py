@@ -1,9 +1,10 @@
 """Replay for Couchbase DCP: a recorded packet follows the live peer's values.
 
 The adapter keeps two ``core.Connection`` views of the conversation, the one the dissector
-judges with: ``recorded`` fed with the recording's packets of both sides, and ``live`` with
-the live peer's packets and the adapted packets sent. What the two views hold apart is what
-the replay adapts, each packet re-encoded with the codec:
+judges with: ``recorded`` fed with the recording's packets of both sides (when playing the
+consumer), and ``live`` with the live peer's packets and the adapted packets sent. What the two
+views hold apart is what the replay adapts, each packet re-encoded with the codec. The bulk,
+the producer's items and snapshot markers, is only counted (their size, for flow control):
 
 Playing the consumer (``--play client`` against a producer):
 
@@ -261,7 +262,7 @@ class Adapter(PlainAdapter):
             self.recorded.feed(self.peer, p)
             if p.is_request and p.opcode in codec.STREAM_MESSAGES and self.recorded.buffer_size:
                 self.recorded_flow.add(p.size)
-        elif p is not None and p.is_request:  # a live consumer's request: its place among its kind
+        elif p is not None and p.is_request:  # the recorded consumer's request: its place among its kind
             slot = _slot(p)
             self.recorded_slots.setdefault(slot, deque()).append(p.opaque)
             self.request_opaques.add(p.opaque)
