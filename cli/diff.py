@@ -8,7 +8,7 @@ broke a rule, or is in one capture only; 2 bad usage or a capture without the co
 from __future__ import annotations
 
 import click
-from wallaroo_proto_cli.options import Command, examples, usage_error
+from wallaroo_proto_cli.options import Command, examples, usage_error, verbosity
 from wallaroo_proto_cli.replay import compiled_filter, selection_options
 from wallaroo_proto_cli.replay_view import print_report
 
@@ -41,8 +41,8 @@ from wallaroo_proto.replay.recording import RecordingError, find
     show_default=True,
     help="json: the summary as one JSON object.",
 )
-@click.option("-q", "--quiet", is_flag=True, help="The summary line only.")
-def command(first, second, connections, display_filter, protocol, ports, ignore, fmt, quiet) -> None:
+@verbosity(quiet="The summary line only.", verbose="Every frame that is not matched (not only the first 20).")
+def command(first, second, connections, display_filter, protocol, ports, ignore, fmt, verbosity) -> None:
     """Compare the conversation in FIRST with the one in SECOND: each side's frames matched by
     the protocol's own keys and compared field by field, with replay's ignore rules."""
     matches = compiled_filter(display_filter)
@@ -64,5 +64,5 @@ def command(first, second, connections, display_filter, protocol, ports, ignore,
         report = diff(picked[0], picked[1], frozenset(ignore))
     except DiffError as err:
         raise usage_error(str(err)) from None
-    print_report(report, fmt, -1 if quiet else 0)
+    print_report(report, fmt, verbosity)
     raise SystemExit(0 if report.ok else 1)

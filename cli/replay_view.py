@@ -43,7 +43,7 @@ def print_report(report, fmt: str, verbosity: int) -> None:
                 str((o.live or {}).get("packet", "")),
                 _what(o),
             )
-            for o in findings[:SHOWN]
+            for o in (findings if verbosity > 0 else findings[:SHOWN])
         ]
         table = Table(box=box.SIMPLE_HEAD)
         for name in ("result", "type", "recorded packet", report.other_packet, "what differs"):
@@ -51,7 +51,7 @@ def print_report(report, fmt: str, verbosity: int) -> None:
         for row in rows:
             table.add_row(*row)
         print_table(console, table)
-        if len(findings) > SHOWN:
+        if len(findings) > SHOWN and verbosity <= 0:
             console.print(f"... and {len(findings) - SHOWN} more (--format json lists them)", highlight=False)
 
 

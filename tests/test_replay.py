@@ -19,6 +19,7 @@ from wallaroo_proto.protocols.wallaroo.replay import Adapter, units
 from wallaroo_proto.replay import recording
 from wallaroo_proto.replay.adapter import SKIP, Hold
 from wallaroo_proto.replay.compare import Matcher, Result, compare_runs, differences
+from wallaroo_proto.replay.live import Transcript
 
 CAPTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "captures"
 WORKER = ("mock-worker", "--port", "0", "--no-live", "--checkpoint-every", "0", "--checkpoint-ms", "0")
@@ -103,6 +104,31 @@ def test_a_capture_of_several_conversations_asks_which_one_and_lists_them() -> N
     assert (conversation.side_named("client"), conversation.side_named("server")) == ("connector", "worker")
     with pytest.raises(ValueError, match="known: client, server, connector, worker"):
         conversation.side_named("producer")
+
+
+# --- the live transcript --------------------------------------------------------------------
+
+#: HELLO(version "0.0.1", no cookie, program "p", instance "i") and OK(100), from the spec's layouts:
+#: u32 length, u8 type, then each text a u16 length and its bytes.
+HELLO = b"\x00\x00\x00\x10\x00" + b"\x00\x050.0.1" + b"\x00\x00" + b"\x00\x01p" + b"\x00\x01i"
+OK_100 = b"\x00\x00\x00\x05\x01\x00\x00\x00\x64"
+
+
+def test_the_live_recording_keeps_a_comment_decided_after_later_packets_were_judged(tmp_path) -> None:
+    path = tmp_path / "live.pcapng"
+    transcript = Transcript("wallaroo", [7100], str(path))
+    transcript.open(1, ("127.0.0.1", 5000), ("127.0.0.1", 7100))
+    transcript.sent(1, True, HELLO)
+    transcript.sent(1, False, OK_100)
+    records = transcript.records()
+    assert [r["type"] for r in records] == ["HELLO", "OK"]
+    ok_packet = records[1]["packet"]
+    transcript.flush(before=ok_packet)  # the OK waits to be matched: its packet is held
+    transcript.comment(ok_packet, "decided late")
+    transcript.close()
+    done = run_cli("dissect", str(path), "-T", "jsonl")
+    ok = [json.loads(line) for line in done.stdout.splitlines() if '"OK"' in line]
+    assert ok[0]["notes"] == ["decided late"], done.stdout
 
 
 # --- the Wallaroo adapter (sans-IO), with frames written from the spec's layouts ----------------

@@ -34,6 +34,11 @@ A plug-in's ``replay_adapter()`` gives a module with:
   numbered order). A protocol whose first sender is not the opener says so here (AMBROSIA's
   IC speaks first on the socket its LB opened second).
 
+An ``Adapter`` may also have ``flow()``: the bytes the played side owes the live peer now
+so that it can go on (a worker's refill ACK, a consumer's buffer ack), or None. The engine
+asks after each live frame; such frames follow the live peer's pace, which no recording
+can know, so the adapter skips the recorded ones (``SKIP``) and makes its own.
+
 The ``Adapter`` here plays the recording as it is: the protocols whose frames carry nothing
 the live peer decides, or what a plug-in's adapter builds on.
 """

@@ -181,6 +181,11 @@ class Matcher:
         self._decided(outcome)
         return outcome
 
+    def oldest_early_packet(self) -> int | None:
+        """The packet of the oldest frame still waiting for its counterpart (its comment may come)."""
+        packets = [queue[0].get("packet") or 0 for queue in self._early.values() if queue]
+        return min(packets) if packets else None
+
     def outstanding_before(self, index: int) -> _Waiting | None:
         """The first expected frame recorded before frame ``index`` that has not come."""
         order = self._order

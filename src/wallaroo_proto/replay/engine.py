@@ -132,6 +132,9 @@ class Player:
         self._units = adapters.units_of(conversation.protocol)
         #: An adapter whose units its frames' bytes tell (``Adapter.units``).
         self._adapter_units = getattr(self.adapter, "units", None)
+        #: The adapter's own flow control (``Adapter.flow``), for one-connection protocols.
+        self._flow = getattr(self.adapter, "flow", None)
+        self._sending = False
         self._on_outcome = on_outcome
         self.matcher.on_outcome = self._decided
         self.transcript: Transcript | None = None
@@ -143,6 +146,9 @@ class Player:
         #: Recorded connection -> whether the played side was its initiator (as recorded).
         self._our_direction: dict[int, bool] = {}
         self.own_violations: list[str] = []
+        #: Our frames of one recorded packet, sent together (``_flush_batch``), and where they go.
+        self._batch = bytearray()
+        self._batch_at: tuple[Link | None, int] = (None, 0)
         self.sent = self.received = 0
         self._start_ts: float | None = None
         self._start_wall = 0.0
@@ -215,6 +221,23 @@ class Player:
     # --------------------------------------------------------------- bytes
 
     def _send(self, link: Link, data: bytes, deadline_s: float) -> None:
+        self._sending = True
+        try:
+            self._send_all(link, data, deadline_s)
+        finally:
+            self._sending = False
+        self._give_flow()
+
+    def _give_flow(self) -> None:
+        """Send what the adapter's ``flow()`` says the played side owes the live peer to let it go
+        on (credits, buffer acks), never inside another frame's write."""
+        if self._flow is None or self._sending or not self._live_order:
+            return
+        data = self._flow()
+        if data:
+            self._send(self._live_order[0], data, self.options.answer_timeout)
+
+    def _send_all(self, link: Link, data: bytes, deadline_s: float) -> None:
         view = memoryview(data)
         deadline = time.monotonic() + deadline_s
         live_index = self._live_order.index(link) + 1
@@ -296,7 +319,9 @@ class Player:
                 self.matcher.seen(unit)
             if self.options.collect is not None:
                 self.options.collect.append(record)
-        self.transcript.flush()
+        self.transcript.flush(before=self.matcher.oldest_early_packet())
+        if got:
+            self._give_flow()
         return got
 
     # --------------------------------------------------------------- play
@@ -329,10 +354,12 @@ class Player:
         while True:
             out = self.adapter.outgoing(frame)
             if isinstance(out, adapters.Ask):
+                self._flush_batch()  # our frames before it go first
                 self._send(link, out.data, timeout)
                 continue
             if not isinstance(out, adapters.Hold):
                 return out
+            self._flush_batch()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _Stop(
@@ -340,6 +367,16 @@ class Player:
                 )
             if self._pump(left):
                 deadline = time.monotonic() + timeout
+
+    def _flush_batch(self) -> None:
+        """Send our frames held back to go in one write, as the recording's packet held them
+        (a peer may act on how they come: answer a close-ack before the close that came with it)."""
+        if self._batch:
+            link = self._batch_at[0]
+            data = bytes(self._batch)
+            self._batch.clear()
+            self._batch_at = (None, 0)
+            self._send(link, data, self.options.answer_timeout)
 
     def _pace(self, frame: Frame) -> None:
         speed = self.options.speed
@@ -366,6 +403,7 @@ class Player:
                 last_index = frame.index
                 link = self.links.get(frame.conn_index)
                 if link is None:
+                    self._flush_batch()  # the peer may open its connection once it has them
                     try:
                         link = self._open(frame)
                     except LinkError as err:
@@ -374,18 +412,23 @@ class Player:
                     self._our_direction[frame.conn_index] = (
                         frame.record.get("direction") == "initiator>responder"
                     )
+                    if (link, frame.packet) != self._batch_at:
+                        self._flush_batch()
                     self._wait_answers(frame.index, frame)
                     data = self._outgoing(frame, link)
                     if data:
                         self._pace(frame)
-                        self._send(link, data, options.answer_timeout)
+                        self._batch += data
+                        self._batch_at = (link, frame.packet)
                         self.sent += 1
                     self._pump(0)
                 elif frame.sender:
+                    self._flush_batch()
                     fields = self.adapter.expected(frame)
                     for unit in fields if isinstance(fields, list) else self._units(fields):
                         self.matcher.expect(frame.index, unit)
                     self._pump(0)
+            self._flush_batch()
             self._wait_answers(1 << 62)
             self._finish()
             self.matcher.give_up_all("never came")  # what came early and was never expected: extra

@@ -93,19 +93,22 @@ class Transcript:
         if self.writer is not None and packet:
             self.comments.setdefault(packet, []).append(text)
 
-    def flush(self) -> None:
-        """Write the packets whose frames were judged (all made so far) to the recording."""
+    def flush(self, before: int | None = None) -> None:
+        """Write the packets whose frames were judged to the recording: all made so far, or those
+        numbered below ``before`` (a frame judged later may still get a comment)."""
         writer = self.writer
         if writer is None:
             return
-        for segment in self._tee.held:
+        held = self._tee.held
+        count = len(held) if before is None else max(0, min(len(held), before - 1 - self._written))
+        for segment in held[:count]:
             self._written += 1
             notes = self.comments.pop(self._written, None)
             *args, comment = segment
             if notes:
                 comment = "; ".join(([comment] if comment else []) + notes)
             writer.tcp_segment(*args, comment)
-        self._tee.held.clear()
+        del held[:count]
 
     def close(self) -> None:
         self.flush()

@@ -141,6 +141,12 @@ def _proxy_faults() -> Any:
     return proxy_faults
 
 
+def _replay_adapter() -> Any:
+    from . import replay
+
+    return replay
+
+
 PLUGIN = ProtocolPlugin(
     name="tremor",
     default_ports=PORTS,
@@ -157,6 +163,7 @@ PLUGIN = ProtocolPlugin(
     spark_reports=_spark_reports,
     conformance_suites=_conformance_suites,
     proxy_faults=_proxy_faults,
+    replay_adapter=_replay_adapter,
     report_titles=TITLES,
     report_signals=TremorSignals,
 )

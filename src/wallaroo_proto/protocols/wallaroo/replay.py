@@ -8,6 +8,8 @@ fed with the live peer's frames and with what it sends, so:
 * it resumes each stream from the point of reference the live worker acknowledged, as
   the shipped connector must: a recorded MESSAGE at or below it is not sent (the worker
   would drop it as a replay);
+* a played worker grants credits as the live connector spends them (``flow``), not where
+  the recording did, and sends the recorded checkpoint ACKs without their credits;
 * a connector sink answers the live worker's 2PC transactions: a REPLY names the live
   PHASE1's txn id (the recording's n-th PHASE1 maps to the live n-th), and a
   REPLY_UNCOMMITTED echoes the live LIST_UNCOMMITTED's rtag.
@@ -22,7 +24,7 @@ from wallaroo_proto.replay.adapter import SKIP, Hold
 from wallaroo_proto.replay.adapter import Adapter as PlainAdapter
 
 from .codec import decode, encode
-from .frames import Message
+from .frames import Ack, Message
 from .protocol import Connection, Use
 from .twopc import Reply, ReplyUncommitted, decode_twopc, twopc_frame
 
@@ -46,6 +48,8 @@ class Adapter(PlainAdapter):
         self.recorded_txns: list[str] = []
         self.live_txns: list[str] = []
         self.live_rtag: int | None = None
+        #: A played worker's OK credits: what ``flow`` tops the connector up to.
+        self.max_credits: int | None = None
 
     def _core(self, record: dict) -> Connection:
         if self.core is None:
@@ -88,11 +92,31 @@ class Adapter(PlainAdapter):
                     return SKIP  # the live worker holds it already
             if core.credits is not None and core.credits <= 0:
                 return Hold("no credits left: the live worker has not sent an ACK granting more")
+        elif source and record.get("type") == "ACK":  # the worker: credits are given by flow()
+            ack = _frame(raw)
+            if not ack.acks:
+                return SKIP
+            raw = encode(Ack(0, ack.acks))
+        elif source and record.get("type") == "OK":
+            self.max_credits = record.get("initial_credits")
         elif not source and self.side == "connector" and record.get("twopc"):
             raw = self._twopc(record, raw)
         with contextlib.suppress(Exception):  # the recording's own bad bytes go out as recorded
             core.feed(self.side, _frame(raw))
         return raw
+
+    def flow(self) -> bytes | None:
+        """A played worker tops the live connector's credits back up to its OK's once half are
+        spent: when the recorded worker refilled depends on how the recorded connector's frames
+        came, which the live one need not repeat (two streams interleave as its threads run)."""
+        core = self.core
+        if core is None or self.side != "worker" or core.use is not Use.SOURCE or not self.max_credits:
+            return None
+        if core.credits is None or core.credits > self.max_credits // 2:
+            return None
+        ack = Ack(self.max_credits - core.credits, ())
+        core.feed("worker", ack)
+        return encode(ack)
 
     def _twopc(self, record: dict, raw: bytes) -> bytes:
         """A sink's 2PC answer, named as the live worker named what it answers."""
