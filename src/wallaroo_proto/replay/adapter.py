@@ -7,10 +7,15 @@ A plug-in's ``replay_adapter()`` gives a module with:
   ``outgoing(frame)`` for each recorded frame of the played side, in order, and sends the
   bytes it answers, or waits while it answers a ``Hold`` (the live peer has not yet allowed
   the frame: credits, a window, an answer still owed), or sends nothing for ``SKIP`` (a
-  frame redone another way: a login). ``incoming(record, raw)`` is told every live frame of
-  the peer, to learn the values it decides (ids, opaques, UUIDs, credits), and
-  ``expected(frame)`` gives the fields a recorded frame of the peer should have live, as far
-  as the adapter can tell (an echoed opaque maps to the live one).
+  frame redone another way: a login), or sends an ``Ask``'s bytes first and asks again (a
+  question of the adapter's own whose answer the frame needs: a DCP failover log).
+  ``incoming(record, raw)`` is told every live frame of the peer, to learn the values it
+  decides (ids, opaques, UUIDs, credits), and returns True for the answer to an ``Ask``
+  (not the recording's: not compared); ``expected(frame)`` gives the fields a recorded
+  frame of the peer should have live, as far as the adapter can tell (an echoed opaque maps
+  to the live one); ``waits(frame)`` says whether a frame of the played side still waits
+  for the peer's frames recorded before it (not once the peer needs the frame to go on: a
+  full window's acknowledgement).
 * ``NOISE``: the protocol's fields that legitimately differ between two runs (times,
   opaques, UUIDs, CAS values); ``--ignore`` adds to them.
 * ``match_key(record)``: what makes a frame itself among frames of its type (a stream and
@@ -55,6 +60,14 @@ class Hold:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """Bytes of the adapter's own to send before the frame (then ``outgoing`` is asked again)."""
+
+    data: bytes
+    reason: str
+
+
 #: ``outgoing``'s answer for a recorded frame that is not sent (redone another way).
 SKIP: Final = b""
 
@@ -93,12 +106,18 @@ class Adapter:
         """The bytes to send for recorded ``frame`` (a ``recording.Frame``) now, or a ``Hold``."""
         return frame.raw
 
-    def incoming(self, record: dict, raw: bytes) -> None:
-        """A live frame from the peer: learn what it decided."""
+    def incoming(self, record: dict, raw: bytes) -> bool | None:
+        """A live frame from the peer: learn what it decided (True: it answers an ``Ask``)."""
 
     def expected(self, frame: Any) -> dict | list[dict]:
         """The fields recorded ``frame`` of the peer should have live (a list: its units)."""
         return frame.record
+
+    def waits(self, frame: Any) -> bool:
+        """Does ``frame`` (of the played side) still wait for the peer's frames recorded before it?
+        Asked while it waits: False once the live peer can send no more before it (a window's
+        acknowledgement when the live window is full)."""
+        return True
 
 
 def match_key(record: dict) -> tuple:

@@ -330,7 +330,8 @@ class Player:
                 continue
             got += 1
             self.received += 1
-            self.adapter.incoming(record, raw)
+            if self.adapter.incoming(record, raw):
+                continue  # the answer to the adapter's own question (an Ask): not the recording's
             units = self._adapter_units(record, raw) if self._adapter_units else self._units(record)
             for unit in units or ([record] if record.get("verdict") == "violation" else []):
                 self.matcher.seen(unit)
@@ -343,13 +344,14 @@ class Player:
 
     # --------------------------------------------------------------- play
 
-    def _wait_answers(self, before: int) -> None:
-        """Until every peer frame recorded before frame ``before`` came, or one waited too long."""
+    def _wait_answers(self, before: int, frame: Frame | None = None) -> None:
+        """Until every peer frame recorded before frame ``before`` came, or one waited too long, or
+        the adapter says ``frame`` need not wait any longer."""
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
             waiting = self.matcher.outstanding_before(before)
-            if waiting is None:
+            if waiting is None or (frame is not None and not self.adapter.waits(frame)):
                 return
             if all(link.eof for link in self._live_order) and self._live_order:
                 how = "reset" if any(link.reset for link in self._live_order) else "closed"
@@ -366,11 +368,15 @@ class Player:
             if self._pump(left):
                 deadline = time.monotonic() + timeout
 
-    def _outgoing(self, frame: Frame) -> bytes:
+    def _outgoing(self, frame: Frame, link: Link) -> bytes:
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
             out = self.adapter.outgoing(frame)
+            if isinstance(out, adapters.Ask):
+                self._flush_batch()  # our frames before it go first
+                self._send(link, out.data, timeout)
+                continue
             if not isinstance(out, adapters.Hold):
                 return out
             self._flush_batch()
@@ -428,8 +434,8 @@ class Player:
                     )
                     if (link, frame.packet) != self._batch_at:
                         self._flush_batch()
-                    self._wait_answers(frame.index)
-                    data = self._outgoing(frame)
+                    self._wait_answers(frame.index, frame)
+                    data = self._outgoing(frame, link)
                     if data:
                         self._pace(frame)
                         self._batch += data

@@ -165,6 +165,12 @@ def _proxy_faults() -> Any:
     return proxy_faults
 
 
+def _replay_adapter() -> Any:
+    from . import replay
+
+    return replay
+
+
 PLUGIN = ProtocolPlugin(
     name="dcp",
     default_ports=PORTS,
@@ -181,6 +187,7 @@ PLUGIN = ProtocolPlugin(
     spark_reports=_spark_reports,
     conformance_suites=_conformance_suites,
     proxy_faults=_proxy_faults,
+    replay_adapter=_replay_adapter,
     report_titles=TITLES,
     report_signals=DcpSignals,
     hex_fields=HEX_FIELDS,
