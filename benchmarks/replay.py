@@ -1,4 +1,4 @@
-"""replay against the mock pair carrying the same traffic, in the same run.
+"""replay against the mock pair carrying the same traffic, in the same run (Wallaroo and DCP).
 
 1. A conversation of N MESSAGEs (64-byte payloads, one stream) is recorded: mock-source
    streams into mock-worker with ``--record``.
@@ -8,6 +8,9 @@
    (credits), sends, judges every live frame and compares it. Timed from start to exit.
 4. The ratio replay / mock pair is printed (target <= 1.5), with replay's peak RSS at N and at
    3N (memory stays flat: the recording is streamed, frames are kept only until matched).
+5. DCP the same way: N items over 10 vbuckets, mock-consumer from a mock-producer (recorded by
+   the producer), then against a fresh producer of the same seed: mock-consumer again, and
+   replay playing the recorded consumer.
 
 Run: ``python benchmarks/replay.py [--messages N]`` (default 100,000; about a minute).
 """
@@ -89,6 +92,53 @@ def replay(capture: Path) -> tuple[float, int, int]:
         stop(worker)
 
 
+def start_producer(items_per_vbucket: int, *extra: str) -> tuple[subprocess.Popen, int]:
+    args = ["dcp", "mock-producer", "--port", "0", "--vbuckets", "10", "--items", str(items_per_vbucket)]
+    proc = subprocess.Popen([*COMMAND, *args, "--seed", "7", *extra], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    match = READY.search(proc.stdout.readline())
+    if not match:
+        proc.kill()
+        raise SystemExit("mock-producer did not start")
+    return proc, int(match.group(2))
+
+
+def dcp(folder: Path, items: int, runs: int) -> None:
+    per_vbucket = items // 10
+    capture = folder / "dcp.pcap"
+    producer, port = start_producer(per_vbucket, "--record", str(capture))
+    try:
+        timed([*COMMAND, "dcp", "mock-consumer", "--connect", f"127.0.0.1:{port}", "-q"])
+    finally:
+        stop(producer)
+    pairs, replays = [], []
+    for _ in range(runs):
+        producer, port = start_producer(per_vbucket)
+        try:
+            pairs.append(timed([*COMMAND, "dcp", "mock-consumer", "--connect", f"127.0.0.1:{port}", "-q"])[0])
+        finally:
+            stop(producer)
+        producer, port = start_producer(per_vbucket)
+        try:
+            play = [
+                *COMMAND,
+                "replay",
+                str(capture),
+                "--play",
+                "consumer",
+                "--connect",
+                f"127.0.0.1:{port}",
+                "-q",
+            ]
+            replays.append(timed(play))
+        finally:
+            stop(producer)
+    best_pair = min(pairs)
+    best = min(replays, key=lambda r: r[0])
+    print(f"DCP, {items:,} items: mock consumer {best_pair:.2f} s, replay {best[0]:.2f} s (exit {best[1]}, "
+          f"{best[2] / 1024:.1f} MiB): {best[0] / best_pair:.2f}x (target <= {TARGET}x)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
@@ -112,7 +162,9 @@ def main() -> None:
         big = record(folder, 3 * args.messages)
         big_run = replay(big)
         print(f"peak RSS       {best[2] / 1024:6.1f} MiB at {args.messages:,}; "
-              f"{big_run[2] / 1024:.1f} MiB at {3 * args.messages:,} ({big_run[0]:.2f} s, exit {big_run[1]})")  # fmt: skip
+              f"{big_run[2] / 1024:.1f} MiB at {3 * args.messages:,} "
+              f"({big_run[0]:.2f} s, exit {big_run[1]})")  # fmt: skip
+        dcp(folder, args.messages, args.runs)
 
 
 if __name__ == "__main__":
