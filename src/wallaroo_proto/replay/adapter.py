@@ -11,6 +11,9 @@ A plug-in's ``replay_adapter()`` gives a module with:
   the peer, to learn the values it decides (ids, opaques, UUIDs, credits), and
   ``expected(frame)`` gives the fields a recorded frame of the peer should have live, as far
   as the adapter can tell (an echoed opaque maps to the live one).
+  An adapter may also have ``owed()``: ``(live record, bytes)`` the live peer is owed now
+  that the recording does not hold (the answer to a frame it never had), else None; the
+  engine asks while it waits and sends them on that record's connection.
 * ``NOISE``: the protocol's fields that legitimately differ between two runs (times,
   opaques, UUIDs, CAS values); ``--ignore`` adds to them.
 * ``match_key(record)``: what makes a frame itself among frames of its type (a stream and

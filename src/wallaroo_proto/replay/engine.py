@@ -279,11 +279,26 @@ class Player:
 
     # --------------------------------------------------------------- play
 
+    def _answer_owed(self) -> bool:
+        """Send what the adapter's ``owed()`` says the live peer is owed beyond the recording (the
+        answer to a frame it never had: a Kinesis processor's extra checkpoint, which blocks until
+        answered). Asked only while waiting, when the walk has expected every recorded frame before
+        the next played one. True if something was sent."""
+        owed = getattr(self.adapter, "owed", None)
+        sent = False
+        while owed is not None and (due := owed()) is not None:
+            record, data = due
+            self._send(self._live_order[record["conn_index"] - 1], data, self.options.answer_timeout)
+            sent = True
+        return sent
+
     def _wait_answers(self, before: int) -> None:
         """Until every peer frame recorded before frame ``before`` came, or one waited too long."""
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
+            if self._answer_owed():
+                deadline = time.monotonic() + timeout
             waiting = self.matcher.outstanding_before(before)
             if waiting is None:
                 return
@@ -303,6 +318,8 @@ class Player:
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
+            if self._answer_owed():
+                deadline = time.monotonic() + timeout
             out = self.adapter.outgoing(frame)
             if not isinstance(out, adapters.Hold):
                 return out
