@@ -38,6 +38,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "ambrosia": ("ambrosia", "AMBROSIA IC <-> language binding: a mock IC and a mock language binding."),
     "tremor": ("tremor", "Tremor network protocol (WebSocket): a mock node and a mock client."),
     "proxy": ("proxy", "Stand between two real peers: forward, record and check their conversation live."),
+    "replay": ("replay", "Play one side of a recorded conversation against a live peer and compare."),
+    "diff": ("diff", "Compare two captures of one protocol's conversation, frame by frame."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }
 

@@ -20,6 +20,11 @@ A plug-in's ``replay_adapter()`` gives a module with:
   message id, a vbucket and seqno): ``diff`` matches two recordings by it.
 * ``conversation_key(record)``: which recorded connections are one conversation (default:
   each connection is one).
+* ``units(record)``: what of a frame is compared, as records (default: the frame itself).
+  A frame that only grants room to send (Wallaroo's refill ACK) has none: when and how
+  often a peer sends those is timing, so they are judged and given to ``incoming`` but
+  neither expected nor compared. A frame that gathers independent facts, as a peer
+  happened to batch them (an ACK's points of reference), gives one unit each.
 
 The ``Adapter`` here plays the recording as it is: the protocols whose frames carry nothing
 the live peer decides, or what a plug-in's adapter builds on.
@@ -93,6 +98,11 @@ def match_key(record: dict) -> tuple:
     return ()
 
 
+def units(record: dict) -> list[dict]:
+    """Default: a frame is compared whole."""
+    return [record]
+
+
 def conversation_key(record: dict) -> tuple:
     """Default: each TCP connection is a conversation of its own."""
     return (record["conn_index"],)
@@ -118,6 +128,10 @@ def make(protocol: str, side: str) -> Any:
 def key_of(protocol: str):
     mod = module(protocol)
     return getattr(mod, "match_key", match_key)
+
+
+def units_of(protocol: str):
+    return getattr(module(protocol), "units", units)
 
 
 def conversation_of(protocol: str):

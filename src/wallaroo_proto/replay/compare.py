@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import zip_longest
 from typing import Any
 
 
@@ -120,36 +121,63 @@ class Matcher:
     on_outcome: Callable[[Outcome], None] | None = None
     _by_key: dict[tuple, deque[_Waiting]] = field(default_factory=dict)
     _order: deque[_Waiting] = field(default_factory=deque)
+    #: Frames seen before anything like them was expected (a peer faster than the recording's
+    #: walk): matched when expected; at most ``early_limit``, beyond which a frame is extra at once.
+    _early: dict[tuple, deque[dict]] = field(default_factory=dict)
+    _early_count: int = 0
+    early_limit: int = 100_000
     counts: dict[Result, int] = field(default_factory=lambda: dict.fromkeys(Result, 0))
 
-    def expect(self, index: int, record: dict) -> None:
-        """The recording says its side sent ``record`` (its ``index``-th frame)."""
+    def expect(self, index: int, record: dict) -> Outcome | None:
+        """The recording says its side sent ``record`` (its ``index``-th frame); the outcome when a
+        frame that came early matches it at once."""
+        key = (record.get("type"), *self.key(record))
+        early = self._early.get(key)
+        if early:
+            live = early.popleft()
+            self._early_count -= 1
+            if not early:
+                del self._early[key]
+            return self._compared(record, live)
         waiting = _Waiting(index, record)
         self._order.append(waiting)
-        self._by_key.setdefault((record.get("type"), *self.key(record)), deque()).append(waiting)
+        self._by_key.setdefault(key, deque()).append(waiting)
+        return None
 
-    def seen(self, record: dict, verdict_rule: str | None = None) -> Outcome:
-        """That side really sent ``record``: matched, divergent, a violation or extra."""
-        queue = self._by_key.get((record.get("type"), *self.key(record)))
-        waiting = None
+    def seen(self, record: dict) -> Outcome | None:
+        """That side really sent ``record``: matched, divergent or a violation; or, with nothing
+        expected like it yet, held as early (extra if nothing like it is expected by the end)."""
+        key = (record.get("type"), *self.key(record))
+        queue = self._by_key.get(key)
         while queue:
             candidate = queue.popleft()
             if not candidate.done:
-                waiting = candidate
-                break
-        if waiting is None:
-            outcome = Outcome(
-                Result.EXTRA, record.get("type") or "", None, record, reason="not in the recording"
-            )
-        else:
-            waiting.done = True
-            diffs = differences(waiting.record, record, self.ignore)
-            result = Result.DIVERGENT if diffs else Result.MATCHED
-            outcome = Outcome(result, record.get("type") or "", waiting.record, record, diffs)
+                candidate.done = True
+                return self._compared(candidate.record, record)
         if record.get("verdict") == "violation":
+            return self._compared(None, record)
+        if self._early_count >= self.early_limit:
+            return self._extra(record)
+        self._early.setdefault(key, deque()).append(record)
+        self._early_count += 1
+        return None
+
+    def _compared(self, recorded: dict | None, live: dict) -> Outcome:
+        kind = live.get("type") or ""
+        if recorded is None:
+            outcome = Outcome(Result.EXTRA, kind, None, live, reason="not in the recording")
+        else:
+            diffs = differences(recorded, live, self.ignore)
+            outcome = Outcome(Result.DIVERGENT if diffs else Result.MATCHED, kind, recorded, live, diffs)
+        if live.get("verdict") == "violation":
             outcome.result = Result.VIOLATION
-            outcome.rule = verdict_rule or record.get("rule")
-            outcome.reason = "; ".join(record.get("violations") or ()) or None
+            outcome.rule = live.get("rule")
+            outcome.reason = "; ".join(live.get("violations") or ()) or None
+        self._decided(outcome)
+        return outcome
+
+    def _extra(self, live: dict) -> Outcome:
+        outcome = Outcome(Result.EXTRA, live.get("type") or "", None, live, reason="not in the recording")
         self._decided(outcome)
         return outcome
 
@@ -174,6 +202,13 @@ class Matcher:
         return outcome
 
     def give_up_all(self, reason: str) -> None:
+        """The end: what was expected and never came is missing, what came and was never
+        expected is extra."""
+        early = [record for queue in self._early.values() for record in queue]
+        self._early.clear()
+        self._early_count = 0
+        for record in sorted(early, key=lambda r: r.get("packet") or 0):  # what came, first
+            self._extra(record)
         for waiting in list(self._order):
             if not waiting.done:
                 self.give_up(waiting, reason)
@@ -187,10 +222,6 @@ class Matcher:
             self.on_outcome(outcome)
 
 
-#: How far ``compare_runs`` reads the first run ahead of the second: the memory it keeps.
-LOOKAHEAD = 4096
-
-
 def compare_runs(
     expected: Iterable[dict],
     actual: Iterable[dict],
@@ -198,27 +229,13 @@ def compare_runs(
     key: Callable[[dict], tuple],
     matcher: Matcher | None = None,
 ) -> Matcher:
-    """Two recordings of one side of a conversation, matched (``diff``). The first is read at
-    most ``LOOKAHEAD`` frames ahead of the second, so two long runs that agree take little
-    memory; a frame further out of place than that counts as missing and extra."""
+    """Two recordings of one side of a conversation, matched (``diff``): read side by side, a
+    frame of either waiting for its counterpart, so two long runs that agree take little memory."""
     matcher = matcher or Matcher(ignore, key)
-    ahead = iter(expected)
-    index = 0
-    for record in actual:
-        for first in ahead:
+    for index, (first, second) in enumerate(zip_longest(expected, actual)):
+        if first is not None:
             matcher.expect(index, first)
-            index += 1
-            if index > matcher_seen(matcher) + LOOKAHEAD:
-                break
-        matcher.seen(record)
-    for first in ahead:
-        matcher.expect(index, first)
-        index += 1
+        if second is not None:
+            matcher.seen(second)
     matcher.give_up_all("not in the second recording")
     return matcher
-
-
-def matcher_seen(matcher: Matcher) -> int:
-    """How many frames of the second run the matcher was told of."""
-    counts = matcher.counts
-    return counts[Result.MATCHED] + counts[Result.DIVERGENT] + counts[Result.VIOLATION] + counts[Result.EXTRA]

@@ -64,6 +64,11 @@ class Report:
     seconds: float
     stopped: str | None = None
     live_connections: list[str] = field(default_factory=list)
+    #: The packet column of the other run, in the summary's table.
+    other_packet: str = "live packet"
+
+    def title(self) -> str:
+        return f"replay of the {self.protocol} {self.side}: {self.sent} frames sent, {self.received} received"
 
     @property
     def ok(self) -> bool:
@@ -124,6 +129,7 @@ class Player:
         self.adapter = adapters.make(conversation.protocol, options.side)
         ignore = adapters.noise(conversation.protocol, options.ignore)
         self.matcher = Matcher(ignore, adapters.key_of(conversation.protocol), keep=options.keep)
+        self._units = adapters.units_of(conversation.protocol)
         self._on_outcome = on_outcome
         self.matcher.on_outcome = self._decided
         self.transcript: Transcript | None = None
@@ -243,7 +249,7 @@ class Player:
             live_index = self._live_order.index(link) + 1
             if not data:
                 link.eof = True
-                self.transcript.ended(live_index, not link.we_are_client)
+                self.transcript.ended(live_index, not link.we_are_client, reset=link.reset)
                 continue
             self._streams[(live_index, not link.we_are_client)].buf += data
             self.transcript.sent(live_index, not link.we_are_client, data)
@@ -271,7 +277,8 @@ class Player:
             got += 1
             self.received += 1
             self.adapter.incoming(record, raw)
-            self.matcher.seen(record)
+            for unit in self._units(record) or ([record] if record.get("verdict") == "violation" else []):
+                self.matcher.seen(unit)
             if self.options.collect is not None:
                 self.options.collect.append(record)
         self.transcript.flush()
@@ -303,7 +310,8 @@ class Player:
             if waiting is None:
                 return
             if all(link.eof for link in self._live_order) and self._live_order:
-                self.matcher.give_up(waiting, "the live peer closed the connection before sending it")
+                how = "reset" if any(link.reset for link in self._live_order) else "closed"
+                self.matcher.give_up(waiting, f"the live peer {how} the connection before sending it")
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
@@ -369,7 +377,8 @@ class Player:
                         self.sent += 1
                     # no read here: an answer read before the walk expects its recorded frame is extra
                 elif frame.sender:
-                    self.matcher.expect(frame.index, self.adapter.expected(frame))
+                    for unit in self._units(self.adapter.expected(frame)):
+                        self.matcher.expect(frame.index, unit)
                     self._pump(0)
             self._wait_answers(1 << 62)
             self._finish()

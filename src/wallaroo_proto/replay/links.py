@@ -28,6 +28,8 @@ class Link:
     client: tuple[str, int]
     server: tuple[str, int]
     eof: bool = field(default=False, init=False)
+    #: The peer reset the connection (what it sent and was not read yet may be lost with it).
+    reset: bool = field(default=False, init=False)
 
     @property
     def read_fd(self) -> int:
@@ -72,6 +74,7 @@ class TcpLink(Link):
         try:
             return self.sock.recv(1 << 18)
         except ConnectionResetError:
+            self.reset = True
             return b""
 
     def send(self, data: memoryview) -> int:

@@ -87,6 +87,12 @@ def _proxy_faults() -> Any:
     return proxy_faults
 
 
+def _replay_adapter() -> Any:
+    from . import replay
+
+    return replay
+
+
 PLUGIN = ProtocolPlugin(
     name="wallaroo",
     default_ports=DEFAULT_PORTS,
@@ -104,6 +110,7 @@ PLUGIN = ProtocolPlugin(
     spark_reports=_spark_reports,
     conformance_suites=_conformance_suites,
     proxy_faults=_proxy_faults,
+    replay_adapter=_replay_adapter,
     report_titles=TITLES,
     report_signals=WallarooSignals,
     plain_table_names=True,

@@ -1,0 +1,68 @@
+"""``wallaroo-proto diff``: two captures of one protocol's conversation compared frame by frame (thin CLI).
+
+The work lives in ``wallaroo_proto.replay.diff``, replay's comparison without a live peer.
+Exit codes: 0 the same (but for the protocol's noise and ``--ignore``); 1 a frame diverged,
+broke a rule, or is in one capture only; 2 bad usage or a capture without the conversation.
+"""
+
+from __future__ import annotations
+
+import click
+from wallaroo_proto_cli.options import Command, examples, usage_error
+from wallaroo_proto_cli.replay import compiled_filter, selection_options
+from wallaroo_proto_cli.replay_view import print_report
+
+from wallaroo_proto.replay.diff import DiffError, diff
+from wallaroo_proto.replay.recording import RecordingError, find
+
+
+@click.command(
+    name="diff",
+    cls=Command,
+    epilog=examples(
+        "wallaroo-proto diff yesterday.pcap today.pcap",
+        "wallaroo-proto diff a.pcap b.pcap --connection 2 --ignore credits --format json",
+    ),
+)
+@click.argument("first", type=click.Path(dir_okay=False))
+@click.argument("second", type=click.Path(dir_okay=False))
+@selection_options
+@click.option(
+    "--ignore",
+    multiple=True,
+    metavar="FIELD",
+    help="A field that may differ (repeat), beside the protocol's own (times, opaques, ...).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: the summary as one JSON object.",
+)
+@click.option("-q", "--quiet", is_flag=True, help="The summary line only.")
+def command(first, second, connections, display_filter, protocol, ports, ignore, fmt, quiet) -> None:
+    """Compare the conversation in FIRST with the one in SECOND: each side's frames matched by
+    the protocol's own keys and compared field by field, with replay's ignore rules."""
+    matches = compiled_filter(display_filter)
+    picked = []
+    for capture in (first, second):
+        try:
+            picked.append(
+                find(
+                    capture,
+                    connections=tuple(connections),
+                    display_filter=matches,
+                    protocol=protocol,
+                    ports=tuple(ports) or None,
+                )
+            )
+        except (RecordingError, OSError) as err:
+            raise usage_error(str(err)) from None
+    try:
+        report = diff(picked[0], picked[1], frozenset(ignore))
+    except DiffError as err:
+        raise usage_error(str(err)) from None
+    print_report(report, fmt, -1 if quiet else 0)
+    raise SystemExit(0 if report.ok else 1)
