@@ -382,6 +382,7 @@ class Player:
                     self._pump(0)
             self._wait_answers(1 << 62)
             self._finish()
+            self.matcher.give_up_all("not waited for")  # frames that came early and never matched: extra
         except _Stop as stop:
             stopped = f"{stop} (at recorded frame {last_index})"
             self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")
