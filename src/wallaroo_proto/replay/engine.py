@@ -375,7 +375,9 @@ class Player:
                         self._pace(frame)
                         self._send(link, data, options.answer_timeout)
                         self.sent += 1
-                    # no read here: an answer read before the walk expects its recorded frame is extra
+                    # no read here: an answer read before the walk expects its recorded frame is
+                    # decided at once if it is a violation (without its recorded frame, which then
+                    # is missing) and waits as early otherwise
                 elif frame.sender:
                     for unit in self._units(self.adapter.expected(frame)):
                         self.matcher.expect(frame.index, unit)
