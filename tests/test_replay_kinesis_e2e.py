@@ -103,7 +103,6 @@ def test_checkpoints_the_recording_never_had_are_answered_and_reported_extra(tmp
     live = dissected(out)
     replies = [r for r in live if r["type"] == "checkpoint" and r["sender"] == "daemon"]
     assert [r["checkpoint_error"] for r in replies] == [None, None, None]
-    assert out.read_bytes().count(b"extra checkpoint") == 2  # pcapng comments on the live packets
 
 
 def test_a_recorded_kclpy_session_replays_to_the_kclpy_sample(tmp_path):

@@ -52,6 +52,14 @@ from .core import DAEMON, PROCESSOR, Conversation, State, checkpoint_refusal, se
 CIRCUMSTANTIAL = frozenset(CHECKPOINT_ERRORS) - {"InvalidStateException", "IllegalArgumentException"}
 
 
+#: The processor's frames that answer a request (its status, its checkpoints during it).
+ANSWERS = ("status", "checkpoint")
+#: Set on a processor's answers, recorded and live, when the daemon is played: which request
+#: (1 for initialize) it came during. A live checkpoint the recording never had waits to be
+#: matched (``compare.Matcher``'s early frames) and must not be taken for a later request's.
+REQUEST = "request_number"
+
+
 class Adapter(adapter.Adapter):
     """One replay of a shard's conversation, playing ``side`` (``daemon`` or ``processor``)."""
 
@@ -77,6 +85,7 @@ class Adapter(adapter.Adapter):
         self._asks_recorded = 0
         self._asks_live = 0
         self._ask_record: dict | None = None
+        self._requests = 0  # recorded requests sent
         # processor played: the recorded records' positions, and the live records at each position
         self._recorded_at: dict[tuple[str, int | None], int] = {}
         self._recorded_order: deque[tuple[tuple[str, int | None], int]] = deque()
@@ -109,6 +118,7 @@ class Adapter(adapter.Adapter):
             if state is State.CHECKPOINTING:
                 return adapter.Hold(f"the reply to the processor's checkpoint during {self.live.pending}")
             self._asks_recorded = self._asks_live = 0
+            self._requests += 1
             return self._sent(raw, raw + b"\n")
         if state is State.PENDING:
             return adapter.Hold(f"the live processor's checkpoint during {self.live.pending}")
@@ -202,6 +212,8 @@ class Adapter(adapter.Adapter):
             return  # the end of its stream, no line
         verdict = self.live.feed(self.peer, raw)
         msg = verdict.message
+        if self.peer == PROCESSOR and record.get("type") in ANSWERS:
+            record[REQUEST] = self.live.requests
         if isinstance(msg, Checkpoint) and self.peer == PROCESSOR and verdict.ok:
             self._asks_live += 1
             self._ask_record = record
@@ -216,7 +228,7 @@ class Adapter(adapter.Adapter):
         if self.peer == PROCESSOR:
             if frame.type == "checkpoint":
                 self._asks_recorded += 1
-            return record
+            return {**record, REQUEST: self._requests} if frame.type in ANSWERS else record
         if frame.type == "processRecords" or frame.type == "initialize":
             msg = _decode(DAEMON, frame.raw, None)
             if isinstance(msg, Initialize):
@@ -256,7 +268,8 @@ def _decode(side: str, raw: bytes, dialect: str | None) -> Message | None:
 
 
 def match_key(record: dict) -> tuple:
-    """Frames of one type match in their order: one conversation is one shard, its lines strictly
-    alternate, and a sequence number in the key would make a live daemon that numbers its records
-    otherwise report every batch missing and extra instead of one field divergent."""
-    return ()
+    """A processor's answer matches one to the same request (``REQUEST``, set when the daemon is
+    played); otherwise frames of one type match in their order. One conversation is one shard
+    and its lines strictly alternate; a sequence number in the key would make a live daemon that
+    numbers its records otherwise report every batch missing and extra, not one field divergent."""
+    return (record.get(REQUEST),)
