@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import COMMAND, run_cli
+from support import COMMAND, Server, run_cli
 
 from wallaroo_proto.replay import engine, links, recording
 
@@ -29,7 +29,7 @@ def play(capture: Path, side: str, *, shard: int = 0, **options) -> engine.Repor
     """One shard's conversation of ``capture`` (by its shard id), ``side`` played live."""
     shard_id = f"shardId-{shard:012d}"
     conv = recording.find(capture, display_filter=lambda r: r.get("shard_id") == shard_id)
-    return engine.run(conv, engine.Options(side=side, answer_timeout=ANSWER, **options))
+    return engine.run(conv, engine.Options(side=side, **{"answer_timeout": ANSWER, **options}))
 
 
 def bad(report: engine.Report) -> list[tuple[str, str, int | None]]:
@@ -84,7 +84,7 @@ def test_the_recorded_daemon_plays_to_mock_processor_over_its_pipes(tmp_path):
 def test_a_processor_answering_the_wrong_request_is_reported_at_its_recorded_frame():
     """mock-processor --bad-response-after 3: its status for the second batch (records 3 and 4)
     names processRecordz; the MLD would fail it, so the replay stops there."""
-    report = play(CAPTURE, "daemon", spawn=f"{MOCK_PROCESSOR} --bad-response-after 3")
+    report = play(CAPTURE, "daemon", spawn=f"{MOCK_PROCESSOR} --bad-response-after 3", answer_timeout=5)
     assert not report.ok
     first = report.outcomes[0]
     assert (first.result.value, first.type, first.recorded["packet"]) == ("violation", "status", 13)
@@ -190,3 +190,31 @@ def test_a_daemon_refusing_a_checkpoint_is_reported_at_its_recorded_reply():
     assert (first.result.value, first.type, first.recorded["packet"]) == ("divergent", "checkpoint", 18)
     assert ("checkpoint_error", None, "ThrottlingException") in first.fields
     assert report.counts["matched"] == 5
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_the_replay_command_plays_the_daemon_to_a_spawned_processor(tmp_path):
+    out = tmp_path / "live.pcapng"
+    args = ["replay", str(CAPTURE), "--connection", "1", "--play", "client", "--format", "json"]
+    same = run_cli(*args, "--spawn", MOCK_PROCESSOR, "--record", str(out))
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["counts"]["matched"] == 6
+    assert run_cli("dissect", str(out)).returncode == 0
+    # the MLD stops at a wrong status; so does the replay, once the right one was waited for
+    planted = run_cli(*args, "--answer-timeout", "5", "--spawn", f"{MOCK_PROCESSOR} --bad-response-after 3")
+    assert planted.returncode == 1, planted.stderr
+    first = json.loads(planted.stdout)["outcomes"][0]
+    assert (first["result"], first["type"], first["recorded_packet"]) == ("violation", "status", 13)
+
+
+def test_the_replay_command_plays_the_processor_to_mock_daemon_connecting_to_it():
+    with Server(
+        "replay", str(CAPTURE), "--connection", "1", "--play", "server", "--listen", "127.0.0.1:0", "-q"
+    ) as replay:
+        daemon = run_cli("kinesis", "mock-daemon", "--connect", replay.address, *ONE_SHARD)
+        code, stdout, stderr = replay.stop(None)
+    assert daemon.returncode == 0, daemon.stderr
+    assert code == 0, stdout + stderr
+    assert "6 matched" in stdout
