@@ -242,3 +242,12 @@ def test_a_processors_answers_match_within_their_request_and_the_rest_in_order()
     recorded = played.expected(frame("processor", "checkpoint", ask(None, "null")))
     assert kinesis_replay.match_key(extra) == (2,) and kinesis_replay.match_key(recorded) == (3,)
     assert kinesis_replay.match_key({"type": "processRecords", "sequence_number": "4955"}) == (None,)
+
+
+def test_places_are_kept_for_a_window_of_records_only(monkeypatch):
+    monkeypatch.setattr(kinesis_replay, "WINDOW", 2)
+    played = processor_after_a_batch(("4955", "4956", "4957"), ("7001", "7002", "7003"))
+    assert len(played._recorded_at) == len(played._live_at) == 2
+    assert played.outgoing(frame("processor", "checkpoint", ask("4955"))) == ask("4955") + b"\n"  # gone
+    played.incoming(*live("daemon", "checkpoint", reply("4955", "IllegalArgumentException")))
+    assert played.outgoing(frame("processor", "checkpoint", ask("4957"))) == b"\n" + ask("7003") + b"\n"

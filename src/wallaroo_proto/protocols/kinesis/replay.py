@@ -60,6 +60,12 @@ ANSWERS = ("status", "checkpoint")
 REQUEST = "request_number"
 
 
+#: Records whose places are kept (playing the processor), recorded and live: a checkpoint may only
+#: ask for a record since the last one, and a processor that asks further back than this many
+#: records asks the recorded numbers (memory stays bounded however long the conversation).
+WINDOW = 65_536
+
+
 class Adapter(adapter.Adapter):
     """One replay of a shard's conversation, playing ``side`` (``daemon`` or ``processor``)."""
 
@@ -220,6 +226,7 @@ class Adapter(adapter.Adapter):
         elif isinstance(msg, ProcessRecords) and self.peer == DAEMON:
             for r in msg.records:
                 self._live_at[self._live_count] = (r.sequence_number, r.sub_sequence_number)
+                self._live_at.pop(self._live_count - WINDOW, None)
                 self._live_count += 1
 
     def expected(self, frame: Any) -> dict:
@@ -239,6 +246,8 @@ class Adapter(adapter.Adapter):
                     self._recorded_at[key] = self._recorded_count
                     self._recorded_order.append((key, self._recorded_count))
                     self._recorded_count += 1
+                if self._recorded_count > WINDOW:
+                    self._forget_before(self._recorded_count - WINDOW)
         elif frame.type == "checkpoint" and self._asked is not None:
             asked, self._asked = self._asked, None
             return {**record, "sequence_number": asked[0], "sub_sequence_number": asked[1]}
