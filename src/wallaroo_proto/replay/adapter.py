@@ -24,7 +24,13 @@ A plug-in's ``replay_adapter()`` gives a module with:
   A frame that only grants room to send (Wallaroo's refill ACK) has none: when and how
   often a peer sends those is timing, so they are judged and given to ``incoming`` but
   neither expected nor compared. A frame that gathers independent facts, as a peer
-  happened to batch them (an ACK's points of reference), gives one unit each.
+  happened to batch them (an ACK's points of reference), gives one unit each. Where only
+  the frame's bytes tell its units (an AMBROSIA RPCBatch's RPCs), the ``Adapter`` has a
+  ``units(record, raw)`` for the live frames, and its ``expected`` gives the list.
+* ``opening(record)``: which side opened the record's connection, and its place in the order
+  the conversation's connections were opened (default: the dissector's initiator, in their
+  numbered order). A protocol whose first sender is not the opener says so here (AMBROSIA's
+  IC speaks first on the socket its LB opened second).
 
 The ``Adapter`` here plays the recording as it is: the protocols whose frames carry nothing
 the live peer decides, or what a plug-in's adapter builds on.
@@ -88,8 +94,8 @@ class Adapter:
     def incoming(self, record: dict, raw: bytes) -> None:
         """A live frame from the peer: learn what it decided."""
 
-    def expected(self, frame: Any) -> dict:
-        """The fields recorded ``frame`` of the peer should have live."""
+    def expected(self, frame: Any) -> dict | list[dict]:
+        """The fields recorded ``frame`` of the peer should have live (a list: its units)."""
         return frame.record
 
 
@@ -106,6 +112,13 @@ def units(record: dict) -> list[dict]:
 def conversation_key(record: dict) -> tuple:
     """Default: each TCP connection is a conversation of its own."""
     return (record["conn_index"],)
+
+
+def opening(record: dict) -> tuple[str | None, int]:
+    """Default: the sender of the initiator's frames opened the connection; the connections
+    open in their numbered order."""
+    side = record.get("sender") if record.get("direction") == "initiator>responder" else None
+    return side, record["conn_index"]
 
 
 def module(protocol: str) -> ModuleType:
@@ -137,3 +150,7 @@ def units_of(protocol: str):
 def conversation_of(protocol: str):
     mod = module(protocol)
     return getattr(mod, "conversation_key", conversation_key)
+
+
+def opening_of(protocol: str):
+    return getattr(module(protocol), "opening", opening)

@@ -21,7 +21,7 @@ from . import adapter as adapters
 from .compare import BAD, Matcher, Outcome, Result, compare_runs
 from .links import Link, LinkError, Listener, SpawnLink, connect
 from .live import Transcript
-from .recording import Conversation, Frame, frames
+from .recording import ConnectionInfo, Conversation, Frame, frames
 
 
 class ReplayError(Exception):
@@ -130,6 +130,8 @@ class Player:
         ignore = adapters.noise(conversation.protocol, options.ignore)
         self.matcher = Matcher(ignore, adapters.key_of(conversation.protocol), keep=options.keep)
         self._units = adapters.units_of(conversation.protocol)
+        #: An adapter whose units its frames' bytes tell (``Adapter.units``).
+        self._adapter_units = getattr(self.adapter, "units", None)
         self._on_outcome = on_outcome
         self.matcher.on_outcome = self._decided
         self.transcript: Transcript | None = None
@@ -154,8 +156,17 @@ class Player:
     # --------------------------------------------------------------- links
 
     def _open(self, frame: Frame) -> Link:
-        """The live link standing for the recorded connection of ``frame``, opened now if need be."""
-        info = self.conversation.connection(frame.conn_index)
+        """The live link standing for the recorded connection of ``frame``, opened now, after the
+        connections the recording opened before it (an AMBROSIA LB's receive socket comes before
+        its send socket, whose IC speaks first)."""
+        for info in self.conversation.connections:
+            if info.conn_index not in self.links:
+                self._open_one(info)
+            if info.conn_index == frame.conn_index:
+                break
+        return self.links[frame.conn_index]
+
+    def _open_one(self, info: ConnectionInfo) -> None:
         ours = info.initiator_side == self.side
         deadline = time.monotonic() + self.options.answer_timeout
         if ours:
@@ -163,7 +174,8 @@ class Player:
                 link: Link = SpawnLink(self._spawn, info.client, info.server)
                 self._spawn = None
             elif self._to_connect:
-                link = connect(self._to_connect.pop(0), self.options.answer_timeout)
+                # a peer may listen on its next port only once its first was taken (AMBROSIA's IC)
+                link = connect(self._to_connect.pop(0), self.options.answer_timeout, retry=bool(self.links))
             else:
                 raise ReplayError(
                     f"the recording's connection #{info.conn_index} was opened by the {self.side}: "
@@ -172,7 +184,6 @@ class Player:
         else:
             link = self._accept(info.conn_index, deadline)
         self._attach(info.conn_index, link)
-        return link
 
     def _accept(self, conn_index: int, deadline: float) -> Link:
         listeners = self.options.listeners
@@ -277,7 +288,8 @@ class Player:
             got += 1
             self.received += 1
             self.adapter.incoming(record, raw)
-            for unit in self._units(record) or ([record] if record.get("verdict") == "violation" else []):
+            units = self._adapter_units(record, raw) if self._adapter_units else self._units(record)
+            for unit in units or ([record] if record.get("verdict") == "violation" else []):
                 self.matcher.seen(unit)
             if self.options.collect is not None:
                 self.options.collect.append(record)
@@ -379,12 +391,13 @@ class Player:
                     # decided at once if it is a violation (without its recorded frame, which then
                     # is missing) and waits as early otherwise
                 elif frame.sender:
-                    for unit in self._units(self.adapter.expected(frame)):
+                    fields = self.adapter.expected(frame)
+                    for unit in fields if isinstance(fields, list) else self._units(fields):
                         self.matcher.expect(frame.index, unit)
                     self._pump(0)
             self._wait_answers(1 << 62)
             self._finish()
-            self.matcher.give_up_all("not waited for")  # frames that came early and never matched: extra
+            self.matcher.give_up_all("never came")  # what came early and was never expected: extra
         except _Stop as stop:
             stopped = f"{stop} (at recorded frame {last_index})"
             self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")

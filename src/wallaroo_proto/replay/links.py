@@ -88,13 +88,21 @@ class TcpLink(Link):
         self.sock.close()
 
 
-def connect(address: tuple[str, int], timeout: float) -> TcpLink:
-    """A TCP connection to ``address``; ``LinkError`` says why not (exit 2: nobody listening)."""
+def connect(address: tuple[str, int], timeout: float, retry: bool = False) -> TcpLink:
+    """A TCP connection to ``address``; ``LinkError`` says why not (exit 2: nobody listening).
+    ``retry``: a refused connection is tried again until ``timeout`` (a port the peer opens
+    only once it accepted another)."""
     deadline = time.monotonic() + timeout
-    try:
-        sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
-    except OSError as err:
-        raise LinkError(f"cannot connect to {address[0]}:{address[1]}: {err.strerror or err}") from None
+    while True:
+        try:
+            sock = socket.create_connection(address, timeout=max(0.1, deadline - time.monotonic()))
+            break
+        except ConnectionRefusedError as err:
+            if not retry or time.monotonic() >= deadline:
+                raise LinkError(f"cannot connect to {address[0]}:{address[1]}: {err.strerror}") from None
+            time.sleep(0.02)
+        except OSError as err:
+            raise LinkError(f"cannot connect to {address[0]}:{address[1]}: {err.strerror or err}") from None
     return TcpLink(sock, True)
 
 

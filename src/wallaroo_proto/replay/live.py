@@ -59,6 +59,9 @@ class Transcript:
             yield PAUSE_SEGMENT
 
     def open(self, link_id: int, client: tuple[str, int], server: tuple[str, int]) -> None:
+        # tracked from its SYN: numbered in the order opened (the engine's link ids) and its
+        # initiator the TCP client, though the server may speak first (AMBROSIA's send socket)
+        self.dissector.port_plugins.setdefault(server[1], self.dissector.plugins[0])
         self.sessions[link_id] = TcpSession(
             self._tee, client, server, timestamp=time.time(), segment_size=DEFAULT_SEGMENT_SIZE
         )

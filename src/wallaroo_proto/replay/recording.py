@@ -43,6 +43,7 @@ class Conversation:
 
     capture: str
     protocol: str
+    #: In the order they were opened (``adapter.opening``).
     connections: list[ConnectionInfo]
     #: The judge's two sides (``plugin.judge().SIDES``).
     sides: tuple[str, str]
@@ -119,6 +120,7 @@ def find(
     frames: dict[tuple, int] = {}
     picked: set[tuple] = set()
     sides: dict[int, str] = {}
+    ranks: dict[int, int] = {}
     keys: dict[int, tuple] = {}
     try:
         for record in dissector.run(name):
@@ -126,8 +128,10 @@ def find(
             key = (record["protocol"], *adapter.conversation_of(record["protocol"])(record))
             keys[index] = key
             frames[key] = frames.get(key, 0) + 1
-            if record.get("direction") == "initiator>responder" and record.get("sender"):
-                sides.setdefault(index, record["sender"])
+            side, rank = adapter.opening_of(record["protocol"])(record)
+            ranks.setdefault(index, rank)
+            if side:
+                sides.setdefault(index, side)
             if display_filter is not None and display_filter(record):
                 picked.add(key)
     except CaptureError as err:
@@ -166,7 +170,7 @@ def find(
             (idents[i]["responder_addr"], idents[i]["responder_port"]),
             sides.get(i),
         )
-        for i in groups[key]
+        for i in sorted(groups[key], key=lambda i: (ranks[i], i))
     ]
     protocol_name = key[0]
     return Conversation(

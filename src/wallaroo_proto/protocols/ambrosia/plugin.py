@@ -126,6 +126,12 @@ def _proxy_faults() -> Any:
     return proxy_faults
 
 
+def _replay_adapter() -> Any:
+    from . import replay
+
+    return replay
+
+
 PLUGIN = ProtocolPlugin(
     name="ambrosia",
     default_ports=PORTS,
@@ -145,4 +151,5 @@ PLUGIN = ProtocolPlugin(
     report_titles=TITLES,
     report_signals=AmbrosiaSignals,
     part_key=pair_key,
+    replay_adapter=_replay_adapter,
 )
