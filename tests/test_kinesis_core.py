@@ -228,6 +228,15 @@ def test_a_checkpoint_cut_short_by_the_daemon_closing_is_no_fault_of_the_process
     assert conv.end(PROCESSOR).kind is Kind.VIOLATION
 
 
+def test_a_processor_ending_after_the_daemon_closed_its_input_between_requests_is_no_fault():
+    """The KCL's default stop (no shutdown grace) closes every processor's input with no leaseLost;
+    kclpy then ends, as it should."""
+    conv = Conversation()
+    play(conv, (D, INIT), (P, status("initialize")), (D, RECORDS), (P, status("processRecords")))
+    assert conv.end(DAEMON) is None
+    assert conv.end(PROCESSOR) is None
+
+
 def test_lines_after_the_final_status_are_drained():
     conv = Conversation()
     play(conv, (D, INIT), (P, status("initialize")), (D, b'{"action":"leaseLost"}'), (P, status("leaseLost")))

@@ -16,6 +16,10 @@ A plug-in's ``replay_adapter()`` gives a module with:
   to the live one); ``waits(frame)`` says whether a frame of the played side still waits
   for the peer's frames recorded before it (not once the peer needs the frame to go on: a
   full window's acknowledgement).
+  An adapter may also have ``owed()``: ``(live record, bytes)`` the live peer is owed now
+  that the recording does not hold (the answer to a frame it never had, the credits a
+  connector spends as its own threads run), else None; the engine asks while it waits and
+  sends them on that record's connection.
 * ``NOISE``: the protocol's fields that legitimately differ between two runs (times,
   opaques, UUIDs, CAS values); ``--ignore`` adds to them.
 * ``match_key(record)``: what makes a frame itself among frames of its type (a stream and
@@ -33,11 +37,6 @@ A plug-in's ``replay_adapter()`` gives a module with:
   the conversation's connections were opened (default: the dissector's initiator, in their
   numbered order). A protocol whose first sender is not the opener says so here (AMBROSIA's
   IC speaks first on the socket its LB opened second).
-
-An ``Adapter`` may also have ``flow()``: the bytes the played side owes the live peer now
-so that it can go on (a worker's refill ACK, a consumer's buffer ack), or None. The engine
-asks after each live frame; such frames follow the live peer's pace, which no recording
-can know, so the adapter skips the recorded ones (``SKIP``) and makes its own.
 
 The ``Adapter`` here plays the recording as it is: the protocols whose frames carry nothing
 the live peer decides, or what a plug-in's adapter builds on.

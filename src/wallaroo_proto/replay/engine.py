@@ -134,9 +134,6 @@ class Player:
         self._units = adapters.units_of(conversation.protocol)
         #: An adapter whose units its frames' bytes tell (``Adapter.units``).
         self._adapter_units = getattr(self.adapter, "units", None)
-        #: The adapter's own flow control (``Adapter.flow``), for one-connection protocols.
-        self._flow = getattr(self.adapter, "flow", None)
-        self._sending = False
         self._on_outcome = on_outcome
         self.matcher.on_outcome = self._decided
         self.transcript: Transcript | None = None
@@ -223,23 +220,6 @@ class Player:
     # --------------------------------------------------------------- bytes
 
     def _send(self, link: Link, data: bytes, deadline_s: float) -> None:
-        self._sending = True
-        try:
-            self._send_all(link, data, deadline_s)
-        finally:
-            self._sending = False
-        self._give_flow()
-
-    def _give_flow(self) -> None:
-        """Send what the adapter's ``flow()`` says the played side owes the live peer to let it go
-        on (credits, buffer acks), never inside another frame's write."""
-        if self._flow is None or self._sending or not self._live_order:
-            return
-        data = self._flow()
-        if data:
-            self._send(self._live_order[0], data, self.options.answer_timeout)
-
-    def _send_all(self, link: Link, data: bytes, deadline_s: float) -> None:
         view = memoryview(data)
         deadline = time.monotonic() + deadline_s
         live_index = self._live_order.index(link) + 1
@@ -338,11 +318,22 @@ class Player:
             if self.options.collect is not None:
                 self.options.collect.append(record)
         self.transcript.flush(before=self.matcher.oldest_early_packet())
-        if got:
-            self._give_flow()
         return got
 
     # --------------------------------------------------------------- play
+
+    def _answer_owed(self) -> bool:
+        """Send what the adapter's ``owed()`` says the live peer is owed beyond the recording (the
+        answer to a frame it never had: a Kinesis processor's extra checkpoint, which blocks until
+        answered). Asked only while waiting, when the walk has expected every recorded frame before
+        the next played one. True if something was sent."""
+        owed = getattr(self.adapter, "owed", None)
+        sent = False
+        while owed is not None and (due := owed()) is not None:
+            record, data = due
+            self._send(self._live_order[record["conn_index"] - 1], data, self.options.answer_timeout)
+            sent = True
+        return sent
 
     def _wait_answers(self, before: int, frame: Frame | None = None) -> None:
         """Until every peer frame recorded before frame ``before`` came, or one waited too long, or
@@ -350,6 +341,8 @@ class Player:
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
+            if self._answer_owed():
+                deadline = time.monotonic() + timeout
             waiting = self.matcher.outstanding_before(before)
             if waiting is None or (frame is not None and not self.adapter.waits(frame)):
                 return
@@ -372,6 +365,8 @@ class Player:
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
+            if self._answer_owed():
+                deadline = time.monotonic() + timeout
             out = self.adapter.outgoing(frame)
             if isinstance(out, adapters.Ask):
                 self._flush_batch()  # our frames before it go first
@@ -441,7 +436,9 @@ class Player:
                         self._batch += data
                         self._batch_at = (link, frame.packet)
                         self.sent += 1
-                    self._pump(0)
+                    # no read here: an answer read before the walk expects its recorded frame is
+                    # decided at once if it is a violation (without its recorded frame, which then
+                    # is missing) and waits as early otherwise
                 elif frame.sender:
                     self._flush_batch()
                     fields = self.adapter.expected(frame)

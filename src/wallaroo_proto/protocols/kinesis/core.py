@@ -471,7 +471,7 @@ class Conversation:
                 return self._violation(
                     PROCESSOR, line, None, "close-before-status", f"{what} (after line {line})"
                 )
-            if self.requests:
+            if self.requests and not self.closed[DAEMON]:  # after its input closed: the KCL's stop
                 what = "closed its output before leaseLost or shardEnded"
                 return self._violation(
                     PROCESSOR, line, None, "close-before-end", f"{what} (after line {line})"

@@ -120,6 +120,12 @@ def _proxy_faults() -> Any:
     return proxy_faults
 
 
+def _replay_adapter() -> Any:
+    from . import replay
+
+    return replay
+
+
 PLUGIN = ProtocolPlugin(
     name="kinesis",
     default_ports=PORTS,
@@ -138,4 +144,5 @@ PLUGIN = ProtocolPlugin(
     proxy_faults=_proxy_faults,
     report_titles=TITLES,
     report_signals=KinesisSignals,
+    replay_adapter=_replay_adapter,
 )

@@ -8,7 +8,7 @@ fed with the live peer's frames and with what it sends, so:
 * it resumes each stream from the point of reference the live worker acknowledged, as
   the shipped connector must: a recorded MESSAGE at or below it is not sent (the worker
   would drop it as a replay);
-* a played worker grants credits as the live connector spends them (``flow``), not where
+* a played worker grants credits as the live connector spends them (``owed``), not where
   the recording did, and sends the recorded checkpoint ACKs without their credits;
 * a connector sink answers the live worker's 2PC transactions: a REPLY names the live
   PHASE1's txn id (the recording's n-th PHASE1 maps to the live n-th), and a
@@ -48,8 +48,10 @@ class Adapter(PlainAdapter):
         self.recorded_txns: list[str] = []
         self.live_txns: list[str] = []
         self.live_rtag: int | None = None
-        #: A played worker's OK credits: what ``flow`` tops the connector up to.
+        #: A played worker's OK credits: what ``owed`` tops the connector up to.
         self.max_credits: int | None = None
+        #: The last live frame's record: ``owed`` answers on its connection.
+        self.last_live: dict | None = None
 
     def _core(self, record: dict) -> Connection:
         if self.core is None:
@@ -64,6 +66,7 @@ class Adapter(PlainAdapter):
         except Exception:  # noqa: BLE001 - a malformed live frame is the judge's to report, not ours
             return
         self._core(record).feed(self.peer, frame)
+        self.last_live = record
         kind = record.get("type")
         if kind == "NOTIFY_ACK" and record.get("success"):
             self.resume_from[record["stream_id"]] = record.get("point_of_ref") or 0
@@ -92,7 +95,7 @@ class Adapter(PlainAdapter):
                     return SKIP  # the live worker holds it already
             if core.credits is not None and core.credits <= 0:
                 return Hold("no credits left: the live worker has not sent an ACK granting more")
-        elif source and record.get("type") == "ACK":  # the worker: credits are given by flow()
+        elif source and record.get("type") == "ACK":  # the worker: credits are given by owed()
             ack = _frame(raw)
             if not ack.acks:
                 return SKIP
@@ -110,18 +113,18 @@ class Adapter(PlainAdapter):
             core.feed(self.side, _frame(raw))
         return raw
 
-    def flow(self) -> bytes | None:
+    def owed(self) -> tuple[dict, bytes] | None:
         """A played worker tops the live connector's credits back up to its OK's once half are
         spent: when the recorded worker refilled depends on how the recorded connector's frames
         came, which the live one need not repeat (two streams interleave as its threads run)."""
         core = self.core
         if core is None or self.side != "worker" or core.use is not Use.SOURCE or not self.max_credits:
             return None
-        if core.credits is None or core.credits > self.max_credits // 2:
+        if core.credits is None or core.credits > self.max_credits // 2 or self.last_live is None:
             return None
         ack = Ack(self.max_credits - core.credits, ())
         core.feed("worker", ack)
-        return encode(ack)
+        return self.last_live, encode(ack)
 
     def _twopc(self, record: dict, raw: bytes) -> bytes:
         """A sink's 2PC answer, named as the live worker named what it answers."""
