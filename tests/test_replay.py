@@ -245,6 +245,41 @@ def test_a_recorded_worker_played_as_the_server_matches_a_live_mock_source(tmp_p
 
 
 @pytest.mark.e2e
+def test_learnt_noise_is_what_differs_between_runs_against_the_same_peer(tmp_path) -> None:
+    """Without --ignore: two learning runs find mock-source's send times (event_time) differ, and
+    the replay proper passes over them."""
+    capture = _record_source_session(tmp_path)
+    with Server(
+        "replay", capture, "--play", "server", "--listen", "127.0.0.1:0", "--learn-noise", "2"
+    ) as replay:
+        for _ in range(3):  # two learning runs, then the replay
+            source = run_cli("mock-source", "--connect", replay.address, "--count", "40", "-q")
+            assert source.returncode == 0, source.stderr
+        code, out, err = replay.stop(sig=None)
+    assert code == 0, out + err
+    assert "learnt from 2 runs, ignored: event_time" in err
+    assert "the same" in out
+
+
+@pytest.mark.e2e
+def test_rate_recorded_keeps_the_recordings_pace(tmp_path) -> None:
+    capture = tmp_path / "paced.pcap"
+    with Server(*WORKER) as worker:
+        args = ("--connect", worker.address, "--count", "30", "--rate", "100", "--record", str(capture), "-q")
+        assert run_cli("mock-source", *args).returncode == 0
+    times = [frame.record["ts"] for frame in recording.frames(recording.find(capture))]
+    span = max(times) - min(times)
+    assert span > 0.2  # 30 messages at 100 a second
+    with Server(*WORKER) as worker:
+        paced = run_cli("replay", str(capture), "--play", "client", "--connect", worker.address,
+                        "--rate", "recorded", "--format", "json")  # fmt: skip
+    assert paced.returncode == 0, paced.stdout + paced.stderr
+    assert json.loads(paced.stdout)["seconds"] >= 0.9 * span
+    bad = run_cli("replay", str(capture), "--play", "client", "--connect", ":1", "--rate", "fast")
+    assert bad.returncode == 2 and "give recorded, xN" in bad.stderr
+
+
+@pytest.mark.e2e
 def test_a_recorded_worker_drives_a_live_mock_sink_to_the_recorded_votes(tmp_path) -> None:
     with Server("mock-sink", "--port", "0", "-o", str(tmp_path / "out")) as sink:
         played = run_cli(
@@ -280,7 +315,8 @@ def test_diff_finds_a_changed_answer_at_its_packet(tmp_path) -> None:
     with Server(*WORKER, "--credits", "7") as worker:
         live = tmp_path / "live.pcapng"
         source = str(CAPTURES / "source-session.pcap")
-        run_cli("replay", source, "--play", "client", "--connect", worker.address, "--record", str(live))
+        args = ("--connect", worker.address, "--record", str(live), "--answer-timeout", "3")
+        run_cli("replay", source, "--play", "client", *args)  # the sample's later answers never come
     done = run_cli("diff", str(CAPTURES / "source-session.pcap"), str(live), "--format", "json")
     assert done.returncode == 1
     first = json.loads(done.stdout)["outcomes"][0]
