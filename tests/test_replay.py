@@ -8,6 +8,7 @@ started with a fault must be reported at the frame where the change first shows 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 from collections import defaultdict
 
@@ -300,6 +301,15 @@ def test_replay_says_who_is_missing_with_exit_2(tmp_path) -> None:
     assert done.stderr.startswith("wallaroo-proto replay: cannot connect to 127.0.0.1:")
     unknown = run_cli("replay", str(CAPTURES / "kinesis-session.pcap"), "--play", "daemon", "--connect", ":1")
     assert unknown.returncode == 2 and "pick one with --connection" in unknown.stderr
+
+
+@pytest.mark.e2e
+def test_an_interrupted_replay_says_so_in_one_line_with_130(tmp_path) -> None:
+    args = ("--play", "server", "--listen", "127.0.0.1:0", "--answer-timeout", "600")
+    with Server("replay", str(CAPTURES / "source-session.pcap"), *args) as replay:
+        code, _, err = replay.stop(signal.SIGINT)
+    assert code == 130
+    assert err.strip() == "wallaroo-proto replay: interrupted"
 
 
 # --- diff --------------------------------------------------------------------------------------
