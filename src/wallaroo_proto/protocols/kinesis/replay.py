@@ -10,7 +10,7 @@ decides when it checkpoints and at which sequence number. So, playing:
   own answer for the live conversation (``core.checkpoint_refusal``). A checkpoint the
   recording never had is answered the same way (``owed``), so the processor goes on, and the
   comparison reports it as extra. A recorded reply the live processor never asked for is not
-  sent.
+  sent. The processor's answers are matched within the request they came during (``REQUEST``).
 - the processor: a checkpoint asks for the live daemon's sequence number at the position the
   recorded one had among the recorded records (a daemon reading another stream numbers its
   records otherwise), and a ``status`` names the live daemon's pending request. Each waits
