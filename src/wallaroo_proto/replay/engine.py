@@ -377,9 +377,7 @@ class Player:
             self._flush_batch()
             left = deadline - time.monotonic()
             if left <= 0:
-                raise _Stop(
-                    f"recorded frame {frame.index} ({frame.type}) held for {timeout:g} s: {out.reason}"
-                )
+                raise _Stop(f"{frame.type} held for {timeout:g} s: {out.reason}")
             if self._pump(left):
                 deadline = time.monotonic() + timeout
 
