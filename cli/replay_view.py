@@ -31,6 +31,8 @@ def print_report(report, fmt: str, verbosity: int) -> None:
     console.print(f"{report.title()}: {verdict} ({head})", markup=False, highlight=False)
     if getattr(report, "stopped", None):
         console.print(f"stopped: {report.stopped}", markup=False, highlight=False)
+    for note in report.notes:
+        console.print(f"note: {note}", markup=False, highlight=False)
     for line in getattr(report, "own_violations", ())[:SHOWN]:
         console.print(f"own frame broke a rule: {line}", markup=False, highlight=False)
     findings = [o for o in report.outcomes if o.result is not Result.MATCHED]

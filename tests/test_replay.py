@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
+import threading
 from collections import defaultdict
 
 import pytest
@@ -19,7 +21,7 @@ from support import COMMAND, Server, run_cli
 from wallaroo_proto.protocols.wallaroo.replay import Adapter, units
 from wallaroo_proto.replay import recording
 from wallaroo_proto.replay.adapter import SKIP, Hold
-from wallaroo_proto.replay.compare import Matcher, Result, compare_runs, differences
+from wallaroo_proto.replay.compare import Matcher, Result, differences
 from wallaroo_proto.replay.live import Transcript
 
 CAPTURES = __import__("pathlib").Path(__file__).resolve().parents[1] / "captures"
@@ -58,12 +60,30 @@ def test_frames_match_by_type_and_key_whatever_order_they_come_in() -> None:
     assert matcher.outstanding_before(5) is None
 
 
-def test_two_runs_are_matched_in_any_order() -> None:
+def _matched(first: list[dict], second: list[dict]) -> Matcher:
+    matcher = Matcher(frozenset(), key=lambda r: (r["n"],))
+    for index, record in enumerate(first):
+        matcher.expect(index, record)
+    for record in second:
+        matcher.seen(record)
+    matcher.give_up_all("not in the second")
+    return matcher
+
+
+def test_two_runs_are_matched_in_any_order_and_what_one_lacks_is_missing() -> None:
     first = [{"type": "M", "n": i} for i in range(10)]
-    matcher = compare_runs(first, list(reversed(first)), frozenset(), key=lambda r: (r["n"],))
-    assert matcher.counts[Result.MATCHED] == 10
-    matcher = compare_runs(first, first[:7], frozenset(), key=lambda r: (r["n"],))
+    assert _matched(first, list(reversed(first))).counts[Result.MATCHED] == 10
+    matcher = _matched(first, first[:7])
     assert (matcher.counts[Result.MATCHED], matcher.counts[Result.MISSING]) == (7, 3)
+
+
+def test_a_frame_given_up_is_forgotten_so_keys_never_seen_hold_nothing() -> None:
+    matcher = Matcher(frozenset(), key=lambda r: (r["n"],))
+    for n in range(1000):
+        matcher.expect(n, {"type": "M", "n": n})
+    matcher.give_up_all("gone")
+    assert matcher.counts[Result.MISSING] == 1000
+    assert not matcher._by_key
 
 
 # --- the recording ---------------------------------------------------------------------------
@@ -292,11 +312,11 @@ def test_a_recorded_worker_drives_a_live_mock_sink_to_the_recorded_votes(tmp_pat
 
 @pytest.mark.e2e
 def test_replay_says_who_is_missing_with_exit_2(tmp_path) -> None:
-    with Server(*WORKER) as worker:
-        port = worker.port
-    done = run_cli(
-        "replay", str(CAPTURES / "source-session.pcap"), "--play", "client", "--connect", f"127.0.0.1:{port}"
-    )
+    with socket.socket() as taken:  # a port held, never listening: nobody accepts on it
+        taken.bind(("127.0.0.1", 0))
+        port = taken.getsockname()[1]
+        source = str(CAPTURES / "source-session.pcap")
+        done = run_cli("replay", source, "--play", "client", "--connect", f"127.0.0.1:{port}")
     assert done.returncode == 2
     assert done.stderr.startswith("wallaroo-proto replay: cannot connect to 127.0.0.1:")
     unknown = run_cli("replay", str(CAPTURES / "kinesis-session.pcap"), "--play", "daemon", "--connect", ":1")
@@ -310,6 +330,119 @@ def test_an_interrupted_replay_says_so_in_one_line_with_130(tmp_path) -> None:
         code, _, err = replay.stop(signal.SIGINT)
     assert code == 130
     assert err.strip() == "wallaroo-proto replay: interrupted"
+
+
+class FakePeer:
+    """A TCP peer written here, for what no mock does on purpose: it accepts one connection, then
+    ``script(conn)`` runs in a thread (answering, keeping silent, chattering)."""
+
+    def __init__(self, script) -> None:
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.stop = threading.Event()
+
+        def serve() -> None:
+            conn, _ = self.server.accept()
+            with conn:
+                script(conn, self.stop)
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+
+    def __enter__(self) -> FakePeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.server.close()
+        self.thread.join(timeout=30)
+
+
+def _answers_hello_then_chatters(conn: socket.socket, stop: threading.Event) -> None:
+    """OK(20) to the HELLO, then a refill ACK (0 credits, no points) every 0.2 s: frames that
+    are never compared, and never the NOTIFY_ACK the recording holds."""
+    conn.recv(1 << 16)
+    conn.sendall(b"\x00\x00\x00\x05\x01\x00\x00\x00\x14")
+    while not stop.wait(0.2):
+        try:
+            conn.sendall(ACK_0)
+        except OSError:
+            return
+
+
+ACK_0 = b"\x00\x00\x00\x09\x06" + bytes(8)  # ACK(0 credits, 0 points of reference)
+
+
+@pytest.mark.e2e
+def test_frames_that_are_never_compared_do_not_keep_an_answer_waiting() -> None:
+    with FakePeer(_answers_hello_then_chatters) as peer:
+        args = ("--connect", f"127.0.0.1:{peer.port}", "--answer-timeout", "1", "--format", "json")
+        done = run_cli("replay", str(CAPTURES / "source-session.pcap"), "--play", "client", *args, timeout=60)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert [o["type"] for o in report["outcomes"] if o["result"] == "missing"][:1] == ["NOTIFY_ACK"]
+
+
+@pytest.mark.e2e
+def test_a_peer_that_stops_answering_costs_two_deadlines_not_one_an_answer() -> None:
+    def silent(conn: socket.socket, stop: threading.Event) -> None:
+        stop.wait(60)
+
+    with FakePeer(silent) as peer:
+        args = ("--connection", "1", "--connect", f"127.0.0.1:{peer.port}", "--answer-timeout", "1")
+        done = run_cli("replay", str(CAPTURES / "tremor-session.pcap"), "--play", "client", *args,
+                       "--format", "json", timeout=60)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    reasons = [o.get("reason", "") for o in report["outcomes"] if o["result"] == "missing"]
+    assert sum("no answer within 1 s" in r for r in reasons) == 2  # then no more waits
+    assert sum("sent nothing through two answers' deadlines" in r for r in reasons) > 10
+
+
+def test_a_connector_before_the_live_ok_holds_its_notify() -> None:
+    frames = list(recording.frames(recording.find(CAPTURES / "source-session.pcap")))
+    adapter = Adapter("connector")
+    ours = [f for f in frames if f.sender == "connector"]
+    assert adapter.outgoing(ours[0]) == ours[0].raw  # the HELLO goes
+    assert isinstance(adapter.outgoing(ours[1]), Hold)  # its NOTIFY waits for the OK
+
+
+@pytest.mark.e2e
+def test_bad_output_and_command_lines_are_one_line_with_exit_2(tmp_path) -> None:
+    capture = str(CAPTURES / "source-session.pcap")
+    with Server(*WORKER) as worker:
+        unwritable = run_cli("replay", capture, "--play", "client", "--connect", worker.address,
+                             "--record", str(tmp_path / "no-such-folder" / "x.pcapng"))  # fmt: skip
+    assert unwritable.returncode == 2
+    assert unwritable.stderr.startswith("wallaroo-proto replay: cannot write --record"), unwritable.stderr
+    kinesis = str(CAPTURES / "kinesis-session.pcap")
+    quote = run_cli("replay", kinesis, "--connection", "1", "--play", "daemon", "--spawn", "python 'unclosed")
+    assert quote.returncode == 2 and "Traceback" not in quote.stderr, quote.stderr
+
+
+@pytest.mark.e2e
+def test_a_recording_with_a_lost_segment_stops_where_its_bytes_were_not_captured() -> None:
+    with Server(*WORKER) as worker:
+        args = ("--connect", worker.address, "--format", "json", "--answer-timeout", "3")
+        done = run_cli("replay", str(CAPTURES / "lost-segment.pcap"), "--play", "client", *args)
+    assert done.returncode == 1, done.stderr
+    assert "lies past a lost segment" in json.loads(done.stdout)["stopped"]
+
+
+def test_diff_of_a_capture_cut_short_compares_what_came_before_and_says_so(tmp_path) -> None:
+    cut = tmp_path / "cut.pcap"
+    cut.write_bytes((CAPTURES / "source-session.pcap").read_bytes()[:1500])  # inside packet 15
+    done = run_cli("diff", str(cut), str(cut), "--format", "json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert "packet 15" in report["notes"][0] and report["counts"]["matched"] == 13
+
+
+def test_diff_reads_each_capture_once() -> None:
+    capture = str(CAPTURES / "sink-2pc.pcap")  # 18 frames
+    done = run_cli("diff", capture, capture, "--format", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert json.loads(done.stdout)["frames"] == [18, 18]
 
 
 # --- diff --------------------------------------------------------------------------------------

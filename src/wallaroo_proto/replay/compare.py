@@ -10,10 +10,9 @@ seen) or *extra* (seen, never recorded).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from itertools import zip_longest
 from typing import Any
 
 
@@ -100,10 +99,11 @@ def differences(recorded: dict, live: dict, ignore: frozenset[str]) -> tuple[tup
     return tuple(out)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Waiting:
     index: int
     record: dict
+    key: tuple = ()
     done: bool = False
 
 
@@ -139,7 +139,7 @@ class Matcher:
             if not early:
                 del self._early[key]
             return self._compared(record, live)
-        waiting = _Waiting(index, record)
+        waiting = _Waiting(index, record, key)
         self._order.append(waiting)
         self._by_key.setdefault(key, deque()).append(waiting)
         return None
@@ -152,6 +152,8 @@ class Matcher:
         queue = self._by_key.get(key)
         while queue:
             candidate = queue.popleft()
+            if not queue:
+                del self._by_key[key]
             if not candidate.done:
                 candidate.done = True
                 return self._compared(candidate.record, record)
@@ -215,6 +217,11 @@ class Matcher:
     def give_up(self, waiting: _Waiting, reason: str) -> Outcome:
         """An expected frame that will not be waited for any longer: missing."""
         waiting.done = True
+        queue = self._by_key.get(waiting.key)
+        if queue is not None:  # forgotten, so a key never seen again holds nothing
+            queue.remove(waiting)
+            if not queue:
+                del self._by_key[waiting.key]
         outcome = Outcome(
             Result.MISSING, waiting.record.get("type") or "", waiting.record, None, reason=reason
         )
@@ -229,6 +236,7 @@ class Matcher:
         self._early_count = 0
         for record in sorted(early, key=lambda r: r.get("packet") or 0):  # what came, first
             self._compared(None, record)  # extra, or a violation
+        self._by_key.clear()  # every waiting frame is decided here: none needs finding again
         for waiting in list(self._order):
             if not waiting.done:
                 self.give_up(waiting, reason)
@@ -240,22 +248,3 @@ class Matcher:
             self.kept.append(outcome)
         if self.on_outcome is not None:
             self.on_outcome(outcome)
-
-
-def compare_runs(
-    expected: Iterable[dict],
-    actual: Iterable[dict],
-    ignore: frozenset[str],
-    key: Callable[[dict], tuple],
-    matcher: Matcher | None = None,
-) -> Matcher:
-    """Two recordings of one side of a conversation, matched (``diff``): read side by side, a
-    frame of either waiting for its counterpart, so two long runs that agree take little memory."""
-    matcher = matcher or Matcher(ignore, key)
-    for index, (first, second) in enumerate(zip_longest(expected, actual)):
-        if first is not None:
-            matcher.expect(index, first)
-        if second is not None:
-            matcher.seen(second)
-    matcher.give_up_all("not in the second recording")
-    return matcher

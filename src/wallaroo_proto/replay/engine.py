@@ -11,7 +11,9 @@ judged by the protocol's core (``live``) and matched and compared with the recor
 from __future__ import annotations
 
 import contextlib
+import os
 import select
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -20,10 +22,14 @@ from typing import Any
 from wallaroo_proto.capture.frame_block import FrameBlock
 
 from . import adapter as adapters
-from .compare import BAD, Matcher, Outcome, Result, compare_runs
+from .compare import BAD, Matcher, Outcome, Result
+from .diff import diff
 from .links import Link, LinkError, Listener, SpawnLink, connect
 from .live import Transcript
-from .recording import ConnectionInfo, Conversation, Frame, frames
+from .recording import ConnectionInfo, Conversation, Frame, find, frames
+
+#: Why a frame is not waited for once the live peer went quiet.
+QUIET = "the live peer sent nothing through two answers' deadlines in a row"
 
 
 class ReplayError(Exception):
@@ -47,8 +53,6 @@ class Options:
     record: str | None = None
     #: Outcomes other than matched kept for the summary (the rest are counted).
     keep: int = 1000
-    #: When a list: every live frame of the peer is appended to it (``learn_noise``).
-    collect: list | None = None
 
 
 @dataclass
@@ -66,6 +70,10 @@ class Report:
     seconds: float
     stopped: str | None = None
     live_connections: list[str] = field(default_factory=list)
+    #: What a person should know besides (a recording cut short: played up to there).
+    notes: list[str] = field(default_factory=list)
+    #: Our own frames that broke a rule (``own_violations`` describes the first of them).
+    own_violation_count: int = 0
     #: The packet column of the other run, in the summary's table.
     other_packet: str = "live packet"
 
@@ -89,6 +97,8 @@ class Report:
             "seconds": round(self.seconds, 3),
             "stopped": self.stopped,
             "own_violations": self.own_violations,
+            "own_violation_count": self.own_violation_count,
+            "notes": self.notes,
             "live_connections": self.live_connections,
             "outcomes": [o.as_dict() for o in self.outcomes],
         }
@@ -142,13 +152,20 @@ class Player:
         self._streams: dict[tuple[int, bool], _Stream] = {}
         self._to_connect = list(options.connect)
         self._spawn = options.spawn
-        #: Recorded connection -> whether the played side was its initiator (as recorded).
-        self._our_direction: dict[int, bool] = {}
+        #: Our own frames that broke a rule: counted, the first ``keep`` described.
         self.own_violations: list[str] = []
+        self.own_violation_count = 0
         #: Our frames of one recorded packet, sent together (``_flush_batch``), and where they go.
         self._batch = bytearray()
         self._batch_at: tuple[Link | None, int] = (None, 0)
+        #: Recorded connection -> whether its initiator>responder bytes are the played side's.
+        self._initiator_is_us: dict[int, bool] = {}
         self.sent = self.received = 0
+        #: ``received`` when an answer last did not come in time; ``_quiet`` when nothing at all
+        #: came before the next one did not either: the peer is taken to have stopped answering,
+        #: and nothing is waited for until it sends again (a silent peer costs two deadlines).
+        self._silent_at: int | None = None
+        self._quiet = False
         self._start_ts: float | None = None
         self._start_wall = 0.0
 
@@ -303,10 +320,12 @@ class Player:
                 raw = stream.take(record["offset"], record["length"])
             if from_us:
                 if record.get("verdict") == "violation":
-                    self.own_violations.append(
-                        f"live packet {record.get('packet')} {record.get('type')}: "
-                        + "; ".join(record.get("violations") or ())
-                    )
+                    self.own_violation_count += 1
+                    if len(self.own_violations) < self.options.keep:
+                        self.own_violations.append(
+                            f"live packet {record.get('packet')} {record.get('type')}: "
+                            + "; ".join(record.get("violations") or ())
+                        )
                 continue
             got += 1
             self.received += 1
@@ -315,8 +334,6 @@ class Player:
             units = self._adapter_units(record, raw) if self._adapter_units else self._units(record)
             for unit in units or ([record] if record.get("verdict") == "violation" else []):
                 self.matcher.seen(unit)
-            if self.options.collect is not None:
-                self.options.collect.append(record)
         self.transcript.flush(before=self.matcher.oldest_early_packet())
         return got
 
@@ -340,12 +357,21 @@ class Player:
         the adapter says ``frame`` need not wait any longer."""
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
+        front = None
         while True:
             if self._answer_owed():
                 deadline = time.monotonic() + timeout
             waiting = self.matcher.outstanding_before(before)
             if waiting is None or (frame is not None and not self.adapter.waits(frame)):
                 return
+            if waiting is not front:  # each answer gets its own deadline, whatever else comes
+                front, deadline = waiting, time.monotonic() + timeout
+            if self._quiet:
+                if self.received == self._silent_at and not self._pump(0):
+                    while (more := self.matcher.outstanding_before(before)) is not None:
+                        self.matcher.give_up(more, f"not waited for: {QUIET}")
+                    return
+                self._quiet = False  # it speaks again
             if all(link.eof for link in self._live_order) and self._live_order:
                 how = "reset" if any(link.reset for link in self._live_order) else "closed"
                 self.matcher.settle_violations()
@@ -354,12 +380,13 @@ class Player:
             left = deadline - time.monotonic()
             if left <= 0:
                 self.matcher.settle_violations()
+                self._quiet = self._silent_at == self.received  # nothing came through two deadlines
                 self.matcher.give_up(waiting, f"no answer within {timeout:g} s (--answer-timeout)")
                 while (more := self.matcher.outstanding_before(before)) is not None:
                     self.matcher.give_up(more, "not waited for after an earlier answer did not come")
+                self._silent_at = self.received
                 return
-            if self._pump(left):
-                deadline = time.monotonic() + timeout
+            self._pump(left)
 
     def _outgoing(self, frame: Frame, link: Link) -> bytes:
         timeout = self.options.answer_timeout
@@ -375,11 +402,12 @@ class Player:
             if not isinstance(out, adapters.Hold):
                 return out
             self._flush_batch()
+            if self._quiet and self.received == self._silent_at and not self._pump(0):
+                raise _Stop(f"{frame.type} held: {out.reason}; {QUIET}")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _Stop(f"{frame.type} held for {timeout:g} s: {out.reason}")
-            if self._pump(left):
-                deadline = time.monotonic() + timeout
+            self._pump(left)
 
     def _flush_batch(self) -> None:
         """Send our frames held back to go in one write, as the recording's packet held them
@@ -408,7 +436,10 @@ class Player:
         options = self.options
         started = time.monotonic()
         ports = sorted({c.server[1] for c in self.conversation.connections})
-        self.transcript = Transcript(self.conversation.protocol, ports, options.record)
+        try:
+            self.transcript = Transcript(self.conversation.protocol, ports, options.record)
+        except OSError as err:
+            raise ReplayError(f"cannot write --record {options.record}: {err.strerror or err}") from None
         stopped = None
         last_index = -1
         try:
@@ -421,10 +452,16 @@ class Player:
                         link = self._open(frame)
                     except LinkError as err:
                         raise ReplayError(str(err)) from None
-                if frame.sender == self.side:
-                    self._our_direction[frame.conn_index] = (
+                if frame.sender:  # whose are the recorded connection's initiator>responder bytes
+                    self._initiator_is_us[frame.conn_index] = (frame.sender == self.side) == (
                         frame.record.get("direction") == "initiator>responder"
                     )
+                if frame.sender == self.side:
+                    if frame.record.get("length") and len(frame.raw) != frame.record["length"]:
+                        raise _Stop(
+                            f"recorded frame {frame.index} ({frame.type}) lies past a lost segment: "
+                            "its bytes were not captured, so it cannot be sent"
+                        )
                     if (link, frame.packet) != self._batch_at:
                         self._flush_batch()
                     self._wait_answers(frame.index, frame)
@@ -467,6 +504,8 @@ class Player:
                 f"{link.client[0]}:{link.client[1]} > {link.server[0]}:{link.server[1]}"
                 for link in self._live_order
             ],
+            notes=[self.conversation.cut] if self.conversation.cut else [],
+            own_violation_count=self.own_violation_count,
         )
 
     def _finish(self) -> None:
@@ -477,7 +516,7 @@ class Player:
         peer_first = [
             link
             for conn_index, link in self.links.items()
-            if conn_index in first_end and first_end[conn_index] != self._our_direction.get(conn_index)
+            if conn_index in first_end and first_end[conn_index] != self._initiator_is_us.get(conn_index)
         ]
         deadline = time.monotonic() + self.options.answer_timeout
         while any(not link.eof for link in peer_first):  # the recording's peer closed first: let it
@@ -511,19 +550,22 @@ def run(conversation: Conversation, options: Options, on_outcome: Any = None) ->
 
 def learn_noise(conversation: Conversation, options: Options, runs: int) -> frozenset[str]:
     """The fields of the peer's frames that differ between ``runs`` replays against the same peer
-    (as Diffy finds noise from two references): each run after the first is compared with it."""
+    (as Diffy finds noise from two references): each run is recorded, and each after the first
+    is compared with it as ``diff`` compares two captures (streamed, whatever their size)."""
     if runs < 2:
         raise ReplayError("--learn-noise needs at least 2 runs: noise is what differs between them")
-    seen: list[list[dict]] = []
-    for _ in range(runs):
-        collected: list[dict] = []
-        Player(conversation, replace(options, collect=collected, record=None, keep=1 << 30)).run()
-        seen.append(collected)
-    ignore = adapters.noise(conversation.protocol, options.ignore)
-    key = adapters.key_of(conversation.protocol)
+    peer = tuple(side for side in conversation.sides if side != options.side)
     learned: set[str] = set()
-    for other in seen[1:]:
-        matcher = compare_runs(seen[0], other, ignore, key)
-        for outcome in matcher.kept:
-            learned.update(name for name, _, _ in outcome.fields)
+    with tempfile.TemporaryDirectory(prefix="wallaroo-proto-learn-") as folder:
+        recorded = []
+        for run_number in range(runs):
+            path = os.path.join(folder, f"run-{run_number}.pcapng")
+            player = Player(conversation, replace(options, record=path))
+            player.run()
+            ports = tuple(sorted({link.server[1] for link in player._live_order}))
+            recorded.append(find(path, protocol=conversation.protocol, ports=ports or None))
+        for other in recorded[1:]:
+            report = diff(recorded[0], other, options.ignore, sides=peer)
+            for outcome in report.outcomes:
+                learned.update(name for name, _, _ in outcome.fields)
     return frozenset(learned)

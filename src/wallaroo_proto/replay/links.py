@@ -139,6 +139,8 @@ class SpawnLink(Link):
             self.process = subprocess.Popen(  # noqa: S603 - the user's own command line
                 shlex.split(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
             )
+        except ValueError as err:  # shlex: an unclosed quote
+            raise LinkError(f"--spawn {command!r}: {err}") from None
         except OSError as err:
             raise LinkError(f"cannot start {command!r}: {err.strerror or err}") from None
         assert self.process.stdin is not None and self.process.stdout is not None

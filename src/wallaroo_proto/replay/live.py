@@ -18,6 +18,10 @@ from wallaroo_proto.capture.pcap import PAUSE_SEGMENT, Segment
 from wallaroo_proto.pcap_writer import DEFAULT_SEGMENT_SIZE, PcapWriter, TcpSession
 from wallaroo_proto.proxy.chunks import SegmentFeed
 
+#: Packets held for notes still to come, at most: beyond, they are written (and a late note goes on
+#: the next packet written).
+MAX_HELD = 10_000
+
 
 class _Tee:
     """A ``TcpSession``'s segments to the dissector now, and to the recording once judged."""
@@ -47,6 +51,8 @@ class Transcript:
         #: Packets numbered so far (the feed's numbering, which the recording's follows).
         self._written = 0
         self._paused = False
+        #: Notes for packets already written: they go on the next one.
+        self._late: list[str] = []
 
     def _source(self) -> Iterator[Segment]:
         made = self.feed.segments
@@ -96,8 +102,13 @@ class Transcript:
         return out
 
     def comment(self, packet: int, text: str) -> None:
-        """A note on a live packet, in the recording (pcapng comment)."""
-        if self.writer is not None and packet:
+        """A note on a live packet, in the recording (pcapng comment); on the next packet written,
+        naming its own, when that packet went out already."""
+        if self.writer is None or not packet:
+            return
+        if packet <= self._written:
+            self._late.append(f"(live packet {packet}) {text}")
+        else:
             self.comments.setdefault(packet, []).append(text)
 
     def flush(self, before: int | None = None) -> None:
@@ -108,9 +119,13 @@ class Transcript:
             return
         held = self._tee.held
         count = len(held) if before is None else max(0, min(len(held), before - 1 - self._written))
+        count = max(count, len(held) - MAX_HELD)  # memory stays bounded: a late note goes further on
         for segment in held[:count]:
             self._written += 1
             notes = self.comments.pop(self._written, None)
+            if self._late:
+                notes = self._late + (notes or [])
+                self._late = []
             *args, comment = segment
             if notes:
                 comment = "; ".join(([comment] if comment else []) + notes)

@@ -57,6 +57,9 @@ class Conversation:
     #: Filled by ``frames``: per connection, whether its initiator (else its responder) ended
     #: its side first (FIN or RST): a player closes in the recording's order.
     first_end: dict[int, bool] = field(default_factory=dict, repr=False)
+    #: Set by ``frames`` when the capture is cut short or damaged: what, and where (the frames
+    #: before it were all given).
+    cut: str | None = None
 
     def side_named(self, word: str) -> str:
         """``--play``'s word as one of the protocol's sides: ``client`` is the side that opened the
@@ -288,7 +291,15 @@ def frames(conversation: Conversation) -> Iterator[Frame]:
     )
     stats: dict = {}
     index = 0
-    for item in dissector.segment_frames(tee(read_segments(conversation.capture, stats))):
+    items = dissector.segment_frames(tee(read_segments(conversation.capture, stats)))
+    while True:
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        except CaptureError as err:  # as dissect: every frame before the damage, then the reason
+            conversation.cut = f"{conversation.capture}: {err}"
+            return
         records = item.records() if not isinstance(item, dict) else (item,)
         for record in records:
             record.pop("_raw", None)

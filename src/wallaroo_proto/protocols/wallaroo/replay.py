@@ -93,6 +93,8 @@ class Adapter(PlainAdapter):
                 resume = self.resume_from.get(record["stream_id"])
                 if resume is not None and record["message_id"] <= resume:
                     return SKIP  # the live worker holds it already
+            if core.credits is None and record.get("type") != "HELLO":
+                return Hold("no credits yet: the live worker has not answered the HELLO with OK")
             if core.credits is not None and core.credits <= 0:
                 return Hold("no credits left: the live worker has not sent an ACK granting more")
         elif source and record.get("type") == "ACK":  # the worker: credits are given by owed()
