@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import signal
+import select
 import subprocess
 import sys
 import time
@@ -94,8 +95,11 @@ def test_a_real_daemon_session_replays_both_ways(jars, endpoint, tmp_path):  # n
     sample = subprocess.Popen(
         [sys.executable, str(serve), sys.executable, str(SAMPLE)], stdout=subprocess.PIPE
     )
-    ready = READY.search(sample.stdout.readline().decode())
-    assert ready, "the sample's bridge gave no port"
+    waited, _, _ = select.select([sample.stdout], [], [], 120)  # a bridge that never starts fails here
+    ready = READY.search(sample.stdout.readline().decode()) if waited else None
+    if ready is None:
+        sample.kill()
+    assert ready, "the sample's bridge gave no port within 120 s"
     with Server(
         "proxy",
         "--listen",
