@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import select
+import signal
 import subprocess
 import sys
 import time
