@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 from wallaroo_proto_cli.options import Command, examples, usage_error, verbosity
-from wallaroo_proto_cli.replay import compiled_filter, selection_options
+from wallaroo_proto_cli.replay import compiled_filter, format_option, ignore_option, selection_options
 from wallaroo_proto_cli.replay_view import print_report
 
 from wallaroo_proto.replay.diff import DiffError, diff
@@ -27,20 +27,8 @@ from wallaroo_proto.replay.recording import RecordingError, find
 @click.argument("first", type=click.Path(dir_okay=False))
 @click.argument("second", type=click.Path(dir_okay=False))
 @selection_options
-@click.option(
-    "--ignore",
-    multiple=True,
-    metavar="FIELD",
-    help="A field that may differ (repeat), beside the protocol's own (times, opaques, ...).",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="json: the summary as one JSON object.",
-)
+@ignore_option
+@format_option
 @verbosity(quiet="The summary line only.", verbose="Every frame that is not matched (not only the first 20).")
 def command(first, second, connections, display_filter, protocol, ports, ignore, fmt, verbosity) -> None:
     """Compare the conversation in FIRST with the one in SECOND: each side's frames matched by

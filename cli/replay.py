@@ -76,6 +76,24 @@ def selection_options(f):
     )(f)
 
 
+#: ``--ignore FIELD`` (repeat): replay's and diff's.
+ignore_option = click.option(
+    "--ignore",
+    multiple=True,
+    metavar="FIELD",
+    help="A field that may differ (repeat), beside the protocol's own (times, opaques, ...).",
+)
+#: ``--format text|json``: replay's and diff's summary.
+format_option = click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="json: the summary as one JSON object.",
+)
+
+
 def compiled_filter(expression: str | None):
     if expression is None:
         return None
@@ -145,12 +163,7 @@ def compiled_filter(expression: str | None):
     metavar="SECONDS",
     help="How long each answer of the peer is waited for.",
 )
-@click.option(
-    "--ignore",
-    multiple=True,
-    metavar="FIELD",
-    help="A field that may differ (repeat), beside the protocol's own (times, opaques, ...).",
-)
+@ignore_option
 @click.option(
     "--learn-noise",
     type=click.IntRange(2),
@@ -165,14 +178,7 @@ def compiled_filter(expression: str | None):
     metavar="FILE",
     help="Write the live run as a pcapng, a comment on each frame that differs.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="json: the summary as one JSON object.",
-)
+@format_option
 @verbosity(quiet="The summary only.", verbose="A line per frame, matched ones too.")
 def command(
     capture,
