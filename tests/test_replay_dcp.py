@@ -16,6 +16,7 @@ from wallaroo_proto.replay.recording import Frame
 
 REQ, RES = 0x80, 0x81
 NOOP, STREAM_REQ, GET_FAILOVER_LOG, BUFFER_ACK, CONTROL = 0x5C, 0x53, 0x54, 0x5D, 0x5E
+CLOSE_STREAM = 0x52
 MUTATION, MARKER, SASL_AUTH, SASL_STEP, OPEN = 0x57, 0x56, 0x21, 0x22, 0x50
 FOREVER = 0xFFFF_FFFF_FFFF_FFFF
 
@@ -102,12 +103,24 @@ def opened(side: str, buffer: bytes | None = None) -> Script:
 # ----------------------------------------------------------------------------- playing the consumer
 
 
-def test_a_noop_reply_echoes_the_live_noops_opaque_and_waits_for_one():
+def test_each_live_noop_is_answered_as_it_comes_and_the_recorded_replies_are_not_sent():
     s = opened("consumer")
-    s.both(pkt(REQ, NOOP, opaque=0x00989681), pkt(REQ, NOOP, opaque=0x01020304))
-    assert s.ours(ok(NOOP, 0x00989681)) == ok(NOOP, 0x01020304)
-    held = s.ours(ok(NOOP, 0x00989682))
-    assert isinstance(held, Hold) and "NOOP" in held.reason
+    assert s.adapter.owed() is None
+    where = {"type": "DCP_NOOP", "conn_index": 1}  # the live NOOP's record: its connection
+    s.peer(pkt(REQ, NOOP, opaque=0x00989681))
+    s.adapter.incoming(where, pkt(REQ, NOOP, opaque=0x01020304))
+    assert s.adapter.owed() == (where, ok(NOOP, 0x01020304))
+    assert s.adapter.owed() is None
+    assert s.ours(ok(NOOP, 0x00989681)) == SKIP
+    assert s.ours(ok(NOOP, 0x00989682)) == SKIP  # a recorded NOOP the live producer never sent
+    s.adapter.incoming(where, pkt(REQ, NOOP, opaque=0x01020305))  # one the recording never had
+    assert s.adapter.owed() == (where, ok(NOOP, 0x01020305))
+
+
+def test_noops_are_neither_expected_nor_compared():
+    assert replay.units({"type": "DCP_NOOP", "opaque": 1}) == []
+    assert replay.units({"type": "DCP_NOOP_RESPONSE", "opaque": 1}) == []
+    assert replay.units({"type": "DCP_MUTATION", "seqno": 3}) == [{"type": "DCP_MUTATION", "seqno": 3}]
 
 
 def test_a_stream_request_names_the_live_uuid_where_the_recorded_one_stood_in_its_failover_log():
@@ -360,3 +373,55 @@ def test_without_flow_control_the_items_leave_nothing_behind():
     for seqno in range(1, 1001):
         s.both(mutation(0, 0x10, seqno))
     assert not s.adapter.recorded_flow.ends and not s.adapter.live_flow.ends
+
+
+def buffer_ack(nbytes: int) -> bytes:
+    return pkt(REQ, BUFFER_ACK, extras=struct.pack(">I", nbytes))
+
+
+def kept(adapter) -> int:
+    """How many requests the producer's adapter holds, in every structure it keeps them in."""
+    slots = sum(len(d) for d in (*adapter.recorded_slots.values(), *adapter.live_slots.values()))
+    return (
+        len(adapter.live_requests)
+        + len(adapter.opaques)
+        + len(adapter.request_opaques)
+        + len(adapter.live_starts)
+        + slots
+    )
+
+
+def test_a_long_conversation_keeps_only_the_requests_still_open():
+    s = producer_with_stream(0x77, buffer=b"100000")
+    assert s.ours(marker(0, 0x0B, 0, 5000)) == marker(0, 0x77, 0, 5000)
+    open_stream = kept(s.adapter)
+    for n in range(5000):
+        assert s.ours(mutation(0, 0x0B, n + 1)) == mutation(0, 0x77, n + 1)
+        s.both(buffer_ack(60))  # never answered: nothing to pair or keep
+        s.both(control(0x100 + n, b"k", b"v"), control(0x9000 + n, b"k", b"v"))
+        assert s.ours(ok(CONTROL, 0x100 + n)) == ok(CONTROL, 0x9000 + n)
+    assert kept(s.adapter) == open_stream
+    end = pkt(REQ, 0x55, opaque=0x0B, extras=b"\0\0\0\0")  # STREAM_END ok
+    assert s.ours(end) == pkt(REQ, 0x55, opaque=0x77, extras=b"\0\0\0\0")
+    assert kept(s.adapter) == 0
+
+
+@pytest.mark.parametrize(
+    ("stream_end_follows", "left"), [(False, 0), (True, 3)], ids=["closed", "stream-end-follows"]
+)
+def test_a_stream_the_consumer_closes_is_forgotten_unless_a_stream_end_follows(stream_end_follows, left):
+    s = producer_with_stream(0x77)
+    if stream_end_follows:
+        key, value = b"send_stream_end_on_client_close_stream", b"true"
+        s.both(control(3, key, value), control(0x73, key, value))
+        assert s.ours(ok(CONTROL, 3)) == ok(CONTROL, 0x73)
+    s.both(pkt(REQ, CLOSE_STREAM, opaque=4), pkt(REQ, CLOSE_STREAM, opaque=0x74))
+    assert s.ours(ok(CLOSE_STREAM, 4)) == ok(CLOSE_STREAM, 0x74)
+    assert kept(s.adapter) == left  # the stream's request, its pairing and the live one
+
+
+def test_a_refused_stream_request_is_forgotten():
+    s = Script("producer")
+    s.both(stream_req(0, 0x0B, 0, 0), stream_req(0, 0x77, 0, 0))
+    assert s.ours(ok(STREAM_REQ, 0x0B, status=0x07)) == ok(STREAM_REQ, 0x77, status=0x07)  # NOT_MY_VBUCKET
+    assert kept(s.adapter) == 0

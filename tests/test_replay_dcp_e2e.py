@@ -8,10 +8,12 @@ same when the seed is.
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
-from support import Server, run_cli
+from support import COMMAND, Server, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -221,3 +223,74 @@ def test_diff_finds_two_recordings_of_one_session_the_same_and_another_seed_at_i
     report = json.loads(differs.stdout)
     first_item = next(r for r in recorded if r["type"] in ("DCP_MUTATION", "DCP_DELETION"))
     assert first_bad(report)["recorded_packet"] == first_item["packet"]
+
+
+# ----------------------------------------------------------------------------- NOOPs are timing
+
+
+def live_records(pcap: Path) -> list[dict]:
+    done = run_cli("dissect", str(pcap), "--format", "jsonl")
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def record_until_a_noop(tmp_path: Path, interval: str) -> tuple[Path, int]:
+    """A following consumer's session with NOOPs every ``interval`` s, recorded until it answered one."""
+    pcap = tmp_path / "noops.pcap"
+    with producer(*PRODUCER, "--record", str(pcap)) as server:
+        follow = [*COMMAND, "dcp", "mock-consumer", "--connect", server.address, "--follow"]
+        consumer = subprocess.Popen(
+            [*follow, *CONSUMER, "--noop-interval", interval, "--timeout", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while not (
+                pcap.exists() and any(r["type"] == "DCP_NOOP_RESPONSE" for r in records(pcap, server.port))
+            ):
+                assert consumer.poll() is None and time.monotonic() < deadline, "no NOOP was answered"
+        finally:
+            consumer.terminate()
+            consumer.wait(timeout=60)
+        server.stop()
+    return pcap, server.port
+
+
+def test_recorded_noops_the_live_producer_has_not_sent_yet_are_neither_waited_for_nor_answered(tmp_path):
+    """The replay walks faster than the recorded session ran: the live producer's first NOOP is
+    due an interval after it enabled them, longer than the replay waits for anything."""
+    pcap, port = record_until_a_noop(tmp_path, "3")
+    assert any(r["type"] == "DCP_NOOP" for r in records(pcap, port))
+    with producer(*PRODUCER) as server:
+        rc, report = replay(pcap, port, "--play", "client", "--connect", server.address, answer_timeout=1.5)
+    assert rc == 0 and not report["stopped"], report
+    assert not any("NOOP" in json.dumps(o) for o in report["outcomes"]), report
+
+
+def test_live_noops_the_recording_never_had_are_answered_as_they_come(tmp_path):
+    """Recorded at the same interval, but the replay outlasts the recorded session: it waits out
+    the answer timeout for the stream of a vbucket the live node does not serve, and the live
+    producer sends a NOOP every half second meanwhile (it sends none while one is unanswered)."""
+    pcap, port = record(tmp_path, "quick", consumer_args=(*CONSUMER, "--noop-interval", "0.5"))
+    live = tmp_path / "live.pcapng"
+    with producer(*PRODUCER, "--not-my-vbucket", "1") as server:
+        rc, report = replay(
+            pcap,
+            port,
+            "--play",
+            "client",
+            "--connect",
+            server.address,
+            "--record",
+            str(live),
+            answer_timeout=4,
+        )
+    assert rc == 1 and not report["stopped"], report
+    assert not any("NOOP" in json.dumps(o) for o in report["outcomes"]), report
+    played = live_records(live)
+    noops = [r["opaque"] for r in played if r["type"] == "DCP_NOOP"]
+    replies = [r["opaque"] for r in played if r["type"] == "DCP_NOOP_RESPONSE"]
+    assert len(replies) >= 2 and replies == noops[: len(replies)], (noops, replies)
+    assert len(noops) - len(replies) <= 1  # the last may come as the replay closes
+    assert {r["verdict"] for r in played} == {"accepted"}

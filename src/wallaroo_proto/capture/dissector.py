@@ -357,7 +357,7 @@ class Dissector:
         for batch in self._raw_batches(source, segments):
             comments = self.stats.get("comments")
             if comments:
-                _comment(batch, comments)
+                _comment(batch, comments, self.jsonl)
             yield batch
 
     def _raw_batches(
@@ -638,9 +638,10 @@ class Dissector:
             half.segment(seq, flags, payload, packet, ts)
 
 
-def _comment(batch: list, comments: dict[int, list[str]]) -> None:
+def _comment(batch: list, comments: dict[int, list[str]], jsonl: bool = False) -> None:
     """Notes from the packets' comments on the records of the frames those packets complete
-    (a block holding one is turned into its records: comments are rare)."""
+    (a block holding one is turned into its records, as JSON lines for ``jsonl``: comments are
+    rare)."""
     for i in range(len(batch) - 1, -1, -1):
         item = batch[i]
         if type(item) is str:  # a JSON line: only those of a commented packet are read back
@@ -657,13 +658,14 @@ def _comment(batch: list, comments: dict[int, list[str]]) -> None:
             items = item.records()
             if not any(r.get("packet") in comments for r in items):
                 continue
-            batch[i : i + 1] = items
         else:
             items = [item]
         for record in items:
             texts = comments.pop(record.get("packet"), None)
             if texts:
                 record["notes"] = [*(record.get("notes") or []), *texts]
+        if type(item) is FrameBlock:
+            batch[i : i + 1] = [to_json(r) for r in items] if jsonl else items
 
 
 def _frames_in(items: list) -> int:

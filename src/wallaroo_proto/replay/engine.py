@@ -263,7 +263,9 @@ class Player:
 
     def _pump(self, timeout: float) -> int:
         """Read what the live links have (waiting at most ``timeout``); judge and match it.
-        Returns the number of peer frames read."""
+        Returns the number of peer frames read that carry the conversation on: compared, or the
+        answer to an ``Ask`` (not a keep-alive or a credit top-up, which a live peer may send
+        forever while a recorded frame never comes)."""
         links = [link for link in self._live_order if not link.eof]
         if not links:
             if timeout > 0:
@@ -327,30 +329,30 @@ class Player:
                             + "; ".join(record.get("violations") or ())
                         )
                 continue
-            got += 1
             self.received += 1
             if self.adapter.incoming(record, raw):
+                got += 1
                 continue  # the answer to the adapter's own question (an Ask): not the recording's
             units = self._adapter_units(record, raw) if self._adapter_units else self._units(record)
-            for unit in units or ([record] if record.get("verdict") == "violation" else []):
+            units = units or ([record] if record.get("verdict") == "violation" else [])
+            got += bool(units)
+            for unit in units:
                 self.matcher.seen(unit)
         self.transcript.flush(before=self.matcher.oldest_early_packet())
         return got
 
     # --------------------------------------------------------------- play
 
-    def _answer_owed(self) -> bool:
+    def _answer_owed(self) -> None:
         """Send what the adapter's ``owed()`` says the live peer is owed beyond the recording (the
         answer to a frame it never had: a Kinesis processor's extra checkpoint, which blocks until
         answered). Asked only while waiting, when the walk has expected every recorded frame before
-        the next played one. True if something was sent."""
+        the next played one. Not progress: a wait's deadline stays (answering a peer's NOOPs
+        would otherwise wait for a missing frame forever)."""
         owed = getattr(self.adapter, "owed", None)
-        sent = False
         while owed is not None and (due := owed()) is not None:
             record, data = due
             self._send(self._live_order[record["conn_index"] - 1], data, self.options.answer_timeout)
-            sent = True
-        return sent
 
     def _wait_answers(self, before: int, frame: Frame | None = None) -> None:
         """Until every peer frame recorded before frame ``before`` came, or one waited too long, or
@@ -359,8 +361,7 @@ class Player:
         deadline = time.monotonic() + timeout
         front = None
         while True:
-            if self._answer_owed():
-                deadline = time.monotonic() + timeout
+            self._answer_owed()
             waiting = self.matcher.outstanding_before(before)
             if waiting is None or (frame is not None and not self.adapter.waits(frame)):
                 return
@@ -392,8 +393,7 @@ class Player:
         timeout = self.options.answer_timeout
         deadline = time.monotonic() + timeout
         while True:
-            if self._answer_owed():
-                deadline = time.monotonic() + timeout
+            self._answer_owed()
             out = self.adapter.outgoing(frame)
             if isinstance(out, adapters.Ask):
                 self._flush_batch()  # our frames before it go first

@@ -8,7 +8,9 @@ the producer's items and snapshot markers, is only counted (their size, for flow
 
 Playing the consumer (``--play client`` against a producer):
 
-* a NOOP reply echoes the live NOOP's opaque (the producer picks its own);
+* the recorded NOOP replies are not sent: each live NOOP is answered with its opaque as it comes
+  (``owed``), since when and how often a producer sends NOOPs is its timer's, not the
+  conversation's (NOOPs are neither expected nor compared: ``units``);
 * a STREAM_REQ names the live node's vbucket uuid: that of the live failover entry beginning
   at the same seqno as the recorded uuid's entry in the recorded log (the live log learnt from
   its STREAM_REQ and GET_FAILOVER_LOG answers; before any, the adapter asks the live node with
@@ -25,7 +27,9 @@ Playing the producer (``--play server`` to a consumer):
 
 * an answer echoes the opaque of the live request it answers (the n-th recorded request of
   a kind, per vbucket or control key, is the live n-th), and a stream's messages carry the
-  opaque of the live STREAM_REQ that opened it;
+  opaque of the live STREAM_REQ that opened it; a request is forgotten once answered (a
+  stream's once it ended), and a BUFFER_ACK, which has no answer, is never kept, so a long
+  conversation holds only what is still open;
 * a stream message waits while the live consumer's flow-control buffer is full (``Hold``),
   and the items at or below the seqno the live consumer resumes from are not sent;
 * a bucket config (GET_CLUSTER_CONFIG's answer, NOT_MY_VBUCKET's body) names the port the
@@ -64,6 +68,8 @@ DEFAULT_USERNAME, DEFAULT_PASSWORD = "Administrator", "password"
 #: Opaques of the adapter's own questions (DCP_GET_FAILOVER_LOG): far from a client's counter.
 _OWN_OPAQUE = 0xD0C0_0000
 _VBUCKET_REQUESTS = frozenset((codec.STREAM_REQ, codec.CLOSE_STREAM, codec.GET_FAILOVER_LOG))
+#: A consumer's requests a producer never answers: nothing to pair or keep.
+_UNANSWERED = frozenset((codec.BUFFER_ACK,))
 _ITEMS = frozenset((codec.MUTATION, codec.DELETION, codec.EXPIRATION, codec.SEQNO_ADVANCED))
 #: The producer's stream messages a replay only counts the bytes of (the bulk of a conversation).
 _COUNTED = _ITEMS | {codec.SNAPSHOT_MARKER}
@@ -199,14 +205,15 @@ class Adapter(PlainAdapter):
         # playing the consumer
         self.scram: sasl.ScramClient | None = None
         self.server_first: bytes | None = None
-        self.live_noops: deque[int] = deque()
+        self.live_noops: deque[int] = deque()  # opaques of live NOOPs not yet answered
+        self.noop_record: dict | None = None  # the live record of the last (where to answer)
         self.asked: dict[int, int] = {}  # vbucket -> opaque of our own GET_FAILOVER_LOG
         self.own_answers: set[int] = set()  # opaques of our questions still unanswered
         self.recorded_flow, self.live_flow = _Flow(), _Flow()
         # playing the producer
         self.recorded_slots: dict[tuple, deque[int]] = {}
         self.live_slots: dict[tuple, deque[int]] = {}
-        self.request_opaques: set[int] = set()  # opaques of the recorded consumer's requests
+        self.request_opaques: dict[int, Packet] = {}  # recorded opaque -> the recorded request
         self.opaques: dict[int, int] = {}  # recorded request opaque -> the live one
         self.live_requests: dict[int, Packet] = {}  # live opaque -> the live request
         self.live_starts: dict[int, int] = {}  # live stream opaque -> the seqno it resumes from
@@ -237,13 +244,14 @@ class Adapter(PlainAdapter):
                 self.live_flow.add(p.size)
             if p.is_request and p.opcode == codec.NOOP:
                 self.live_noops.append(p.opaque)
+                self.noop_record = record
             elif not p.is_request and p.opcode == codec.SASL_AUTH and p.status == codec.AUTH_CONTINUE:
                 self.server_first = p.value
             elif not p.is_request and p.opaque in self.own_answers:
                 self.own_answers.discard(p.opaque)
                 return True
             return False
-        if p.is_request:
+        if p.is_request and p.opcode not in _UNANSWERED:
             slot = _slot(p)
             self.live_slots.setdefault(slot, deque()).append(p.opaque)
             self.live_requests[p.opaque] = p
@@ -262,10 +270,10 @@ class Adapter(PlainAdapter):
             self.recorded.feed(self.peer, p)
             if p.is_request and p.opcode in codec.STREAM_MESSAGES and self.recorded.buffer_size:
                 self.recorded_flow.add(p.size)
-        elif p is not None and p.is_request:  # the recorded consumer's request: its place among its kind
-            slot = _slot(p)
+        elif p is not None and p.is_request and p.opcode not in _UNANSWERED:
+            slot = _slot(p)  # the recorded consumer's request: its place among its kind
             self.recorded_slots.setdefault(slot, deque()).append(p.opaque)
-            self.request_opaques.add(p.opaque)
+            self.request_opaques[p.opaque] = p
             self._pair(slot)
         self.recorded_port = frame.record.get("responder_port", self.recorded_port)
         return _masked(dict(frame.record))
@@ -296,11 +304,7 @@ class Adapter(PlainAdapter):
     def _consumer(self, p: Packet) -> Packet | Hold | Ask | bytes:
         op = p.opcode
         if not p.is_request:
-            if op == codec.NOOP:
-                if not self.live_noops:
-                    return Hold("the live producer has sent no NOOP to answer")
-                return replace(p, opaque=self.live_noops.popleft())
-            return p
+            return SKIP if op == codec.NOOP else p  # a live NOOP is answered as it comes (``owed``)
         if op == codec.SASL_AUTH and p.key.startswith(b"SCRAM-"):
             mechanism = p.key.decode("ascii", "replace")
             self.scram = _scram_like(p.value, self.username, self.password, mechanism)
@@ -398,13 +402,57 @@ class Adapter(PlainAdapter):
         live.take(live_target)
         return replace(p, extras=decode_packet(codec.buffer_ack(acked)).extras)
 
+    def owed(self) -> tuple[dict, bytes] | None:
+        """The reply to a live NOOP (consumer played), else None: a node closes a connection that
+        leaves its NOOP unanswered for about two intervals, whatever the recording did then."""
+        if not self.live_noops or self.noop_record is None:
+            return None
+        reply = decode_packet(codec.response(codec.NOOP, opaque=self.live_noops.popleft()))
+        self.live.feed(self.side, reply)
+        return self.noop_record, codec.encode(reply)
+
     def _producer(self, p: Packet) -> Packet | Hold | bytes:
         opaque = p.opaque
-        if opaque in self.request_opaques:
-            live = self.opaques.get(opaque)
-            if live is None:
-                return Hold(f"the live consumer has not sent the request opaque 0x{opaque:08x} stands for")
-            p = replace(p, opaque=live)
+        asked = self.request_opaques.get(opaque)
+        if asked is None:
+            return self._answer(p)
+        live = self.opaques.get(opaque)
+        if live is None:
+            return Hold(f"the live consumer has not sent the request opaque 0x{opaque:08x} stands for")
+        out = self._answer(replace(p, opaque=live))
+        if isinstance(out, Hold):
+            return out
+        if self._done(asked, p):
+            self._forget(opaque)
+        if asked.opcode == codec.CLOSE_STREAM and not p.is_request:
+            self._stream_closed(asked.vbucket)
+        return out
+
+    def _forget(self, opaque: int) -> None:
+        """Recorded request ``opaque`` is over: nothing will name it again."""
+        del self.request_opaques[opaque]
+        live = self.opaques.pop(opaque)
+        self.live_requests.pop(live, None)
+        self.live_starts.pop(live, None)
+
+    def _done(self, asked: Packet, p: Packet) -> bool:
+        """Is recorded request ``asked`` over once ``p`` is sent: answered, or its stream ended
+        (or refused, or closed by the consumer with no STREAM_END to follow)?"""
+        if asked.opcode != codec.STREAM_REQ:
+            return not p.is_request
+        if p.opcode == codec.STREAM_END:
+            return True
+        return p.opcode == codec.STREAM_REQ and not p.is_request and p.status != codec.SUCCESS
+
+    def _stream_closed(self, vb: int) -> None:
+        """The consumer closed ``vb``'s stream: forget its STREAM_REQ unless a STREAM_END follows."""
+        if self.live.controls.get("send_stream_end_on_client_close_stream") == "true":
+            return
+        for opaque, asked in list(self.request_opaques.items()):
+            if asked.opcode == codec.STREAM_REQ and asked.vbucket == vb and opaque in self.opaques:
+                self._forget(opaque)
+
+    def _answer(self, p: Packet) -> Packet | Hold | bytes:
         if p.is_request and p.opcode in codec.STREAM_MESSAGES:
             return self._stream_message(p)
         if not p.is_request and p.opcode in (codec.SASL_AUTH, codec.SASL_STEP):
@@ -454,6 +502,12 @@ class Adapter(PlainAdapter):
             return replace(p, vbucket=codec.AUTH_ERROR, value=b"")
 
 
+def units(record: dict) -> list[dict]:
+    """A NOOP and its reply are not compared: a producer sends them on its timer, so how many
+    come and where among the stream's messages is timing, which no two runs share."""
+    return [] if (record.get("type") or "").startswith("DCP_NOOP") else [record]
+
+
 def match_key(record: dict) -> tuple:
     """An item is itself by its vbucket and seqno, a snapshot marker by its vbucket and start;
     a stream's request, answer and end by the vbucket; a control by its key."""
@@ -469,4 +523,4 @@ def match_key(record: dict) -> tuple:
     return ()
 
 
-__all__ = ["Adapter", "match_key"]
+__all__ = ["Adapter", "match_key", "units"]
