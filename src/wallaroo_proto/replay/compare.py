@@ -146,7 +146,9 @@ class Matcher:
 
     def seen(self, record: dict) -> Outcome | None:
         """That side really sent ``record``: matched, divergent or a violation; or, with nothing
-        expected like it yet, held as early (extra if nothing like it is expected by the end)."""
+        expected like it yet, held as early (extra, or a violation, if nothing like it is expected
+        by the end). A violation is held too: it is told at the recorded frame it stands for,
+        however far ahead of the walk through the recording the live peer was."""
         key = (record.get("type"), *self.key(record))
         queue = self._by_key.get(key)
         while queue:
@@ -154,10 +156,8 @@ class Matcher:
             if not candidate.done:
                 candidate.done = True
                 return self._compared(candidate.record, record)
-        if record.get("verdict") == "violation":
-            return self._compared(None, record)
         if self._early_count >= self.early_limit:
-            return self._extra(record)
+            return self._compared(None, record)
         self._early.setdefault(key, deque()).append(record)
         self._early_count += 1
         return None
@@ -173,11 +173,6 @@ class Matcher:
             outcome.result = Result.VIOLATION
             outcome.rule = live.get("rule")
             outcome.reason = "; ".join(live.get("violations") or ()) or None
-        self._decided(outcome)
-        return outcome
-
-    def _extra(self, live: dict) -> Outcome:
-        outcome = Outcome(Result.EXTRA, live.get("type") or "", None, live, reason="not in the recording")
         self._decided(outcome)
         return outcome
 
@@ -208,7 +203,7 @@ class Matcher:
         self._early.clear()
         self._early_count = 0
         for record in sorted(early, key=lambda r: r.get("packet") or 0):  # what came, first
-            self._extra(record)
+            self._compared(None, record)
         for waiting in list(self._order):
             if not waiting.done:
                 self.give_up(waiting, reason)
