@@ -45,11 +45,12 @@ def test_frames_match_by_type_and_key_whatever_order_they_come_in() -> None:
     assert matcher.seen({"type": "M", "vb": 1, "v": "a"}) is None  # nothing like it expected yet
     assert matcher.expect(3, {"type": "M", "vb": 1, "v": "a"}).result is Result.MATCHED  # it came early
     assert matcher.seen({"type": "M", "vb": 9}) is None
-    assert matcher.seen({"type": "X", "verdict": "violation", "violations": ["bad"]}) is None
+    assert (
+        matcher.seen({"type": "X", "verdict": "violation", "violations": ["bad"]}).result is Result.VIOLATION
+    )
     matcher.expect(2, {"type": "N"})
     matcher.give_up_all("gone")
-    counts = matcher.counts
-    assert (counts[Result.MISSING], counts[Result.EXTRA], counts[Result.VIOLATION]) == (1, 1, 1)
+    assert (matcher.counts[Result.MISSING], matcher.counts[Result.EXTRA]) == (1, 1)
     assert matcher.outstanding_before(5) is None
 
 

@@ -147,8 +147,9 @@ class Matcher:
     def seen(self, record: dict) -> Outcome | None:
         """That side really sent ``record``: matched, divergent or a violation; or, with nothing
         expected like it yet, held as early (extra, or a violation, if nothing like it is expected
-        by the end). A violation is held too: it is told at the recorded frame it stands for,
-        however far ahead of the walk through the recording the live peer was."""
+        by the end). A violation of a kind already expected is held too: it is told at the
+        recorded frame it stands for, however far ahead of the walk the live peer was; one of a
+        kind never expected (bytes no frame could be read from) is told at once."""
         key = (record.get("type"), *self.key(record))
         queue = self._by_key.get(key)
         while queue:
@@ -156,7 +157,7 @@ class Matcher:
             if not candidate.done:
                 candidate.done = True
                 return self._compared(candidate.record, record)
-        if self._early_count >= self.early_limit:
+        if self._early_count >= self.early_limit or (record.get("verdict") == "violation" and queue is None):
             return self._compared(None, record)
         self._early.setdefault(key, deque()).append(record)
         self._early_count += 1
