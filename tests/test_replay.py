@@ -60,6 +60,24 @@ def test_frames_match_by_type_and_key_whatever_order_they_come_in() -> None:
     assert matcher.outstanding_before(5) is None
 
 
+def test_a_violation_that_came_early_is_told_at_the_recorded_frame_it_stands_for() -> None:
+    """A live peer ahead of the walk through the recording (a burst read at once) sends a frame
+    breaking a rule: it is compared with its recorded frame once that is expected, not told
+    as a frame the recording does not have."""
+    matcher = Matcher(frozenset(), key=lambda r: ())
+    matcher.expect(0, {"type": "Record", "seq_id": 3})
+    assert matcher.seen({"type": "Record", "seq_id": 3}).result is Result.MATCHED
+    assert (
+        matcher.seen({"type": "Record", "seq_id": 5, "verdict": "violation", "violations": ["gap"]}) is None
+    )
+    outcome = matcher.expect(1, {"type": "Record", "seq_id": 4})
+    assert (outcome.result, outcome.recorded, outcome.fields) == (
+        Result.VIOLATION,
+        {"type": "Record", "seq_id": 4},
+        (("seq_id", 4, 5), ("verdict", None, "violation"), ("violations", None, ["gap"])),
+    )
+
+
 def _matched(first: list[dict], second: list[dict]) -> Matcher:
     matcher = Matcher(frozenset(), key=lambda r: (r["n"],))
     for index, record in enumerate(first):

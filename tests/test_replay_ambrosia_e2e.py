@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import shutil
 import signal
 import subprocess
 
 import pytest
 from support import COMMAND, Server, run_cli, wait_for
+
+from wallaroo_proto.replay import engine, links
+from wallaroo_proto.replay.recording import find
 
 pytestmark = pytest.mark.e2e
 
@@ -210,11 +214,12 @@ def test_a_sequence_gap_at_the_live_ic_shows_at_the_skipped_record(recorded, tmp
     assert {"field": "seq_id", "recorded": 4, "live": 5} in first["fields"]
 
 
-def test_a_recovery_replays_both_ways(tmp_path):
+@pytest.fixture(scope="module")
+def recovery(tmp_path_factory) -> tuple[str, list[dict], str]:
     """The IC killed -9 after logging record 3, then restarted on its log and recorded: the
-    checkpoint record and its bytes, the replayed records, TakeBecomingPrimaryCheckpoint. The
-    IC side is played to a new mock-lb; the LB side to a mock-ic on a copy of the log as the
-    crash left it."""
+    checkpoint record and its bytes, the replayed records, TakeBecomingPrimaryCheckpoint.
+    (capture, its frames, a copy of the log as the crash left it)."""
+    tmp_path = tmp_path_factory.mktemp("ambrosia-recovery")
     log, copy, capture = tmp_path / "log", tmp_path / "copy", str(tmp_path / "recovery.pcap")
     ic, rport, sport = start_ic("--log-dir", str(log), "--crash-at", "3")
     start_lb(rport, sport).communicate(timeout=120)
@@ -227,12 +232,18 @@ def test_a_recovery_replays_both_ways(tmp_path):
     frames = frames_of(capture)
     assert [f["type"] for f in frames[:2]] == ["CheckpointRecord", "CheckpointBytes"]
     assert any(f.get("verdict") == "replayed" for f in frames)
+    return capture, frames, str(copy)
 
+
+def test_a_recovery_replays_both_ways(recovery, tmp_path):
+    """The IC side is played to a new mock-lb; the LB side to a mock-ic on a copy of the log as
+    the crash left it."""
+    capture, frames, copy = recovery
     code, report, lb_code, err, _ = play_ic(capture, tmp_path)
     assert (code, lb_code) == (0, 0), (report, err)
     assert report["counts"]["matched"] == compared_of(frames, "lb")
 
-    ic, rport, sport = start_ic("--log-dir", str(copy))
+    ic, rport, sport = start_ic("--log-dir", copy)
     with ic:
         code, report, err = replay(
             capture, "--play", "lb", "--connect", f"127.0.0.1:{rport}", "--connect", f"127.0.0.1:{sport}"
@@ -252,3 +263,39 @@ def test_checkpoints_a_changed_lb_asks_for_are_extra_where_it_sent_them(recorded
     assert asked and {o["result"] for o in extras} == {"extra"}
     assert [(o["type"], o["live_packet"]) for o in extras] == [("TakeCheckpoint", f["packet"]) for f in asked]
     assert report["counts"]["matched"] == compared_of(frames, "lb")
+
+
+class _SlowToTakeCheckpoint(engine.Player):
+    """A player slow to make its TakeBecomingPrimaryCheckpoint: the live LB's answer to the
+    replayed record before it is in by then, as on a loaded machine."""
+
+    def _outgoing(self, frame, link):
+        if frame.type == "TakeBecomingPrimaryCheckpoint":
+            receive = self._live_order[0]  # the LB opens its receive socket first
+            assert select.select([receive.read_fd], [], [], 60)[0], (
+                "the LB never answered the replayed record"
+            )
+        return super()._outgoing(frame, link)
+
+
+def test_an_lb_answering_at_once_is_read_after_what_the_ic_sent_before_it_was_answered(recovery):
+    """The recorded IC sent TakeBecomingPrimaryCheckpoint right after the replayed record, before
+    the LB's self calls answering that record came: played, its answer is read after it too, so
+    the self calls are judged in the same phase (normal, not replay) as recorded."""
+    capture, frames, _ = recovery
+    kinds = [(f["sender"], f["type"]) for f in frames]
+    assert kinds.index(("ic", "TakeBecomingPrimaryCheckpoint")) < kinds.index(("lb", "RPCBatch"))
+    listeners = [links.Listener(("127.0.0.1", 0)) for _ in range(2)]
+    lb = start_lb(*(listener.address[1] for listener in listeners))
+    try:
+        options = engine.Options("ic", listeners=listeners)
+        report = _SlowToTakeCheckpoint(find(capture), options).run()
+        _, lb_err = lb.communicate(timeout=120)
+    finally:
+        for listener in listeners:
+            listener.close()
+        if lb.poll() is None:
+            lb.kill()
+            lb.communicate()
+    assert report.ok, ([o.text() for o in report.outcomes], lb_err)
+    assert report.counts["matched"] == compared_of(frames, "lb")

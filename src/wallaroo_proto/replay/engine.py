@@ -3,7 +3,10 @@
 It walks the recording in order. A frame of the played side is sent once every frame the
 peer sent before it in the recording has come (or was waited for ``answer_timeout``), and
 once the protocol's adapter lets it go (credits, a window); its bytes follow the live
-peer's values through the adapter. A frame of the peer is expected: the live frames are
+peer's values through the adapter. The peer is not read while frames of ours are held to
+be sent: what it answers comes after them in the live run, as it did in the recording (an
+AMBROSIA LB's self calls answering a replayed record are judged after the IC's
+TakeBecomingPrimaryCheckpoint that followed the record). A frame of the peer is expected: the live frames are
 judged by the protocol's core (``live``) and matched and compared with the recorded ones
 (``compare``). Everything waits with deadlines, so a peer that hangs is a finding.
 """
@@ -471,9 +474,8 @@ class Player:
                         self._batch += data
                         self._batch_at = (link, frame.packet)
                         self.sent += 1
-                    # no read here: an answer read before the walk expects its recorded frame is
-                    # decided at once if it is a violation (without its recorded frame, which then
-                    # is missing) and waits as early otherwise
+                    else:  # nothing of ours waits to go: read what came (ours go first, as recorded)
+                        self._pump(0)
                 elif frame.sender:
                     self._flush_batch()
                     fields = self.adapter.expected(frame)
