@@ -19,7 +19,7 @@ from scapy.all import TCP, rdpcap
 from support import COMMAND, Server, run_cli
 
 from wallaroo_proto.protocols.wallaroo.replay import Adapter, units
-from wallaroo_proto.replay import recording
+from wallaroo_proto.replay import live, recording
 from wallaroo_proto.replay.adapter import SKIP, Hold
 from wallaroo_proto.replay.compare import Matcher, Result, differences
 from wallaroo_proto.replay.live import Transcript
@@ -170,6 +170,25 @@ def test_the_live_recording_keeps_a_comment_decided_after_later_packets_were_jud
     done = run_cli("dissect", str(path), "-T", "jsonl")
     ok = [json.loads(line) for line in done.stdout.splitlines() if '"OK"' in line]
     assert ok[0]["notes"] == ["decided late"], done.stdout
+
+
+def test_the_live_recording_holds_a_bounded_number_of_packets_for_late_comments(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(live, "MAX_HELD", 2)
+    path = tmp_path / "live.pcapng"
+    transcript = Transcript("wallaroo", [7100], str(path))
+    transcript.open(1, ("127.0.0.1", 5000), ("127.0.0.1", 7100))  # the handshake: packets 1-3
+    transcript.sent(1, True, HELLO)  # packet 4
+    transcript.sent(1, False, OK_100)  # packet 5
+    transcript.records()
+    transcript.flush(before=1)  # a frame of packet 1 still waits: only the bound lets packets go
+    assert len(transcript._tee.held) == 2
+    transcript.comment(1, "decided late")  # its packet is written already
+    transcript.close()
+    done = run_cli("dissect", str(path), "-T", "jsonl")
+    hello = [json.loads(line) for line in done.stdout.splitlines() if '"HELLO"' in line]
+    assert hello[0]["notes"] == ["(live packet 1) decided late"], done.stdout  # the next written
 
 
 # --- the Wallaroo adapter (sans-IO), with frames written from the spec's layouts ----------------
