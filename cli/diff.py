@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import click
 from wallaroo_proto_cli.options import Command, examples, usage_error, verbosity
-from wallaroo_proto_cli.replay import compiled_filter, format_option, ignore_option, selection_options
+from wallaroo_proto_cli.replay import compiled_filter, format_option, ignore_option, picked, selection_options
 from wallaroo_proto_cli.replay_view import print_report
 
 from wallaroo_proto.replay.diff import DiffError, diff
-from wallaroo_proto.replay.recording import RecordingError, find
 
 
 @click.command(
@@ -34,22 +33,9 @@ def command(first, second, connections, display_filter, protocol, ports, ignore,
     """Compare the conversation in FIRST with the one in SECOND: each side's frames matched by
     the protocol's own keys and compared field by field, with replay's ignore rules."""
     matches = compiled_filter(display_filter)
-    picked = []
-    for capture in (first, second):
-        try:
-            picked.append(
-                find(
-                    capture,
-                    connections=tuple(connections),
-                    display_filter=matches,
-                    protocol=protocol,
-                    ports=tuple(ports) or None,
-                )
-            )
-        except (RecordingError, OSError) as err:
-            raise usage_error(str(err)) from None
+    one, two = (picked(c, connections, matches, protocol, ports) for c in (first, second))
     try:
-        report = diff(picked[0], picked[1], frozenset(ignore))
+        report = diff(one, two, frozenset(ignore))
     except DiffError as err:
         raise usage_error(str(err)) from None
     print_report(report, fmt, verbosity)

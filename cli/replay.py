@@ -24,7 +24,7 @@ from wallaroo_proto_cli.serving import ready
 from wallaroo_proto.protocols import names
 from wallaroo_proto.replay import engine
 from wallaroo_proto.replay.links import LinkError, Listener
-from wallaroo_proto.replay.recording import RecordingError, find
+from wallaroo_proto.replay.recording import Conversation, RecordingError, find
 
 NAME = "wallaroo-proto replay"
 
@@ -92,6 +92,17 @@ format_option = click.option(
     show_default=True,
     help="json: the summary as one JSON object.",
 )
+
+
+def picked(capture: str, connections, matches, protocol: str | None, ports) -> Conversation:
+    """The conversation the selection options pick in ``capture``; exit 2 naming the choices."""
+    try:
+        return find(
+            capture, connections=tuple(connections), display_filter=matches, protocol=protocol,
+            ports=tuple(ports) or None,
+        )  # fmt: skip
+    except (RecordingError, OSError) as err:
+        raise usage_error(str(err)) from None
 
 
 def compiled_filter(expression: str | None):
@@ -202,19 +213,9 @@ def command(
     decides, judge each of its frames by the protocol's rules, and compare each with its
     recorded counterpart field by field."""
     speed = parse_rate(rate)
-    matches = compiled_filter(display_filter)
     if not connect and not listen and not spawn:
         raise usage_error("give the live peer: --connect HOST:PORT, --listen HOST:PORT or --spawn CMD")
-    try:
-        conversation = find(
-            capture,
-            connections=tuple(connections),
-            display_filter=matches,
-            protocol=protocol,
-            ports=tuple(ports) or None,
-        )
-    except (RecordingError, OSError) as err:
-        raise usage_error(str(err)) from None
+    conversation = picked(capture, connections, compiled_filter(display_filter), protocol, ports)
     try:
         side = conversation.side_named(play)
     except ValueError as err:
