@@ -15,6 +15,7 @@ from wallaroo_proto_cli.options import (
     Command,
     examples,
     format_address,
+    summary_format,
     usage_error,
     verbosity,
 )
@@ -83,15 +84,8 @@ ignore_option = click.option(
     metavar="FIELD",
     help="A field that may differ (repeat), beside the protocol's own (times, opaques, ...).",
 )
-#: ``--format text|json``: replay's and diff's summary.
-format_option = click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "json"]),
-    default="text",
-    show_default=True,
-    help="json: the summary as one JSON object.",
-)
+#: ``--format text|json``: replay's and diff's summary (the peers' own option).
+format_option = summary_format
 
 
 def picked(capture: str, connections, matches, protocol: str | None, ports) -> Conversation:

@@ -210,10 +210,6 @@ class Matcher:
             order.popleft()
         return order[0] if order and order[0].index < index else None
 
-    def pending(self) -> int:
-        self.outstanding_before(1 << 62)
-        return sum(1 for w in self._order if not w.done)
-
     def give_up(self, waiting: _Waiting, reason: str) -> Outcome:
         """An expected frame that will not be waited for any longer: missing."""
         waiting.done = True

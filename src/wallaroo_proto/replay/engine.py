@@ -29,7 +29,7 @@ from .compare import BAD, Matcher, Outcome, Result
 from .diff import diff
 from .links import Link, LinkError, Listener, SpawnLink, connect
 from .live import Transcript
-from .recording import ConnectionInfo, Conversation, Frame, find, frames
+from .recording import ConnectionInfo, Conversation, Frame, StreamBytes, find, frames
 
 #: Why a frame is not waited for once the live peer went quiet.
 QUIET = "the live peer sent nothing through two answers' deadlines in a row"
@@ -111,24 +111,6 @@ class _Stop(Exception):
     """The replay cannot go on (the peer closed, or never allowed a frame)."""
 
 
-class _Stream:
-    """One direction's live bytes, kept until the frames that hold them were read."""
-
-    __slots__ = ("base", "buf")
-
-    def __init__(self) -> None:
-        self.base = 0
-        self.buf = bytearray()
-
-    def take(self, offset: int, length: int) -> bytes:
-        start = offset - self.base
-        raw = bytes(self.buf[max(0, start) : start + length])
-        if start + length > 0:
-            del self.buf[: start + length]
-            self.base = offset + length
-        return raw
-
-
 class Player:
     """One replay of ``conversation`` (see the module's docstring)."""
 
@@ -152,7 +134,8 @@ class Player:
         self.transcript: Transcript | None = None
         self.links: dict[int, Link] = {}  # recorded conn_index -> live link
         self._live_order: list[Link] = []  # live conn_index - 1 -> link
-        self._streams: dict[tuple[int, bool], _Stream] = {}
+        #: Live connection -> the peer's bytes, until its frames are read (the adapter gets them).
+        self._streams: dict[int, StreamBytes] = {}
         self._to_connect = list(options.connect)
         self._spawn = options.spawn
         #: Our own frames that broke a rule: counted, the first ``keep`` described.
@@ -234,8 +217,7 @@ class Player:
         live_index = len(self._live_order)
         assert self.transcript is not None
         self.transcript.open(live_index, link.client, link.server)
-        for d in (True, False):
-            self._streams[(live_index, d)] = _Stream()
+        self._streams[live_index] = StreamBytes()
 
     # --------------------------------------------------------------- bytes
 
@@ -290,7 +272,7 @@ class Player:
                 link.eof = True
                 self.transcript.ended(live_index, not link.we_are_client, reset=link.reset)
                 continue
-            self._streams[(live_index, not link.we_are_client)].buf += data
+            self._streams[live_index].buf += data
             self.transcript.sent(live_index, not link.we_are_client, data)
         return self._judge()
 
@@ -316,14 +298,7 @@ class Player:
         got = 0
         for record in self._live_records():
             link_index = record.get("conn_index") or 0
-            from_initiator = record.get("direction") == "initiator>responder"
-            link = self._live_order[link_index - 1] if 0 < link_index <= len(self._live_order) else None
-            from_us = link is not None and from_initiator == link.we_are_client
-            raw = b""
-            stream = self._streams.get((link_index, from_initiator))
-            if stream is not None and record.get("offset") is not None and record.get("length"):
-                raw = stream.take(record["offset"], record["length"])
-            if from_us:
+            if self._from_us(link_index, record.get("direction")):
                 if record.get("verdict") == "violation":
                     self.own_violation_count += 1
                     if len(self.own_violations) < self.options.keep:
@@ -332,6 +307,10 @@ class Player:
                             + "; ".join(record.get("violations") or ())
                         )
                 continue
+            raw = b""
+            stream = self._streams.get(link_index)
+            if stream is not None and record.get("offset") is not None and record.get("length"):
+                raw = stream.take(record["offset"], record["length"])
             self.received += 1
             if self.adapter.incoming(record, raw):
                 got += 1

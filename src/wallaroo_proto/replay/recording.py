@@ -222,24 +222,24 @@ def _listing(groups: dict[tuple, list[int]], idents: dict[int, dict]) -> str:
     return "; ".join(shown) + more
 
 
-class _Bytes:
-    """One direction's stream bytes from ``base`` on (a ``reassembly.Consumer``)."""
+class StreamBytes:
+    """One direction's stream bytes from ``base`` on, kept until the frames holding them are
+    taken: a ``reassembly.Consumer`` here, and the live peer's bytes in the engine."""
 
-    __slots__ = ("base", "buf", "lost")
+    __slots__ = ("base", "buf")
 
     def __init__(self) -> None:
         self.base = 0
         self.buf = bytearray()
-        self.lost: list[tuple[int, int | None]] = []
 
     def data(self, offset: int, payload: bytes, packet: int, ts: int) -> None:
         end = self.base + len(self.buf)
-        if offset > end:  # after a gap: keep offsets aligned with zeros (never sent: see lost)
+        if offset > end:  # after a gap: offsets kept aligned with zeros (a frame there is cut short)
             self.buf += bytes(offset - end)
         self.buf += payload
 
     def gap(self, offset: int, missing: int | None, packet: int, ts: int) -> None:
-        self.lost.append((offset, missing))
+        """Nothing to keep: the zeros ``data`` puts in the hole make its frames short of bytes."""
 
     def take(self, offset: int, length: int) -> bytes:
         start = offset - self.base
@@ -254,14 +254,14 @@ class _Bytes:
 def frames(conversation: Conversation) -> Iterator[Frame]:
     """The chosen conversation's frames in capture order (second pass), each with its bytes."""
     indexes = {c.conn_index for c in conversation.connections}
-    wanted: dict[tuple, _Bytes] = {}
+    wanted: dict[tuple, StreamBytes] = {}
     which: dict[tuple, tuple[int, bool]] = {}
     halves: dict[tuple, HalfStream] = {}
-    streams: dict[tuple[int, bool], _Bytes] = {}
+    streams: dict[tuple[int, bool], StreamBytes] = {}
     for conn in conversation.connections:
         for from_initiator in (True, False):
             src, dst = (conn.client, conn.server) if from_initiator else (conn.server, conn.client)
-            stream = _Bytes()
+            stream = StreamBytes()
             wanted[(src, dst)] = stream
             which[(src, dst)] = (conn.conn_index, from_initiator)
             streams[(conn.conn_index, from_initiator)] = stream

@@ -7,7 +7,7 @@ decides when it checkpoints and at which sequence number. So, playing:
   the live processor's ``status`` of the last one). A checkpoint reply answers what the live
   processor asked: its sequence numbers echoed, as the Java MLD does, and the recorded
   ``error`` kept when it asked what the recorded processor asked; else the KCL checkpointer's
-  own answer for the live conversation (``core.checkpoint_refusal``). A checkpoint the
+  own answer for the live conversation (``core.checkpoint_error``). A checkpoint the
   recording never had is answered the same way (``owed``), so the processor goes on, and the
   comparison reports it as extra. A recorded reply the live processor never asked for is not
   sent. The processor's answers are matched within the request they came during (``REQUEST``).
@@ -44,7 +44,7 @@ from .codec import (
     encode_kclpy,
     is_sequence_number,
 )
-from .core import DAEMON, PROCESSOR, Conversation, State, checkpoint_refusal, seq_key
+from .core import DAEMON, PROCESSOR, Conversation, State, checkpoint_error, seq_key
 
 #: Checkpoint errors that say what the daemon's surroundings did (DynamoDB throttled, the lease
 #: went, a dependency failed), not what it thinks of the numbers asked: a recorded one is kept
@@ -143,14 +143,13 @@ class Adapter(adapter.Adapter):
             error = recorded.error
         else:
             last = live.last_checkpoint
-            refusal = checkpoint_refusal(
+            error = checkpoint_error(
                 ask,
                 action=live.pending,
                 last=seq_key(*last) if last is not None and is_sequence_number(last[0]) else None,
                 largest=live.largest,
                 reason=live.pending_reason,
             )
-            error = refusal[0] if refusal is not None else None
         reply = Checkpoint(ask.sequence_number, ask.sub_sequence_number, error)
         if reply == recorded:
             return self._sent(raw, raw + b"\n")
