@@ -39,6 +39,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tremor": ("tremor", "Tremor network protocol (WebSocket): a mock node and a mock client."),
     "proxy": ("proxy", "Stand between two real peers: forward, record and check their conversation live."),
     "replay": ("replay", "Play one side of a recorded conversation against a live peer and compare."),
+    "fuzz": ("fuzz", "Fuzz a live peer with mutants of recorded conversations; the core judges."),
     "diff": ("diff", "Compare two captures of one protocol's conversation, frame by frame."),
     "demo": ("demo", "Run the whole toolkit on loopback: the main job."),
 }

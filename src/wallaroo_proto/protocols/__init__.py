@@ -115,6 +115,9 @@ class ProtocolPlugin:
     #: Optional: ``replay_adapter()`` -> its module for ``replay`` and ``diff`` (``replay.adapter``
     #: says what it holds): how a recorded frame follows a live peer, which fields may differ.
     replay_adapter: Callable[[], Any] | None = None
+    #: Optional: ``fuzz_hooks()`` -> its module for ``fuzz`` (``fuzz.hooks`` says what it holds):
+    #: its frames' fields, what its peers owe, how they refuse.
+    fuzz_hooks: Callable[[], Any] | None = None
     #: Optional: integer fields shown in hex (as Wireshark's BASE_HEX), name -> digits, so the
     #: table, ``-T fields`` and the summary write one value one way: ``0x`` and zero-padded.
     hex_fields: Mapping[str, int] = field(default_factory=dict)

@@ -18,7 +18,7 @@ import os
 import select
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -56,6 +56,11 @@ class Options:
     record: str | None = None
     #: Outcomes other than matched kept for the summary (the rest are counted).
     keep: int = 1000
+    #: Seconds a peer is waited for to connect (None: ``answer_timeout``): a peer process started
+    #: for each run takes longer to come than an answer.
+    connect_timeout: float | None = None
+    #: Keep ``Player.events``: every live frame of both sides and every end, in order (fuzz's oracle).
+    log: bool = False
 
 
 @dataclass
@@ -119,8 +124,14 @@ class Player:
         conversation: Conversation,
         options: Options,
         on_outcome: Callable[[Outcome], None] | None = None,
+        steps: Iterable[Frame] | None = None,
     ) -> None:
         self.conversation = conversation
+        #: The frames played (fuzz's mutants), else the recording's.
+        self.steps = steps
+        #: With ``options.log``: ("ours" | "peer", record) for each live frame, ("end", live
+        #: connection, "closed" | "reset") for the peer's ends, in the order they were read.
+        self.events: list[tuple] = []
         self.options = options
         self.side = options.side
         self.adapter = adapters.make(conversation.protocol, options.side)
@@ -178,7 +189,7 @@ class Player:
 
     def _open_one(self, info: ConnectionInfo) -> None:
         ours = info.initiator_side == self.side
-        deadline = time.monotonic() + self.options.answer_timeout
+        deadline = time.monotonic() + (self.options.connect_timeout or self.options.answer_timeout)
         if ours:
             if self._spawn is not None:
                 link: Link = SpawnLink(self._spawn, info.client, info.server)
@@ -208,7 +219,8 @@ class Player:
                     return link
             left = deadline - time.monotonic()
             if left <= 0:
-                raise ReplayError(f"no client connected within {self.options.answer_timeout:g} s")
+                waited = self.options.connect_timeout or self.options.answer_timeout
+                raise ReplayError(f"no client connected within {waited:g} s")
             select.select([ls.sock for ls in listeners], [], [], min(left, 1.0))
 
     def _attach(self, conn_index: int, link: Link) -> None:
@@ -271,6 +283,9 @@ class Player:
             if not data:
                 link.eof = True
                 self.transcript.ended(live_index, not link.we_are_client, reset=link.reset)
+                if self.options.log:
+                    self._judge()  # its last frames come before its end
+                    self.events.append(("end", live_index, "reset" if link.reset else "closed"))
                 continue
             self._streams[live_index].buf += data
             self.transcript.sent(live_index, not link.we_are_client, data)
@@ -287,7 +302,9 @@ class Player:
         for item in self.transcript.items():
             if type(item) is FrameBlock:
                 shared = item.shared
-                if self._from_us(shared.get("conn_index") or 0, shared.get("direction")):
+                if not self.options.log and self._from_us(
+                    shared.get("conn_index") or 0, shared.get("direction")
+                ):
                     continue
                 yield from item.records()
             else:
@@ -298,7 +315,10 @@ class Player:
         got = 0
         for record in self._live_records():
             link_index = record.get("conn_index") or 0
-            if self._from_us(link_index, record.get("direction")):
+            ours = self._from_us(link_index, record.get("direction"))
+            if self.options.log:
+                self.events.append(("ours" if ours else "peer", record))
+            if ours:
                 if record.get("verdict") == "violation":
                     self.own_violation_count += 1
                     if len(self.own_violations) < self.options.keep:
@@ -425,7 +445,7 @@ class Player:
         stopped = None
         last_index = -1
         try:
-            for frame in frames(self.conversation):
+            for frame in frames(self.conversation) if self.steps is None else self.steps:
                 last_index = frame.index
                 link = self.links.get(frame.conn_index)
                 if link is None:
@@ -444,10 +464,12 @@ class Player:
                             f"recorded frame {frame.index} ({frame.type}) lies past a lost segment: "
                             "its bytes were not captured, so it cannot be sent"
                         )
-                    if (link, frame.packet) != self._batch_at:
+                    if (link, frame.packet) != self._batch_at or frame.note:
                         self._flush_batch()
                     self._wait_answers(frame.index, frame)
-                    data = self._outgoing(frame, link)
+                    data = frame.raw if frame.as_is else self._outgoing(frame, link)
+                    if frame.edit is not None:
+                        data = frame.edit(data)
                     if data:
                         self._pace(frame)
                         self._batch += data
@@ -455,6 +477,13 @@ class Player:
                         self.sent += 1
                     else:  # nothing of ours waits to go: read what came (ours go first, as recorded)
                         self._pump(0)
+                    if frame.note or frame.then:
+                        self._flush_batch()  # a fuzzed frame goes alone, its note on its own packet
+                        if frame.note:
+                            self.transcript.comment(self.transcript.feed.packets, frame.note)
+                        if frame.then:
+                            self._end_ours(link, reset=frame.then == "reset")
+                            break
                 elif frame.sender:
                     self._flush_batch()
                     fields = self.adapter.expected(frame)
@@ -488,6 +517,16 @@ class Player:
             notes=[self.conversation.cut] if self.conversation.cut else [],
             own_violation_count=self.own_violation_count,
         )
+
+    def _end_ours(self, link: Link, reset: bool) -> None:
+        """Fuzzing's half-close or reset of one connection: nothing of ours follows on any."""
+        assert self.transcript is not None
+        live_index = self._live_order.index(link) + 1
+        if reset:
+            link.abort()
+        else:
+            link.shutdown_write()
+        self.transcript.ended(live_index, link.we_are_client, reset=reset)
 
     def _finish(self) -> None:
         """The played side is done: half-close (after the peer, where the recording's peer closed

@@ -10,6 +10,7 @@ import contextlib
 import os
 import shlex
 import socket
+import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -49,6 +50,11 @@ class Link:
     def shutdown_write(self) -> None:
         raise NotImplementedError
 
+    def abort(self) -> None:
+        """Reset: stop at once, what was sent and unread lost (a pipe is closed)."""
+        self.shutdown_write()
+        self.eof = True
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -83,6 +89,12 @@ class TcpLink(Link):
     def shutdown_write(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_WR)
+
+    def abort(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.sock.close()  # a linger of 0: an RST, not a FIN
+        self.eof = True
 
     def close(self) -> None:
         self.sock.close()

@@ -90,6 +90,15 @@ class Frame:
     index: int
     record: dict
     raw: bytes
+    #: Fuzzing's changes to a frame of the played side (replay leaves them unset): ``edit`` turns
+    #: the bytes the adapter made into the bytes sent; ``as_is`` sends ``raw`` without asking the
+    #: adapter (a frame the recording never held there); ``then`` is done once it went
+    #: (``"half-close"`` or ``"reset"``: nothing of ours follows); ``note`` is written on its
+    #: packet in ``--record``'s capture.
+    edit: Callable[[bytes], bytes] | None = None
+    as_is: bool = False
+    then: str | None = None
+    note: str | None = None
 
     @property
     def sender(self) -> str:

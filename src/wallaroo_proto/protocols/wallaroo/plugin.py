@@ -93,6 +93,12 @@ def _replay_adapter() -> Any:
     return replay
 
 
+def _fuzz_hooks() -> Any:
+    from . import fuzz
+
+    return fuzz
+
+
 PLUGIN = ProtocolPlugin(
     name="wallaroo",
     default_ports=DEFAULT_PORTS,
@@ -111,6 +117,7 @@ PLUGIN = ProtocolPlugin(
     conformance_suites=_conformance_suites,
     proxy_faults=_proxy_faults,
     replay_adapter=_replay_adapter,
+    fuzz_hooks=_fuzz_hooks,
     report_titles=TITLES,
     report_signals=WallarooSignals,
     plain_table_names=True,

@@ -1,0 +1,1 @@
+"""``fuzz``: protocol-aware stateful fuzzing of a live peer, the protocol's core as the oracle."""
