@@ -24,10 +24,14 @@ from wallaroo_proto.replay.recording import Conversation, Frame, frames
 from . import mutate
 from .hooks import Hooks
 from .mutate import Mutant
-from .oracle import Finding, Verdicts, judge
+from .oracle import Finding, Verdicts, judge, outstanding
 from .peer import PeerError, PeerProcess
 from .shrink import shrink
 from .states import StateGraph
+
+#: Seconds a recorded answer is waited for once a changed frame went: the peer may owe none now.
+#: What it does owe (``hooks.owed``) is waited for up to the answer timeout before a case ends.
+SETTLE = 0.01
 
 
 class FuzzError(Exception):
@@ -186,6 +190,8 @@ class Campaign:
         )
         self.stdio = mode == "stdio"
         self._last_progress = 0.0
+        #: The findings written, by what their shrunk conversation is.
+        self._shrunk: set[tuple] = set()
 
     @property
     def ports(self) -> list[int]:
@@ -207,6 +213,9 @@ class Campaign:
             record=record,
             keep=10,
             log=True,
+            fuzz_from=min((e.at for e in mutant.edits), default=None),
+            settle=min(s.answer_timeout, SETTLE),
+            owes=lambda events: outstanding(events, self.hooks),
         )
         self.peer.before()
         player = Player(seed.conversation, options, steps=steps)
@@ -287,6 +296,11 @@ class Campaign:
                 summary.seconds = time.monotonic() - started
                 return summary
             corpus = corpus or [Mutant(i) for i in range(len(self.seeds))]
+            for index, seed in enumerate(self.seeds):
+                for mutant in mutate.sweep(index, seed.frames, self.side, self.templates):
+                    if self._spent(started):
+                        break
+                    self._play(mutant, corpus, seen, started)
             while not self._spent(started):
                 parent = self.rng.choice(corpus)
                 if len(parent.edits) >= 3:
@@ -295,12 +309,7 @@ class Campaign:
                 child = mutate.mutate(parent, seed.frames, self.side, self.hooks, self.rng, self.templates)
                 if child is parent:
                     break  # no frame of ours to change
-                verdicts = self.execute(child)
-                self._learn(verdicts, child, corpus)
-                for finding in verdicts.findings:
-                    self._consider(finding, child, seen)
-                summary.seconds = time.monotonic() - started
-                self._tick()
+                self._play(child, corpus, seen, started)
         finally:
             self.peer.stop()
             for listener in self.listeners:
@@ -311,6 +320,14 @@ class Campaign:
         if s.states:
             self.graph.write(s.states)
         return summary
+
+    def _play(self, mutant: Mutant, corpus: list[Mutant], seen: set[tuple], started: float) -> None:
+        verdicts = self.execute(mutant)
+        self._learn(verdicts, mutant, corpus)
+        for finding in verdicts.findings:
+            self._consider(finding, mutant, seen)
+        self.summary.seconds = time.monotonic() - started
+        self._tick()
 
     def _spent(self, started: float) -> bool:
         s = self.settings
@@ -347,6 +364,10 @@ class Campaign:
             lambda m: self._gives(m, finding),
             self.settings.shrink_seconds,
         )
+        shrunk_key = (finding.kind, finding.state, finding.reaction, small.label)
+        if shrunk_key in self._shrunk:
+            return  # another way to the same shrunk conversation
+        self._shrunk.add(shrunk_key)
         found = Found(finding, small, small.label, hits, tries, shrink_seconds=time.monotonic() - began)
         found.capture, found.frames = self._write(found, len(self.summary.found) + 1)
         self.summary.found.append(found)

@@ -172,6 +172,26 @@ def mutate(
     return mutant
 
 
+def sweep(seed: int, frames: list[Frame], side: str, templates: dict[str, bytes]) -> list[Mutant]:
+    """The deterministic stage, before random mutation: each frame type inserted once in each
+    state the seed reaches (a state: the peer's last frame type and the frame of ours due), so a
+    frame out of state is tried everywhere it can be, whatever the random choices."""
+    out = []
+    seen: set[tuple[str, str]] = set()
+    last_peer = "start"
+    for at, frame in enumerate(frames):
+        if frame.sender != side:
+            last_peer = frame.type or last_peer
+            continue
+        if (last_peer, frame.type) in seen:
+            continue
+        seen.add((last_peer, frame.type))
+        for name in sorted(templates):
+            text = f"{name} inserted before {frame.type} #{at}"
+            out.append(Mutant(seed, (Edit("insert", at, name=name, data=templates[name], text=text),)))
+    return out
+
+
 def _template(frames: list[Frame], side: str, templates: dict[str, bytes], rng: random.Random) -> str:
     """A frame type to insert: mostly one the seed never has the played side send (out of any
     state it reached), else any."""
@@ -215,11 +235,13 @@ def steps(mutant: Mutant, frames: list[Frame], side: str, hooks: Hooks) -> list[
     swapped = {e.value: e.at for e in mutant.edits if e.kind == "swap"}
     out: list[Frame] = []
     held: dict[int, Frame] = {}  # a swapped frame, sent after its partner
+    carried: list[str] = []  # notes of frames dropped or moved, for the next frame of ours
     for i, frame in enumerate(frames):
         if i in gone:
             continue
         edits = by_at.get(i, [])
         if any(e.kind == "drop" for e in edits):
+            carried += [e.text for e in edits if e.kind == "drop"]
             continue
         for e in edits:
             if e.kind == "insert":
@@ -233,6 +255,11 @@ def steps(mutant: Mutant, frames: list[Frame], side: str, hooks: Hooks) -> list[
                     )
                 )
         changed = _changed(frame, edits, hooks)
+        carried += [e.text for e in edits if e.kind == "swap"]
+        if carried and frame.sender == side:  # a dropped or moved frame is noted on the next of ours
+            note = "; ".join(carried + ([changed.note.removeprefix("fuzz: ")] if changed.note else []))
+            changed = replace(changed, note=f"fuzz: {note}")
+            carried = []
         if any(e.kind == "swap" for e in edits):
             held[i] = changed
             continue

@@ -43,6 +43,15 @@ class Finding:
     def key(self) -> tuple[str, str, str, str]:
         return (self.kind, self.state, self.sent, self.reaction)
 
+    def as_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "state": self.state,
+            "mutation": self.sent,
+            "reaction": self.reaction,
+            "detail": self.detail,
+        }
+
 
 @dataclass
 class Verdicts:
@@ -69,6 +78,33 @@ def _rule(record: dict) -> str:
 def _rule_key(record: dict) -> str:
     """The rule broken, with its numbers left out: one rule broken with other ids is one finding."""
     return re.sub(r"\d+", "#", _rule(record))[:80]
+
+
+def outstanding(events: list[tuple], hooks: Hooks) -> bool:
+    """Does the peer still owe an answer to a legal frame of ours (and has not ended)? Waited for
+    before a case ends, however briefly the recorded answers were."""
+    owed: list[frozenset[str]] = []
+    for event in events:
+        if event[0] == "end":
+            return False
+        who, record = event
+        if who == "ours":
+            if record.get("verdict") in BAD:
+                return False
+            due = hooks.owed(record)
+            if due is not None and due.types:
+                owed.append(due.types)
+        else:
+            _answer(owed, _kind(record))
+    return bool(owed)
+
+
+def _answer(owed: list, kind: str) -> None:
+    """The first owed answer ``kind`` is one of is given."""
+    for i, types in enumerate(owed):
+        if kind in (types if isinstance(types, frozenset) else types[1]):
+            del owed[i]
+            return
 
 
 def judge(
@@ -139,10 +175,7 @@ def judge(
             out.findings.append(
                 Finding("violation", last_peer, sent_label, _rule_key(record), f"{kind}: {_rule(record)}")
             )
-        for i, (_, types, _) in enumerate(owed):
-            if kind in types:
-                del owed[i]
-                break
+        _answer(owed, kind)
     for state, sent in pending:
         out.coverage.add((state, sent, ended or "silent"))
     if exited:

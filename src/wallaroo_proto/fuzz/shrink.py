@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from wallaroo_proto.replay.recording import Frame
 
-from .mutate import Mutant, own_positions, units
+from .mutate import Edit, Mutant, own_positions, units
 
 
 def shrink(
@@ -50,6 +50,11 @@ def shrink(
             )
             if better(replace(best, edits=(*best.edits[:n], moved, *best.edits[n + 1 :]))):
                 break
+    # the frame an inserted one went before, left out (what follows the insert may not be needed)
+    for edit in list(best.edits):
+        if edit.kind == "insert" and not any(e.kind == "drop" and e.at == edit.at for e in best.edits):
+            gone = Edit("drop", edit.at, text=f"{frames[edit.at].type} #{edit.at} dropped")
+            better(replace(best, edits=(*best.edits, gone)))
     # the seed's units, by ddmin: those holding an edit's frame stay
     held = {e.at for e in best.edits} | {e.value for e in best.edits if e.kind == "swap"}
     removable = [n for n, unit in enumerate(units(frames, side)) if n > 0 and not held & set(unit)]

@@ -61,6 +61,12 @@ class Options:
     connect_timeout: float | None = None
     #: Keep ``Player.events``: every live frame of both sides and every end, in order (fuzz's oracle).
     log: bool = False
+    #: Fuzzing: from recorded frame ``fuzz_from`` on (the first changed), the recorded answers are
+    #: waited for ``settle`` only (the peer may owe none now), and ``owes(events)`` says what is
+    #: still waited for as long as an answer is, before the end too.
+    fuzz_from: int | None = None
+    settle: float | None = None
+    owes: Callable[[list[tuple]], bool] | None = None
 
 
 @dataclass
@@ -163,6 +169,8 @@ class Player:
         #: and nothing is waited for until it sends again (a silent peer costs two deadlines).
         self._silent_at: int | None = None
         self._quiet = False
+        #: The recording's frames from ``options.fuzz_from`` on are being played: see ``settle``.
+        self._fuzzed = False
         self._start_ts: float | None = None
         self._start_wall = 0.0
 
@@ -356,19 +364,28 @@ class Player:
             record, data = due
             self._send(self._live_order[record["conn_index"] - 1], data, self.options.answer_timeout)
 
+    def _patience(self) -> float:
+        """How long a recorded answer or an allowance is waited for: once the fuzzed frames began,
+        the peer may owe neither, so ``settle``, unless ``owes`` says it owes an answer still."""
+        settle, owes = self.options.settle, self.options.owes
+        if self._fuzzed and settle is not None and not (owes is not None and owes(self.events)):
+            return settle
+        return self.options.answer_timeout
+
     def _wait_answers(self, before: int, frame: Frame | None = None) -> None:
         """Until every peer frame recorded before frame ``before`` came, or one waited too long, or
         the adapter says ``frame`` need not wait any longer."""
-        timeout = self.options.answer_timeout
-        deadline = time.monotonic() + timeout
         front = None
+        since = time.monotonic()
         while True:
             self._answer_owed()
             waiting = self.matcher.outstanding_before(before)
             if waiting is None or (frame is not None and not self.adapter.waits(frame)):
                 return
             if waiting is not front:  # each answer gets its own deadline, whatever else comes
-                front, deadline = waiting, time.monotonic() + timeout
+                front, since = waiting, time.monotonic()
+            timeout = self._patience()
+            deadline = since + timeout
             if self._quiet:
                 if self.received == self._silent_at and not self._pump(0):
                     while (more := self.matcher.outstanding_before(before)) is not None:
@@ -392,9 +409,10 @@ class Player:
             self._pump(left)
 
     def _outgoing(self, frame: Frame, link: Link) -> bytes:
-        timeout = self.options.answer_timeout
-        deadline = time.monotonic() + timeout
+        since = time.monotonic()
         while True:
+            timeout = self._patience()
+            deadline = since + timeout
             self._answer_owed()
             out = self.adapter.outgoing(frame)
             if isinstance(out, adapters.Ask):
@@ -406,6 +424,8 @@ class Player:
             self._flush_batch()
             if self._quiet and self.received == self._silent_at and not self._pump(0):
                 raise _Stop(f"{frame.type} held: {out.reason}; {QUIET}")
+            if self._live_order and all(link.eof for link in self._live_order):
+                raise _Stop(f"{frame.type} held: {out.reason}; the live peer closed the connection")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _Stop(f"{frame.type} held for {timeout:g} s: {out.reason}")
@@ -447,6 +467,8 @@ class Player:
         try:
             for frame in frames(self.conversation) if self.steps is None else self.steps:
                 last_index = frame.index
+                fuzz_from = self.options.fuzz_from
+                self._fuzzed = fuzz_from is not None and frame.index >= fuzz_from
                 link = self.links.get(frame.conn_index)
                 if link is None:
                     self._flush_batch()  # the peer may open its connection once it has them
@@ -539,6 +561,12 @@ class Player:
             if conn_index in first_end and first_end[conn_index] != self._initiator_is_us.get(conn_index)
         ]
         deadline = time.monotonic() + self.options.answer_timeout
+        owes = self.options.owes
+        while owes is not None and owes(self.events) and not all(link.eof for link in self._live_order):
+            left = deadline - time.monotonic()  # what the peer still owes, waited for before we end
+            if left <= 0:
+                break
+            self._pump(left)
         while any(not link.eof for link in peer_first):  # the recording's peer closed first: let it
             left = deadline - time.monotonic()
             if left <= 0:
