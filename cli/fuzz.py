@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import asdict
 
 import click
 from rich.console import Console
@@ -233,7 +234,7 @@ def _rerun(seed: engine.Seed, settings: engine.Settings, fmt: str) -> None:
         found, summary = engine.rerun(seed, settings)
     except (engine.FuzzError, PeerError, LinkError) as err:
         raise usage_error(str(err)) from None
-    shown = {"protocol": summary.protocol, "played": summary.side, "findings": [f.__dict__ for f in found]}
+    shown = {"protocol": summary.protocol, "played": summary.side, "findings": [asdict(f) for f in found]}
     if not json_summary(shown, fmt):
         if not found:
             click.echo(f"{NAME}: {seed.name} finds nothing now")
