@@ -20,6 +20,7 @@ from test_interop_ambrosia_node import (  # noqa: F401 - the fixtures, used by n
     APP,
     DEADLINE,
     PORTS,
+    NodeApp,
     build,
     pytestmark,
     storage,
