@@ -107,6 +107,8 @@ class MockLB:
         # plain RPCs read (and judged), applied together before anything else happens
         self._methods: list[bytes] = []
         self._args: list[bytes] = []
+        #: A rule break planted for fuzz's tests only (``tests/test_fuzz_ambrosia.py``), never set otherwise.
+        self._plant = os.environ.get("WALLAROO_PROTO_PLANT")
 
     async def _connect(
         self, which: str, host: str, port: int
@@ -307,6 +309,8 @@ class MockLB:
         if kind in _ASKS:
             blob = self.counter.snapshot()
             self._send(Message(CHECKPOINT, zz64(len(blob))), blob)
+            if kind == TAKE_CHECKPOINT and self._plant == "lb-checkpoint-twice":
+                self._send(Message(CHECKPOINT, zz64(len(blob))), blob)
             self.stats.checkpoints_sent += 1
             self.config.trace(f"{name} answered with a checkpoint of {len(blob)} bytes")
 

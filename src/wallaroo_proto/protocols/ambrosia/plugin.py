@@ -126,6 +126,12 @@ def _proxy_faults() -> Any:
     return proxy_faults
 
 
+def _fuzz_hooks() -> Any:
+    from . import fuzz
+
+    return fuzz
+
+
 def _replay_adapter() -> Any:
     from . import replay
 
@@ -152,4 +158,5 @@ PLUGIN = ProtocolPlugin(
     report_signals=AmbrosiaSignals,
     part_key=pair_key,
     replay_adapter=_replay_adapter,
+    fuzz_hooks=_fuzz_hooks,
 )
