@@ -84,7 +84,8 @@ def parse_budget(text: str) -> tuple[float | None, int | None]:
     "--spawn",
     metavar="CMD",
     help="Start the peer: with --listen, a client started for each case ({port} in CMD is the "
-    "port); with --connect, a server, started again when it exits; alone, over its stdin and stdout.",
+    "port, {port2} the second --listen's); with --connect, a server, started again when it "
+    "exits; alone, over its stdin and stdout.",
 )
 @click.option("--reset-cmd", metavar="CMD", help="Run between cases (restart a peer, wipe its state).")
 @click.option(

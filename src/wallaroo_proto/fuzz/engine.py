@@ -183,7 +183,7 @@ class Campaign:
         self.peer = PeerProcess(
             settings.spawn,
             mode,
-            port=self.listeners[0].address[1] if self.listeners else None,
+            ports=tuple(listener.address[1] for listener in self.listeners),
             connect=settings.connect[0] if settings.connect else None,
             max_rss=settings.max_rss,
             reset_cmd=settings.reset_cmd,

@@ -18,6 +18,10 @@ A plug-in's ``fuzz_hooks()`` gives a module with (each optional; the defaults he
   response with an error status)?
 * ``REPLY_BEFORE_CLOSE``: the sides that must answer an illegal frame with an error reply
   before they close (a Wallaroo worker sends ERROR); any other side refuses by closing.
+* ``REFUSE_BY_EXIT``: the sides whose process exits when a peer breaks a rule, by design (an
+  AMBROSIA IC): their exit after an illegal frame is their refusal, not a crash.
+* ``fit(template, frame) -> bytes``: a template made to fit the recorded frame it is inserted
+  before (its ids, its committer), so it is out of state and nothing else.
 * ``state(adapter) -> str``: the played side's state, as its replay adapter's core sees it
   (default: the type of the peer's last frame).
 """
@@ -84,6 +88,11 @@ def refusal(record: dict) -> bool:
 
 
 REPLY_BEFORE_CLOSE: frozenset[str] = frozenset()
+REFUSE_BY_EXIT: frozenset[str] = frozenset()
+
+
+def fit(template: bytes, frame: Any) -> bytes:
+    return template
 
 
 def state(adapter: Any) -> str | None:
@@ -102,5 +111,15 @@ class Hooks:
     def __init__(self, protocol: str) -> None:
         mod = module(protocol)
         here = importlib.import_module(__name__)
-        for name in ("fields", "with_value", "templates", "owed", "refusal", "state", "REPLY_BEFORE_CLOSE"):
+        for name in (
+            "fields",
+            "with_value",
+            "templates",
+            "owed",
+            "refusal",
+            "state",
+            "REPLY_BEFORE_CLOSE",
+            "REFUSE_BY_EXIT",
+            "fit",
+        ):
             setattr(self, name, getattr(mod, name, getattr(here, name)))

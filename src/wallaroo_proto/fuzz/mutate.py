@@ -249,7 +249,7 @@ def steps(mutant: Mutant, frames: list[Frame], side: str, hooks: Hooks) -> list[
                     replace(
                         frame,
                         record={k: frame.record.get(k) for k in _WHERE} | {"type": e.name},
-                        raw=e.data,
+                        raw=hooks.fit(e.data, frame),
                         as_is=True,
                         note=f"fuzz: {e.text}",
                     )

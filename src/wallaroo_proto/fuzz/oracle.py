@@ -8,7 +8,7 @@ both sides with its verdict, and the peer's ends, in order) and says what is wro
 * ``violation``: a frame of the peer broke a rule (the core's verdict), while everything we
   had sent before it was legal;
 * ``accepted``: we sent an illegal frame and the peer went on as if it were legal: no error
-  reply, no close;
+  reply, and no close before ours;
 * ``no-error-reply``: we sent an illegal frame and the peer closed without the error reply
   its protocol requires of it;
 * ``silent``: a legal frame of ours owed an answer (the hooks' ``owed``) that never came,
@@ -81,22 +81,32 @@ def _rule_key(record: dict) -> str:
 
 
 def outstanding(events: list[tuple], hooks: Hooks) -> bool:
-    """Does the peer still owe an answer to a legal frame of ours (and has not ended)? Waited for
-    before a case ends, however briefly the recorded answers were."""
+    """Does the peer still owe an answer to a legal frame of ours, or a refusal of an illegal one
+    (and has not ended)? Waited for before a case ends, however briefly the recorded answers were."""
     owed: list[frozenset[str]] = []
+    illegal = False
     for event in events:
         if event[0] == "end":
             return False
+        if event[0] == "we-end":
+            continue
         who, record = event
-        if who == "ours":
-            if record.get("verdict") in BAD:
+        if illegal:
+            if who == "peer" and hooks.refusal(record):
                 return False
+            continue
+        if who == "ours":
+            if hooks.refusal(record):
+                return False  # we refused ourselves: nothing more is owed
+            if record.get("verdict") in BAD:
+                illegal = True  # owed a refusal: an error reply or an end
+                continue
             due = hooks.owed(record)
             if due is not None and due.types:
                 owed.append(due.types)
         else:
             _answer(owed, _kind(record))
-    return bool(owed)
+    return illegal or bool(owed)
 
 
 def _answer(owed: list, kind: str) -> None:
@@ -117,42 +127,55 @@ def judge(
 ) -> Verdicts:
     """The findings and coverage of one execution (see the module's docstring). ``sent_label``
     names the mutation (the findings' ``sent``); ``exited`` says how the peer's process ended;
-    ``reconnected`` whether a new connection came after the run (None: not watched)."""
+    ``reconnected`` whether a new connection came after the run (None: not watched). An end of
+    the peer's counts as its refusal only if it came before ours (``we-end`` events)."""
     out = Verdicts()
     last_peer = "start"
     illegal: dict | None = None  # our first illegal frame
-    refused = False
-    ended: str | None = None
+    refused: str | None = None  # how the peer refused it: "reply", or how it ended first
+    ended: str | None = None  # how the peer ended, if it did
+    we_ended: str | None = None  # how we ended, if we did before the peer
     owed: list[tuple[dict, frozenset[str], str]] = []  # (our record, types owed, state then)
     reconnect_owed: tuple[dict, str] | None = None
     pending: list[tuple[str, str]] = []  # (state, our type) waiting for the peer's reaction
     signature: list[str] = []
     frames = 0
+    over = False  # we sent our own error reply
+    judged = False  # a frame of ours was judged (bytes the dissector did not take for the protocol are not)
+
+    def found(kind: str, reaction: str, detail: str, state: str | None = None) -> None:
+        out.findings.append(Finding(kind, state or last_peer, sent_label, reaction, detail))
+
     for event in events:
+        if event[0] == "we-end":
+            we_ended = we_ended or event[2]
+            continue
         if event[0] == "end":
             how = event[2]
             signature.append(how)
-            ended = ended or how
-            for state, sent in pending:
-                out.coverage.add((state, sent, how))
-            pending = []
-            if how == "reset" and illegal is None:
-                out.findings.append(
-                    Finding(
-                        "reset",
-                        last_peer,
-                        sent_label,
-                        "reset",
-                        "the peer reset the connection after legal frames only",
-                    )
-                )
+            if ended is None:
+                ended = how
+                for state, sent in pending:
+                    out.coverage.add((state, sent, how))
+                pending = []
+                if illegal is not None and refused is None and we_ended is None:
+                    refused = how
+                elif how == "reset" and judged and illegal is None and we_ended is None and not over:
+                    found("reset", "reset", "the peer reset the connection after legal frames only")
             continue
         who, record = event
         frames += 1
         kind = _kind(record)
         bad = record.get("verdict") in BAD
         if who == "ours":
+            judged = True
             pending.append((last_peer, kind + (" (illegal)" if bad else "")))
+            if over:
+                continue
+            if hooks.refusal(record) and illegal is None:
+                over = True  # we refused ourselves (an ERROR): the peer owes nothing more
+                owed.clear()
+                continue
             if bad and illegal is None:
                 illegal = record
             elif not bad and illegal is None:
@@ -168,58 +191,42 @@ def judge(
         pending = []
         last_peer = kind
         if illegal is not None:
-            if hooks.refusal(record):
-                refused = True
+            if hooks.refusal(record) and refused is None:
+                refused = "reply"
             continue
         if bad:
-            out.findings.append(
-                Finding("violation", last_peer, sent_label, _rule_key(record), f"{kind}: {_rule(record)}")
-            )
+            found("violation", _rule_key(record), f"{kind}: {_rule(record)}")
         _answer(owed, kind)
     for state, sent in pending:
         out.coverage.add((state, sent, ended or "silent"))
-    if exited:
-        out.findings.append(Finding("crash", last_peer, sent_label, "exited", exited))
-    if illegal is not None and not refused:
+    if exited and not (illegal is not None and peer in hooks.REFUSE_BY_EXIT):
+        found("crash", "exited", exited)
+    if illegal is not None:
         what = f"{_kind(illegal)}: {_rule(illegal)}"
-        if ended is None:
-            out.findings.append(
-                Finding(
-                    "accepted", last_peer, sent_label, "went on", f"the peer went on after our illegal {what}"
-                )
+        if refused is None and not (exited and peer in hooks.REFUSE_BY_EXIT):
+            found(
+                "accepted",
+                "went on",
+                f"the peer went on after our illegal {what}: no refusal before we ended",
             )
-        elif peer in hooks.REPLY_BEFORE_CLOSE:
-            out.findings.append(
-                Finding(
-                    "no-error-reply",
-                    last_peer,
-                    sent_label,
-                    ended,
-                    f"the peer {ended} the connection without an error reply to our illegal {what}",
-                )
+        elif refused not in (None, "reply") and peer in hooks.REPLY_BEFORE_CLOSE:
+            found(
+                "no-error-reply",
+                refused,
+                f"the peer {refused} the connection without an error reply to our illegal {what}",
             )
-    if illegal is None and owed and ended is None:
+    elif owed and we_ended != "reset":
         record, types, state = owed[0]
-        out.findings.append(
-            Finding(
-                "silent",
-                state,
-                sent_label,
-                "silent",
-                f"no {' or '.join(sorted(types))} for our {_kind(record)} within the answer timeout",
-            )
+        how = f"{ended} the connection" if ended else "sent none within the answer timeout"
+        found(
+            "silent",
+            ended or "silent",
+            f"no {' or '.join(sorted(types))} for our {_kind(record)}: the peer {how}",
+            state,
         )
     if reconnect_owed is not None and reconnected is False:
         record, state = reconnect_owed
-        out.findings.append(
-            Finding(
-                "no-reconnect",
-                state,
-                sent_label,
-                ended or "silent",
-                f"no new connection after our {_kind(record)}",
-            )
-        )
+        found("no-reconnect", ended or "silent", f"no new connection after our {_kind(record)}", state)
     out.illegal = illegal is not None
     out.signature = tuple(signature)
     out.frames = frames

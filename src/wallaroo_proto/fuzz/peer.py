@@ -1,7 +1,7 @@
 """The live peer's process, when fuzz starts it (``--spawn``), and the commands run around cases.
 
 * With ``--listen``, the peer is a client: it is started for each case (``{port}`` in the
-  command is the port listened on) and stopped after it.
+  command is the port listened on, ``{port2}`` the second ``--listen``'s) and stopped after it.
 * With ``--connect``, the peer is a server: it is started once, and again after it exited
   (which is a finding), and waited for until it accepts connections.
 * With neither, replay's ``SpawnLink`` starts it for each case and speaks over its stdin and
@@ -64,7 +64,7 @@ class PeerProcess:
         self,
         command: str | None,
         mode: str,
-        port: int | None = None,
+        ports: tuple[int, ...] = (),
         connect: tuple[str, int] | None = None,
         max_rss: float | None = None,
         reset_cmd: str | None = None,
@@ -72,7 +72,7 @@ class PeerProcess:
     ) -> None:
         self.command = command
         self.mode = mode  # "client", "server" or "stdio"
-        self.port = port
+        self.ports = ports
         self.connect = connect
         self.max_rss = max_rss
         self.reset_cmd = reset_cmd
@@ -82,7 +82,10 @@ class PeerProcess:
 
     def _start(self) -> None:
         assert self.command is not None
-        line = self.command.replace("{port}", str(self.port or ""))
+        line = self.command
+        for n, port in enumerate(self.ports, 1):  # {port} the first listened on, {portN} the Nth
+            line = line.replace(f"{{port{n}}}", str(port))
+        line = line.replace("{port}", str(self.ports[0]) if self.ports else "")
         try:
             self.process = subprocess.Popen(  # noqa: S603 - the user's own command line
                 shlex.split(line),

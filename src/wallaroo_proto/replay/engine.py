@@ -251,6 +251,12 @@ class Player:
             try:
                 n = link.send(view)
             except (BrokenPipeError, ConnectionResetError):
+                self._pump(0)  # what it sent before: its refusal, maybe
+                if not link.eof:
+                    link.eof = link.reset = True
+                    self.transcript.ended(live_index, not link.we_are_client, reset=True)
+                    if self.options.log:
+                        self.events.append(("end", live_index, "reset"))
                 raise _Stop("the live peer reset the connection") from None
             except BlockingIOError:
                 n = 0
@@ -549,6 +555,8 @@ class Player:
         else:
             link.shutdown_write()
         self.transcript.ended(live_index, link.we_are_client, reset=reset)
+        if self.options.log:
+            self.events.append(("we-end", live_index, "reset" if reset else "closed"))
 
     def _finish(self) -> None:
         """The played side is done: half-close (after the peer, where the recording's peer closed
@@ -577,6 +585,8 @@ class Player:
             live_index = self._live_order.index(link) + 1
             assert self.transcript is not None
             self.transcript.ended(live_index, link.we_are_client)
+            if self.options.log:
+                self.events.append(("we-end", live_index, "closed"))
         deadline = time.monotonic() + min(self.options.answer_timeout, 2.0)
         while any(not link.eof for link in self._live_order):
             left = deadline - time.monotonic()
