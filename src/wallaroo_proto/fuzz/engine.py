@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from wallaroo_proto.replay import adapter as adapters
+from wallaroo_proto.protocols import get_plugin
 from wallaroo_proto.replay.engine import Options, Player, ReplayError
 from wallaroo_proto.replay.links import Listener
 from wallaroo_proto.replay.recording import Conversation, Frame, frames
@@ -189,6 +189,9 @@ class Campaign:
             reset_cmd=settings.reset_cmd,
         )
         self.stdio = mode == "stdio"
+        live = [listener.address[1] for listener in self.listeners] + [port for _, port in settings.connect]
+        #: The live ports as the reproducers carry them: the protocol's own (dissect reads them as it).
+        self.record_ports = dict(zip(live, get_plugin(self.protocol).default_ports, strict=False))
         self._last_progress = 0.0
         #: The findings written, by what their shrunk conversation is.
         self._shrunk: set[tuple] = set()
@@ -216,6 +219,7 @@ class Campaign:
             fuzz_from=min((e.at for e in mutant.edits), default=None),
             settle=min(s.answer_timeout, SETTLE),
             owes=lambda events: outstanding(events, self.hooks),
+            record_ports=self.record_ports,
         )
         self.peer.before()
         player = Player(seed.conversation, options, steps=steps)
@@ -415,4 +419,4 @@ def rerun(seed: Seed, settings: Settings) -> tuple[list[Finding], Summary]:
     return verdicts.findings, campaign.summary
 
 
-__all__ = ["Campaign", "FuzzError", "PeerError", "Settings", "Summary", "adapters", "load_seed", "rerun"]
+__all__ = ["Campaign", "FuzzError", "PeerError", "Settings", "Summary", "load_seed", "rerun"]

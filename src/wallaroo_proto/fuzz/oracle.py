@@ -203,7 +203,7 @@ def judge(
         found("crash", "exited", exited)
     if illegal is not None:
         what = f"{_kind(illegal)}: {_rule(illegal)}"
-        if refused is None and not (exited and peer in hooks.REFUSE_BY_EXIT):
+        if refused is None and we_ended != "reset" and not (exited and peer in hooks.REFUSE_BY_EXIT):
             found(
                 "accepted",
                 "went on",

@@ -66,6 +66,9 @@ class Options:
     #: still waited for as long as an answer is, before the end too.
     fuzz_from: int | None = None
     settle: float | None = None
+    #: Live server port -> the port written in ``record``'s capture (fuzz's reproducers carry the
+    #: protocol's own ports, so every tool reads them as the protocol without being told).
+    record_ports: dict[int, int] = field(default_factory=dict)
     owes: Callable[[list[tuple]], bool] | None = None
 
 
@@ -236,7 +239,8 @@ class Player:
         self._live_order.append(link)
         live_index = len(self._live_order)
         assert self.transcript is not None
-        self.transcript.open(live_index, link.client, link.server)
+        port = self.options.record_ports.get(link.server[1], link.server[1])
+        self.transcript.open(live_index, link.client, (link.server[0], port))
         self._streams[live_index] = StreamBytes()
 
     # --------------------------------------------------------------- bytes
@@ -447,6 +451,10 @@ class Player:
             self._batch_at = (None, 0)
             self._send(link, data, self.options.answer_timeout)
 
+    def _flush_batch_quietly(self) -> None:
+        with contextlib.suppress(_Stop):
+            self._flush_batch()
+
     def _pace(self, frame: Frame) -> None:
         speed = self.options.speed
         ts = frame.record.get("ts")
@@ -463,7 +471,9 @@ class Player:
         """Play the whole conversation; ``ReplayError`` if it cannot start."""
         options = self.options
         started = time.monotonic()
-        ports = sorted({c.server[1] for c in self.conversation.connections})
+        ports = sorted(
+            {c.server[1] for c in self.conversation.connections} | set(options.record_ports.values())
+        )
         try:
             self.transcript = Transcript(self.conversation.protocol, ports, options.record)
         except OSError as err:
@@ -495,7 +505,9 @@ class Player:
                     if (link, frame.packet) != self._batch_at or frame.note:
                         self._flush_batch()
                     self._wait_answers(frame.index, frame)
-                    data = frame.raw if frame.as_is else self._outgoing(frame, link)
+                    # a frame that broke a rule when recorded goes as it was (fuzz's reproducers)
+                    as_recorded = frame.as_is or frame.record.get("verdict") in ("violation", "malformed")
+                    data = frame.raw if as_recorded else self._outgoing(frame, link)
                     if frame.edit is not None:
                         data = frame.edit(data)
                     if data:
@@ -523,6 +535,9 @@ class Player:
             self._finish()
             self.matcher.give_up_all("never came")  # what came early and was never expected: extra
         except _Stop as stop:
+            if self.options.owes is not None:  # fuzzing: what the peer owes for our frames, read
+                self._flush_batch_quietly()
+                self._wait_owed()
             stopped = f"{stop} (at recorded frame {last_index})"
             self.matcher.give_up_all(f"not waited for: the replay stopped ({stop})")
         finally:
@@ -545,6 +560,17 @@ class Player:
             notes=[self.conversation.cut] if self.conversation.cut else [],
             own_violation_count=self.own_violation_count,
         )
+
+    def _wait_owed(self) -> None:
+        """Fuzzing: what the peer still owes (``Options.owes``: an answer, a refusal) is waited for
+        before we end, however the play ended."""
+        owes = self.options.owes
+        deadline = time.monotonic() + self.options.answer_timeout
+        while owes is not None and owes(self.events) and not all(link.eof for link in self._live_order):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._pump(left)
 
     def _end_ours(self, link: Link, reset: bool) -> None:
         """Fuzzing's half-close or reset of one connection: nothing of ours follows on any."""
@@ -569,12 +595,7 @@ class Player:
             if conn_index in first_end and first_end[conn_index] != self._initiator_is_us.get(conn_index)
         ]
         deadline = time.monotonic() + self.options.answer_timeout
-        owes = self.options.owes
-        while owes is not None and owes(self.events) and not all(link.eof for link in self._live_order):
-            left = deadline - time.monotonic()  # what the peer still owes, waited for before we end
-            if left <= 0:
-                break
-            self._pump(left)
+        self._wait_owed()
         while any(not link.eof for link in peer_first):  # the recording's peer closed first: let it
             left = deadline - time.monotonic()
             if left <= 0:
