@@ -3,7 +3,8 @@
 * With ``--listen``, the peer is a client: it is started for each case (``{port}`` in the
   command is the port listened on, ``{port2}`` the second ``--listen``'s) and stopped after it.
 * With ``--connect``, the peer is a server: it is started once, and again after it exited
-  (which is a finding), and waited for until it accepts connections.
+  (which is a finding), and waited for until it accepts connections; with ``--reset-cmd``, it
+  is stopped before each case and started afresh after the command ran.
 * With neither, replay's ``SpawnLink`` starts it for each case and speaks over its stdin and
   stdout (a Kinesis record processor); its exit status is read after the case.
 
@@ -120,7 +121,11 @@ class PeerProcess:
                 time.sleep(0.05)
 
     def before(self) -> None:
-        """Ready the peer for a case: the reset command, then the process started if it is not running."""
+        """Ready the peer for a case: the reset command, then the process started if it is not
+        running (a server fuzz started is stopped first, so it starts afresh: state kept in memory
+        is wiped only so)."""
+        if self.reset_cmd and self.mode == "server" and self.command is not None:
+            self.stop()
         if self.reset_cmd:
             result = subprocess.run(shlex.split(self.reset_cmd), capture_output=True, check=False)  # noqa: S603
             if result.returncode != 0:
@@ -134,8 +139,6 @@ class PeerProcess:
             self._start()
         elif self.process is None or self.process.poll() is not None:
             self._start()
-            self._wait_listening()
-        elif self.connect is not None and self.reset_cmd:
             self._wait_listening()
 
     def after(self) -> str | None:
