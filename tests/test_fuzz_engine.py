@@ -307,3 +307,9 @@ def test_an_illegal_frame_we_reset_right_after_is_no_finding() -> None:
     """The peer had no time to refuse it: our reset came first."""
     events = [ours("HELLO"), peer("OK"), ours("HELLO", "violation"), ("we-end", 1, "reset")]
     assert kinds(oracle.judge(events, HOOKS, "server")) == []  # type: ignore[arg-type]
+
+
+def test_after_the_peer_s_own_error_reply_its_reset_and_unanswered_frames_are_no_finding() -> None:
+    """It refused what the core finds legal (it knows what the core does not: a vote it cast)."""
+    events = [ours("HELLO"), peer("ERROR"), ("end", 1, "reset")]
+    assert kinds(oracle.judge(events, HOOKS, "server")) == []  # type: ignore[arg-type]

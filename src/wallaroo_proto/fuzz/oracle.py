@@ -194,6 +194,9 @@ def judge(
             if hooks.refusal(record) and refused is None:
                 refused = "reply"
             continue
+        if hooks.refusal(record):  # the peer refused a frame the core finds legal: it may know more
+            over = True  # (a vote it cast); what it then does (closing, resetting) is its own
+            owed.clear()
         if bad:
             found("violation", _rule_key(record), f"{kind}: {_rule(record)}")
         _answer(owed, kind)
