@@ -86,6 +86,9 @@ def judge(
     last_peer = "start"
     illegal: dict | None = None  # our first illegal frame
     refused = False
+    #: Connections on which the peer refused (closed its session) before our illegal frame: what
+    #: comes after that on one is owed no reply.
+    refused_on: set = set()
     ended: str | None = None
     owed: list[tuple[dict, frozenset[str], str]] = []  # (our record, types owed, state then)
     reconnect_owed: tuple[dict, str] | None = None
@@ -135,6 +138,8 @@ def judge(
             if hooks.refusal(record):
                 refused = True
             continue
+        if hooks.refusal(record):
+            refused_on.add(record.get("conn_index"))
         if bad:
             out.findings.append(
                 Finding("violation", last_peer, sent_label, _rule_key(record), f"{kind}: {_rule(record)}")
@@ -147,7 +152,7 @@ def judge(
         out.coverage.add((state, sent, ended or "silent"))
     if exited:
         out.findings.append(Finding("crash", last_peer, sent_label, "exited", exited))
-    if illegal is not None and not refused:
+    if illegal is not None and not refused and illegal.get("conn_index") not in refused_on:
         what = f"{_kind(illegal)}: {_rule(illegal)}"
         if ended is None:
             out.findings.append(
