@@ -191,6 +191,17 @@ def test_an_illegal_frame_after_the_node_closed_is_owed_no_error_close():
     assert [f.kind for f in judge(open_, hooks, "server").findings] == ["no-error-reply"]
 
 
+def test_a_reset_after_the_nodes_own_close_is_how_it_hung_up():
+    """Our frame claimed more bytes than came (the judge never read it whole, so all we sent
+    looks legal); the node failed the connection with 1007 and reset it: no finding. A reset
+    with no refusal before it still is one."""
+    hooks = Hooks("tremor")
+    refused = [_ours("connect"), _peer("CLOSE"), ("end", 1, "reset")]
+    assert judge(refused, hooks, "server").findings == []
+    bare = [_ours("connect"), _peer("connect-ack"), ("end", 1, "reset")]
+    assert [f.kind for f in judge(bare, hooks, "server").findings] == ["reset"]
+
+
 def test_the_plugin_gives_these_hooks():
     hooks = Hooks("tremor")
     assert hooks.fields is fuzz.fields and {"server"} == hooks.REPLY_BEFORE_CLOSE

@@ -87,7 +87,8 @@ def judge(
     illegal: dict | None = None  # our first illegal frame
     refused = False
     #: Connections on which the peer refused (closed its session) before our illegal frame: what
-    #: comes after that on one is owed no reply.
+    #: comes after that on one is owed no reply, and its reset there is how it hung up (it refused
+    #: a frame of ours the judge had not read whole: a length past what was sent).
     refused_on: set = set()
     ended: str | None = None
     owed: list[tuple[dict, frozenset[str], str]] = []  # (our record, types owed, state then)
@@ -103,7 +104,7 @@ def judge(
             for state, sent in pending:
                 out.coverage.add((state, sent, how))
             pending = []
-            if how == "reset" and illegal is None:
+            if how == "reset" and illegal is None and event[1] not in refused_on:  # not after its refusal
                 out.findings.append(
                     Finding(
                         "reset",
