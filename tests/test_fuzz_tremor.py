@@ -47,9 +47,7 @@ def payload(raw: bytes) -> bytes:
 
 def test_header_fields_of_rfc_masked_hello():
     f = by_name({"type": "TEXT"}, MASKED_HELLO)
-    assert {n: (f[n].value, f[n].bits, f[n].kind) for n in ("fin", "rsv", "opcode", "mask")} == {
-        "fin": (1, 1, "enum"),
-        "rsv": (0, 3, "enum"),
+    assert {n: (f[n].value, f[n].bits, f[n].kind) for n in ("opcode", "mask")} == {
         "opcode": (1, 4, "enum"),
         "mask": (1, 1, "enum"),
     }
@@ -88,7 +86,6 @@ def test_with_value_writes_the_message_again_masked_with_the_frame_key():
 def test_with_value_on_header_fields():
     f = by_name({"type": "TEXT"}, MASKED_HELLO)
     assert fuzz.with_value({}, MASKED_HELLO, f["payload_len"], 6)[:2] == bytes([0x81, 0x86])
-    assert fuzz.with_value({}, MASKED_HELLO, f["rsv"], 4)[0] == 0xC1
     assert fuzz.with_value({}, MASKED_HELLO, f["opcode"], 2)[0] == 0x82
     assert fuzz.with_value({}, MASKED_HELLO, f["mask"], 0) == bytes.fromhex("810548656c6c6f")  # RFC 5.7
 
@@ -200,6 +197,14 @@ def test_a_reset_after_the_nodes_own_close_is_how_it_hung_up():
     assert judge(refused, hooks, "server").findings == []
     bare = [_ours("connect"), _peer("connect-ack"), ("end", 1, "reset")]
     assert [f.kind for f in judge(bare, hooks, "server").findings] == ["reset"]
+
+
+def test_answers_lost_with_our_own_reset_are_not_owed():
+    """The mutant reset the connection after an echo whose answer was in flight: not silence."""
+    hooks = Hooks("tremor")
+    events = [_ours("connect"), _peer("connect-ack"), _ours("echo")]
+    assert [f.kind for f in judge(events, hooks, "server").findings] == ["silent"]
+    assert judge(events, hooks, "server", we_reset=True).findings == []
 
 
 def test_the_plugin_gives_these_hooks():

@@ -222,7 +222,8 @@ class Campaign:
             exited = _stdio_exit(player)
         self._drain()
         label = mutant.kinds if not mutant.edits else "+".join(_mutation_name(e) for e in mutant.edits)
-        verdicts = judge(player.events, self.hooks, self.peer_side, label, exited, reconnected)
+        we_reset = any(edit.kind == "reset" for edit in mutant.edits)
+        verdicts = judge(player.events, self.hooks, self.peer_side, label, exited, reconnected, we_reset)
         if setup_error is not None:
             if self.peer.mode == "server" and self.summary.executions:
                 verdicts.findings.append(

@@ -78,10 +78,12 @@ def judge(
     sent_label: str = "",
     exited: str | None = None,
     reconnected: bool | None = None,
+    we_reset: bool = False,
 ) -> Verdicts:
     """The findings and coverage of one execution (see the module's docstring). ``sent_label``
     names the mutation (the findings' ``sent``); ``exited`` says how the peer's process ended;
-    ``reconnected`` whether a new connection came after the run (None: not watched)."""
+    ``reconnected`` whether a new connection came after the run (None: not watched);
+    ``we_reset``: the mutant reset the connection itself (answers in flight were lost with it)."""
     out = Verdicts()
     last_peer = "start"
     illegal: dict | None = None  # our first illegal frame
@@ -171,7 +173,7 @@ def judge(
                     f"the peer {ended} the connection without an error reply to our illegal {what}",
                 )
             )
-    if illegal is None and owed and ended is None:
+    if illegal is None and owed and ended is None and not we_reset:
         record, types, state = owed[0]
         out.findings.append(
             Finding(

@@ -181,9 +181,7 @@ def fields(record: dict, raw: bytes) -> list[Field]:
         return []
     second = 2 if frame.length_bits > 7 else 1
     length_at = None if frame.length_bits == 7 else second
-    out = [
-        Field("fin", "enum", int(frame.fin), 1),
-        Field("rsv", "enum", frame.rsv, 3),
+    out = [  # FIN and RSV are left to byte mutations: most value edits go to the message
         Field("opcode", "enum", frame.opcode, 4),
         Field("mask", "enum", int(frame.masked), 1),
         Field("payload_len", "length", len(frame.payload), frame.length_bits, length_at),
@@ -210,11 +208,7 @@ def with_value(record: dict, raw: bytes, field: Field, value: int) -> bytes:
         return raw
     fin, rsv, opcode, key = frame.fin, frame.rsv, frame.opcode, frame.mask_key
     payload, declared = frame.payload, None
-    if field.name == "fin":
-        fin = bool(value & 1)
-    elif field.name == "rsv":
-        rsv = value & 0x7
-    elif field.name == "opcode":
+    if field.name == "opcode":
         opcode = value & 0xF
     elif field.name == "mask":
         key = _KEY if value & 1 else None
