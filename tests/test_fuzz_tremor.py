@@ -160,7 +160,11 @@ def test_owed_and_refusal():
     assert fuzz.owed({**client, "type": "pubsub:send"}) is None
     assert fuzz.owed({**server, "type": "CLOSE"}).types == {"CLOSE"}
     assert fuzz.owed({**server, "type": "echo"}) is None
-    assert fuzz.refusal({**server, "type": "error-close"}) and fuzz.refusal({**server, "type": "CLOSE"})
+    assert fuzz.refusal({**server, "type": "error-close"})
+    assert fuzz.refusal({**server, "type": "CLOSE", "ws_close_code": 1002})
+    assert not fuzz.refusal({**server, "type": "CLOSE", "ws_close_code": None})
+    assert fuzz.refusal({**server, "type": "CLOSE", "ws_close_code": 1000})  # the echo of ours
+    assert fuzz.closed({**server, "type": "CLOSE"}) and fuzz.closed({**server, "type": "close-ack"})
     assert fuzz.refusal({**server, "type": "UPGRADE_RESPONSE", "http_status": 400})
     assert not fuzz.refusal({**server, "type": "UPGRADE_RESPONSE", "http_status": 101})
     assert not fuzz.refusal({**server, "type": "close-ack"}) and fuzz.refusal({**client, "type": "CLOSE"})
@@ -188,15 +192,32 @@ def test_an_illegal_frame_after_the_node_closed_is_owed_no_error_close():
     assert [f.kind for f in judge(open_, hooks, "server").findings] == ["no-error-reply"]
 
 
+def test_an_illegal_frame_after_our_own_close_is_owed_nothing():
+    """We asked to close, then sent a message (illegal): the node ended the session with its
+    close-ack and bare Close, as it must."""
+    hooks = Hooks("tremor")
+    events = [_ours("close"), _ours("connect", bad=True), _peer("close-ack"), _peer("CLOSE")]
+    assert judge([*events, ("end", 1, "closed")], hooks, "server").findings == []
+
+
 def test_a_reset_after_the_nodes_own_close_is_how_it_hung_up():
     """Our frame claimed more bytes than came (the judge never read it whole, so all we sent
     looks legal); the node failed the connection with 1007 and reset it: no finding. A reset
     with no refusal before it still is one."""
     hooks = Hooks("tremor")
-    refused = [_ours("connect"), _peer("CLOSE"), ("end", 1, "reset")]
+    refused = [_ours("connect"), _peer("CLOSE") + (), ("end", 1, "reset")]
+    refused[1][1]["ws_close_code"] = 1007
     assert judge(refused, hooks, "server").findings == []
     bare = [_ours("connect"), _peer("connect-ack"), ("end", 1, "reset")]
     assert [f.kind for f in judge(bare, hooks, "server").findings] == ["reset"]
+
+
+def test_a_node_that_acks_an_illegal_disconnect_and_ends_normally_gave_no_error_close():
+    """Its close-ack and bare Close at the end of the session refuse nothing."""
+    hooks = Hooks("tremor")
+    events = [_ours("disconnect", bad=True), _peer("disconnect-ack"), _ours("close"), _peer("close-ack")]
+    events += [_peer("CLOSE"), ("end", 1, "closed")]
+    assert [f.kind for f in judge(events, hooks, "server").findings] == ["no-error-reply"]
 
 
 def test_answers_lost_with_our_own_reset_are_not_owed():

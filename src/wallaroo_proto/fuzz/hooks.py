@@ -16,6 +16,9 @@ A plug-in's ``fuzz_hooks()`` gives a module with (each optional; the defaults he
   it within ``--answer-timeout`` stopped answering.
 * ``refusal(record) -> bool``: is this frame of the peer its error reply (an ERROR, a
   response with an error status)?
+* ``closed(record) -> bool``: did this frame (the peer's, or a legal one of ours) end the
+  session, so that what we send after it is owed no reply (default: ``refusal``; Tremor's
+  close, close-ack and Close too, which refuse no illegal frame sent before them)?
 * ``REPLY_BEFORE_CLOSE``: the sides that must answer an illegal frame with an error reply
   before they close (a Wallaroo worker sends ERROR); any other side refuses by closing.
 * ``state(adapter) -> str``: the played side's state, as its replay adapter's core sees it
@@ -104,3 +107,4 @@ class Hooks:
         here = importlib.import_module(__name__)
         for name in ("fields", "with_value", "templates", "owed", "refusal", "state", "REPLY_BEFORE_CLOSE"):
             setattr(self, name, getattr(mod, name, getattr(here, name)))
+        self.closed = getattr(mod, "closed", self.refusal)

@@ -88,7 +88,7 @@ def judge(
     last_peer = "start"
     illegal: dict | None = None  # our first illegal frame
     refused = False
-    #: Connections on which the peer refused (closed its session) before our illegal frame: what
+    #: Connections on which either side closed the session (``closed``) before our illegal frame: what
     #: comes after that on one is owed no reply, and its reset there is how it hung up (it refused
     #: a frame of ours the judge had not read whole: a length past what was sent).
     refused_on: set = set()
@@ -126,6 +126,8 @@ def judge(
             if bad and illegal is None:
                 illegal = record
             elif not bad and illegal is None:
+                if hooks.closed(record):  # our own close: what we send after it is owed nothing
+                    refused_on.add(record.get("conn_index"))
                 due = hooks.owed(record)
                 if due is not None and due.types:
                     owed.append((record, due.types, last_peer))
@@ -141,7 +143,7 @@ def judge(
             if hooks.refusal(record):
                 refused = True
             continue
-        if hooks.refusal(record):
+        if hooks.closed(record):
             refused_on.add(record.get("conn_index"))
         if bad:
             out.findings.append(

@@ -342,13 +342,22 @@ def owed(record: dict) -> Owed | None:
 
 
 def refusal(record: dict) -> bool:
-    """The node's error close, a refused upgrade, or any Close: after its Close a side sends
-    nothing (RFC 6455 5.5.1), so no error close can follow it (what a node that closes with a
-    bare Close instead of its error close does is not told apart). A client has no error
-    message: its Close is its refusal."""
-    if record.get("type") == "UPGRADE_RESPONSE":
+    """The node's error close, a refused upgrade, or a Close with a code: one that says what was
+    wrong (1002 and on: a frame that broke WebSocket), or the echo of a Close of ours (1000),
+    after which nothing of ours is read. Not its bare Close (the prototype's ``88 00`` after a
+    close-ack or an error close). A client has no error message: any Close of its refuses."""
+    kind = record.get("type")
+    if record.get("sender") != SERVER:
+        return kind == "CLOSE"
+    if kind == "UPGRADE_RESPONSE":
         return record.get("http_status") != 101
-    return record.get("type") in ("error-close", "CLOSE")
+    return kind == "error-close" or kind == "CLOSE" and record.get("ws_close_code") is not None
+
+
+def closed(record: dict) -> bool:
+    """The session is over: a refusal, a close, its close-ack, or any Close (RFC 6455 5.5.1:
+    after its Close a side sends nothing, and what comes after one's own is not read)."""
+    return refusal(record) or record.get("type") in ("close", "close-ack", "CLOSE")
 
 
 #: A node answers an illegal message with its error close before it closes (the prototype's
