@@ -226,6 +226,9 @@ def test_answers_lost_with_our_own_reset_are_not_owed():
     events = [_ours("connect"), _peer("connect-ack"), _ours("echo")]
     assert [f.kind for f in judge(events, hooks, "server").findings] == ["silent"]
     assert judge(events, hooks, "server", we_reset=True).findings == []
+    illegal = [_ours("connect"), _peer("connect-ack"), _ours("echo", bad=True)]  # then our reset
+    assert [f.kind for f in judge(illegal, hooks, "server").findings] == ["accepted"]
+    assert judge(illegal, hooks, "server", we_reset=True).findings == []
 
 
 def test_the_plugin_gives_these_hooks():
