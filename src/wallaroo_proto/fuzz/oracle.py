@@ -159,12 +159,17 @@ def judge(
         out.findings.append(Finding("crash", last_peer, sent_label, "exited", exited))
     if illegal is not None and not refused and illegal.get("conn_index") not in refused_on:
         what = f"{_kind(illegal)}: {_rule(illegal)}"
-        if ended is None and not we_reset:  # our reset, not the peer, ended it: nothing seen
-            out.findings.append(
-                Finding(
-                    "accepted", last_peer, sent_label, "went on", f"the peer went on after our illegal {what}"
+        if ended is None:
+            if not we_reset:  # our reset, not the peer, ended it: nothing of its reaction was seen
+                out.findings.append(
+                    Finding(
+                        "accepted",
+                        last_peer,
+                        sent_label,
+                        "went on",
+                        f"the peer went on after our illegal {what}",
+                    )
                 )
-            )
         elif peer in hooks.REPLY_BEFORE_CLOSE:
             out.findings.append(
                 Finding(
