@@ -205,8 +205,8 @@ def test_a_reset_after_the_nodes_own_close_is_how_it_hung_up():
     looks legal); the node failed the connection with 1007 and reset it: no finding. A reset
     with no refusal before it still is one."""
     hooks = Hooks("tremor")
-    refused = [_ours("connect"), _peer("CLOSE") + (), ("end", 1, "reset")]
-    refused[1][1]["ws_close_code"] = 1007
+    failed = ("peer", {**_peer("CLOSE")[1], "ws_close_code": 1007})
+    refused = [_ours("connect"), failed, ("end", 1, "reset")]
     assert judge(refused, hooks, "server").findings == []
     bare = [_ours("connect"), _peer("connect-ack"), ("end", 1, "reset")]
     assert [f.kind for f in judge(bare, hooks, "server").findings] == ["reset"]
