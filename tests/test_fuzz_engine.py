@@ -54,6 +54,8 @@ class FakeHooks:
     def refusal(self, record: dict) -> bool:
         return record.get("type") == "ERROR"
 
+    closed = refusal
+
     def fit(self, template: bytes, frame: Frame) -> bytes:
         return template
 

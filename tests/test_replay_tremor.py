@@ -241,3 +241,33 @@ def test_stream_frames_match_on_their_alias_control_frames_in_order():
     assert key({"type": "pubsub:data", "alias": "ps"}) == ("ps",)
     assert key({"type": "CLOSE"}) == (None,)
     assert key({"type": "connect-ack", "alias": "e"}) == key({"type": "disconnect-ack", "alias": "x"}) == ()
+
+
+#: A server's Close with no code (the prototype's ``Message::Close(None)``) and a client's
+#: recorded Close (mask 37fa213d, no payload): RFC 6455 5.5.1's frames, by hand.
+BARE_CLOSE = bytes.fromhex("8800")
+CLIENT_CLOSE = bytes.fromhex("888037fa213d")
+
+
+def test_a_live_close_the_recording_has_not_is_answered_and_waited_on_no_more():
+    """The node closed early (its error close): our Close answers it at once (the node waits for
+    it before it hangs up), nothing more of it is waited for, and our recorded Close is not sent
+    again when its turn comes."""
+    client = tremor("client")
+    assert client.owed() is None and client.waits(ws(HELLO))
+    live = {"type": "CLOSE", "ws_opcode": 8, "conn_index": 1, "sender": "server"}
+    client.incoming(live, BARE_CLOSE)
+    record, data = client.owed()
+    answer = decode_frame(data)
+    assert record is live and (answer.opcode, answer.masked, answer.payload) == (8, True, b"")
+    assert client.owed() is None and not client.waits(ws(HELLO))
+    assert client.outgoing(ws(CLIENT_CLOSE, "CLOSE", ws_opcode=8, ws_masked=True)) == adapter.SKIP
+
+
+def test_a_close_the_recording_answers_itself_is_left_to_it():
+    client = tremor("client")
+    client.expected(ws(BARE_CLOSE, "CLOSE", ws_opcode=8, sender="server"))
+    client.incoming({"type": "CLOSE", "ws_opcode": 8, "conn_index": 1}, BARE_CLOSE)
+    assert client.owed() is None
+    sent = decode_frame(client.outgoing(ws(CLIENT_CLOSE, "CLOSE", ws_opcode=8, ws_masked=True)))
+    assert (sent.opcode, sent.masked) == (8, True)

@@ -387,3 +387,13 @@ def test_lost_bytes_leave_answers_unjudged_and_both_sides_going_on():
     s.lost()
     assert s.feed(SERVER, '{"echo":1}').ok
     assert s.expects().legal[CLIENT], "the client may still send"
+
+
+def test_a_version_request_that_crossed_the_greeting_is_answered_after_it():
+    """The node greets as the WebSocket opens; a client that asks for the version at once has its
+    request cross the greeting on the wire: the greeting is the first, the answer the second."""
+    s = Session()
+    assert s.feed(CLIENT, '{"tremor":"version"}').ok
+    assert s.feed(SERVER, '{"tremor":{"version":"0.10.2"}}').ok
+    assert s.feed(SERVER, '{"tremor":{"version":"0.10.2"}}').ok
+    assert s.owed() == 0

@@ -16,6 +16,9 @@ A plug-in's ``fuzz_hooks()`` gives a module with (each optional; the defaults he
   it within ``--answer-timeout`` stopped answering.
 * ``refusal(record) -> bool``: is this frame of the peer its error reply (an ERROR, a
   response with an error status)?
+* ``closed(record) -> bool``: did this frame (the peer's, or a legal one of ours) end the
+  session, so that what we send after it is owed no reply (default: ``refusal``; Tremor's
+  close, close-ack and Close too, which refuse no illegal frame sent before them)?
 * ``REPLY_BEFORE_CLOSE``: the sides that must answer an illegal frame with an error reply
   before they close (a Wallaroo worker sends ERROR); any other side refuses by closing.
 * ``REFUSE_BY_EXIT``: the sides whose process exits when a peer breaks a rule, by design (an
@@ -123,3 +126,4 @@ class Hooks:
             "fit",
         ):
             setattr(self, name, getattr(mod, name, getattr(here, name)))
+        self.closed = getattr(mod, "closed", self.refusal)

@@ -96,8 +96,8 @@ def outstanding(events: list[tuple], hooks: Hooks) -> bool:
                 return False
             continue
         if who == "ours":
-            if hooks.refusal(record):
-                return False  # we refused ourselves: nothing more is owed
+            if hooks.closed(record):
+                return False  # we ended the session ourselves: nothing more is owed
             if record.get("verdict") in BAD:
                 illegal = True  # owed a refusal: an error reply or an end
                 continue
@@ -172,8 +172,8 @@ def judge(
             pending.append((last_peer, kind + (" (illegal)" if bad else "")))
             if over:
                 continue
-            if hooks.refusal(record) and illegal is None:
-                over = True  # we refused ourselves (an ERROR): the peer owes nothing more
+            if hooks.closed(record) and illegal is None:
+                over = True  # we ended the session ourselves (an ERROR, a Close): nothing more is owed
                 owed.clear()
                 continue
             if bad and illegal is None:
@@ -194,8 +194,8 @@ def judge(
             if hooks.refusal(record) and refused is None:
                 refused = "reply"
             continue
-        if hooks.refusal(record):  # the peer refused a frame the core finds legal: it may know more
-            over = True  # (a vote it cast); what it then does (closing, resetting) is its own
+        if hooks.closed(record):  # the peer refused a frame the core finds legal (it may know more:
+            over = True  # a vote it cast) or ended the session: what it then does is its own
             owed.clear()
         if bad:
             found("violation", _rule_key(record), f"{kind}: {_rule(record)}")

@@ -415,10 +415,10 @@ class Session:
             self._end("error-close")
             return None
         if isinstance(m, VersionInfo):
+            if first:  # the node's greeting, sent as the WebSocket opens: a request it crossed is
+                return None  # answered after it
             if self.control and self.control[0][0] == "version-info":
                 self.control.popleft()
-                return None
-            if first:
                 return None
             return "answer", "version info that answers nothing (only the first message may announce it)"
         if isinstance(m, ConnectAck):

@@ -11,6 +11,7 @@ session subscribed to its URL, as ``{"<alias>":{"data":..,"meta":{"url":..}}}``.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, NamedTuple
 
 from .core import CLIENT, SERVER, Session, full_url
@@ -76,6 +77,8 @@ class NodeSession:
         self.announce_version = announce_version
         #: The transport that carries pub/sub events from other sessions to this one (the peer sets it).
         self.connection: Any = None
+        #: A rule broken on purpose, for the fuzz tests alone (tests/test_fuzz_tremor_e2e.py).
+        self.plant = os.environ.get("WALLAROO_PROTO_PLANT")
 
     def opened(self) -> list[str]:
         """What the node sends as the WebSocket opens: the prototype announces its version."""
@@ -104,6 +107,8 @@ class NodeSession:
         session = self.session
         verdict = session.feed(CLIENT, text)
         if not verdict.ok:
+            if self.plant == "reack-disconnect" and verdict.type == "disconnect" and verdict.code == "0.207":
+                return Output([dumps({CONTROL: {"disconnect-ack": {"alias": verdict.alias}}})], False, [])
             return self._refuse(verdict.code or "0.202", verdict.reason)
         replies = []
         for answer in verdict.answers:

@@ -147,6 +147,12 @@ def _replay_adapter() -> Any:
     return replay
 
 
+def _fuzz_hooks() -> Any:
+    from . import fuzz
+
+    return fuzz
+
+
 PLUGIN = ProtocolPlugin(
     name="tremor",
     default_ports=PORTS,
@@ -164,6 +170,7 @@ PLUGIN = ProtocolPlugin(
     conformance_suites=_conformance_suites,
     proxy_faults=_proxy_faults,
     replay_adapter=_replay_adapter,
+    fuzz_hooks=_fuzz_hooks,
     report_titles=TITLES,
     report_signals=TremorSignals,
 )

@@ -17,6 +17,12 @@ What a live peer decides, and how the replay follows it:
   ``connect``, the live node's ``connect-ack``) is paired, in order, with its
   recorded counterpart; where the live alias differs, the recorded frames
   that follow are sent, and expected, on the live one.
+* The closing handshake. A live peer that sends its Close where the recording
+  has none yet (an error close the recording never had) is answered with a
+  Close at once, as RFC 6455 5.5.1 has an endpoint do (the node waits for it
+  before it hangs up), and nothing more of it is waited for: after its Close
+  it sends nothing. Our recorded Close, when its turn comes, is then not sent
+  again.
 """
 
 from __future__ import annotations
@@ -76,6 +82,11 @@ class Adapter(adapter.Adapter):
         self._by_hand = False
         #: The opcode of the message being sent in fragments (TEXT or BINARY), else None.
         self._fragmented: int | None = None
+        #: The live peer's Close frame (its record), our own Close sent, the recording's Close
+        #: of the peer reached (then the recording answers it itself).
+        self._peer_close: dict | None = None
+        self._closed = False
+        self._recorded_close = False
 
     # ------------------------------------------------------------------ what we send
 
@@ -87,6 +98,10 @@ class Adapter(adapter.Adapter):
             return self._response(frame.raw)
         if frame.record.get("ws_opcode") is None or not frame.raw:
             return frame.raw
+        if frame.record.get("ws_opcode") == CLOSE:
+            if self._closed:
+                return adapter.SKIP  # the live peer's early Close was answered already
+            self._closed = True
         try:
             recorded = decode_frame(frame.raw)
         except ValueError:
@@ -189,6 +204,8 @@ class Adapter(adapter.Adapter):
 
     def incoming(self, record: dict, raw: bytes) -> None:
         kind = record.get("type")
+        if kind == "CLOSE" and self._peer_close is None:
+            self._peer_close = record
         if kind == "UPGRADE_REQUEST" and not self.client:
             self.live_request = raw
             self.key = read_request(raw).key
@@ -196,8 +213,21 @@ class Adapter(adapter.Adapter):
             self._live_names.append(record["alias"])
             self._pair()
 
+    def owed(self) -> tuple[dict, bytes] | None:
+        """Our Close, for a live peer's Close the recording does not have here (RFC 6455 5.5.1)."""
+        if self._peer_close is None or self._closed or self._recorded_close:
+            return None
+        self._closed = True
+        return self._peer_close, bytes(self.codec.close())
+
+    def waits(self, frame: Any) -> bool:
+        """Not once the live peer sent its Close: nothing of it comes after that."""
+        return self._peer_close is None
+
     def expected(self, frame: Any) -> dict:
         record = frame.record
+        if record.get("ws_opcode") == CLOSE:
+            self._recorded_close = True
         if record.get("type") == self._naming and record.get("alias") is not None:
             self._recorded_names.append(record["alias"])
             self._pair()
