@@ -16,6 +16,9 @@ A plug-in's ``fuzz_hooks()`` gives a module with (each optional; the defaults he
   it within ``--answer-timeout`` stopped answering.
 * ``refusal(record) -> bool``: is this frame of the peer its error reply (an ERROR, a
   response with an error status)?
+* ``tolerated(record) -> bool``: is this illegal frame of the played side one the protocol
+  lets the peer pass over (a data node logs a DCP BUFFER_ACK of too many bytes and goes on)?
+  Going on after it is then no ``accepted`` finding.
 * ``REPLY_BEFORE_CLOSE``: the sides that must answer an illegal frame with an error reply
   before they close (a Wallaroo worker sends ERROR); any other side refuses by closing.
 * ``state(adapter) -> str``: the played side's state, as its replay adapter's core sees it
@@ -83,6 +86,10 @@ def refusal(record: dict) -> bool:
     return False
 
 
+def tolerated(record: dict) -> bool:
+    return False
+
+
 REPLY_BEFORE_CLOSE: frozenset[str] = frozenset()
 
 
@@ -102,5 +109,14 @@ class Hooks:
     def __init__(self, protocol: str) -> None:
         mod = module(protocol)
         here = importlib.import_module(__name__)
-        for name in ("fields", "with_value", "templates", "owed", "refusal", "state", "REPLY_BEFORE_CLOSE"):
+        for name in (
+            "fields",
+            "with_value",
+            "templates",
+            "owed",
+            "refusal",
+            "tolerated",
+            "state",
+            "REPLY_BEFORE_CLOSE",
+        ):
             setattr(self, name, getattr(mod, name, getattr(here, name)))

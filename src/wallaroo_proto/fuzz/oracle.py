@@ -119,6 +119,7 @@ def judge(
             pending.append((last_peer, kind + (" (illegal)" if bad else "")))
             if bad and illegal is None:
                 illegal = record
+                refused = hooks.tolerated(record)  # the protocol lets the peer pass over it
             elif not bad and illegal is None:
                 due = hooks.owed(record)
                 if due is not None and due.types:
