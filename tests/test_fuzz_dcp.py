@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from wallaroo_proto.fuzz.hooks import Hooks, with_value
+from wallaroo_proto.fuzz.oracle import judge
 from wallaroo_proto.protocols.dcp import codec, fuzz
 from wallaroo_proto.protocols.dcp.codec import PacketSplitter, ProtocolError, decode_packet, parse
 from wallaroo_proto.protocols.dcp.core import CONSUMER, PRODUCER, Connection
@@ -165,3 +166,18 @@ def test_any_value_in_any_field_gives_bytes_the_decoder_and_judge_survive(raw, d
         except ProtocolError:
             continue
         conn.feed(PRODUCER if p.opcode in codec.STREAM_MESSAGES else CONSUMER, p, offset=offset)
+
+
+def test_a_producer_going_on_after_a_too_large_ack_is_no_finding_but_after_another_illegal_frame_it_is():
+    over = {
+        "type": "DCP_BUFFER_ACKNOWLEDGEMENT",
+        "verdict": "violation",
+        "violations": ["acknowledges 425 bytes, only 0 are unacknowledged"],
+    }
+    item = {"type": "DCP_MUTATION", "verdict": "accepted"}
+    hooks = Hooks("dcp")
+    assert judge([("ours", over), ("peer", item)], hooks, PRODUCER).findings == []
+    early = over | {"violations": ["DCP_BUFFER_ACKNOWLEDGEMENT before DCP_OPEN"]}
+    assert [f.kind for f in judge([("ours", early), ("peer", item)], hooks, PRODUCER).findings] == [
+        "accepted"
+    ]
