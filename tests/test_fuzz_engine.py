@@ -56,6 +56,9 @@ class FakeHooks:
 
     closed = refusal
 
+    def tolerated(self, record: dict) -> bool:
+        return False
+
     def fit(self, template: bytes, frame: Frame) -> bytes:
         return template
 

@@ -1,5 +1,6 @@
 """``replay`` with Couchbase's own java-dcp-client (unmodified): a recorded producer session played
-as the server to it, and its recorded session played as the client to a live mock-producer.
+as the server to it, and its recorded session played as the client to a live mock-producer; and
+``fuzz`` playing mutants of that producer session to it, one client started per case.
 
 The client and its driver are those of ``test_dcp_java`` (skipped, with the reason, when the
 client's folder or javac is absent). The client opens its connection with a random id in its
@@ -10,6 +11,7 @@ uuid it learnt, and reads the bucket config for where each vbucket lives.
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 from support import Server, run_cli
@@ -66,3 +68,24 @@ def test_the_java_clients_recorded_session_replays_against_a_producer_with_other
     report = json.loads(done.stdout.splitlines()[-1])
     assert done.returncode == 0, report
     assert report["counts"]["matched"] == report["received"]
+
+
+def test_fuzz_plays_mutants_of_the_recorded_producer_to_the_java_client(classpath, java_session, tmp_path):  # noqa: F811
+    pcap, port, _ = java_session
+    driver = f"java -Ddriver.timeout=30 -cp {shlex.quote(classpath)} DcpDriver"
+    client = f"{driver} 127.0.0.1:{{port}} {' '.join(LOGIN)}"
+    findings = tmp_path / "findings"
+    done = run_cli(
+        "fuzz", "--seeds", str(pcap), "--port", str(port), "--play", "producer", "--listen", "127.0.0.1:0",
+        "--spawn", client, "--budget", "25s", "--seed", "1", "--answer-timeout", "0.5", "--confirm", "1",
+        "--shrink-time", "10", "--findings", str(findings), "--format", "json",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    # a JVM per case: a few executions a second at best, but the campaign ran
+    assert summary["executions"] >= 5, summary
+    for finding in summary["findings"]:
+        assert finding["reproducer"] and run_cli("dissect", finding["reproducer"]).returncode in (0, 1), (
+            finding
+        )

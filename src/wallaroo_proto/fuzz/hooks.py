@@ -19,6 +19,9 @@ A plug-in's ``fuzz_hooks()`` gives a module with (each optional; the defaults he
 * ``closed(record) -> bool``: did this frame (the peer's, or a legal one of ours) end the
   session, so that what we send after it is owed no reply (default: ``refusal``; Tremor's
   close, close-ack and Close too, which refuse no illegal frame sent before them)?
+* ``tolerated(record) -> bool``: is this illegal frame of the played side one the protocol
+  lets the peer pass over (a data node logs a DCP BUFFER_ACK of too many bytes and goes on)?
+  Going on after it is then no ``accepted`` finding.
 * ``REPLY_BEFORE_CLOSE``: the sides that must answer an illegal frame with an error reply
   before they close (a Wallaroo worker sends ERROR); any other side refuses by closing.
 * ``REFUSE_BY_EXIT``: the sides whose process exits when a peer breaks a rule, by design (an
@@ -90,6 +93,10 @@ def refusal(record: dict) -> bool:
     return False
 
 
+def tolerated(record: dict) -> bool:
+    return False
+
+
 REPLY_BEFORE_CLOSE: frozenset[str] = frozenset()
 REFUSE_BY_EXIT: frozenset[str] = frozenset()
 
@@ -120,6 +127,7 @@ class Hooks:
             "templates",
             "owed",
             "refusal",
+            "tolerated",
             "state",
             "REPLY_BEFORE_CLOSE",
             "REFUSE_BY_EXIT",

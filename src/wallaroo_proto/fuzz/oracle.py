@@ -178,6 +178,7 @@ def judge(
                 continue
             if bad and illegal is None:
                 illegal = record
+                refused = "tolerated" if hooks.tolerated(record) else None  # the peer may pass over it
             elif not bad and illegal is None:
                 due = hooks.owed(record)
                 if due is not None and due.types:
@@ -212,7 +213,7 @@ def judge(
                 "went on",
                 f"the peer went on after our illegal {what}: no refusal before we ended",
             )
-        elif refused not in (None, "reply") and peer in hooks.REPLY_BEFORE_CLOSE:
+        elif refused not in (None, "reply", "tolerated") and peer in hooks.REPLY_BEFORE_CLOSE:
             found(
                 "no-error-reply",
                 refused,

@@ -171,6 +171,12 @@ def _replay_adapter() -> Any:
     return replay
 
 
+def _fuzz_hooks() -> Any:
+    from . import fuzz
+
+    return fuzz
+
+
 PLUGIN = ProtocolPlugin(
     name="dcp",
     default_ports=PORTS,
@@ -188,6 +194,7 @@ PLUGIN = ProtocolPlugin(
     conformance_suites=_conformance_suites,
     proxy_faults=_proxy_faults,
     replay_adapter=_replay_adapter,
+    fuzz_hooks=_fuzz_hooks,
     report_titles=TITLES,
     report_signals=DcpSignals,
     hex_fields=HEX_FIELDS,

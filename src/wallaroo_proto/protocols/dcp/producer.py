@@ -22,6 +22,7 @@ import asyncio
 import bisect
 import contextlib
 import json
+import os
 import struct
 import time
 from collections import deque
@@ -701,6 +702,9 @@ class _Session:
     def close_stream(self, p: Packet) -> None:
         for opaque, s in list(self.streams.items()):
             if s.vb.vb == p.vbucket:
+                if os.environ.get("WALLAROO_PROTO_PLANT") == "close-stream-goes-on":
+                    self.respond(p)  # a rule broken on purpose, for fuzz's tests: the stream goes on
+                    return
                 del self.streams[opaque]
                 self.respond(p)
                 if self.end_on_close:
