@@ -318,3 +318,10 @@ def test_after_the_peer_s_own_error_reply_its_reset_and_unanswered_frames_are_no
     """It refused what the core finds legal (it knows what the core does not: a vote it cast)."""
     events = [ours("HELLO"), peer("ERROR"), ("end", 1, "reset")]
     assert kinds(oracle.judge(events, HOOKS, "server")) == []  # type: ignore[arg-type]
+
+
+def test_a_frame_inserted_before_a_dropped_one_still_goes() -> None:
+    """Shrinking drops the frame an insert went before: the insert must stay."""
+    both = (Edit("insert", 2, name="X", data=b"X!", text="X"), Edit("drop", 2, text="d"))
+    steps = mutate.steps(Mutant(0, both), SEED, "client", HOOKS)  # type: ignore[arg-type]
+    assert [s.type for s in steps] == ["HELLO", "OK", "X", "DATA", "ACK", "BYE"]

@@ -175,3 +175,14 @@ def test_the_planted_break_in_mock_worker_is_found_shrunk_and_replayable(source_
         replayed = run_cli("replay", capture, "--play", "connector", "--connect", worker.address)
     assert again.returncode == 1 and "accepted" in again.stdout, again.stdout + again.stderr
     assert replayed.returncode in (0, 1), replayed.stderr  # replay plays it (a fresh run differs in timing)
+
+
+FINDINGS = sorted((Path(__file__).resolve().parents[1] / "captures" / "findings").glob("*.pcapng"))
+
+
+@pytest.mark.parametrize("capture", FINDINGS, ids=[p.name for p in FINDINGS])
+def test_the_committed_findings_open_in_dissect_with_their_changed_frame_noted(capture) -> None:
+    shown = run_cli("dissect", str(capture), "--format", "jsonl")
+    assert shown.returncode == 0, shown.stderr
+    rows = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert rows and any("fuzz: " in note for r in rows for note in r.get("notes") or ()), rows[:3]

@@ -240,10 +240,7 @@ def steps(mutant: Mutant, frames: list[Frame], side: str, hooks: Hooks) -> list[
         if i in gone:
             continue
         edits = by_at.get(i, [])
-        if any(e.kind == "drop" for e in edits):
-            carried += [e.text for e in edits if e.kind == "drop"]
-            continue
-        for e in edits:
+        for e in edits:  # an inserted frame goes before its frame, even one dropped
             if e.kind == "insert":
                 out.append(
                     replace(
@@ -254,6 +251,9 @@ def steps(mutant: Mutant, frames: list[Frame], side: str, hooks: Hooks) -> list[
                         note=f"fuzz: {e.text}",
                     )
                 )
+        if any(e.kind == "drop" for e in edits):
+            carried += [e.text for e in edits if e.kind == "drop"]
+            continue
         changed = _changed(frame, edits, hooks)
         carried += [e.text for e in edits if e.kind == "swap"]
         if carried and frame.sender == side:  # a dropped or moved frame is noted on the next of ours
