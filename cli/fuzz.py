@@ -271,6 +271,8 @@ def _print(summary: engine.Summary, fmt: str, verbosity: int) -> None:
         console.print(
             f"[yellow]seed {name}: the peer answered it differently in two plays[/]", highlight=False
         )
+    for note in summary.notes:
+        console.print(f"[yellow]{note}[/]", highlight=False)
     if summary.unconfirmed:
         console.print(
             f"{summary.unconfirmed} findings seen once and not again in --confirm plays", highlight=False

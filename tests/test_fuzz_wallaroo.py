@@ -186,3 +186,33 @@ def test_the_committed_findings_open_in_dissect_with_their_changed_frame_noted(c
     assert shown.returncode == 0, shown.stderr
     rows = [json.loads(line) for line in shown.stdout.splitlines()]
     assert rows and any("fuzz: " in note for r in rows for note in r.get("notes") or ()), rows[:3]
+
+
+@pytest.mark.e2e
+def test_a_server_that_dies_mid_campaign_is_a_crash_and_the_health_check_ends_the_campaign(
+    source_seed, tmp_path
+) -> None:
+    from wallaroo_proto.fuzz import engine
+    from wallaroo_proto.replay.recording import find
+
+    seed = engine.load_seed(find(source_seed), "seed", 50)
+    worker = Server("mock-worker", "--port", "0", "--no-live")
+    settings = engine.Settings(
+        side="connector",
+        connect=[("127.0.0.1", worker.port)],
+        budget_seconds=120,
+        findings_dir=str(tmp_path / "f"),
+    )
+
+    def kill_once(summary: engine.Summary) -> None:
+        if worker.proc.poll() is None:
+            worker.kill()
+
+    campaign = engine.Campaign([seed], settings, progress=kill_once)
+    campaign.peer.start_timeout = 2  # the health check's wait for it to come back
+    summary = campaign.run()
+    assert summary.seconds < 100, summary.as_dict()  # ended by the health check, not the budget
+    assert any(
+        f.finding.kind == "crash" and "stopped taking connections" in f.finding.detail for f in summary.found
+    )
+    assert summary.notes and "no longer takes connections" in summary.notes[0]

@@ -38,6 +38,10 @@ class FuzzError(Exception):
     """The campaign cannot start (exit 2)."""
 
 
+class PeerGone(Exception):
+    """The peer stopped taking connections for good: the campaign ends with what it found."""
+
+
 @dataclass
 class Settings:
     side: str
@@ -195,6 +199,8 @@ class Campaign:
         self._last_progress = 0.0
         #: The findings written, by what their shrunk conversation is.
         self._shrunk: set[tuple] = set()
+        #: A server refused the last case's connection: the next case checks it is back first.
+        self._refused = False
 
     @property
     def ports(self) -> list[int]:
@@ -221,6 +227,9 @@ class Campaign:
             owes=lambda events: outstanding(events, self.hooks),
             record_ports=self.record_ports,
         )
+        if self._refused and not self.peer.healthy():
+            raise PeerGone(f"the peer no longer takes connections at {s.connect[0][0]}:{s.connect[0][1]}")
+        self._refused = False
         self.peer.before()
         player = Player(seed.conversation, options, steps=steps)
         setup_error = None
@@ -238,6 +247,7 @@ class Campaign:
         verdicts = judge(player.events, self.hooks, self.peer_side, label, exited, reconnected)
         if setup_error is not None:
             if self.peer.mode == "server" and self.summary.executions:
+                self._refused = True  # the next case checks its health first
                 verdicts.findings.append(
                     Finding(
                         "crash",
@@ -286,35 +296,9 @@ class Campaign:
         seen: set[tuple] = set()
         corpus: list[Mutant] = []
         try:
-            for index, seed in enumerate(self.seeds):
-                base = Mutant(index)
-                # the first play may change what the peer keeps (a worker remembers where a stream
-                # got to): the two after it are compared
-                plays = [self.execute(base) for _ in range(3)]
-                if plays[1].signature != plays[2].signature:
-                    summary.unsteady.append(seed.name)
-                for play in plays:
-                    self._learn(play, base, corpus)
-                    for finding in play.findings:
-                        self._consider(finding, base, seen)
-            if len(summary.unsteady) == len(self.seeds):
-                summary.seconds = time.monotonic() - started
-                return summary
-            corpus = corpus or [Mutant(i) for i in range(len(self.seeds))]
-            for index, seed in enumerate(self.seeds):
-                for mutant in mutate.sweep(index, seed.frames, self.side, self.templates):
-                    if self._spent(started):
-                        break
-                    self._play(mutant, corpus, seen, started)
-            while not self._spent(started):
-                parent = self.rng.choice(corpus)
-                if len(parent.edits) >= 3:
-                    parent = Mutant(parent.seed)
-                seed = self.seeds[parent.seed]
-                child = mutate.mutate(parent, seed.frames, self.side, self.hooks, self.rng, self.templates)
-                if child is parent:
-                    break  # no frame of ours to change
-                self._play(child, corpus, seen, started)
+            self._campaign(started, seen, corpus)
+        except PeerGone as gone:
+            summary.notes.append(f"{gone}: the campaign stopped")
         finally:
             self.peer.stop()
             for listener in self.listeners:
@@ -325,6 +309,39 @@ class Campaign:
         if s.states:
             self.graph.write(s.states)
         return summary
+
+    def _campaign(self, started: float, seen: set[tuple], corpus: list[Mutant]) -> None:
+        """Calibration, the deterministic stage, then random mutants until the budget is spent."""
+        summary = self.summary
+        for index, seed in enumerate(self.seeds):
+            base = Mutant(index)
+            # the first play may change what the peer keeps (a worker remembers where a stream
+            # got to): the two after it are compared
+            plays = [self.execute(base) for _ in range(3)]
+            if plays[1].signature != plays[2].signature:
+                summary.unsteady.append(seed.name)
+            for play in plays:
+                self._learn(play, base, corpus)
+                for finding in play.findings:
+                    self._consider(finding, base, seen)
+        if len(summary.unsteady) == len(self.seeds):
+            return
+        if not corpus:
+            corpus += [Mutant(i) for i in range(len(self.seeds))]
+        for index, seed in enumerate(self.seeds):
+            for mutant in mutate.sweep(index, seed.frames, self.side, self.templates):
+                if self._spent(started):
+                    break
+                self._play(mutant, corpus, seen, started)
+        while not self._spent(started):
+            parent = self.rng.choice(corpus)
+            if len(parent.edits) >= 3:
+                parent = Mutant(parent.seed)
+            seed = self.seeds[parent.seed]
+            child = mutate.mutate(parent, seed.frames, self.side, self.hooks, self.rng, self.templates)
+            if child is parent:
+                break  # no frame of ours to change
+            self._play(child, corpus, seen, started)
 
     def _play(self, mutant: Mutant, corpus: list[Mutant], seen: set[tuple], started: float) -> None:
         verdicts = self.execute(mutant)
@@ -357,7 +374,11 @@ class Campaign:
             return
         seen.add(finding.key)
         tries = max(1, self.settings.confirm)
-        hits = sum(self._gives(mutant, finding) for _ in range(tries))
+        try:
+            hits = sum(self._gives(mutant, finding) for _ in range(tries))
+        except PeerGone:  # the peer is gone for good: the finding stands as seen, unconfirmed
+            self.summary.found.append(Found(finding, mutant, mutant.label, 1, 1))
+            raise
         if hits == 0:
             self.summary.unconfirmed += 1
             return

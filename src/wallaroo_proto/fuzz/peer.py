@@ -141,6 +141,20 @@ class PeerProcess:
             self._start()
             self._wait_listening()
 
+    def healthy(self) -> bool:
+        """The health check before a case, once a server refused a connection: it takes one again
+        within the start timeout (restarted first, if fuzz started it)."""
+        if self.connect is None:
+            return True
+        try:
+            if self.command is not None and self.mode == "server":
+                self.stop()
+                self._start()
+            self._wait_listening()
+        except PeerError:
+            return False
+        return True
+
     def after(self) -> str | None:
         """After a case: how the peer's process ended if it did (a crash), or its memory if past
         ``--max-rss``; a client's process is stopped."""
