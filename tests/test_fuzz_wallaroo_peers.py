@@ -44,7 +44,8 @@ def test_the_shipped_connector_s_restart_hang_is_found_and_shrunk(tmp_path) -> N
     spawn = f"{sys.executable} -W ignore {CONNECTOR} 127.0.0.1 {{port}} {COOKIE} celsius.msg"
     code, summary, err = fuzz(
         "--seeds", str(seed), "--play", "worker", "--listen", "127.0.0.1:0", "--spawn", spawn,
-        "--budget", "75s", "--answer-timeout", "1", "--confirm", "2", "--findings", str(tmp_path / "found"),
+        "--budget", "45s", "--answer-timeout", "1", "--confirm", "2", "--shrink-time", "15",
+        "--findings", str(tmp_path / "found"),
         cwd=tmp_path,
     )  # fmt: skip
     assert code == 1, err
@@ -87,11 +88,11 @@ def test_aloc_sink_is_fuzzed_as_a_server_restarted_whenever_it_exits(tmp_path) -
     code, summary, err = fuzz(
         "--seeds", str(seed), "--play", "worker", "--connect", f"127.0.0.1:{port}", "--spawn", spawn,
         "--reset-cmd", f"rm -f {folder / 'out.mock-worker'} {folder / 'out.mock-worker.txnlog'}",
-        "--budget", "30s", "--confirm", "2", "--shrink-time", "10", "--findings", str(tmp_path / "found"),
+        "--budget", "20s", "--confirm", "2", "--shrink-time", "10", "--findings", str(tmp_path / "found"),
         cwd=PEERS,
     )  # fmt: skip
     assert code in (0, 1), err
-    assert summary["executions"] >= 20, summary
+    assert summary["executions"] >= 5, summary  # a process started for each case: about 1.3 a second
     for finding in summary["findings"]:
         shown = run_cli("dissect", finding["reproducer"], "--format", "jsonl")
         assert shown.returncode == 0 and shown.stdout, (finding, shown.stderr)

@@ -202,6 +202,11 @@ class Session:
                 pass
             elif self.state == "closing":
                 raise _Refused("after-close", "0.202", "message after the client's own close")
+            elif self.state == "closed" and self.error_close is not None:
+                # the node's error close may have crossed it on the wire: read, not acted on
+                reason = "after the node's error close (which it may not have had yet): not acted on"
+                alias = getattr(message, "alias", None)
+                return Verdict(Kind.IGNORED, CLIENT, None, reason, message.op, alias, None, message)
             elif self.state == "closed":
                 raise _Refused("after-close", "0.202", "message after the session was closed")
             if isinstance(message, StreamMessage):
