@@ -104,12 +104,12 @@ def _stream(endpoint: str, name: str, leased: bool = True) -> None:
         _leased(endpoint, name)
 
 
-def _leased(endpoint: str, name: str) -> None:
+def _leased(endpoint: str, name: str, position: str = "TRIM_HORIZON") -> None:
     """The lease table of application ``name`` as a worker that synced the stream's shards first
-    leaves it: a lease per shard at TRIM_HORIZON, owned by no one (the KCL's own items, fields as
-    its DynamoDBLeaseSerializer writes them). A daemon started then skips the KCL's random 1-30 s
-    wait for an empty table to fill, and takes, reads and checkpoints these leases as its own; it
-    adds the table's index itself."""
+    leaves it: a lease per shard at ``position`` (the initial position's name), owned by no one
+    (the KCL's own items, fields as its DynamoDBLeaseSerializer writes them). A daemon started
+    then skips the KCL's random 1-30 s wait for an empty table to fill, and takes, reads and
+    checkpoints these leases as its own; it adds the table's index itself."""
     table = _client("dynamodb", endpoint)
     table.create_table(
         TableName=name,
@@ -121,7 +121,7 @@ def _leased(endpoint: str, name: str) -> None:
     for shard in _client("kinesis", endpoint).list_shards(StreamName=name)["Shards"]:
         hashes = shard["HashKeyRange"]
         item = {"leaseKey": {"S": shard["ShardId"]}, "leaseCounter": {"N": "0"}}
-        item |= {"ownerSwitchesSinceCheckpoint": {"N": "0"}, "checkpoint": {"S": "TRIM_HORIZON"}}
+        item |= {"ownerSwitchesSinceCheckpoint": {"N": "0"}, "checkpoint": {"S": position}}
         item |= {"checkpointSubSequenceNumber": {"N": "0"}}
         item |= {
             "startingHashKey": {"S": hashes["StartingHashKey"]},
