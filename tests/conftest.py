@@ -131,6 +131,7 @@ LONGEST_FIRST = (
     "test_kinesis_real_daemon",
     "test_spark_replay",
     "test_readme_examples",
+    "test_spark_s3",
     "test_conformance",
     "test_proxy_dcp_java",
     "test_conformance_tremor",

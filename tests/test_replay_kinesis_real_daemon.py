@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from support import READY, Server, run_cli
-from test_kinesis_real_daemon import _client, _daemon, _leases, _stop, _wait, endpoint, jars  # noqa: F401
+from test_kinesis_real_daemon import _client, _daemon, _leased, _leases, _stop, _wait, endpoint, jars  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -52,10 +52,13 @@ sys.exit(subprocess.call(sys.argv[1:], stdin=conn.fileno(), stdout=conn.fileno()
 
 def _stream(url: str, name: str, before: int = 0) -> tuple[str, int]:
     """A one-shard stream of RECORDS records (after ``before`` others, a second earlier): the last
-    one's sequence number, and a time in epoch seconds between the two (0 without ``before``)."""
+    one's sequence number, and a time in epoch seconds between the two (0 without ``before``).
+    Its lease is already in the table (test_kinesis_real_daemon._leased: no 1-30 s wait), at
+    TRIM_HORIZON, or with ``before`` at AT_TIMESTAMP (the daemon's initialPositionInStreamExtended)."""
     kinesis = _client("kinesis", url)
     kinesis.create_stream(StreamName=name, ShardCount=1)
     kinesis.get_waiter("stream_exists").wait(StreamName=name, WaiterConfig={"Delay": 1})
+    _leased(url, name, "AT_TIMESTAMP" if before else "TRIM_HORIZON")
     for n in range(before):
         kinesis.put_record(StreamName=name, Data=f"earlier {n}".encode(), PartitionKey=f"pk-{n}")
     between = math.ceil(time.time()) if before else 0
@@ -153,14 +156,17 @@ def test_a_real_daemon_session_replays_both_ways(jars, endpoint, tmp_path):  # n
             initialPositionInStreamExtended=between,  # AT_TIMESTAMP: the records after the earlier ones
         )
         try:
-            code, stdout, stderr = replay.stop(None, timeout=300)
-            assert code == 0, stdout + stderr
-            asked = [
-                r["sequence_number"]
-                for r in _dissected(tmp_path / "live.pcapng")
-                if r["type"] == "checkpoint" and r["sender"] == "processor"
-            ]
-            assert asked == [live_last] and live_last != last  # the recorded one's place, live
-            _checkpointed(endpoint, "replaylive", live_last)  # and the real checkpointer took it
+            # as in 1., the daemon stopped once its checkpointer took the checkpoint: the live
+            # conversation ends as the recorded one did (otherwise the replay waits --answer-timeout
+            # for the daemon's end, which only comes when the daemon is stopped)
+            _checkpointed(endpoint, "replaylive", live_last)  # the real checkpointer took it
         finally:
             _stop(mld)
+        code, stdout, stderr = replay.stop(None, timeout=300)
+    assert code == 0, stdout + stderr
+    asked = [
+        r["sequence_number"]
+        for r in _dissected(tmp_path / "live.pcapng")
+        if r["type"] == "checkpoint" and r["sender"] == "processor"
+    ]
+    assert asked == [live_last] and live_last != last  # the recorded one's place, live

@@ -16,6 +16,7 @@ import inspect
 import os
 import sys
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -111,17 +112,28 @@ def flatten_for_csv(frame: DataFrame) -> DataFrame:
     return frame.select(*columns)
 
 
+#: Tables written at once: each write is a small Spark job whose time goes mostly to planning and
+#: scheduling, which several at once overlap (Spark runs jobs from several threads side by side).
+WRITERS = 4
+
+
 def write_tables(tables: Mapping[str, DataFrame], directory: str, fmt: str = "parquet") -> dict[str, str]:
     """Write each table to ``directory/<name>`` (replacing an earlier run's); name -> path."""
     if fmt not in FORMATS:
         raise JobError(f"unknown output format {fmt!r} (choose from {', '.join(FORMATS)})")
-    written = {}
-    for name, frame in tables.items():
+
+    def write(name: str, frame: DataFrame) -> str:
         path = os.path.join(directory, name)
         out = flatten_for_csv(frame) if fmt == "csv" else frame
         writer = out.write.mode("overwrite")
         if fmt == "csv":  # RFC 4180 quoting ("" inside quotes), as spreadsheets and csv readers expect
             writer = writer.option("header", True).option("escape", '"')
         getattr(writer, fmt)(path)
-        written[name] = path
-    return written
+        return path
+
+    pool = ThreadPoolExecutor(WRITERS)
+    try:
+        paths = {name: pool.submit(write, name, frame) for name, frame in tables.items()}
+        return {name: path.result() for name, path in paths.items()}  # the first failure raised
+    finally:  # a failure or Ctrl-C starts no more writes
+        pool.shutdown(wait=False, cancel_futures=True)
