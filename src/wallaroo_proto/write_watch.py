@@ -113,10 +113,16 @@ class WriteWatch:
             self._timer = None
 
 
+def no_linger(sock: socket.socket) -> None:
+    """Make the socket's close an RST (SO_LINGER 0): nothing left queued for the peer."""
+    if sock.fileno() >= 0:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+
+
 def reset(transport: asyncio.BaseTransport) -> None:
     """Close with RST (SO_LINGER 0): nothing left queued for a peer that does not read."""
     sock = transport.get_extra_info("socket")
-    if sock is not None and sock.fileno() >= 0:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _NO_LINGER)
+    if sock is not None:
+        no_linger(sock)
     transport.abort()

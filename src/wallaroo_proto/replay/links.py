@@ -10,10 +10,11 @@ import contextlib
 import os
 import shlex
 import socket
-import struct
 import subprocess
 import time
 from dataclasses import dataclass, field
+
+from wallaroo_proto.write_watch import no_linger
 
 
 class LinkError(OSError):
@@ -91,9 +92,8 @@ class TcpLink(Link):
             self.sock.shutdown(socket.SHUT_WR)
 
     def abort(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            self.sock.close()  # a linger of 0: an RST, not a FIN
+        no_linger(self.sock)
+        self.sock.close()  # an RST, not a FIN
         self.eof = True
 
     def close(self) -> None:
