@@ -4,6 +4,7 @@ hand-written conversations, shrinking, the budget and the state graph."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -325,3 +326,29 @@ def test_a_frame_inserted_before_a_dropped_one_still_goes() -> None:
     both = (Edit("insert", 2, name="X", data=b"X!", text="X"), Edit("drop", 2, text="d"))
     steps = mutate.steps(Mutant(0, both), SEED, "client", HOOKS)  # type: ignore[arg-type]
     assert [s.type for s in steps] == ["HELLO", "OK", "X", "DATA", "ACK", "BYE"]
+
+
+# --- the peer's process ----------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_a_spawned_peer_s_memory_beyond_max_rss_and_its_exit_are_findings() -> None:
+    import sys
+
+    from wallaroo_proto.fuzz.peer import PeerProcess, rss_mib
+
+    sleeper = f"{sys.executable} -c 'import time; time.sleep(60)'"
+    peer = PeerProcess(sleeper, "client", max_rss=0.5)  # any Python is past half a MiB
+    peer.before()
+    try:
+        deadline = time.monotonic() + 60
+        while rss_mib(peer.process.pid) <= 0.5:  # the interpreter is still starting
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert "beyond --max-rss 0.5" in (peer.after() or "")
+    finally:
+        peer.stop()
+    exits = PeerProcess(f"{sys.executable} -c 'raise SystemExit(3)'", "client")
+    exits.before()
+    exits.process.wait(timeout=60)
+    assert exits.after() == "the peer's process exited with status 3"

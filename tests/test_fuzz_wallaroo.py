@@ -130,21 +130,27 @@ def source_seed(tmp_path_factory) -> Path:
     return capture
 
 
-def worker_campaign(seed: Path, tmp_path: Path, plant: str | None, budget: str) -> tuple[int, dict, str]:
+def worker_campaign(
+    seed: Path, tmp_path: Path, plant: str | None, budget: str, *extra: str
+) -> tuple[int, dict, str]:
     env = {"WALLAROO_PROTO_PLANT": plant} if plant else {}
     with Server("mock-worker", "--port", "0", "--no-live", env=env) as worker:
         # the variable must not reach fuzz's own spawn: it is the mock's
         return fuzz(
             "--seeds", str(seed), "--play", "connector", "--connect", worker.address,
-            "--budget", budget, "--seed", "7", "--findings", str(tmp_path / "found"),
+            "--budget", budget, "--seed", "7", "--findings", str(tmp_path / "found"), *extra,
         )  # fmt: skip
 
 
 @pytest.mark.e2e
 def test_mock_worker_has_no_finding(source_seed, tmp_path) -> None:
-    code, summary, err = worker_campaign(source_seed, tmp_path, None, "1500")
+    graph = tmp_path / "states.dot"
+    code, summary, err = worker_campaign(source_seed, tmp_path, None, "1500", "--states", str(graph))
     assert code == 0, (summary.get("findings"), err)
     assert summary["executions"] == 1500 and summary["states"] >= 20
+    dot = graph.read_text()
+    assert dot.startswith("digraph states {") and dot.count(" -> ") == summary["states"]
+    assert '"start" -> "OK" [label="HELLO (' in dot
 
 
 @pytest.mark.e2e
