@@ -26,6 +26,7 @@ from xxhash import xxh64_intdigest
 from wallaroo_proto.fuzz.hooks import Hooks
 from wallaroo_proto.protocols.ambrosia import codec
 from wallaroo_proto.protocols.ambrosia.core import IC, LB, Session
+from wallaroo_proto.replay.recording import Frame
 
 TAKE_CHECKPOINT = bytes.fromhex("78563412 1a000000 fb747b895a9033f8 ffffffffffffffff 0202")
 SELF_CALLS = bytes.fromhex(
@@ -135,6 +136,30 @@ def test_templates_decode_as_the_type_they_are_named():
     for name, raw in HOOKS.templates(LB).items():
         message, end = codec.read_message(raw, 0, len(raw))
         assert (message.name, end) == (name, len(raw))
+
+
+def test_an_inserted_record_carries_the_committer_and_next_id_of_the_frame_it_goes_before():
+    """Fitted, an inserted record is out of state and nothing else: the seed's committer id (a
+    committer-changed break otherwise), a normal record the id the frame it precedes has."""
+    before = Frame(0, IC_RECORD, SELF_CALLS[:16] + bytes.fromhex("0500000000000000") + SELF_CALLS[24:])
+    record = HOOKS.fit(HOOKS.templates(IC)["Record"], before)
+    body = codec.encode_incoming_rpc(1, codec.FORK, b'{"value":1}')
+    assert (
+        record
+        == bytes.fromhex("78563412")
+        + (24 + len(body)).to_bytes(4, "little")
+        + xxh64_intdigest(body).to_bytes(8, "little")
+        + bytes.fromhex("0500000000000000")
+        + body
+    )
+    ask = HOOKS.fit(HOOKS.templates(IC)["TakeCheckpoint"], before)
+    assert ask == TAKE_CHECKPOINT
+    control = HOOKS.fit(HOOKS.templates(IC)["Record"], Frame(0, IC_CONTROL, TAKE_CHECKPOINT))
+    assert control[:4] == bytes.fromhex("78563412") and control[16:24] == bytes(8)  # no id to follow
+    assert HOOKS.fit(RPC_TO_SERVER, Frame(0, {"sender": LB, "type": "RPC"}, CHECKPOINT)) == RPC_TO_SERVER
+    session = Session()
+    session.feed(IC, (codec.read_header(TAKE_CHECKPOINT), TAKE_CHECKPOINT[24:]))
+    assert "committer-changed" not in str(session.feed(IC, (codec.read_header(ask), ask[24:])).violations)
 
 
 FRAMES = [

@@ -17,6 +17,7 @@ the IC dies on a broken rule (``OnError``), an LB throws, so refusing is closing
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from wallaroo_proto.fuzz.hooks import Field, Owed
 
@@ -182,6 +183,17 @@ def templates(side: str) -> dict[str, bytes]:
         "Checkpoint": encode_checkpoint(0),
         "InitialMessage": encode_message(INITIAL_MESSAGE, b"fuzz"),
     }
+
+
+def fit(template: bytes, frame: Any) -> bytes:
+    """An IC's record to insert before ``frame`` carries its committer id and, a normal record
+    before a normal record, its sequence id (the one due): out of state and nothing else. Both
+    are header fields the check bytes do not cover, so they are written in place."""
+    if frame.record.get("sender") != IC or len(template) < HEADER_SIZE or len(frame.raw) < HEADER_SIZE:
+        return template
+    raw = frame.raw
+    seq = raw[16:24] if read_header(template).seq >= 0 and read_header(raw).seq >= 0 else template[16:24]
+    return raw[:4] + template[4:16] + seq + template[HEADER_SIZE:]
 
 
 def owed(record: dict) -> Owed | None:
