@@ -24,6 +24,7 @@ from support import COMMAND, Server, run_cli
 from xxhash import xxh64_intdigest
 
 from wallaroo_proto.fuzz.hooks import Hooks
+from wallaroo_proto.fuzz.oracle import judge
 from wallaroo_proto.protocols.ambrosia import codec
 from wallaroo_proto.protocols.ambrosia.core import IC, LB, Session
 from wallaroo_proto.replay.recording import Frame
@@ -160,6 +161,21 @@ def test_an_inserted_record_carries_the_committer_and_next_id_of_the_frame_it_go
     session = Session()
     session.feed(IC, (codec.read_header(TAKE_CHECKPOINT), TAKE_CHECKPOINT[24:]))
     assert "committer-changed" not in str(session.feed(IC, (codec.read_header(ask), ask[24:])).violations)
+
+
+def test_two_plays_whose_lb_batched_its_self_calls_otherwise_are_alike():
+    """mock-lb sends the self calls of one read in one RPCBatch, one call alone: how its reads fall
+    decides, so a seed's plays differ in that and nothing else, and are steady."""
+    ask = ("ours", {"sender": IC, "type": "TakeCheckpoint", "verdict": "accepted", "seq_id": -1})
+    answer = [("peer", {"sender": LB, "type": t}) for t in ("Checkpoint", "CheckpointBytes")]
+    ends = [("end", 0, "closed"), ("end", 1, "closed")]
+
+    def played(*kinds: str):
+        calls = [("peer", {"sender": LB, "type": t, "verdict": "accepted"}) for t in kinds]
+        return judge([ask, *answer, *calls, ask, *answer, *ends], HOOKS, LB).signature
+
+    assert played("RPCBatch") == played("RPC", "RPCBatch") == played("RPCBatch", "RPCBatch")
+    assert played("RPCBatch") != played()
 
 
 FRAMES = [

@@ -211,5 +211,10 @@ def refusal(record: dict) -> bool:
     return False
 
 
+def signature(kind: str) -> str:
+    """An LB's RPCs are one thing however batched: a batch is a hint, cut as the LB's reads fall."""
+    return "RPCs" if kind in ("RPC", "RPCBatch") else kind
+
+
 #: Neither side has an error reply to send before it closes.
 REPLY_BEFORE_CLOSE: frozenset[str] = frozenset()
