@@ -119,9 +119,11 @@ def test_what_is_owed_and_how_a_peer_refuses():
     assert HOOKS.owed({"sender": IC, "type": "Record", "seq_id": 3}) is None
     assert HOOKS.owed({"sender": IC, "type": "BecomingPrimary", "seq_id": -1}) is None
     assert HOOKS.owed({"sender": LB, "type": "TakeCheckpoint"}).types == {"TakeCheckpoint"}
+    assert HOOKS.owed({"sender": LB, "type": "TakeCheckpoint", "ic_asked": "TakeCheckpoint"}) is None
     assert HOOKS.owed({"sender": LB, "type": "RPC"}) is None
     assert not HOOKS.refusal({"sender": LB, "type": "Checkpoint"})
     assert not HOOKS.REPLY_BEFORE_CLOSE
+    assert {IC} == HOOKS.REFUSE_BY_EXIT
 
 
 def test_templates_decode_as_the_type_they_are_named():
@@ -282,3 +284,23 @@ def test_without_the_plant_mock_lb_breaks_no_rule(seed, tmp_path):
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["executions"] >= 30 and not summary["unsteady_seeds"], summary
     assert [f for f in summary["findings"] if f["kind"] == "violation"] == [], summary
+
+
+@pytest.mark.e2e
+def test_mock_ic_started_afresh_each_case_breaks_no_rule(seed, tmp_path):
+    """fuzz plays the LB against mock-ic, stopped and started again before each case (--reset-cmd):
+    else every LB after the first would get a recovery, and no two plays would be alike."""
+    rport, sport = free_ports(2)
+    ic = " ".join(
+        [*COMMAND, "ambrosia", "mock-ic", "-q", "--listen", f"127.0.0.1:{rport}"]
+        + ["--send-listen", f"127.0.0.1:{sport}", "--rpcs", "30", "--batch", "10", "--checkpoint-every", "2"]
+    )
+    done = run_cli(
+        "fuzz", "--seeds", str(seed), "--play", "lb", "--connect", f"127.0.0.1:{rport}",
+        "--connect", f"127.0.0.1:{sport}", "--spawn", ic, "--reset-cmd", "true", "--answer-timeout", "1",
+        "--findings", str(tmp_path / "findings"), "--budget", "20", "--seed", "7", "--format", "json",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["executions"] >= 20 and not summary["unsteady_seeds"] and not summary["findings"]

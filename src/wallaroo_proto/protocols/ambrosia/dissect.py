@@ -34,6 +34,7 @@ from .codec import (
     RPC,
     RPC_BATCH,
     RPC_TYPE_NAMES,
+    TAKE_CHECKPOINT,
     Blob,
     Garbage,
     Incomplete,
@@ -47,6 +48,7 @@ from .codec import (
     read_header,
     read_message,
     read_zz,
+    type_name,
 )
 from .core import IC, LB, Phase, Session
 
@@ -421,6 +423,9 @@ class AmbrosiaTracker:
             if n is not None:
                 record["checkpoint_length"] = n
                 direction.blob_offset, direction.blob_size = frame.offset + frame.length, n
+        elif msg.type == TAKE_CHECKPOINT and self.pair.session.checkpoint_asked is not None:
+            # the IC asks back only once its own request is answered: one request at a time
+            record["ic_asked"] = type_name(self.pair.session.checkpoint_asked)
         self._apply(record, verdict)
         self._emit(record)
 

@@ -197,11 +197,13 @@ def fit(template: bytes, frame: Any) -> bytes:
 
 
 def owed(record: dict) -> Owed | None:
-    """A checkpoint request of the IC is owed the LB's Checkpoint; an LB's TakeCheckpoint the IC's."""
+    """A checkpoint request of the IC is owed the LB's Checkpoint; an LB's TakeCheckpoint the IC's,
+    unless the IC's own request is outstanding (``ic_asked``): it asks back only once that is
+    answered, which the LB may never do."""
     kind = record.get("type")
     if record.get("sender") == IC and kind in _ASKS and record.get("seq_id") == CONTROL_SEQ:
         return Owed(frozenset({"Checkpoint"}))
-    if record.get("sender") == LB and kind == "TakeCheckpoint":
+    if record.get("sender") == LB and kind == "TakeCheckpoint" and not record.get("ic_asked"):
         return Owed(frozenset({"TakeCheckpoint"}))
     return None
 
@@ -218,3 +220,5 @@ def signature(kind: str) -> str:
 
 #: Neither side has an error reply to send before it closes.
 REPLY_BEFORE_CLOSE: frozenset[str] = frozenset()
+#: An IC dies on an LB's broken rule (``OnError``): its exit after an illegal frame is its refusal.
+REFUSE_BY_EXIT: frozenset[str] = frozenset({IC})
