@@ -169,3 +169,21 @@ def test_an_lbs_take_checkpoint_while_the_ic_waits_names_the_ics_request(tmp_pat
     records, _ = dissect(pair(tmp_path / "d.pcap", [TBPC], [H("02 02"), INITIAL, CHECKPOINT_3, H("02 02")]))
     asks = [r for r in records if r["sender"] == "lb" and r["type"] == "TakeCheckpoint"]
     assert [r.get("ic_asked") for r in asks] == ["TakeBecomingPrimaryCheckpoint", None]
+
+
+def test_a_send_socket_opening_with_a_normal_record_is_known_by_its_check_bytes(tmp_path):
+    """A capture begun mid-run (or a fuzzed IC that dropped its first record): the IC's socket
+    opens with record 0, whose check bytes are xxHash64 of its body: that says AMBROSIA."""
+    records, _ = dissect(pair(tmp_path / "e.pcap", [RECORD_0], [SELF_RPC]))
+    assert {r["protocol"] for r in records} == {"ambrosia"}
+    assert [(r["sender"], r["type"], r.get("seq_id")) for r in records] == [
+        ("ic", "Record", 0),
+        ("lb", "RPC", None),
+    ]
+    assert records[0]["ambrosia_socket"] == "send" and records[0]["rpc_count"] == 2
+
+
+def test_a_record_whose_check_bytes_do_not_match_is_not_taken(tmp_path):
+    """One check byte wrong: bytes that only look like a record's header are no AMBROSIA."""
+    records, _ = dissect(pair(tmp_path / "f.pcap", [RECORD_1_BAD], []))
+    assert not any(r.get("protocol") == "ambrosia" for r in records)
