@@ -10,8 +10,10 @@ accident. The first message of a body is the one changed.
 
 What a peer owes: a checkpoint request of the IC (TakeCheckpoint, TakeBecomingPrimaryCheckpoint,
 UpgradeTakeCheckpoint) is owed the LB's Checkpoint; an LB's TakeCheckpoint is owed the IC's
-TakeCheckpoint back (``MoveServiceToNextLogFileAsync``). Neither side has an error reply:
-the IC dies on a broken rule (``OnError``), an LB throws, so refusing is closing.
+TakeCheckpoint back (``MoveServiceToNextLogFileAsync``) once the IC's own request, if one is
+outstanding, is answered. Neither side has an error reply: the IC dies on a broken rule
+(``OnError``: its exit is its refusal), an LB throws, so refusing is closing. A template
+inserted before an IC's record is fitted to it (its committer id, the sequence id due).
 """
 
 from __future__ import annotations
