@@ -234,3 +234,14 @@ def test_expects_follows_a_first_start():
     lb(s, encode_checkpoint(4))
     assert "Record" in s.expects().legal[IC] and s.expects().legal[LB] == _LB_ANY_TIME
     assert s.expects().text == "records and RPCs"
+
+
+def test_a_second_request_while_one_is_outstanding_is_the_ics_break():
+    """The IC quiesces its committer until a request's checkpoint is in (IC:1388-1400, 2550-2579): it
+    never has two outstanding. A second one is its break; the LB's first answer is to the first."""
+    s = first_started()
+    assert ic(s, control_record(C, TAKE_CHECKPOINT)).ok
+    assert rules_of(ic(s, control_record(C, TAKE_CHECKPOINT))) == {"record-while-checkpointing"}
+    assert lb(s, encode_checkpoint(0)).ok
+    assert rules_of(lb(s, encode_checkpoint(0))) == {"unsolicited-checkpoint"}
+    assert ic(s, control_record(C, TAKE_CHECKPOINT)).ok  # asked again once answered: fine

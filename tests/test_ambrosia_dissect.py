@@ -147,3 +147,43 @@ def test_spark_replay_builds_the_ambrosia_tables(replayed_everything):
     assert pairs[paths[0]]["rpcs_to_lb"] == 72 and pairs[paths[0]]["records"] == 7
     violations = [r for r in rows if r["table"] == "ambrosia_violations"]
     assert [r["reason"].split(":")[0] for r in violations] == ["check-bytes", "sequence-gap"]
+
+
+def pair(path: Path, ic: list[bytes], lb: list[bytes], rport: int = 40000, sport: int = 40001) -> Path:
+    """The LB's messages, then the IC's records, on a pair of sockets of any ports."""
+    with PcapWriter(path) as w:
+        t = 1_763_700_000.0
+        rsock = w.tcp_session(("127.0.0.1", 51000), ("127.0.0.1", rport), timestamp=t)
+        ssock = w.tcp_session(("127.0.0.1", 51001), ("127.0.0.1", sport), timestamp=t + 0.001)
+        for i, raw in enumerate(ic):
+            ssock.send(False, raw, t + 0.002 + i / 1000)
+        for i, raw in enumerate(lb):
+            rsock.send(True, raw, t + 0.1 + i / 1000)
+        ssock.close(False, t + 0.2)
+        rsock.close(False, t + 0.3)
+    return path
+
+
+def test_an_lbs_take_checkpoint_while_the_ic_waits_names_the_ics_request(tmp_path):
+    """The IC asks back only once its own request is answered: fuzz owes nothing for it till then."""
+    records, _ = dissect(pair(tmp_path / "d.pcap", [TBPC], [H("02 02"), INITIAL, CHECKPOINT_3, H("02 02")]))
+    asks = [r for r in records if r["sender"] == "lb" and r["type"] == "TakeCheckpoint"]
+    assert [r.get("ic_asked") for r in asks] == ["TakeBecomingPrimaryCheckpoint", None]
+
+
+def test_a_send_socket_opening_with_a_normal_record_is_known_by_its_check_bytes(tmp_path):
+    """A capture begun mid-run (or a fuzzed IC that dropped its first record): the IC's socket
+    opens with record 0, whose check bytes are xxHash64 of its body: that says AMBROSIA."""
+    records, _ = dissect(pair(tmp_path / "e.pcap", [RECORD_0], [SELF_RPC]))
+    assert {r["protocol"] for r in records} == {"ambrosia"}
+    assert [(r["sender"], r["type"], r.get("seq_id")) for r in records] == [
+        ("ic", "Record", 0),
+        ("lb", "RPC", None),
+    ]
+    assert records[0]["ambrosia_socket"] == "send" and records[0]["rpc_count"] == 2
+
+
+def test_a_record_whose_check_bytes_do_not_match_is_not_taken(tmp_path):
+    """One check byte wrong: bytes that only look like a record's header are no AMBROSIA."""
+    records, _ = dissect(pair(tmp_path / "f.pcap", [RECORD_1_BAD], []))
+    assert not any(r.get("protocol") == "ambrosia" for r in records)

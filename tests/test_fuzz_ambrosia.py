@@ -24,8 +24,10 @@ from support import COMMAND, Server, run_cli
 from xxhash import xxh64_intdigest
 
 from wallaroo_proto.fuzz.hooks import Hooks
+from wallaroo_proto.fuzz.oracle import judge
 from wallaroo_proto.protocols.ambrosia import codec
 from wallaroo_proto.protocols.ambrosia.core import IC, LB, Session
+from wallaroo_proto.replay.recording import Frame
 
 TAKE_CHECKPOINT = bytes.fromhex("78563412 1a000000 fb747b895a9033f8 ffffffffffffffff 0202")
 SELF_CALLS = bytes.fromhex(
@@ -117,9 +119,11 @@ def test_what_is_owed_and_how_a_peer_refuses():
     assert HOOKS.owed({"sender": IC, "type": "Record", "seq_id": 3}) is None
     assert HOOKS.owed({"sender": IC, "type": "BecomingPrimary", "seq_id": -1}) is None
     assert HOOKS.owed({"sender": LB, "type": "TakeCheckpoint"}).types == {"TakeCheckpoint"}
+    assert HOOKS.owed({"sender": LB, "type": "TakeCheckpoint", "ic_asked": "TakeCheckpoint"}) is None
     assert HOOKS.owed({"sender": LB, "type": "RPC"}) is None
     assert not HOOKS.refusal({"sender": LB, "type": "Checkpoint"})
     assert not HOOKS.REPLY_BEFORE_CLOSE
+    assert {IC} == HOOKS.REFUSE_BY_EXIT
 
 
 def test_templates_decode_as_the_type_they_are_named():
@@ -135,6 +139,45 @@ def test_templates_decode_as_the_type_they_are_named():
     for name, raw in HOOKS.templates(LB).items():
         message, end = codec.read_message(raw, 0, len(raw))
         assert (message.name, end) == (name, len(raw))
+
+
+def test_an_inserted_record_carries_the_committer_and_next_id_of_the_frame_it_goes_before():
+    """Fitted, an inserted record is out of state and nothing else: the seed's committer id (a
+    committer-changed break otherwise), a normal record the id the frame it precedes has."""
+    before = Frame(0, IC_RECORD, SELF_CALLS[:16] + bytes.fromhex("0500000000000000") + SELF_CALLS[24:])
+    record = HOOKS.fit(HOOKS.templates(IC)["Record"], before)
+    body = codec.encode_incoming_rpc(1, codec.FORK, b'{"value":1}')
+    assert (
+        record
+        == bytes.fromhex("78563412")
+        + (24 + len(body)).to_bytes(4, "little")
+        + xxh64_intdigest(body).to_bytes(8, "little")
+        + bytes.fromhex("0500000000000000")
+        + body
+    )
+    ask = HOOKS.fit(HOOKS.templates(IC)["TakeCheckpoint"], before)
+    assert ask == TAKE_CHECKPOINT
+    control = HOOKS.fit(HOOKS.templates(IC)["Record"], Frame(0, IC_CONTROL, TAKE_CHECKPOINT))
+    assert control[:4] == bytes.fromhex("78563412") and control[16:24] == bytes(8)  # no id to follow
+    assert HOOKS.fit(RPC_TO_SERVER, Frame(0, {"sender": LB, "type": "RPC"}, CHECKPOINT)) == RPC_TO_SERVER
+    session = Session()
+    session.feed(IC, (codec.read_header(TAKE_CHECKPOINT), TAKE_CHECKPOINT[24:]))
+    assert "committer-changed" not in str(session.feed(IC, (codec.read_header(ask), ask[24:])).violations)
+
+
+def test_two_plays_whose_lb_batched_its_self_calls_otherwise_are_alike():
+    """mock-lb sends the self calls of one read in one RPCBatch, one call alone: how its reads fall
+    decides, so a seed's plays differ in that and nothing else, and are steady."""
+    ask = ("ours", {"sender": IC, "type": "TakeCheckpoint", "verdict": "accepted", "seq_id": -1})
+    answer = [("peer", {"sender": LB, "type": t}) for t in ("Checkpoint", "CheckpointBytes")]
+    ends = [("end", 0, "closed"), ("end", 1, "closed")]
+
+    def played(*kinds: str):
+        calls = [("peer", {"sender": LB, "type": t, "verdict": "accepted"}) for t in kinds]
+        return judge([ask, *answer, *calls, ask, *answer, *ends], HOOKS, LB).signature
+
+    assert played("RPCBatch") == played("RPC", "RPCBatch") == played("RPCBatch", "RPCBatch")
+    assert played("RPCBatch") != played()
 
 
 FRAMES = [
@@ -232,10 +275,32 @@ def test_the_planted_double_checkpoint_is_found_shrunk_and_rerun(seed, tmp_path)
 
 @pytest.mark.e2e
 def test_without_the_plant_mock_lb_breaks_no_rule(seed, tmp_path):
+    """30 executions reach the IC's second checkpoint request while one is outstanding (inserted), which
+    mock-lb answers too: the IC's break, not a second answer unsolicited."""
     done, _ = fuzz_mock_lb(
-        seed, tmp_path / "findings", "--seeds", str(seed), "--budget", "8", "--seed", "7", "--format", "json"
-    )
+        seed, tmp_path / "findings", "--seeds", str(seed), "--budget", "30", "--seed", "7", "--format", "json"
+    )  # fmt: skip
     assert done.returncode in (0, 1), done.stderr
     summary = json.loads(done.stdout.splitlines()[-1])
-    assert summary["executions"] >= 8
+    assert summary["executions"] >= 30 and not summary["unsteady_seeds"], summary
     assert [f for f in summary["findings"] if f["kind"] == "violation"] == [], summary
+
+
+@pytest.mark.e2e
+def test_mock_ic_started_afresh_each_case_breaks_no_rule(seed, tmp_path):
+    """fuzz plays the LB against mock-ic, stopped and started again before each case (--reset-cmd):
+    else every LB after the first would get a recovery, and no two plays would be alike."""
+    rport, sport = free_ports(2)
+    ic = " ".join(
+        [*COMMAND, "ambrosia", "mock-ic", "-q", "--listen", f"127.0.0.1:{rport}"]
+        + ["--send-listen", f"127.0.0.1:{sport}", "--rpcs", "30", "--batch", "10", "--checkpoint-every", "2"]
+    )
+    done = run_cli(
+        "fuzz", "--seeds", str(seed), "--play", "lb", "--connect", f"127.0.0.1:{rport}",
+        "--connect", f"127.0.0.1:{sport}", "--spawn", ic, "--reset-cmd", "true", "--answer-timeout", "1",
+        "--findings", str(tmp_path / "findings"), "--budget", "20", "--seed", "7", "--format", "json",
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    summary = json.loads(done.stdout.splitlines()[-1])
+    assert summary["executions"] >= 20 and not summary["unsteady_seeds"] and not summary["findings"]

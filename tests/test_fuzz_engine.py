@@ -63,6 +63,9 @@ class FakeHooks:
     def fit(self, template: bytes, frame: Frame) -> bytes:
         return template
 
+    def signature(self, kind: str) -> str:
+        return kind
+
 
 HOOKS = FakeHooks()
 

@@ -28,6 +28,9 @@ A plug-in's ``fuzz_hooks()`` gives a module with (each optional; the defaults he
   AMBROSIA IC): their exit after an illegal frame is their refusal, not a crash.
 * ``fit(template, frame) -> bytes``: a template made to fit the recorded frame it is inserted
   before (its ids, its committer), so it is out of state and nothing else.
+* ``signature(kind) -> str``: what a peer's frame of type ``kind`` counts as when the first
+  plays of a seed are compared (default: itself); runs of one name count once. A peer that
+  splits or joins frames as its reads fall (AMBROSIA's RPC batches, a hint) is steady all the same.
 * ``state(adapter) -> str``: the played side's state, as its replay adapter's core sees it
   (default: the type of the peer's last frame).
 """
@@ -105,6 +108,10 @@ def fit(template: bytes, frame: Any) -> bytes:
     return template
 
 
+def signature(kind: str) -> str:
+    return kind
+
+
 def state(adapter: Any) -> str | None:
     return None
 
@@ -132,6 +139,7 @@ class Hooks:
             "REPLY_BEFORE_CLOSE",
             "REFUSE_BY_EXIT",
             "fit",
+            "signature",
         ):
             setattr(self, name, getattr(mod, name, getattr(here, name)))
         self.closed = getattr(mod, "closed", self.refusal)

@@ -186,7 +186,9 @@ def judge(
                 if due is not None and due.reconnect:
                     reconnect_owed = (record, last_peer)
             continue
-        signature.append(kind)
+        name = hooks.signature(kind)
+        if not signature or signature[-1] != name:
+            signature.append(name)
         for state, sent in pending:
             out.coverage.add((state, sent, kind))
         pending = []

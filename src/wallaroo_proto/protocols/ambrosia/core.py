@@ -13,8 +13,8 @@ The order the IC's code holds: a first start opens with a control record
 InitialMessage, then Checkpoint + blob; a recovery opens with the checkpoint
 record (-2) + blob, then the replayed records, then TakeBecomingPrimaryCheckpoint,
 UpgradeTakeCheckpoint or BecomingPrimary ends the replay. While a checkpoint
-request is outstanding the IC sends no normal record. Normal records have
-sequence ids one above the last. Where the protocol's first document (the
+request is outstanding the IC sends no record, normal or control: one request at
+a time. Normal records have sequence ids one above the last. Where the protocol's first document (the
 "seed") and the current code differ, the reader takes both: the seed knows no
 -2 record nor the TakeCheckpoint that follows an upgrade's checkpoint, and
 lets the C# binding's InitialMessage be a whole RPC (any bytes are taken).
@@ -79,7 +79,9 @@ RULES: dict[str, str] = {
     "checkpoint-record": "a -2 record that is not exactly one Checkpoint message, or not the first record",
     "type-in-record": "a message type that a normal record never carries",
     "start-sequence": "the IC's first record is not TakeBecomingPrimaryCheckpoint nor the -2 record",
-    "record-while-checkpointing": "a normal record while the IC waits for the LB's checkpoint (it quiesces)",
+    "record-while-checkpointing": (
+        "a normal or control record while the IC waits for the LB's checkpoint (it quiesces)"
+    ),
     "batch": "an RPC batch whose count, replayable count or inner messages are wrong",
     "rpc": "a malformed RPC: cut short, an unknown RPC type, a bad destination name",
     "lb-message-type": "a message type the IC does not accept from an LB (the IC dies on it)",
@@ -289,6 +291,15 @@ class Session:
         kind = messages[0].type
         name = type_name(kind)
         self.requests[name] = self.requests.get(name, 0) + 1
+        asked = self.checkpoint_asked
+        if asked is not None and self.phase is not Phase.UPGRADE_TEST:  # one request at a time
+            problems.append(
+                _violation(
+                    "record-while-checkpointing",
+                    f"{name} while the IC waits for the checkpoint {type_name(asked)} asked for",
+                )
+            )
+            return None
         after = _AFTER_CONTROL.get((self.phase, kind))
         if after is None and self.phase is Phase.START:
             problems.append(_violation("start-sequence", f"the IC opened with {name}"))

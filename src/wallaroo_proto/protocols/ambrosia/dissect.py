@@ -19,6 +19,8 @@ import weakref
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
+from xxhash import xxh64_intdigest
+
 from wallaroo_proto.capture.pcap import format_address
 from wallaroo_proto.findings import mark
 from wallaroo_proto.judge import End, Kind
@@ -34,6 +36,7 @@ from .codec import (
     RPC,
     RPC_BATCH,
     RPC_TYPE_NAMES,
+    TAKE_CHECKPOINT,
     Blob,
     Garbage,
     Incomplete,
@@ -47,6 +50,7 @@ from .codec import (
     read_header,
     read_message,
     read_zz,
+    type_name,
 )
 from .core import IC, LB, Phase, Session
 
@@ -62,18 +66,29 @@ _DETECT_LIMIT = 64 * 1024
 
 
 def _opens_records(prefix: bytes) -> bool | None:
-    """Do these first bytes start the IC's first record: a short record numbered -1 or -2?
+    """Do these first bytes start the IC's records: a short record numbered -1 or -2 (its first
+    ever), or a normal record whose check bytes are xxHash64 of its body (a socket seen mid-run)?
 
-    Its size (bytes 4 to 8) is 26 to 40 and its sequence id (16 to 24) -1 or
-    -2, so a few bytes often rule it out; ``None``: a header's start, more may tell.
+    A control or checkpoint record's size (bytes 4 to 8) is 26 to 40 and its sequence id (16 to
+    24) -1 or -2; a normal record's size is below ``_DETECT_LIMIT`` and its id below 2**40, and it
+    is taken only whole, its check bytes matched. A few bytes often rule it out; ``None``: a
+    header's start, or a record not all here yet: more may tell.
     """
-    size = prefix[4:8]
-    if size and (not HEADER_SIZE + 2 <= size[0] <= HEADER_SIZE + 16 or any(size[1:])):
-        return False
-    seq = prefix[16:24]
-    if (seq and seq[0] not in (0xFF, 0xFE)) or any(b != 0xFF for b in seq[1:]):
-        return False
-    return True if len(prefix) >= HEADER_SIZE else None
+    size, seq = prefix[4:8], prefix[16:24]
+    short = (not seq or (seq[0] in (0xFF, 0xFE) and all(b == 0xFF for b in seq[1:]))) and (
+        not size or (HEADER_SIZE + 2 <= size[0] <= HEADER_SIZE + 16 and not any(size[1:]))
+    )
+    normal = not any(size[2:]) and not any(seq[5:])
+    if len(size) == 4 and int.from_bytes(size, "little") < HEADER_SIZE + 2:
+        normal = False
+    if len(prefix) < HEADER_SIZE:
+        return None if short or normal else False
+    if short or not normal:
+        return short
+    end = int.from_bytes(size, "little")
+    if len(prefix) < end:
+        return None
+    return xxh64_intdigest(prefix[HEADER_SIZE:end]) == int.from_bytes(prefix[8:16], "little")
 
 
 def looks_like_ambrosia(payload: bytes, max_frame_size: int = 0, final: bool = True) -> bool | None:
@@ -93,6 +108,8 @@ def looks_like_ambrosia(payload: bytes, max_frame_size: int = 0, final: bool = T
             return False if final else None
         except MalformedError:
             return False
+        if header.seq >= 0:
+            return True  # its check bytes matched
         return msg.type in CONTROL if header.seq == CONTROL_SEQ else msg.type == CHECKPOINT
     try:
         msg, _ = read_message(payload, 0, len(payload))
@@ -262,7 +279,7 @@ class AmbrosiaTracker:
             early = self._early
             if not early or early[0][0] is direction:
                 early.append((direction, payload, packet, ts))
-                if _opens_records(b"".join(item[1] for item in early)[:HEADER_SIZE]) is None:
+                if _opens_records(b"".join(item[1] for item in early)[:_DETECT_LIMIT]) is None:
                     self.dissector.hold_back(self)  # later records wait, for packet order
                     return
                 self.flush()
@@ -421,6 +438,9 @@ class AmbrosiaTracker:
             if n is not None:
                 record["checkpoint_length"] = n
                 direction.blob_offset, direction.blob_size = frame.offset + frame.length, n
+        elif msg.type == TAKE_CHECKPOINT and self.pair.session.checkpoint_asked is not None:
+            # the IC asks back only once its own request is answered: one request at a time
+            record["ic_asked"] = type_name(self.pair.session.checkpoint_asked)
         self._apply(record, verdict)
         self._emit(record)
 

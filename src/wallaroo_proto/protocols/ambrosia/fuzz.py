@@ -10,13 +10,16 @@ accident. The first message of a body is the one changed.
 
 What a peer owes: a checkpoint request of the IC (TakeCheckpoint, TakeBecomingPrimaryCheckpoint,
 UpgradeTakeCheckpoint) is owed the LB's Checkpoint; an LB's TakeCheckpoint is owed the IC's
-TakeCheckpoint back (``MoveServiceToNextLogFileAsync``). Neither side has an error reply:
-the IC dies on a broken rule (``OnError``), an LB throws, so refusing is closing.
+TakeCheckpoint back (``MoveServiceToNextLogFileAsync``) once the IC's own request, if one is
+outstanding, is answered. Neither side has an error reply: the IC dies on a broken rule
+(``OnError``: its exit is its refusal), an LB throws, so refusing is closing. A template
+inserted before an IC's record is fitted to it (its committer id, the sequence id due).
 """
 
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from wallaroo_proto.fuzz.hooks import Field, Owed
 
@@ -184,12 +187,25 @@ def templates(side: str) -> dict[str, bytes]:
     }
 
 
+def fit(template: bytes, frame: Any) -> bytes:
+    """An IC's record to insert before ``frame`` carries its committer id and, a normal record
+    before a normal record, its sequence id (the one due): out of state and nothing else. Both
+    are header fields the check bytes do not cover, so they are written in place."""
+    if frame.record.get("sender") != IC or len(template) < HEADER_SIZE or len(frame.raw) < HEADER_SIZE:
+        return template
+    raw = frame.raw
+    seq = raw[16:24] if read_header(template).seq >= 0 and read_header(raw).seq >= 0 else template[16:24]
+    return raw[:4] + template[4:16] + seq + template[HEADER_SIZE:]
+
+
 def owed(record: dict) -> Owed | None:
-    """A checkpoint request of the IC is owed the LB's Checkpoint; an LB's TakeCheckpoint the IC's."""
+    """A checkpoint request of the IC is owed the LB's Checkpoint; an LB's TakeCheckpoint the IC's,
+    unless the IC's own request is outstanding (``ic_asked``): it asks back only once that is
+    answered, which the LB may never do."""
     kind = record.get("type")
     if record.get("sender") == IC and kind in _ASKS and record.get("seq_id") == CONTROL_SEQ:
         return Owed(frozenset({"Checkpoint"}))
-    if record.get("sender") == LB and kind == "TakeCheckpoint":
+    if record.get("sender") == LB and kind == "TakeCheckpoint" and not record.get("ic_asked"):
         return Owed(frozenset({"TakeCheckpoint"}))
     return None
 
@@ -199,5 +215,12 @@ def refusal(record: dict) -> bool:
     return False
 
 
+def signature(kind: str) -> str:
+    """An LB's RPCs are one thing however batched: a batch is a hint, cut as the LB's reads fall."""
+    return "RPCs" if kind in ("RPC", "RPCBatch") else kind
+
+
 #: Neither side has an error reply to send before it closes.
 REPLY_BEFORE_CLOSE: frozenset[str] = frozenset()
+#: An IC dies on an LB's broken rule (``OnError``): its exit after an illegal frame is its refusal.
+REFUSE_BY_EXIT: frozenset[str] = frozenset({IC})
