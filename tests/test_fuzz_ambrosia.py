@@ -304,3 +304,18 @@ def test_mock_ic_started_afresh_each_case_breaks_no_rule(seed, tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
     summary = json.loads(done.stdout.splitlines()[-1])
     assert summary["executions"] >= 20 and not summary["unsteady_seeds"] and not summary["findings"]
+
+
+def test_an_lb_going_on_after_an_illegal_ic_record_is_tolerated_but_not_the_other_way() -> None:
+    """Bindings trust their IC (nobody on the LB side verifies check bytes); an IC must refuse."""
+    from wallaroo_proto.fuzz import oracle
+
+    hooks = Hooks("ambrosia")
+    ic_bad = [
+        ("ours", {"type": "Record", "sender": "ic", "verdict": "violation", "violations": ["check-bytes"]})
+    ]
+    assert oracle.judge([*ic_bad, ("we-end", 1, "closed")], hooks, "lb").findings == []
+    lb_bad = [("ours", {"type": "RPC", "sender": "lb", "verdict": "violation", "violations": ["x"]})]
+    assert [f.kind for f in oracle.judge([*lb_bad, ("we-end", 1, "closed")], hooks, "ic").findings] == [
+        "accepted"
+    ]

@@ -215,6 +215,12 @@ def refusal(record: dict) -> bool:
     return False
 
 
+def tolerated(record: dict) -> bool:
+    """A binding trusts its IC: none verifies check bytes (the notes: Node leaves it commented
+    out, C# reads and ignores), so an LB going on after an illegal IC record is no finding."""
+    return record.get("sender") == IC
+
+
 def signature(kind: str) -> str:
     """An LB's RPCs are one thing however batched: a batch is a hint, cut as the LB's reads fall."""
     return "RPCs" if kind in ("RPC", "RPCBatch") else kind
