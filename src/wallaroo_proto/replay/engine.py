@@ -507,9 +507,14 @@ class Player:
                     self._wait_answers(frame.index, frame)
                     # a frame that broke a rule when recorded goes as it was (fuzz's reproducers)
                     as_recorded = frame.as_is or frame.record.get("verdict") in ("violation", "malformed")
-                    data = frame.raw if as_recorded else self._outgoing(frame, link)
+                    if frame.as_is:
+                        data = frame.raw
+                    else:
+                        data = self.adapter.recorded(frame) if as_recorded else self._outgoing(frame, link)
                     if frame.edit is not None:
                         data = frame.edit(data)
+                    if frame.as_is or frame.edit is not None:
+                        self.adapter.sent(frame, data)
                     if data:
                         self._pace(frame)
                         self._batch += data
@@ -581,8 +586,8 @@ class Player:
         else:
             link.shutdown_write()
         self.transcript.ended(live_index, link.we_are_client, reset=reset)
-        if self.options.log:
-            self.events.append(("we-end", live_index, "reset" if reset else "closed"))
+        if self.options.log and reset:  # a half-close still lets the peer refuse: a cut frame ends at it
+            self.events.append(("we-end", live_index, "reset"))
 
     def _finish(self) -> None:
         """The played side is done: half-close (after the peer, where the recording's peer closed
