@@ -570,6 +570,8 @@ class Player:
         """Fuzzing: what the peer still owes (``Options.owes``: an answer, a refusal) is waited for
         before we end, however the play ended."""
         owes = self.options.owes
+        if owes is not None:
+            self._judge()  # our last frames' verdicts (a cut one is judged at our end): owed a refusal?
         deadline = time.monotonic() + self.options.answer_timeout
         while owes is not None and owes(self.events) and not all(link.eof for link in self._live_order):
             left = deadline - time.monotonic()
