@@ -168,6 +168,19 @@ def test_only_a_checkpoint_reply_with_an_error_is_a_refusal_and_nobody_owes_an_e
     assert not hooks.REPLY_BEFORE_CLOSE and hooks.fields is fuzz.fields
 
 
+def test_a_pipelined_line_is_tolerated_and_a_line_out_of_any_turn_is_not():
+    """Core reasons, as the dissector writes them: a line that waits behind the peer's answer is
+    in turn when read; one during a checkpoint, or before initialize, never is."""
+    assert fuzz.tolerated({"violations": ["processRecords while processRecords still awaits its status"]})
+    assert fuzz.tolerated({"violations": ["a second checkpoint before the reply to the first"]})
+    assert fuzz.tolerated({"violations": ["a status with no request pending"]})
+    assert not fuzz.tolerated(
+        {"violations": ["leaseLost while the processor waits for the reply to its checkpoint (it would ...)"]}
+    )
+    assert not fuzz.tolerated({"violations": ["processRecords before initialize"]})
+    assert not fuzz.tolerated({"violations": ["a checkpoint reply with no checkpoint asked"]})
+
+
 def test_an_inserted_request_holds_the_next_one_until_its_status():
     """Fuzz inserts a shutdownRequested the replay adapter never made: the next recorded
     request must wait for its status, or it would go out of turn (an illegal line of ours)."""

@@ -202,6 +202,21 @@ def refusal(record: dict) -> bool:
     )
 
 
+#: A line sent before the peer's answer to the one before it: out of turn in capture order, but
+#: each side reads its lines in order, so by the time the peer reads it, it is in turn.
+_IN_TURN_WHEN_READ = (
+    "still awaits its status",
+    "a second checkpoint before the reply",
+    "with no request pending",
+)
+
+
+def tolerated(record: dict) -> bool:
+    """A pipelined line (a request before the last one's status, a second checkpoint, a status or
+    checkpoint crossing the daemon's next request): no peer can tell it from one in turn."""
+    return any(text in v for v in record.get("violations") or () for text in _IN_TURN_WHEN_READ)
+
+
 #: Neither side answers an illegal line before closing: kclpy dies, the Java MLD exits (mld.md §4).
 REPLY_BEFORE_CLOSE: frozenset[str] = frozenset()
 #: ... and that exit is each side's refusal, by design, not a crash.
