@@ -570,8 +570,6 @@ class Player:
         """Fuzzing: what the peer still owes (``Options.owes``: an answer, a refusal) is waited for
         before we end, however the play ended."""
         owes = self.options.owes
-        if owes is not None:
-            self._judge()  # our last frames' verdicts (a cut one is judged at our end): owed a refusal?
         deadline = time.monotonic() + self.options.answer_timeout
         while owes is not None and owes(self.events) and not all(link.eof for link in self._live_order):
             left = deadline - time.monotonic()
@@ -588,8 +586,8 @@ class Player:
         else:
             link.shutdown_write()
         self.transcript.ended(live_index, link.we_are_client, reset=reset)
-        if self.options.log and reset:  # a half-close still lets the peer refuse: a cut frame ends at it
-            self.events.append(("we-end", live_index, "reset"))
+        if self.options.log:
+            self.events.append(("we-end", live_index, "reset" if reset else "closed"))
 
     def _finish(self) -> None:
         """The played side is done: half-close (after the peer, where the recording's peer closed
