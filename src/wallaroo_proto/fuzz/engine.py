@@ -420,10 +420,14 @@ def _mutation_name(edit: mutate.Edit) -> str:
 
 
 def _stdio_exit(player: Player) -> str | None:
+    """A process spoken to over its stdin ends when its input does, with any status (the Kinesis
+    MLD never reads it): only a signal is a crash, or its kill for not ending within 5 s."""
     for link in player._live_order:
         process = getattr(link, "process", None)
-        if process is not None and process.returncode not in (None, 0):
-            return f"the peer's process exited with status {process.returncode}"
+        if process is not None and process.returncode == -9:
+            return "the peer's process did not exit within 5 s of its input closing (killed)"
+        if process is not None and process.returncode is not None and process.returncode < 0:
+            return f"the peer's process was killed by signal {-process.returncode}"
     return None
 
 

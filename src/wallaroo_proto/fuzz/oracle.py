@@ -179,6 +179,8 @@ def judge(
             if bad and illegal is None:
                 illegal = record
                 refused = "tolerated" if hooks.tolerated(record) else None  # the peer may pass over it
+                if we_ended == "closed":  # judged at our close (a cut line): the peer's close answers it
+                    we_ended = None
             elif not bad and illegal is None:
                 due = hooks.owed(record)
                 if due is not None and due.types:

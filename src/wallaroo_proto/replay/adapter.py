@@ -112,6 +112,14 @@ class Adapter:
         """The fields recorded ``frame`` of the peer should have live (a list: its units)."""
         return frame.record
 
+    def recorded(self, frame: Any) -> bytes:
+        """The bytes of recorded ``frame`` as it went (one that broke a rule: fuzz's reproducers)."""
+        return frame.raw
+
+    def sent(self, frame: Any, data: bytes) -> None:
+        """What went for ``frame`` where fuzz changed the adapter's bytes or inserted a frame:
+        an adapter that follows its own frames' state takes these instead."""
+
     def waits(self, frame: Any) -> bool:
         """Does ``frame`` (of the played side) still wait for the peer's frames recorded before it?
         Asked while it waits: False once the live peer can send no more before it (a window's

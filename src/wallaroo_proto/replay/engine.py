@@ -507,9 +507,14 @@ class Player:
                     self._wait_answers(frame.index, frame)
                     # a frame that broke a rule when recorded goes as it was (fuzz's reproducers)
                     as_recorded = frame.as_is or frame.record.get("verdict") in ("violation", "malformed")
-                    data = frame.raw if as_recorded else self._outgoing(frame, link)
+                    if frame.as_is:
+                        data = frame.raw
+                    else:
+                        data = self.adapter.recorded(frame) if as_recorded else self._outgoing(frame, link)
                     if frame.edit is not None:
                         data = frame.edit(data)
+                    if frame.as_is or frame.edit is not None:
+                        self.adapter.sent(frame, data)
                     if data:
                         self._pace(frame)
                         self._batch += data

@@ -120,6 +120,12 @@ def _proxy_faults() -> Any:
     return proxy_faults
 
 
+def _fuzz_hooks() -> Any:
+    from . import fuzz
+
+    return fuzz
+
+
 def _replay_adapter() -> Any:
     from . import replay
 
@@ -145,4 +151,5 @@ PLUGIN = ProtocolPlugin(
     report_titles=TITLES,
     report_signals=KinesisSignals,
     replay_adapter=_replay_adapter,
+    fuzz_hooks=_fuzz_hooks,
 )

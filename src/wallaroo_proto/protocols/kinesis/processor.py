@@ -247,6 +247,8 @@ class ShardProcessor:
                     self._since_checkpoint = 0
         elif action in ("shardEnded", "shutdownRequested") or getattr(msg, "reason", None) == "TERMINATE":
             await self._checkpoint(None, None)
+        if action == "shutdownRequested" and os.environ.get("WALLAROO_PROTO_PLANT") == "shutdown-no-status":
+            return  # a planted break for tests/test_fuzz_kinesis.py: the status forgotten
         response_for = action
         if config.bad_response_after and stats.records >= config.bad_response_after:
             response_for = "processRecordz" if action == "processRecords" else f"{action}X"

@@ -34,6 +34,7 @@ from .codec import (
     Checkpoint,
     Fatal,
     Initialize,
+    LineSplitter,
     Message,
     ProcessRecords,
     Skipped,
@@ -101,11 +102,14 @@ class Adapter(adapter.Adapter):
         self._recorded_initial: tuple[str | None, int | None] | None = None
         #: The checkpoint the processor asked live (the daemon echoes it in its reply).
         self._asked: Checkpoint | None = None
+        #: Our line going out, taken by the live conversation at the next call (fuzz may change it).
+        self._going: bytes | None = None
 
     # ------------------------------------------------------------------ the played side
 
     def outgoing(self, frame: Any) -> bytes | adapter.Hold:
         """The recorded line, once the live conversation allows it, with the live peer's values."""
+        self._commit()
         raw = frame.raw
         if frame.type in ("SKIPPED", "INVALID"):  # not a message: as recorded (a blank line too)
             return self._sent(raw, raw + b"\n")
@@ -123,6 +127,8 @@ class Adapter(adapter.Adapter):
                 return adapter.Hold(f"the live processor's status for {self.live.pending}")
             if state is State.CHECKPOINTING:
                 return adapter.Hold(f"the reply to the processor's checkpoint during {self.live.pending}")
+            if state is State.ENDED:
+                return adapter.SKIP  # the live conversation ended (fuzz sent a leaseLost): no more requests
             self._asks_recorded = self._asks_live = 0
             self._requests += 1
             return self._sent(raw, raw + b"\n")
@@ -183,8 +189,25 @@ class Adapter(adapter.Adapter):
 
     def _sent(self, line: bytes, data: bytes) -> bytes:
         """``data`` goes live: the live conversation takes its line as the played side's."""
-        self.live.feed(self.side, line)
+        self._commit()
+        self._going = line + b"\n"
         return data
+
+    def recorded(self, frame: Any) -> bytes:
+        """The recorded line as it went, its line end put back (a fuzz reproducer's illegal line)."""
+        return self._sent(frame.raw, frame.raw + b"\n")
+
+    def sent(self, frame: Any, data: bytes) -> None:
+        """Fuzz changed our line or inserted one: the live conversation takes the whole lines that went."""
+        if frame.as_is:  # inserted: the line before it went as it was
+            self._commit()
+        self._going = data
+
+    def _commit(self) -> None:
+        going, self._going = self._going, None
+        if going is not None:
+            for line in LineSplitter().feed(going):
+                self.live.feed(self.side, line.data)
 
     def _live_position(self, seq: str | None, sub: int | None) -> tuple[str | None, int | None]:
         """The live record at the recorded one's position (or the live initialize's at the recorded
@@ -213,6 +236,7 @@ class Adapter(adapter.Adapter):
 
     def incoming(self, record: dict, raw: bytes) -> None:
         """A live line of the peer: the live conversation takes it; records' positions are noted."""
+        self._commit()
         if not record.get("length") and record.get("type") != "INVALID":
             return  # the end of its stream, no line
         verdict = self.live.feed(self.peer, raw)
@@ -230,6 +254,7 @@ class Adapter(adapter.Adapter):
 
     def expected(self, frame: Any) -> dict:
         """The recorded peer frame; a daemon's reply is to echo the numbers the replay asked live."""
+        self._commit()
         record = frame.record
         if self.peer == PROCESSOR:
             if frame.type == "checkpoint":
@@ -257,6 +282,7 @@ class Adapter(adapter.Adapter):
 
         Asked while the replay waits, when every recorded frame before the next one played
         was expected: more live checkpoints since the last request than recorded ones."""
+        self._commit()
         if self.side != DAEMON or self.live.state is not State.CHECKPOINTING:
             return None
         if self._asks_live <= self._asks_recorded or self._ask_record is None:
