@@ -253,3 +253,78 @@ def test_fields_column_takes_spark_decimals():
     row = {"opaque": 7, "vbucket": 3, "start_seqno": Decimal(0), "vb_uuid": Decimal(2**64 - 2)}
     text = PLUGIN.describe(row)
     assert "uuid=0xfffffffffffffffe" in text and "start=0" in text, text
+
+
+# What fuzz sent our mock-producer, and its answers, as hand-written wire bytes (header fields:
+# magic, opcode, key length, extras length, datatype, vbucket or status, body length, opaque, cas).
+H = bytes.fromhex
+#: SELECT_BUCKET "default" (opaque 5) with its key length set to 0x8000: past its 7-byte body.
+SELECT_KEY_PAST_BODY = H("80 89 8000 00 00 0000 00000007 00000005 0000000000000000 64656661756c74")
+#: The producer's EINVAL (0x0004) to it.
+SELECT_EINVAL = H("81 89 0000 00 00 0004 00000000 00000005 0000000000000000")
+#: BUFFER_ACK of 100 bytes (opaque 0), well formed, and with key length 0x0100 (past its body).
+BUFFER_ACK = H("80 5d 0000 04 00 0000 00000004 00000000 0000000000000000 00000064")
+BUFFER_ACK_KEY_PAST_BODY = H("80 5d 0100 04 00 0000 00000004 00000000 0000000000000000 00000064")
+#: The producer's EINVAL to a BUFFER_ACK; and its SUCCESS to SELECT_BUCKET opaque 5.
+BUFFER_ACK_EINVAL = H("81 5d 0000 00 00 0004 00000000 00000000 0000000000000000")
+SELECT_SUCCESS = H("81 89 0000 00 00 0000 00000000 00000005 0000000000000000")
+#: A request of opcode 0x88 (none DCP knows), opaque 9, and the producer's UNKNOWN_COMMAND (0x81).
+UNKNOWN = H("80 88 0000 00 00 0000 00000000 00000009 0000000000000000")
+UNKNOWN_ANSWER = H("81 88 0000 00 00 0081 00000000 00000009 0000000000000000")
+#: A NOOP reply (opaque 0) with no NOOP sent; and HELLO "fuzz" (opaque 1).
+NOOP_REPLY = H("81 5c 0000 00 00 0000 00000000 00000000 0000000000000000")
+HELLO = H("80 1f 0004 00 00 0000 00000004 00000001 0000000000000000 66757a7a")
+
+
+def _conversation(path: Path, wires: list[tuple[bool, bytes]]) -> list[dict]:
+    """The records of a connection to 11210 carrying ``wires`` (True: from the client)."""
+    with PcapWriter(path) as w:
+        s = w.tcp_session(("127.0.0.1", 50000), ("127.0.0.1", 11210), timestamp=1.0)
+        for n, (client, wire) in enumerate(wires):
+            s.send(client, wire, 1.001 + n / 1000)
+        s.close(True, 1.1)
+    return dissect(path)[0]
+
+
+def _judged(records: list[dict]) -> list[tuple[str, str, str]]:
+    return [(r["sender"], r["type"], r["verdict"]) for r in records]
+
+
+def test_an_error_answer_to_a_request_malformed_past_its_body_answers_that_request(tmp_path):
+    records = _conversation(tmp_path / "m.pcap", [(True, SELECT_KEY_PAST_BODY), (False, SELECT_EINVAL)])
+    assert _judged(records) == [
+        ("consumer", "INVALID", "malformed"),
+        ("producer", "SELECT_BUCKET_RESPONSE", "accepted"),
+    ]
+    again = _conversation(tmp_path / "s.pcap", [(True, SELECT_KEY_PAST_BODY), (False, SELECT_SUCCESS)])
+    assert again[1]["verdict"] == "violation"
+    assert again[1]["violations"] == ["SELECT_BUCKET SUCCESS to a malformed request"]
+
+
+def test_a_buffer_ack_is_answered_only_when_refused(tmp_path):
+    malformed = [(True, BUFFER_ACK_KEY_PAST_BODY), (False, BUFFER_ACK_EINVAL)]
+    before_open = [(True, BUFFER_ACK), (False, BUFFER_ACK_EINVAL)]
+    for name, wires in (("m", malformed), ("b", before_open)):
+        records = _conversation(tmp_path / f"{name}.pcap", wires)
+        assert records[1]["type"] == "DCP_BUFFER_ACKNOWLEDGEMENT_RESPONSE"
+        assert records[1]["verdict"] == "accepted", records[1]
+    # a refusal with no BUFFER_ACK to refuse (here after a SELECT_BUCKET): answers no request
+    records = _conversation(tmp_path / "u.pcap", [(True, HELLO), (False, BUFFER_ACK_EINVAL)])
+    assert records[1]["violations"] == ["response opaque 0x00000000 answers no request"]
+
+
+def test_an_unknown_command_s_answer_answers_it(tmp_path):
+    records = _conversation(tmp_path / "u.pcap", [(True, UNKNOWN), (False, UNKNOWN_ANSWER)])
+    assert _judged(records) == [
+        ("consumer", "UNKNOWN(0x88)", "malformed"),
+        ("producer", "UNKNOWN(0x88)_RESPONSE", "accepted"),
+    ]
+
+
+def test_a_client_whose_first_packet_is_a_noop_reply_is_the_consumer(tmp_path):
+    records = _conversation(tmp_path / "n.pcap", [(True, NOOP_REPLY), (True, HELLO)])
+    assert _judged(records) == [
+        ("consumer", "DCP_NOOP_RESPONSE", "violation"),
+        ("consumer", "HELLO", "accepted"),
+    ]
+    assert records[0]["violations"] == ["NOOP reply with no NOOP outstanding"]

@@ -527,6 +527,7 @@ class Player:
                         if frame.note:
                             self.transcript.comment(self.transcript.feed.packets, frame.note)
                         if frame.then:
+                            self._wait_owed()  # a refusal of an illegal frame before it comes first
                             self._end_ours(link, reset=frame.then == "reset")
                             break
                 elif frame.sender:
@@ -570,8 +571,11 @@ class Player:
         """Fuzzing: what the peer still owes (``Options.owes``: an answer, a refusal) is waited for
         before we end, however the play ended."""
         owes = self.options.owes
+        if owes is None:
+            return
+        self._judge()  # our frames just sent: what they are owed is read from their verdicts
         deadline = time.monotonic() + self.options.answer_timeout
-        while owes is not None and owes(self.events) and not all(link.eof for link in self._live_order):
+        while owes(self.events) and not all(link.eof for link in self._live_order):
             left = deadline - time.monotonic()
             if left <= 0:
                 break

@@ -94,6 +94,7 @@ RULES: dict[str, str] = {
     "noop": "a NOOP before enable_noop=true, or while the last NOOP is unanswered",
     "response-unsolicited": "a response whose opaque answers no pending request",
     "response-opcode": "a response whose opcode is not its request's",
+    "malformed-accepted": "a malformed request answered SUCCESS (it must be refused: an error, or a close)",
     "range-accepted": "a stream request with a bad seqno range accepted (the producer must answer ERANGE)",
     "rollback": "a ROLLBACK to a seqno after the requested start, or of a request from seqno 0 and uuid 0",
     "failover-log": "a stream accepted with an empty failover log, a uuid 0, or entries not newest first",
@@ -273,6 +274,8 @@ class _Pending:
     opcode: int
     vbucket: int
     message: Any
+    #: The request was malformed (or of an opcode DCP does not know): its answer, if any, is a refusal.
+    malformed: bool = False
 
 
 class Connection:
@@ -305,6 +308,9 @@ class Connection:
         #: The newest failover log the producer gave per vbucket (a stream's or GET_FAILOVER_LOG's).
         self.failover_logs: dict[int, list[tuple[int, int]]] = {}
         self.acked = 0
+        #: BUFFER_ACKs not refused: the producer answers an ack only to refuse it (EINVAL before
+        #: DCP_OPEN, EACCESS before auth), so each may still get an error response, in any opaque's turn.
+        self.acks_unrefused = 0
         self.violations = 0
         #: How each side stopped sending (``end``), by side.
         self.ended_sides: dict[str, End] = {}
@@ -333,6 +339,19 @@ class Connection:
     def _malformed(self, side: str, p: Packet | None, err: ProtocolError) -> Verdict:
         self.violations += 1
         return Verdict(Kind.MALFORMED, side, None, str(err), p)
+
+    def malformed(self, side: str, wire: bytes, err: ProtocolError) -> Verdict:
+        """A packet whose header ``decode_packet`` refused (its lengths do not add up). A consumer's
+        request is still remembered by its opaque: the producer may refuse it with an error status
+        (memcached's EINVAL) before it closes, as well as only close (a data node)."""
+        if side == CONSUMER and len(wire) >= HEADER_SIZE and wire[0] in codec.REQUEST_MAGICS:
+            self._pending_malformed(
+                wire[1], int.from_bytes(wire[6:8], "big"), int.from_bytes(wire[12:16], "big")
+            )
+        return self._malformed(side, None, err)
+
+    def _pending_malformed(self, opcode: int, vbucket: int, opaque: int) -> None:
+        self.pending.setdefault(opaque, deque()).append(_Pending(opcode, vbucket, None, True))
 
     def may_send(self) -> bool:
         """May a stream message go now? Only while under the buffer (so one message may overflow it)."""
@@ -420,6 +439,8 @@ class Connection:
         try:
             msg = codec.parse(p, offset, request_opcode)
         except ProtocolError as err:
+            if p.is_request:  # refused with EINVAL by the validator: that answer is its
+                self._pending_malformed(p.opcode, p.vbucket, p.opaque)
             return self._malformed(CONSUMER, p, err)
         if not p.is_request:
             return self._consumer_response(p, msg)
@@ -467,6 +488,7 @@ class Connection:
             )
         self.outstanding = max(0, self.outstanding - msg.nbytes)
         self.acked += msg.nbytes
+        self.acks_unrefused += 1
         return self._verdict(CONSUMER, p, msg, reasons, event=f"acked {msg.nbytes}")
 
     def _consumer_response(self, p: Packet, msg: Response) -> Verdict:
@@ -493,9 +515,21 @@ class Connection:
         """A packet the producer sent."""
         if not p.is_request:
             queue = self.pending.get(p.opaque)
+            if (
+                p.opcode == codec.BUFFER_ACK
+                and p.status != SUCCESS
+                and self.acks_unrefused
+                and not (queue and queue[0].opcode == codec.BUFFER_ACK)
+            ):
+                self.acks_unrefused -= 1
+                msg = codec.parse(p, offset, codec.BUFFER_ACK)
+                event = f"BUFFER_ACK refused: {msg.status_name}"
+                return self._verdict(PRODUCER, p, msg, [], event, codec.BUFFER_ACK)
             pending = queue.popleft() if queue else None
             if queue is not None and not queue:
                 del self.pending[p.opaque]
+            if pending is not None and pending.malformed:  # its status is all a refusal says
+                return self._producer_response(p, Response(p.status, value=p.value), pending)
             request_opcode = pending.opcode if pending is not None else None
             try:
                 msg = codec.parse(p, offset, request_opcode)
@@ -668,6 +702,12 @@ class Connection:
             )
             reasons: Reasons = [("response-opcode", reason)]
             return self._verdict(PRODUCER, p, msg, reasons, request_opcode=pending.opcode, vbucket=vb)
+        if pending.malformed:
+            if msg.status == SUCCESS:
+                reasons = [("malformed-accepted", f"{p.name} SUCCESS to a malformed request")]
+                return self._verdict(PRODUCER, p, msg, reasons, request_opcode=pending.opcode, vbucket=vb)
+            event = f"malformed request refused: {msg.status_name}"
+            return self._verdict(PRODUCER, p, msg, [], event, pending.opcode, vb)
         reasons = []
         event = finding = None
         ok = msg.status == SUCCESS

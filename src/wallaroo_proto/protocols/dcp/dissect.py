@@ -8,8 +8,9 @@ common fields plus this protocol's, see ``protocols.schema.fields()``). The summ
 per connection, with a line per vbucket stream.
 
 Which side is the consumer: the one whose first packet is a consumer's command
-(HELLO, SASL, DCP_OPEN, ...); a first stream message or response marks the
-producer; otherwise the initiator.
+(HELLO, SASL, DCP_OPEN, ...) or a reply to a producer's NOOP or stream message; a
+first stream message, NOOP or other response marks the producer; otherwise the
+initiator.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ PORTS = (11210,)
 _CLIENT_FIRST = frozenset(
     (codec.HELLO, codec.OPEN, codec.SASL_LIST_MECHS, codec.SASL_AUTH, codec.VERSION, codec.SELECT_BUCKET)
 ) | {codec.GET_ERROR_MAP, codec.GET_CLUSTER_CONFIG, codec.CONTROL, codec.STREAM_REQ, codec.GET_ALL_VB_SEQNOS}
+#: Requests only a producer sends (so only a consumer answers them).
+_PRODUCER_REQUESTS = codec.STREAM_MESSAGES | {codec.NOOP}
 
 
 def looks_like_dcp(payload: bytes, max_frame_size: int = 0, final: bool = True) -> bool | None:
@@ -342,9 +345,10 @@ class DcpTracker(ConnectionTracker):
 
     def _sender(self, direction: _Direction, p: Packet | None) -> str:
         if self.consumer_client is None and p is not None:
-            if p.is_request and p.opcode in _CLIENT_FIRST:
+            producers = p.opcode in _PRODUCER_REQUESTS
+            if p.is_request and p.opcode in _CLIENT_FIRST or not p.is_request and producers:
                 self.consumer_client = direction.client
-            elif (p.is_request and p.opcode in codec.STREAM_MESSAGES) or not p.is_request:
+            elif p.is_request == producers:  # a stream message or NOOP, or an answer to a command
                 self.consumer_client = not direction.client
             else:
                 self.consumer_client = True
@@ -384,6 +388,7 @@ class DcpTracker(ConnectionTracker):
             p = decode_packet(wire, 0, offset)
         except ProtocolError as err:
             record["sender"] = self._sender(direction, None)
+            self.conn.malformed(record["sender"], wire, err)  # a request's refusal may still come
             record["type"] = "INVALID"
             record["verdict"] = "malformed"
             self._violation(record, str(err))

@@ -473,7 +473,7 @@ class _Session:
                 if not p.is_request:
                     self.close()
                 else:  # the validator's EINVAL; the connection stays, as on a data node
-                    self.send(codec.response(op, codec.EINVAL, opaque=p.opaque))
+                    self.respond(p, codec.EINVAL)
                 return
             if not p.is_request and op == codec.NOOP and p.status == SUCCESS:
                 # A successful reply matching no NOOP goes to the producer's error handler, which
