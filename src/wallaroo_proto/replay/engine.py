@@ -527,7 +527,8 @@ class Player:
                         if frame.note:
                             self.transcript.comment(self.transcript.feed.packets, frame.note)
                         if frame.then:
-                            self._wait_owed()  # a refusal of an illegal frame before it comes first
+                            if frame.then != "reset":  # a refusal of an illegal frame comes first;
+                                self._wait_owed()  # a reset is abrupt on purpose
                             self._end_ours(link, reset=frame.then == "reset")
                             break
                 elif frame.sender:
