@@ -484,6 +484,19 @@ def test_reply_to_a_phase2_is_allowed_but_not_to_long_decided_txns():
     assert conn.feed(C, twopc_frame(Reply("t1", True))).kind is Kind.VIOLATION
 
 
+def test_a_reply_still_in_flight_after_the_worker_decided_on_is_legal():
+    """A sink answers each PHASE1 in order, however late (it fsyncs first): a worker that decides
+    without waiting may have started and decided the next round before the REPLY comes. Found by
+    fuzz against mock-sink (a REPLY judged against the last PHASE2 only)."""
+    conn = sink_streaming()
+    for txn in ("t1", "t2"):
+        accept(conn, twopc_frame(Phase1(txn, ())), W)
+        accept(conn, twopc_frame(Phase2(txn, True)), W)
+    accept(conn, twopc_frame(Reply("t1", True)), C)
+    accept(conn, twopc_frame(Reply("t2", True)), C)
+    assert conn.feed(C, twopc_frame(Reply("zz", True))).kind is Kind.VIOLATION
+
+
 def test_stream0_in_sink_use_is_always_read_as_2pc_even_if_notified():
     conn = sink_streaming()
     accept(conn, Notify(0, "odd", 0), W)

@@ -102,7 +102,7 @@ RULES: dict[str, str] = {
     "unsettled": "application data or a PHASE1 before PHASE2 settled every txn the sink listed uncommitted",
     "one-round": "a PHASE1 or PHASE2 while another txn awaits its PHASE2",
     "twopc-payload": "a stream-0 MESSAGE of the sink protocol that is no 2PC message",
-    "reply-txn": "a REPLY for a txn no PHASE1 or PHASE2 named",
+    "reply-txn": "a REPLY for a txn no PHASE1 or PHASE2 named, or more REPLYs than they named it",
 }
 
 #: The connection's state machine: state -> {frame type: the state it leads to}. Who may send a
@@ -184,6 +184,8 @@ class StreamRecord:
     refusals_due: int = 0
 
 
+#: How many txns' REPLYs the core keeps waiting for (``Connection.replies_due``).
+_REPLIES_KEPT = 16
 _STREAM_ID = itemgetter(0)
 _MESSAGE_ID = itemgetter(1)
 _ONLY_MESSAGES = {Message}
@@ -232,8 +234,10 @@ class Connection:
     #: Undecided txns (in phase 1, or listed uncommitted), for checking REPLYs; bounded by
     #: what is undecided, not by the connection's age.
     undecided_txns: set = field(default_factory=set)
-    #: The txn the last PHASE2 decided: a sink may REPLY to a PHASE2 too.
-    last_decided_txn: Text | None = None
+    #: Txns a PHASE1 or PHASE2 named -> REPLYs they may still get: a sink answers each PHASE1
+    #: (and may answer a PHASE2) however late, after the worker decided and began the next
+    #: round. The latest ``_REPLIES_KEPT`` txns only (a PHASE2 may never be answered).
+    replies_due: dict = field(default_factory=dict)
     #: Txns the sink listed in REPLY_UNCOMMITTED that no PHASE2 settled yet: until then
     #: the worker may send no application data and start no round.
     unsettled_listed: set = field(default_factory=set)
@@ -570,6 +574,7 @@ class Connection:
                 )
             self.phase1_txn = msg.txn_id
             self.undecided_txns.add(msg.txn_id)
+            self._reply_due(msg.txn_id)
         elif isinstance(msg, Phase2):
             if self.phase1_txn == msg.txn_id:
                 self.phase1_txn = None
@@ -583,7 +588,7 @@ class Connection:
                 )
             self.undecided_txns.discard(msg.txn_id)
             self.unsettled_listed.discard(msg.txn_id)
-            self.last_decided_txn = msg.txn_id
+            self._reply_due(msg.txn_id)
             if not msg.commit:
                 # After an abort the worker re-sends from the last committed offset:
                 # lower ids on the data streams are a legitimate re-send, not a replay.
@@ -592,18 +597,24 @@ class Connection:
         elif isinstance(msg, ReplyUncommitted):
             self.undecided_txns.update(msg.txn_ids)
             self.unsettled_listed.update(msg.txn_ids)
-        elif (
-            isinstance(msg, Reply)
-            and msg.txn_id not in self.undecided_txns
-            and msg.txn_id != self.last_decided_txn
-        ):
-            return self._violation(
-                index,
-                sender,
-                "reply-txn",
-                f"REPLY for txn {show_text(msg.txn_id)!r}, which no PHASE1 or PHASE2 named",
-            )
+        elif isinstance(msg, Reply):
+            due = self.replies_due.pop(msg.txn_id, 0)
+            if due > 1:
+                self.replies_due[msg.txn_id] = due - 1
+            elif not due and msg.txn_id not in self.undecided_txns:
+                return self._violation(
+                    index,
+                    sender,
+                    "reply-txn",
+                    f"REPLY for txn {show_text(msg.txn_id)!r}, which no PHASE1 or PHASE2 named",
+                )
         return Verdict(Kind.ACCEPTED, sender, None, None, index, msg)
+
+    def _reply_due(self, txn: Text) -> None:
+        due = self.replies_due
+        due[txn] = due.pop(txn, 0) + 1
+        if len(due) > _REPLIES_KEPT:
+            del due[next(iter(due))]
 
     def _ack(self, frame: Ack, sender: str, index: int) -> Verdict:
         for stream_id, _ in frame.acks:
