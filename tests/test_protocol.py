@@ -532,6 +532,28 @@ def test_a_repeated_notify_is_refused_as_the_shipped_worker_does():
     assert conn.feed(W, NotifyAck(False, 1, 0)).kind is Kind.VIOLATION  # no refusal was due any more
 
 
+def test_a_repeat_notify_sent_while_the_first_was_pending_is_answered_afresh_if_that_one_was_refused():
+    """Found by fuzz against mock-worker: two NOTIFYs in one write while another connection still
+    held the stream; the worker refused the first, the stream came free, and it took the second."""
+    conn = streaming()
+    accept(conn, Notify(1, "s1", 0), C)
+    accept(conn, Notify(1, "s1", 0), C)
+    accept(conn, NotifyAck(False, 1, 0), W)  # the first refused: the repeat is pending now
+    assert conn.streams[1].state is StreamState.NOTIFY_SENT
+    accept(conn, NotifyAck(True, 1, 0), W)
+    accept(conn, Message(1, 1, 0, b"", b""), C)
+    assert conn.feed(W, NotifyAck(False, 1, 0)).kind is Kind.VIOLATION  # nothing is pending now
+
+
+def test_the_refusal_of_a_repeat_notify_may_cross_the_stream_s_eos():
+    conn = streaming()
+    open_stream(conn)
+    accept(conn, Notify(1, "s1", 0), C)  # open: to be refused
+    accept(conn, EosMessage(1, 0), C)  # sent before the refusal came
+    accept(conn, NotifyAck(False, 1, 0), W)
+    assert conn.streams[1].state is StreamState.CLOSED
+
+
 def test_listed_uncommitted_txns_must_be_settled_before_data_or_a_new_round():
     conn = Connection(Use.SINK)
     accept(conn, Hello("v0.0.1", b"", "w", "w1"), W)

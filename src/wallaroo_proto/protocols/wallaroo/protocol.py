@@ -179,8 +179,9 @@ class StreamRecord:
     last_acked: int | None = None
     messages: int = 0
     replays: int = 0
-    #: NOTIFYs sent while the stream was pending or open: the worker refuses each (shipped
-    #: behaviour) with a NOTIFY_ACK success=0 that leaves the stream as it was.
+    #: NOTIFYs sent while the stream was pending or open, answered in order after the pending
+    #: one: a NOTIFY of an open stream is refused (shipped behaviour) with a NOTIFY_ACK success=0
+    #: that leaves the stream as it was; once the pending one is refused, the next is pending.
     refusals_due: int = 0
 
 
@@ -444,12 +445,13 @@ class Connection:
                 # The spec lists NOTIFY only in Start and Closed; the shipped worker answers a
                 # repeat with NOTIFY_ACK success=0 and the stream stays as it was.
                 record.refusals_due += 1
+                unless = " if the pending one opens it" if before is StreamState.NOTIFY_SENT else ""
                 return Verdict(
                     Kind.ACCEPTED,
                     sender,
                     None,
                     f"NOTIFY for stream {frame.stream_id}, which is already {before.value} "
-                    "on this connection: to be refused",
+                    f"on this connection: to be refused{unless}",
                     index,
                 )
             record.state = after
@@ -457,16 +459,20 @@ class Connection:
             return ACCEPTED
         if frame_type is NotifyAck:
             record = self.streams.get(frame.stream_id)
-            if record is not None and record.state is StreamState.OPEN and record.refusals_due:
-                if frame.success:
+            if record is not None and record.refusals_due:
+                if not frame.success:
+                    # A NOTIFY sent meanwhile refused, or the pending one (the next one sent
+                    # meanwhile is pending now): either way one fewer awaits its answer, and the
+                    # stream stays as it is (it may have closed by EOS_MESSAGE while this crossed).
+                    record.refusals_due -= 1
+                    return ACCEPTED
+                if record.state is StreamState.OPEN:
                     return self._violation(
                         index,
                         sender,
                         "notify-ack",
                         f"NOTIFY_ACK success=1 for stream {frame.stream_id}, which is already open",
                     )
-                record.refusals_due -= 1
-                return ACCEPTED
             event = "NOTIFY_ACK success=1" if frame.success else "NOTIFY_ACK success=0"
             after = None if record is None else STREAM_TRANSITIONS[record.state].get(event)
             if after is None:
