@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,7 +19,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import Server, run_cli
+from support import COMMAND, Server, run_cli
+from test_conformance import free_port
 
 from wallaroo_proto.fuzz.hooks import Hooks, Owed
 from wallaroo_proto.protocols.wallaroo import fuzz as hooks
@@ -26,6 +28,7 @@ from wallaroo_proto.protocols.wallaroo.codec import decode
 from wallaroo_proto.protocols.wallaroo.errors import ProtocolError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+CLI = shlex.join(COMMAND)
 
 # Frames by hand (connector-protocol-v3.md): u32 length of what follows, u8 type, body.
 OK_500 = bytes.fromhex("00000005 01 000001f4")
@@ -175,3 +178,60 @@ def test_the_planted_break_in_mock_worker_is_found_shrunk_and_replayable(source_
         replayed = run_cli("replay", capture, "--play", "connector", "--connect", worker.address)
     assert again.returncode == 1 and "accepted" in again.stdout, again.stdout + again.stderr
     assert replayed.returncode in (0, 1), replayed.stderr  # replay plays it (a fresh run differs in timing)
+
+
+# --- our other mocks: what fuzz found in them is fixed (docs/wallaroo.md#fuzzing) ----------------
+
+
+@pytest.fixture(scope="module")
+def sink_seed(tmp_path_factory) -> Path:
+    """A worker's conversation with mock-sink, recorded by mock-worker driving it: three rounds."""
+    folder = tmp_path_factory.mktemp("sink-seed")
+    capture = folder / "sink.pcap"
+    with Server("mock-sink", "--listen", "127.0.0.1:0", "-o", str(folder / "out")) as sink:
+        done = run_cli(
+            "mock-worker", "--no-live", "--sink-connect", sink.address, "--input", "gen:30",
+            "--checkpoint-every", "10", "--sink-record", str(capture),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    return capture
+
+
+def clean(code: int, summary: dict, err: str, floor: int = 10) -> None:
+    assert code == 0, (summary.get("findings"), err)
+    assert summary["executions"] >= floor, summary
+
+
+@pytest.mark.e2e
+def test_mock_sink_started_afresh_for_each_case_has_no_finding(sink_seed, tmp_path) -> None:
+    """Its REPLYs come late (it fsyncs first): a REPLY after the worker decided was once judged
+    a violation by the core."""
+    port, out = free_port(), tmp_path / "out"
+    spawn = f"{CLI} mock-sink --listen 127.0.0.1:{port} -o {out} -q"
+    clean(*fuzz(
+        "--seeds", str(sink_seed), "--play", "worker", "--connect", f"127.0.0.1:{port}",
+        "--spawn", spawn, "--reset-cmd", f"rm -rf {out}", "--budget", "15s", "--seed", "3",
+        "--findings", str(tmp_path / "found"),
+    ))  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_mock_source_started_for_each_case_has_no_finding(source_seed, tmp_path) -> None:
+    """It once answered the bytes after a RESTART with ERROR and gave up, read in one chunk."""
+    spawn = f"{CLI} mock-source {shlex.quote(str(SAMPLES / 'orders.txt'))} --connect 127.0.0.1:{{port}}"
+    clean(*fuzz(
+        "--seeds", str(source_seed), "--play", "worker", "--listen", "127.0.0.1:0", "--spawn", spawn,
+        "--budget", "15s", "--seed", "3", "--findings", str(tmp_path / "found"),
+    ))  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_mock_worker_driving_a_sink_has_no_finding(sink_seed, tmp_path) -> None:
+    """It once closed on a sink's illegal frame without the ERROR a worker owes."""
+    spawn = (
+        f"{CLI} mock-worker --no-live --sink-connect 127.0.0.1:{{port}} --input gen:30 --checkpoint-every 10"
+    )
+    clean(*fuzz(
+        "--seeds", str(sink_seed), "--play", "connector", "--listen", "127.0.0.1:0", "--spawn", spawn,
+        "--budget", "15s", "--seed", "3", "--findings", str(tmp_path / "found"),
+    ), floor=5)  # fmt: skip
