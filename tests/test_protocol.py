@@ -543,6 +543,12 @@ def test_a_repeat_notify_sent_while_the_first_was_pending_is_answered_afresh_if_
     accept(conn, NotifyAck(True, 1, 0), W)
     accept(conn, Message(1, 1, 0, b"", b""), C)
     assert conn.feed(W, NotifyAck(False, 1, 0)).kind is Kind.VIOLATION  # nothing is pending now
+    conn = streaming()  # the other connection held it throughout: both refused
+    accept(conn, Notify(1, "s1", 0), C)
+    accept(conn, Notify(1, "s1", 0), C)
+    accept(conn, NotifyAck(False, 1, 0), W)
+    accept(conn, NotifyAck(False, 1, 0), W)
+    assert conn.streams[1].state is StreamState.CLOSED
 
 
 def test_the_refusal_of_a_repeat_notify_may_cross_the_stream_s_eos():
