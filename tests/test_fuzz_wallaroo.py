@@ -93,6 +93,8 @@ def test_what_a_peer_owes_and_how_a_worker_refuses() -> None:
     assert hooks.owed({"type": "NOTIFY"}) == Owed(frozenset({"NOTIFY_ACK", "ERROR"}))
     assert hooks.owed({"type": "RESTART"}) == Owed(reconnect=True)
     assert hooks.owed({"type": "MESSAGE"}) is None
+    for asked in ("PHASE1", "LIST_UNCOMMITTED"):  # their answers ride stream-0 MESSAGEs
+        assert hooks.owed({"type": "MESSAGE", "twopc": asked}) == Owed(frozenset({"MESSAGE", "ERROR"}))
     assert hooks.refusal({"type": "ERROR"}) and not hooks.refusal({"type": "OK"})
     assert {"worker"} == hooks.REPLY_BEFORE_CLOSE
 
