@@ -23,6 +23,7 @@ from support import COMMAND, Server, run_cli
 from test_conformance import free_port
 
 from wallaroo_proto.fuzz.hooks import Hooks, Owed
+from wallaroo_proto.fuzz.oracle import judge
 from wallaroo_proto.protocols.wallaroo import fuzz as hooks
 from wallaroo_proto.protocols.wallaroo.codec import decode
 from wallaroo_proto.protocols.wallaroo.errors import ProtocolError
@@ -97,6 +98,20 @@ def test_what_a_peer_owes_and_how_a_worker_refuses() -> None:
         assert hooks.owed({"type": "MESSAGE", "twopc": asked}) == Owed(frozenset({"MESSAGE", "ERROR"}))
     assert hooks.refusal({"type": "ERROR"}) and not hooks.refusal({"type": "OK"})
     assert {"worker"} == hooks.REPLY_BEFORE_CLOSE
+
+
+def test_a_frame_illegal_only_because_the_peer_s_answer_was_in_flight_is_no_finding() -> None:
+    """Our MESSAGE went before the worker's NOTIFY_ACK came: illegal in our order, legal in the
+    worker's (it answered before it read the MESSAGE), so it cannot refuse it. Seen against
+    mock-worker and mock-sink as `accepted`. Nothing in flight: the same frame is a finding."""
+    wallaroo = Hooks("wallaroo")
+    notify, ack = ("ours", {"type": "NOTIFY", "verdict": "accepted"}), ("peer", {"type": "NOTIFY_ACK"})
+    message = ("ours", {"type": "MESSAGE", "verdict": "violation", "violations": ["stream is Notify-Sent"]})
+    ends = [("we-end", 1, "closed"), ("end", 1, "closed")]
+    crossed = judge([notify, message, ack, *ends], wallaroo, "worker")
+    assert crossed.findings == []
+    after = judge([notify, ack, message, ("peer", {"type": "ACK"}), *ends], wallaroo, "worker")
+    assert [f.kind for f in after.findings] == ["accepted"]
 
 
 FRAMES = [("OK", OK_500), ("NOTIFY", NOTIFY_7), ("ACK", ACK_7_8000), ("MESSAGE", MESSAGE_7_3)]
