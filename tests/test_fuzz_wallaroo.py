@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -18,14 +19,17 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import Server, run_cli
+from support import COMMAND, Server, run_cli
+from test_conformance import free_port
 
 from wallaroo_proto.fuzz.hooks import Hooks, Owed
+from wallaroo_proto.fuzz.oracle import judge
 from wallaroo_proto.protocols.wallaroo import fuzz as hooks
 from wallaroo_proto.protocols.wallaroo.codec import decode
 from wallaroo_proto.protocols.wallaroo.errors import ProtocolError
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+CLI = shlex.join(COMMAND)
 
 # Frames by hand (connector-protocol-v3.md): u32 length of what follows, u8 type, body.
 OK_500 = bytes.fromhex("00000005 01 000001f4")
@@ -90,8 +94,24 @@ def test_what_a_peer_owes_and_how_a_worker_refuses() -> None:
     assert hooks.owed({"type": "NOTIFY"}) == Owed(frozenset({"NOTIFY_ACK", "ERROR"}))
     assert hooks.owed({"type": "RESTART"}) == Owed(reconnect=True)
     assert hooks.owed({"type": "MESSAGE"}) is None
+    for asked in ("PHASE1", "LIST_UNCOMMITTED"):  # their answers ride stream-0 MESSAGEs
+        assert hooks.owed({"type": "MESSAGE", "twopc": asked}) == Owed(frozenset({"MESSAGE", "ERROR"}))
     assert hooks.refusal({"type": "ERROR"}) and not hooks.refusal({"type": "OK"})
     assert {"worker"} == hooks.REPLY_BEFORE_CLOSE
+
+
+def test_a_frame_illegal_only_because_the_peer_s_answer_was_in_flight_is_no_finding() -> None:
+    """Our MESSAGE went before the worker's NOTIFY_ACK came: illegal in our order, legal in the
+    worker's (it answered before it read the MESSAGE), so it cannot refuse it. Seen against
+    mock-worker and mock-sink as `accepted`. Nothing in flight: the same frame is a finding."""
+    wallaroo = Hooks("wallaroo")
+    notify, ack = ("ours", {"type": "NOTIFY", "verdict": "accepted"}), ("peer", {"type": "NOTIFY_ACK"})
+    message = ("ours", {"type": "MESSAGE", "verdict": "violation", "violations": ["stream is Notify-Sent"]})
+    ends = [("we-end", 1, "closed"), ("end", 1, "closed")]
+    crossed = judge([notify, message, ack, *ends], wallaroo, "worker")
+    assert crossed.findings == []
+    after = judge([notify, ack, message, ("peer", {"type": "ACK"}), *ends], wallaroo, "worker")
+    assert [f.kind for f in after.findings] == ["accepted"]
 
 
 FRAMES = [("OK", OK_500), ("NOTIFY", NOTIFY_7), ("ACK", ACK_7_8000), ("MESSAGE", MESSAGE_7_3)]
@@ -223,3 +243,60 @@ def test_a_server_that_dies_mid_campaign_is_a_crash_and_the_health_check_ends_th
         f.finding.kind == "crash" and "stopped taking connections" in f.finding.detail for f in summary.found
     )
     assert summary.notes and "no longer takes connections" in summary.notes[0]
+
+
+# --- our other mocks: what fuzz found in them is fixed (docs/wallaroo.md#fuzzing) ----------------
+
+
+@pytest.fixture(scope="module")
+def sink_seed(tmp_path_factory) -> Path:
+    """A worker's conversation with mock-sink, recorded by mock-worker driving it: three rounds."""
+    folder = tmp_path_factory.mktemp("sink-seed")
+    capture = folder / "sink.pcap"
+    with Server("mock-sink", "--listen", "127.0.0.1:0", "-o", str(folder / "out")) as sink:
+        done = run_cli(
+            "mock-worker", "--no-live", "--sink-connect", sink.address, "--input", "gen:30",
+            "--checkpoint-every", "10", "--sink-record", str(capture),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    return capture
+
+
+def clean(code: int, summary: dict, err: str, floor: int = 10) -> None:
+    assert code == 0, (summary.get("findings"), err)
+    assert summary["executions"] >= floor, summary
+
+
+@pytest.mark.e2e
+def test_mock_sink_started_afresh_for_each_case_has_no_finding(sink_seed, tmp_path) -> None:
+    """Its REPLYs come late (it fsyncs first): a REPLY after the worker decided was once judged
+    a violation by the core."""
+    port, out = free_port(), tmp_path / "out"
+    spawn = f"{CLI} mock-sink --listen 127.0.0.1:{port} -o {out} -q"
+    clean(*fuzz(
+        "--seeds", str(sink_seed), "--play", "worker", "--connect", f"127.0.0.1:{port}",
+        "--spawn", spawn, "--reset-cmd", f"rm -rf {out}", "--budget", "15s", "--seed", "3",
+        "--findings", str(tmp_path / "found"),
+    ))  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_mock_source_started_for_each_case_has_no_finding(source_seed, tmp_path) -> None:
+    """It once answered the bytes after a RESTART with ERROR and gave up, read in one chunk."""
+    spawn = f"{CLI} mock-source {shlex.quote(str(SAMPLES / 'orders.txt'))} --connect 127.0.0.1:{{port}}"
+    clean(*fuzz(
+        "--seeds", str(source_seed), "--play", "worker", "--listen", "127.0.0.1:0", "--spawn", spawn,
+        "--budget", "15s", "--seed", "3", "--findings", str(tmp_path / "found"),
+    ))  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_mock_worker_driving_a_sink_has_no_finding(sink_seed, tmp_path) -> None:
+    """It once closed on a sink's illegal frame without the ERROR a worker owes."""
+    spawn = (
+        f"{CLI} mock-worker --no-live --sink-connect 127.0.0.1:{{port}} --input gen:30 --checkpoint-every 10"
+    )
+    clean(*fuzz(
+        "--seeds", str(sink_seed), "--play", "connector", "--listen", "127.0.0.1:0", "--spawn", spawn,
+        "--budget", "15s", "--seed", "3", "--findings", str(tmp_path / "found"),
+    ), floor=5)  # fmt: skip

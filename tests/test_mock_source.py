@@ -359,6 +359,36 @@ def test_garbage_from_the_worker_is_answered_with_error(listener):
 
 
 @pytest.mark.timeout(60)
+def test_a_restart_read_together_with_bad_bytes_after_it_is_still_followed(listener):
+    """The frames before bad bytes count, in order: a RESTART ends the connection, so what comes
+    after it is moot. Found by fuzz playing the worker (mock-source answered the bad bytes with
+    ERROR and gave up instead of reconnecting)."""
+    proc = start_source(listener, "--stream-name", "r", "--stream-id", "7", "--count", "1")
+    first = RawWorker(listener)
+    try:
+        handshake(first, 10)
+        assert parse(first.body())[0] == "NOTIFY"
+        first.send(RESTART + struct.pack(">I", 0xFFFFFFFF) + b"\x04")  # a length past any frame
+        assert first.body() is None, "the source must close after RESTART, with no ERROR"
+        second = RawWorker(listener)
+        try:
+            peer = handshake(second, 10)
+            assert peer.next() == ("NOTIFY", 7, b"r", 0)
+            second.send(notify_ack(1, 7, 0))
+            assert peer.next()[:3] == ("MESSAGE", 7, 1)
+            assert peer.next() == ("EOS", 7, 1)
+            second.send(ack(0, [(7, 1)]))
+            code, summary, err = finish(proc)
+        finally:
+            second.close()
+    finally:
+        first.close()
+        proc.kill()
+    assert code == 0, err
+    assert summary["restarts"] == 1 and summary["connections"] == 2
+
+
+@pytest.mark.timeout(60)
 def test_gives_up_after_bounded_retries(listener):
     port = listener.getsockname()[1]
     listener.close()  # nothing listens there any more

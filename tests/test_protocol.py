@@ -484,6 +484,19 @@ def test_reply_to_a_phase2_is_allowed_but_not_to_long_decided_txns():
     assert conn.feed(C, twopc_frame(Reply("t1", True))).kind is Kind.VIOLATION
 
 
+def test_a_reply_still_in_flight_after_the_worker_decided_on_is_legal():
+    """A sink answers each PHASE1 in order, however late (it fsyncs first): a worker that decides
+    without waiting may have started and decided the next round before the REPLY comes. Found by
+    fuzz against mock-sink (a REPLY judged against the last PHASE2 only)."""
+    conn = sink_streaming()
+    for txn in ("t1", "t2"):
+        accept(conn, twopc_frame(Phase1(txn, ())), W)
+        accept(conn, twopc_frame(Phase2(txn, True)), W)
+    accept(conn, twopc_frame(Reply("t1", True)), C)
+    accept(conn, twopc_frame(Reply("t2", True)), C)
+    assert conn.feed(C, twopc_frame(Reply("zz", True))).kind is Kind.VIOLATION
+
+
 def test_stream0_in_sink_use_is_always_read_as_2pc_even_if_notified():
     conn = sink_streaming()
     accept(conn, Notify(0, "odd", 0), W)
@@ -517,6 +530,34 @@ def test_a_repeated_notify_is_refused_as_the_shipped_worker_does():
     assert "success=1 for stream 1, which is already open" in conn.feed(W, NotifyAck(True, 1, 0)).reason
     accept(conn, NotifyAck(False, 1, 0), W)
     assert conn.feed(W, NotifyAck(False, 1, 0)).kind is Kind.VIOLATION  # no refusal was due any more
+
+
+def test_a_repeat_notify_sent_while_the_first_was_pending_is_answered_afresh_if_that_one_was_refused():
+    """Found by fuzz against mock-worker: two NOTIFYs in one write while another connection still
+    held the stream; the worker refused the first, the stream came free, and it took the second."""
+    conn = streaming()
+    accept(conn, Notify(1, "s1", 0), C)
+    accept(conn, Notify(1, "s1", 0), C)
+    accept(conn, NotifyAck(False, 1, 0), W)  # the first refused: the repeat is pending now
+    assert conn.streams[1].state is StreamState.NOTIFY_SENT
+    accept(conn, NotifyAck(True, 1, 0), W)
+    accept(conn, Message(1, 1, 0, b"", b""), C)
+    assert conn.feed(W, NotifyAck(False, 1, 0)).kind is Kind.VIOLATION  # nothing is pending now
+    conn = streaming()  # the other connection held it throughout: both refused
+    accept(conn, Notify(1, "s1", 0), C)
+    accept(conn, Notify(1, "s1", 0), C)
+    accept(conn, NotifyAck(False, 1, 0), W)
+    accept(conn, NotifyAck(False, 1, 0), W)
+    assert conn.streams[1].state is StreamState.CLOSED
+
+
+def test_the_refusal_of_a_repeat_notify_may_cross_the_stream_s_eos():
+    conn = streaming()
+    open_stream(conn)
+    accept(conn, Notify(1, "s1", 0), C)  # open: to be refused
+    accept(conn, EosMessage(1, 0), C)  # sent before the refusal came
+    accept(conn, NotifyAck(False, 1, 0), W)
+    assert conn.streams[1].state is StreamState.CLOSED
 
 
 def test_listed_uncommitted_txns_must_be_settled_before_data_or_a_new_round():

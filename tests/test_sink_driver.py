@@ -404,6 +404,60 @@ def test_an_error_after_the_handshake_is_transient_whatever_it_says(tmp_path):
     assert bytes(sink.data) == source.read_bytes() and sink.committed == len(sink.data)
 
 
+def _read_frames(sock: socket.socket, n: int) -> list[bytes] | None:
+    """The next ``n`` frames' bodies from ``sock`` (nothing more may come with them), or None at EOF."""
+    data = b""
+    bodies: list[bytes] = []
+    while len(bodies) < n:
+        if len(data) >= 4 and len(data) >= 4 + struct.unpack_from(">I", data)[0]:
+            (length,) = struct.unpack_from(">I", data)
+            bodies.append(data[4 : 4 + length])
+            data = data[4 + length :]
+            continue
+        chunk = sock.recv(65536)
+        if not chunk:
+            return None
+        data += chunk
+    assert data == b""
+    return bodies
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("illegal", "said"),
+    [
+        (reply_uncommitted(1, []), b"before the handshake completed with OK"),  # before any OK
+        (_frame(b"\x63garbage"), b"unknown frame type 99"),
+    ],
+    ids=["reply-before-ok", "garbage"],
+)
+def test_a_sink_that_breaks_a_rule_is_answered_with_error_before_the_close(illegal, said):
+    """A worker answers an illegal frame with ERROR, then closes (PROTOCOL-NOTES.md). Found by
+    fuzz playing the sink: a REPLY_UNCOMMITTED before OK, and the driver closed without a word."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    proc = subprocess.Popen(
+        [sys.executable, RUNNER, "--sink", f"127.0.0.1:{listener.getsockname()[1]}", "--input", "gen:10"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        listener.settimeout(30)
+        sock, _ = listener.accept()
+        sock.settimeout(30)
+        with sock:
+            hello, notify, listing = _read_frames(sock, 3)
+            assert parse_worker_frame(listing) == ("LIST", 1)
+            sock.sendall(illegal)
+            (body,) = _read_frames(sock, 1) or [b""]
+            assert body[:1] == b"\x02", body  # ERROR
+            assert said in body
+            assert _read_frames(sock, 1) is None
+    finally:
+        proc.kill()
+        proc.wait()
+        listener.close()
+
+
 @pytest.mark.timeout(60)
 def test_a_sink_with_more_committed_than_the_worker_is_refused(tmp_path):
     sink = HandSink()

@@ -141,6 +141,8 @@ def judge(
     signature: list[str] = []
     frames = 0
     over = False  # we sent our own error reply
+    in_flight: list[frozenset[str]] = []  # answers owed when we sent our illegal frame
+    crossed = False  # one came after it: the peer answered before it read our frame
     judged = False  # a frame of ours was judged (bytes the dissector did not take for the protocol are not)
 
     def found(kind: str, reaction: str, detail: str, state: str | None = None) -> None:
@@ -181,6 +183,7 @@ def judge(
                 refused = "tolerated" if hooks.tolerated(record) else None  # the peer may pass over it
                 if we_ended == "closed":  # judged at our close (a cut line): the peer's close answers it
                     we_ended = None
+                in_flight = [types for _, types, _ in owed]
             elif not bad and illegal is None:
                 due = hooks.owed(record)
                 if due is not None and due.types:
@@ -198,6 +201,8 @@ def judge(
         if illegal is not None:
             if hooks.refusal(record) and refused is None:
                 refused = "reply"
+            elif any(kind in types for types in in_flight):
+                crossed = True  # answered before it read our frame, which may be legal in its order
             continue
         if hooks.closed(record):  # the peer refused a frame the core finds legal (it may know more:
             over = True  # a vote it cast) or ended the session: what it then does is its own
@@ -211,7 +216,9 @@ def judge(
         found("crash", "exited", exited)
     if illegal is not None:
         what = f"{_kind(illegal)}: {_rule(illegal)}"
-        if refused is None and we_ended != "reset" and not (exited and peer in hooks.REFUSE_BY_EXIT):
+        if crossed:
+            pass  # an answer owed before it came after it: the peer may have read it as legal
+        elif refused is None and we_ended != "reset" and not (exited and peer in hooks.REFUSE_BY_EXIT):
             found(
                 "accepted",
                 "went on",

@@ -2,8 +2,9 @@
 
 The layout is the codec's (``codec.py``): a u32 length (of what follows), a u8 type, then
 the body; strings are a u16 length and bytes. What a peer owes is the spec's: a HELLO gets
-OK or ERROR, a NOTIFY a NOTIFY_ACK, a 2PC PHASE1 a REPLY, a RESTART a new connection
-(PROTOCOL-NOTES.md: close, reconnect, HELLO again). A worker refuses with ERROR.
+OK or ERROR, a NOTIFY a NOTIFY_ACK, a 2PC PHASE1 a REPLY, a LIST_UNCOMMITTED a
+REPLY_UNCOMMITTED, a RESTART a new connection (PROTOCOL-NOTES.md: close, reconnect, HELLO
+again). A worker refuses with ERROR.
 """
 
 from __future__ import annotations
@@ -83,8 +84,10 @@ def owed(record: dict) -> Owed | None:
         return Owed(frozenset({"OK", "ERROR"}))
     if kind == "NOTIFY":
         return Owed(frozenset({"NOTIFY_ACK", "ERROR"}))
-    if kind == "MESSAGE" and record.get("twopc") == "PHASE1":
-        return Owed(frozenset({"MESSAGE", "ERROR"}))  # its REPLY rides a stream-0 MESSAGE
+    if kind == "MESSAGE" and record.get("twopc") in ("PHASE1", "LIST_UNCOMMITTED"):
+        # its REPLY (REPLY_UNCOMMITTED) rides a stream-0 MESSAGE: each is owed its own, or a
+        # REPLY_UNCOMMITTED still in flight would pass for a PHASE1's REPLY
+        return Owed(frozenset({"MESSAGE", "ERROR"}))
     if kind == "RESTART":
         return Owed(reconnect=True)
     return None

@@ -102,7 +102,7 @@ RULES: dict[str, str] = {
     "unsettled": "application data or a PHASE1 before PHASE2 settled every txn the sink listed uncommitted",
     "one-round": "a PHASE1 or PHASE2 while another txn awaits its PHASE2",
     "twopc-payload": "a stream-0 MESSAGE of the sink protocol that is no 2PC message",
-    "reply-txn": "a REPLY for a txn no PHASE1 or PHASE2 named",
+    "reply-txn": "a REPLY for a txn no PHASE1 or PHASE2 named, or more REPLYs than they named it",
 }
 
 #: The connection's state machine: state -> {frame type: the state it leads to}. Who may send a
@@ -179,11 +179,14 @@ class StreamRecord:
     last_acked: int | None = None
     messages: int = 0
     replays: int = 0
-    #: NOTIFYs sent while the stream was pending or open: the worker refuses each (shipped
-    #: behaviour) with a NOTIFY_ACK success=0 that leaves the stream as it was.
+    #: NOTIFYs sent while the stream was pending or open, answered in order after the pending
+    #: one: a NOTIFY of an open stream is refused (shipped behaviour) with a NOTIFY_ACK success=0
+    #: that leaves the stream as it was; once the pending one is refused, the next is pending.
     refusals_due: int = 0
 
 
+#: How many txns' REPLYs the core keeps waiting for (``Connection.replies_due``).
+_REPLIES_KEPT = 16
 _STREAM_ID = itemgetter(0)
 _MESSAGE_ID = itemgetter(1)
 _ONLY_MESSAGES = {Message}
@@ -232,8 +235,10 @@ class Connection:
     #: Undecided txns (in phase 1, or listed uncommitted), for checking REPLYs; bounded by
     #: what is undecided, not by the connection's age.
     undecided_txns: set = field(default_factory=set)
-    #: The txn the last PHASE2 decided: a sink may REPLY to a PHASE2 too.
-    last_decided_txn: Text | None = None
+    #: Txns a PHASE1 or PHASE2 named -> REPLYs they may still get: a sink answers each PHASE1
+    #: (and may answer a PHASE2) however late, after the worker decided and began the next
+    #: round. The latest ``_REPLIES_KEPT`` txns only (a PHASE2 may never be answered).
+    replies_due: dict = field(default_factory=dict)
     #: Txns the sink listed in REPLY_UNCOMMITTED that no PHASE2 settled yet: until then
     #: the worker may send no application data and start no round.
     unsettled_listed: set = field(default_factory=set)
@@ -440,12 +445,13 @@ class Connection:
                 # The spec lists NOTIFY only in Start and Closed; the shipped worker answers a
                 # repeat with NOTIFY_ACK success=0 and the stream stays as it was.
                 record.refusals_due += 1
+                unless = " if the pending one opens it" if before is StreamState.NOTIFY_SENT else ""
                 return Verdict(
                     Kind.ACCEPTED,
                     sender,
                     None,
                     f"NOTIFY for stream {frame.stream_id}, which is already {before.value} "
-                    "on this connection: to be refused",
+                    f"on this connection: to be refused{unless}",
                     index,
                 )
             record.state = after
@@ -453,16 +459,20 @@ class Connection:
             return ACCEPTED
         if frame_type is NotifyAck:
             record = self.streams.get(frame.stream_id)
-            if record is not None and record.state is StreamState.OPEN and record.refusals_due:
-                if frame.success:
+            if record is not None and record.refusals_due:
+                if not frame.success:
+                    # A NOTIFY sent meanwhile refused, or the pending one (the next one sent
+                    # meanwhile is pending now): either way one fewer awaits its answer, and the
+                    # stream stays as it is (it may have closed by EOS_MESSAGE while this crossed).
+                    record.refusals_due -= 1
+                    return ACCEPTED
+                if record.state is StreamState.OPEN:
                     return self._violation(
                         index,
                         sender,
                         "notify-ack",
                         f"NOTIFY_ACK success=1 for stream {frame.stream_id}, which is already open",
                     )
-                record.refusals_due -= 1
-                return ACCEPTED
             event = "NOTIFY_ACK success=1" if frame.success else "NOTIFY_ACK success=0"
             after = None if record is None else STREAM_TRANSITIONS[record.state].get(event)
             if after is None:
@@ -570,6 +580,7 @@ class Connection:
                 )
             self.phase1_txn = msg.txn_id
             self.undecided_txns.add(msg.txn_id)
+            self._reply_due(msg.txn_id)
         elif isinstance(msg, Phase2):
             if self.phase1_txn == msg.txn_id:
                 self.phase1_txn = None
@@ -583,7 +594,7 @@ class Connection:
                 )
             self.undecided_txns.discard(msg.txn_id)
             self.unsettled_listed.discard(msg.txn_id)
-            self.last_decided_txn = msg.txn_id
+            self._reply_due(msg.txn_id)
             if not msg.commit:
                 # After an abort the worker re-sends from the last committed offset:
                 # lower ids on the data streams are a legitimate re-send, not a replay.
@@ -592,18 +603,24 @@ class Connection:
         elif isinstance(msg, ReplyUncommitted):
             self.undecided_txns.update(msg.txn_ids)
             self.unsettled_listed.update(msg.txn_ids)
-        elif (
-            isinstance(msg, Reply)
-            and msg.txn_id not in self.undecided_txns
-            and msg.txn_id != self.last_decided_txn
-        ):
-            return self._violation(
-                index,
-                sender,
-                "reply-txn",
-                f"REPLY for txn {show_text(msg.txn_id)!r}, which no PHASE1 or PHASE2 named",
-            )
+        elif isinstance(msg, Reply):
+            due = self.replies_due.pop(msg.txn_id, 0)
+            if due > 1:
+                self.replies_due[msg.txn_id] = due - 1
+            elif not due and msg.txn_id not in self.undecided_txns:
+                return self._violation(
+                    index,
+                    sender,
+                    "reply-txn",
+                    f"REPLY for txn {show_text(msg.txn_id)!r}, which no PHASE1 or PHASE2 named",
+                )
         return Verdict(Kind.ACCEPTED, sender, None, None, index, msg)
+
+    def _reply_due(self, txn: Text) -> None:
+        due = self.replies_due
+        due[txn] = due.pop(txn, 0) + 1
+        if len(due) > _REPLIES_KEPT:
+            del due[next(iter(due))]
 
     def _ack(self, frame: Ack, sender: str, index: int) -> Verdict:
         for stream_id, _ in frame.acks:

@@ -48,7 +48,7 @@ from .frames import (
     Text,
     show_text,
 )
-from .peer import FramedConnection
+from .peer import FramedConnection, describe_protocol_error
 from .protocol import Side, Use
 from .registry import Registry, StateError
 from .twopc import SINK_DATA_STREAM, ListUncommitted, Phase1, Phase2, Reply, ReplyUncommitted, twopc_frame
@@ -366,6 +366,9 @@ class SinkDriver:
             while True:
                 for frame, outcome in await conn.receive():
                     if outcome.kind is Kind.VIOLATION:
+                        # A worker answers an illegal frame with ERROR, then closes; lost only
+                        # then, so the session's end does not cut the ERROR short.
+                        await conn.fail(f"Invalid message: {outcome.reason}")
                         self._lose(f"sink broke the protocol: {outcome.reason}")
                         return
                     self._on_frame(frame, outcome.twopc)
@@ -373,6 +376,10 @@ class SinkDriver:
                         return
         except asyncio.CancelledError:
             raise
+        except ProtocolError as err:
+            with contextlib.suppress(Exception):
+                await conn.fail(describe_protocol_error(err))
+            self._lose(f"sink sent bytes that are not frames: {err}")
         except Exception as err:  # ConnectionClosed, ProtocolError, OSError
             self._lose(f"{type(err).__name__}: {err}")
 

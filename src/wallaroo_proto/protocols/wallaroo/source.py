@@ -423,6 +423,10 @@ class MockSource:
         try:
             return await conn.receive()
         except ProtocolError as err:
+            # The frames before the bad bytes count first, in order: a RESTART among them ends
+            # the connection, and what came after it is moot.
+            feed = conn.machine.feed
+            await self._handle(conn, [(frame, feed(Side.WORKER, frame)) for frame in err.decoded])
             reason = describe_protocol_error(err)
             await conn.fail(reason)
             raise SourceFailed(f"the worker sent bytes that are not frames: {err}") from err
