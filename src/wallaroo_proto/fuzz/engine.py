@@ -233,9 +233,8 @@ class Campaign:
         self.peer.before()
         player = Player(seed.conversation, options, steps=steps)
         setup_error = None
-        self.last_player = player
         try:
-            self.last_report = player.run()
+            player.run()
         except ReplayError as err:
             setup_error = str(err)
         reconnected = self._reconnected(player.events) if self.listeners else None
@@ -243,7 +242,7 @@ class Campaign:
         if self.stdio:
             exited = _stdio_exit(player)
         self._drain()
-        label = mutant.kinds if not mutant.edits else "+".join(_mutation_name(e) for e in mutant.edits)
+        label = mutant.kinds  # findings are told apart by the mutation's kind, not its place
         verdicts = judge(player.events, self.hooks, self.peer_side, label, exited, reconnected)
         if setup_error is not None:
             if self.peer.mode == "server" and self.summary.executions:
@@ -413,10 +412,6 @@ class Campaign:
         )
         verdicts = self.execute(found.mutant, record=path)
         return path, verdicts.frames
-
-
-def _mutation_name(edit: mutate.Edit) -> str:
-    return edit.kind
 
 
 def _stdio_exit(player: Player) -> str | None:
