@@ -355,3 +355,18 @@ def test_a_spawned_peer_s_memory_beyond_max_rss_and_its_exit_are_findings() -> N
     exits.before()
     exits.process.wait(timeout=60)
     assert exits.after() == "the peer's process exited with status 3"
+
+
+@pytest.mark.e2e
+def test_a_pipe_peer_written_to_after_our_half_close_takes_nothing_and_raises_nothing() -> None:
+    """Fuzz half-closes a stdin peer, then the adapter may still owe it an answer."""
+    import sys
+
+    from wallaroo_proto.replay.links import SpawnLink
+
+    link = SpawnLink(
+        f"{sys.executable} -c 'import sys; sys.stdin.read()'", ("127.0.0.1", 1), ("127.0.0.1", 2)
+    )
+    link.shutdown_write()
+    assert link.send(memoryview(b"late")) == 4
+    link.close()

@@ -202,7 +202,7 @@ def test_a_reproducers_illegal_line_goes_as_recorded_with_its_line_end():
     assert played.outgoing(Frame(0, {"sender": "daemon", "type": "initialize"}, INIT)) == INIT + b"\n"
     lost = b'{"action":"leaseLost"}'
     early = Frame(1, {"sender": "daemon", "type": "leaseLost", "verdict": "violation"}, lost)
-    assert played.recorded(early) == lost + b"\n"
+    assert played.as_recorded(early) == lost + b"\n"
     assert isinstance(
         played.outgoing(Frame(2, {"sender": "daemon", "type": "leaseLost"}, lost)), adapters.Hold
     )

@@ -112,7 +112,7 @@ class Adapter:
         """The fields recorded ``frame`` of the peer should have live (a list: its units)."""
         return frame.record
 
-    def recorded(self, frame: Any) -> bytes:
+    def as_recorded(self, frame: Any) -> bytes:
         """The bytes of recorded ``frame`` as it went (one that broke a rule: fuzz's reproducers)."""
         return frame.raw
 

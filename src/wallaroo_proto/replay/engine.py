@@ -510,7 +510,7 @@ class Player:
                     if frame.as_is:
                         data = frame.raw
                     else:
-                        data = self.adapter.recorded(frame) if as_recorded else self._outgoing(frame, link)
+                        data = self.adapter.as_recorded(frame) if as_recorded else self._outgoing(frame, link)
                     if frame.edit is not None:
                         data = frame.edit(data)
                     if frame.as_is or frame.edit is not None:

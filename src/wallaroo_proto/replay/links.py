@@ -171,6 +171,8 @@ class SpawnLink(Link):
         return os.read(self.read_fd, 1 << 18)
 
     def send(self, data: memoryview) -> int:
+        if self.process.stdin.closed:  # type: ignore[union-attr]
+            return len(data)  # our side was closed (fuzz's half-close): nothing more goes
         try:
             return os.write(self.write_fd, data)
         except BrokenPipeError:

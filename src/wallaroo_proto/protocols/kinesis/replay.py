@@ -193,7 +193,7 @@ class Adapter(adapter.Adapter):
         self._going = line + b"\n"
         return data
 
-    def recorded(self, frame: Any) -> bytes:
+    def as_recorded(self, frame: Any) -> bytes:
         """The recorded line as it went, its line end put back (a fuzz reproducer's illegal line)."""
         return self._sent(frame.raw, frame.raw + b"\n")
 
