@@ -300,3 +300,30 @@ def test_mock_worker_driving_a_sink_has_no_finding(sink_seed, tmp_path) -> None:
         "--seeds", str(sink_seed), "--play", "connector", "--listen", "127.0.0.1:0", "--spawn", spawn,
         "--budget", "15s", "--seed", "3", "--findings", str(tmp_path / "found"),
     ), floor=5)  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_a_finding_that_was_only_late_is_dropped_at_confirmation(source_seed, tmp_path) -> None:
+    """Confirmation waits four times the answer timeout: an OK that comes late is no `silent`."""
+    from wallaroo_proto.fuzz import engine
+    from wallaroo_proto.fuzz.oracle import Finding
+    from wallaroo_proto.replay.recording import find
+
+    seed = engine.load_seed(find(source_seed), "seed", 50)
+    with Server("mock-worker", "--port", "0", "--no-live") as worker:
+        settings = engine.Settings(side="connector", connect=[("127.0.0.1", worker.port)], confirm=2)
+        campaign = engine.Campaign([seed], settings)
+        seen_patience = []
+        played = campaign.execute
+
+        def execute(mutant, record=None):
+            seen_patience.append(campaign._patience)
+            return played(mutant, record)
+
+        campaign.execute = execute
+        late = Finding("silent", "start", "none", "silent", "no OK or ERROR for our HELLO")
+        campaign._consider(late, engine.Mutant(0), set())
+        campaign.peer.stop()
+    assert seen_patience == [4.0, 4.0]  # both confirmations with 4x the 0.5 s answer timeout
+    assert campaign.summary.unconfirmed == 1 and campaign.summary.found == []
+    assert campaign._patience == 1.0

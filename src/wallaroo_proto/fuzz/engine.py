@@ -34,6 +34,12 @@ from .states import StateGraph
 SETTLE = 0.01
 
 
+#: A finding is confirmed with this many times the answer timeout (and at least CONFIRM_FLOOR
+#: seconds): what a loaded machine made late is not a finding; what never comes still is.
+CONFIRM_PATIENCE = 4.0
+CONFIRM_FLOOR = 2.0
+
+
 class FuzzError(Exception):
     """The campaign cannot start (exit 2)."""
 
@@ -201,6 +207,8 @@ class Campaign:
         self._shrunk: set[tuple] = set()
         #: A server refused the last case's connection: the next case checks it is back first.
         self._refused = False
+        #: The answer timeout's multiple in this case: CONFIRM_PATIENCE while a finding is confirmed.
+        self._patience = 1.0
 
     @property
     def ports(self) -> list[int]:
@@ -217,13 +225,13 @@ class Campaign:
             connect=list(s.connect),
             listeners=self.listeners,
             spawn=s.spawn if self.stdio else None,
-            answer_timeout=s.answer_timeout,
+            answer_timeout=s.answer_timeout * self._patience,
             connect_timeout=s.connect_timeout,
             record=record,
             keep=10,
             log=True,
             fuzz_from=min((e.at for e in mutant.edits), default=None),
-            settle=min(s.answer_timeout, SETTLE),
+            settle=min(s.answer_timeout * self._patience, SETTLE * self._patience),
             owes=lambda events: outstanding(events, self.hooks),
             record_ports=self.record_ports,
         )
@@ -272,7 +280,7 @@ class Campaign:
         )
         if not owed:
             return None
-        deadline = time.monotonic() + self.settings.answer_timeout
+        deadline = time.monotonic() + self.settings.answer_timeout * self._patience
         socks = [listener.sock for listener in self.listeners]
         while (left := deadline - time.monotonic()) > 0:
             ready, _, _ = select.select(socks, [], [], left)
@@ -375,10 +383,13 @@ class Campaign:
         seen.add(finding.key)
         tries = max(1, self.settings.confirm)
         try:
+            self._patience = max(CONFIRM_PATIENCE, CONFIRM_FLOOR / self.settings.answer_timeout)
             hits = sum(self._gives(mutant, finding) for _ in range(tries))
         except PeerGone:  # the peer is gone for good: the finding stands as seen, unconfirmed
             self.summary.found.append(Found(finding, mutant, mutant.label, 1, 1))
             raise
+        finally:
+            self._patience = 1.0
         if hits == 0:
             self.summary.unconfirmed += 1
             return
