@@ -136,6 +136,10 @@ LONGEST_FIRST = (
     "test_proxy_dcp_java",
     "test_conformance_tremor",
     "test_interop_ambrosia_node",
+    "test_fuzz_wallaroo",
+    "test_fuzz_ambrosia",
+    "test_fuzz_wallaroo_peers",
+    "test_fuzz_kinesis",
 )
 
 

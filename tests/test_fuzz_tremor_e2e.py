@@ -55,8 +55,8 @@ def test_a_node_that_acks_a_disconnect_of_no_stream_is_found_and_shrunk(tmp_path
         assert code == 1, err
         found = [f for f in summary["findings"] if f["kind"] == "no-error-reply"]
         assert found and all("disconnect" in f["detail"] for f in found), summary["findings"]
-        first = found[0]
-        assert first["deterministic"] and first["frames"] <= 10, first
+        first = min(found, key=lambda f: f["frames"])  # the same break, reached from several states
+        assert first["deterministic"] and first["frames"] <= 10, found
         reproducer = first["reproducer"]
         assert Path(reproducer).is_file()
         assert run_cli("dissect", reproducer).returncode in (0, 1)

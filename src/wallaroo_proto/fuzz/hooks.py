@@ -70,6 +70,25 @@ class Owed:
     reconnect: bool = False
 
 
+def integer_at(raw: bytes, offset: int, bits: int, byteorder: str = "big") -> int | None:
+    """The unsigned integer of ``bits`` at ``offset``, or None past the frame's end."""
+    size = bits // 8
+    if offset + size > len(raw):
+        return None
+    return int.from_bytes(raw[offset : offset + size], byteorder)  # type: ignore[arg-type]
+
+
+def laid_out(raw: bytes, layout: list[tuple[str, str, int, int]]) -> list[Field]:
+    """Fields of a binary frame from its layout, (name, kind, offset, bits) each (big-endian):
+    those that lie past the frame's end (a short frame) are left out."""
+    out = []
+    for name, kind, offset, bits in layout:
+        value = integer_at(raw, offset, bits)
+        if value is not None:
+            out.append(Field(name, kind, value, bits, offset))
+    return out
+
+
 def fields(record: dict, raw: bytes) -> list[Field]:
     """Default: nothing known of the frame's layout (only sequence and byte mutations apply)."""
     return []

@@ -12,7 +12,7 @@ EINVAL but drops a connection whose framing is wrong, so neither side must reply
 
 from __future__ import annotations
 
-from wallaroo_proto.fuzz.hooks import Field, Owed
+from wallaroo_proto.fuzz.hooks import Field, Owed, laid_out
 
 from . import codec
 from .codec import StreamReq
@@ -52,13 +52,6 @@ _CONSUMER_COMMANDS = frozenset(
 )
 
 
-def _u(raw: bytes, offset: int, bits: int) -> int | None:
-    size = bits // 8
-    if offset + size > len(raw):
-        return None
-    return int.from_bytes(raw[offset : offset + size], "big")
-
-
 def fields(record: dict, raw: bytes) -> list[Field]:
     """The header's fields, and the extras' seqnos, ranges, flags, reasons and acknowledged bytes."""
     if len(raw) < codec.HEADER_SIZE:
@@ -83,12 +76,7 @@ def fields(record: dict, raw: bytes) -> list[Field]:
     size, extras = _EXTRAS.get(opcode, (-1, ()))
     if request and raw[4] == size:
         layout += [(name, kind, extras_at + at, bits) for name, kind, at, bits in extras]
-    out = []
-    for name, kind, offset, bits in layout:
-        value = _u(raw, offset, bits)
-        if value is not None:
-            out.append(Field(name, kind, value, bits, offset))
-    return out
+    return laid_out(raw, layout)
 
 
 def templates(side: str) -> dict[str, bytes]:

@@ -11,19 +11,12 @@ from __future__ import annotations
 
 import struct
 
-from wallaroo_proto.fuzz.hooks import Field, Owed
+from wallaroo_proto.fuzz.hooks import Field, Owed, integer_at, laid_out
 
 from .codec import encode
 from .frames import Ack, EosMessage, Error, Hello, Message, Notify, NotifyAck, Ok, Restart
 
 _U16 = struct.Struct(">H")
-
-
-def _u(raw: bytes, offset: int, bits: int) -> int | None:
-    size = bits // 8
-    if offset + size > len(raw):
-        return None
-    return int.from_bytes(raw[offset : offset + size], "big")
 
 
 def fields(record: dict, raw: bytes) -> list[Field]:
@@ -35,7 +28,7 @@ def fields(record: dict, raw: bytes) -> list[Field]:
     elif kind in ("HELLO", "ERROR"):
         layout.append(("string_length", "length", 5, 16))
     elif kind == "NOTIFY":
-        name = _u(raw, 13, 16)
+        name = integer_at(raw, 13, 16)
         layout += [("stream_id", "id", 5, 64), ("stream_name_length", "length", 13, 16)]
         if name is not None:
             layout.append(("point_of_ref", "id", 15 + name, 64))
@@ -53,12 +46,7 @@ def fields(record: dict, raw: bytes) -> list[Field]:
             layout.append(("message_id", "id", 13, 64))
     elif kind == "RESTART" and len(raw) >= 9:
         layout.append(("address_length", "length", 5, 32))
-    out = []
-    for name, kind_of, offset, bits in layout:
-        value = _u(raw, offset, bits)
-        if value is not None:
-            out.append(Field(name, kind_of, value, bits, offset))
-    return out
+    return laid_out(raw, layout)
 
 
 def templates(side: str) -> dict[str, bytes]:
