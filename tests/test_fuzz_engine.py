@@ -370,3 +370,16 @@ def test_a_pipe_peer_written_to_after_our_half_close_takes_nothing_and_raises_no
     link.shutdown_write()
     assert link.send(memoryview(b"late")) == 4
     link.close()
+
+
+def test_an_illegal_frame_completed_only_after_the_peer_ended_is_no_finding() -> None:
+    """A message whose size asked for bytes that came after the peer had closed (an AMBROSIA IC
+    reading a checkpoint's tail as a message): the peer never took it, so it accepted nothing."""
+    events = [
+        ours("HELLO"),
+        peer("OK"),
+        ("end", 1, "closed"),
+        ours("DATA", "violation"),
+        ("we-end", 1, "closed"),
+    ]
+    assert kinds(oracle.judge(events, HOOKS, "server")) == []  # type: ignore[arg-type]

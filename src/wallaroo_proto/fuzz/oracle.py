@@ -181,6 +181,8 @@ def judge(
             if bad and illegal is None:
                 illegal = record
                 refused = "tolerated" if hooks.tolerated(record) else None  # the peer may pass over it
+                if ended is not None:  # the peer had ended before it came whole: it never took it
+                    refused = "gone"
                 if we_ended == "closed":  # judged at our close (a cut line): the peer's close answers it
                     we_ended = None
                 in_flight = [types for _, types, _ in owed]
@@ -224,7 +226,7 @@ def judge(
                 "went on",
                 f"the peer went on after our illegal {what}: no refusal before we ended",
             )
-        elif refused not in (None, "reply", "tolerated") and peer in hooks.REPLY_BEFORE_CLOSE:
+        elif refused not in (None, "reply", "tolerated", "gone") and peer in hooks.REPLY_BEFORE_CLOSE:
             found(
                 "no-error-reply",
                 refused,
