@@ -38,6 +38,8 @@ SETTLE = 0.01
 #: seconds): what a loaded machine made late is not a finding; what never comes still is.
 CONFIRM_PATIENCE = 4.0
 CONFIRM_FLOOR = 2.0
+#: Shrinking's tries wait twice the answer timeout: many tries, each cheaper than a confirmation.
+SHRINK_PATIENCE = 2.0
 
 
 class FuzzError(Exception):
@@ -394,13 +396,17 @@ class Campaign:
             self.summary.unconfirmed += 1
             return
         began = time.monotonic()
-        small = shrink(
-            mutant,
-            self.seeds[mutant.seed].frames,
-            self.side,
-            lambda m: self._gives(m, finding),
-            self.settings.shrink_seconds,
-        )
+        self._patience = SHRINK_PATIENCE  # a try a loaded machine fails keeps frames not needed
+        try:
+            small = shrink(
+                mutant,
+                self.seeds[mutant.seed].frames,
+                self.side,
+                lambda m: self._gives(m, finding),
+                self.settings.shrink_seconds,
+            )
+        finally:
+            self._patience = 1.0
         shrunk_key = (finding.kind, finding.state, finding.reaction, small.label)
         if shrunk_key in self._shrunk:
             return  # another way to the same shrunk conversation
