@@ -208,7 +208,6 @@ def command(
         budget_runs=runs,
         seed=rng_seed,
         max_rss=max_rss,
-        max_frames=max_frames,
         shrink_seconds=shrink_time,
         findings_dir=findings,
         states=states,

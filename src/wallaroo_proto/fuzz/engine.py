@@ -65,7 +65,6 @@ class Settings:
     budget_runs: int | None = None
     seed: int = 0
     max_rss: float | None = None
-    max_frames: int = 50
     shrink_seconds: float = 60.0
     findings_dir: str = "fuzz-findings"
     states: str | None = None
@@ -119,7 +118,6 @@ class Summary:
     unsteady: list[str] = field(default_factory=list)
     seeds: int = 0
     notes: list[str] = field(default_factory=list)
-    peak_rss: float = 0.0
 
     @property
     def rate(self) -> float:
@@ -269,9 +267,8 @@ class Campaign:
             else:
                 raise FuzzError(setup_error)
         if self.peer.mode == "client" and verdicts.illegal:
-            verdicts.findings = [f for f in verdicts.findings if f.kind != "crash" or "memory" in f.detail]
+            verdicts.findings = [f for f in verdicts.findings if f.kind != "crash" or self.peer.over_rss]
         self.summary.executions += 1
-        self.summary.peak_rss = self.peer.peak_rss
         return verdicts
 
     def _reconnected(self, events: list[tuple]) -> bool | None:

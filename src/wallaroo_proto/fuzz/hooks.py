@@ -31,8 +31,6 @@ A plug-in's ``fuzz_hooks()`` gives a module with (each optional; the defaults he
 * ``signature(kind) -> str``: what a peer's frame of type ``kind`` counts as when the first
   plays of a seed are compared (default: itself); runs of one name count once. A peer that
   splits or joins frames as its reads fall (AMBROSIA's RPC batches, a hint) is steady all the same.
-* ``state(adapter) -> str``: the played side's state, as its replay adapter's core sees it
-  (default: the type of the peer's last frame).
 """
 
 from __future__ import annotations
@@ -131,10 +129,6 @@ def signature(kind: str) -> str:
     return kind
 
 
-def state(adapter: Any) -> str | None:
-    return None
-
-
 def module(protocol: str) -> ModuleType:
     """The protocol's fuzz hooks (its plug-in's ``fuzz_hooks``), else the defaults here."""
     factory = getattr(get_plugin(protocol), "fuzz_hooks", None)
@@ -154,7 +148,6 @@ class Hooks:
             "owed",
             "refusal",
             "tolerated",
-            "state",
             "REPLY_BEFORE_CLOSE",
             "REFUSE_BY_EXIT",
             "fit",

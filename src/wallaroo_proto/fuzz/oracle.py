@@ -83,7 +83,7 @@ def _rule_key(record: dict) -> str:
 def outstanding(events: list[tuple], hooks: Hooks) -> bool:
     """Does the peer still owe an answer to a legal frame of ours, or a refusal of an illegal one
     (and has not ended)? Waited for before a case ends, however briefly the recorded answers were."""
-    owed: list[frozenset[str]] = []
+    owed: list[tuple[dict, frozenset[str], str]] = []
     illegal = False
     for event in events:
         if event[0] == "end":
@@ -103,16 +103,16 @@ def outstanding(events: list[tuple], hooks: Hooks) -> bool:
                 continue
             due = hooks.owed(record)
             if due is not None and due.types:
-                owed.append(due.types)
+                owed.append((record, due.types, ""))
         else:
             _answer(owed, _kind(record))
     return illegal or bool(owed)
 
 
-def _answer(owed: list, kind: str) -> None:
-    """The first owed answer ``kind`` is one of is given."""
-    for i, types in enumerate(owed):
-        if kind in (types if isinstance(types, frozenset) else types[1]):
+def _answer(owed: list[tuple[dict, frozenset[str], str]], kind: str) -> None:
+    """The first owed answer ``kind`` is one of is given: (our record, types owed, state then)."""
+    for i, (_, types, _) in enumerate(owed):
+        if kind in types:
             del owed[i]
             return
 

@@ -79,7 +79,8 @@ class PeerProcess:
         self.reset_cmd = reset_cmd
         self.start_timeout = start_timeout
         self.process: subprocess.Popen | None = None
-        self.peak_rss = 0.0
+        #: The last case ended with the process past ``--max-rss`` (a finding even for a client).
+        self.over_rss = False
 
     def _start(self) -> None:
         assert self.command is not None
@@ -159,13 +160,14 @@ class PeerProcess:
         """After a case: how the peer's process ended if it did (a crash), or its memory if past
         ``--max-rss``; a client's process is stopped."""
         process = self.process
+        self.over_rss = False
         if process is None:
             return None
         code = process.poll()
         if code is None and self.max_rss is not None:
             rss = rss_mib(process.pid)
-            self.peak_rss = max(self.peak_rss, rss)
             if rss > self.max_rss:
+                self.over_rss = True
                 self.stop()
                 return f"the peer's memory grew to {rss:.0f} MiB, beyond --max-rss {self.max_rss:g}"
         if self.mode == "client":
