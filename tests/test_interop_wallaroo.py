@@ -83,14 +83,19 @@ def start_connector(port: int, cwd: Path, *files: str, fixed_reset: bool = False
     )
 
 
-def finish_connector(proc: subprocess.Popen, timeout: float = 180) -> str:
+def finish_connector(proc: subprocess.Popen, timeout: float = 180, *, servers: tuple = ()) -> str:
+    """The connector's output once it ended well; a failure also shows what ``servers`` wrote."""
+
+    def said() -> str:
+        return "".join(f"\n{server.proc.args[3]} wrote:\n{server.stderr()[-3000:]}" for server in servers)
+
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-        raise AssertionError(f"the shipped connector never finished:\n{out[-3000:]}") from None
-    assert proc.returncode == 0 and "join: None" in out, out[-3000:]
+        raise AssertionError(f"the shipped connector never finished:\n{out[-3000:]}{said()}") from None
+    assert proc.returncode == 0 and "join: None" in out, out[-3000:] + said()
     return out
 
 

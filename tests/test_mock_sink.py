@@ -338,7 +338,7 @@ def test_reply_uncommitted_after_kill_9_between_phase1_reply_and_phase2(tmp_path
         w = Worker(server.port)
         w.send(message(1, 0, b"committed;"))
         assert w.round(b"t1", 0, 10) is True
-        w.send(message(1, 10, b"voted;"), message(1, 16, b"unvoted"))
+        w.send(message(1, 10, b"voted;"))
         w.send(phase1(b"t2", (1, 10, 16)))
         assert w.read() == ("REPLY", b"t2", True)
         server.proc.send_signal(signal.SIGKILL)
@@ -350,7 +350,7 @@ def test_reply_uncommitted_after_kill_9_between_phase1_reply_and_phase2(tmp_path
         with _sink(tmp_path, out=out) as server:
             w = Worker(server.port)
             assert w.uncommitted == [b"t2"] and w.last_point == 10
-            assert _output(tmp_path, out=out) == b"committed;voted;"  # unvoted bytes dropped
+            assert _output(tmp_path, out=out) == b"committed;voted;"
             w.send(phase2(b"t2", decision))
             _sync(w)
             assert w.uncommitted == [b"t2"]

@@ -452,7 +452,9 @@ def test_mock_worker_through_the_proxy_drives_the_shipped_sink_to_its_whole_outp
         args = ["--cookie", interop.COOKIE, "--sink", relay.address, "--sink-cookie", interop.COOKIE]
         args += ["--checkpoint-every", "200", "--format", "json"]
         with Server("mock-worker", "--port", "0", "--no-live", *args) as worker:
-            interop.finish_connector(interop.start_connector(worker.port, tmp_path, inputs[0]))
+            interop.finish_connector(
+                interop.start_connector(worker.port, tmp_path, inputs[0]), servers=(worker, relay)
+            )
             worker_code, _, worker_err = worker.stop()
         code, stdout, stderr = relay.stop()
     assert code == 0 and worker_code == 0, stderr + worker_err
@@ -559,7 +561,9 @@ def test_a_vote_turned_to_abort_is_rolled_back_and_the_shipped_sink_keeps_every_
         args = ["--cookie", interop.COOKIE, "--sink", relay.address, "--sink-cookie", interop.COOKIE]
         args += ["--checkpoint-every", "200", "--format", "json"]
         with Server("mock-worker", "--port", "0", "--no-live", *args) as worker:
-            interop.finish_connector(interop.start_connector(worker.port, tmp_path, inputs[0]))
+            interop.finish_connector(
+                interop.start_connector(worker.port, tmp_path, inputs[0]), servers=(worker, relay)
+            )
             worker_code, _, worker_err = worker.stop()
         code, stdout, stderr = relay.stop()
     assert code == 0 and worker_code == 0, stderr + worker_err

@@ -306,6 +306,35 @@ def test_driver_against_a_sink_that_answers_like_the_shipped_one(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_a_round_at_a_mark_ends_at_everything_sent_though_more_was_put_after_it():
+    # The shipped sink exits when a commit leaves bytes after its end: output put after a
+    # worker's mark waits until the round ending at the mark is decided.
+    sink = HandSink()
+
+    async def worker_checkpoints() -> None:
+        driver = SinkDriver("127.0.0.1", sink.port, auto_checkpoint=False)
+        runner = asyncio.create_task(driver.run())
+        for i in range(300):
+            await driver.put(b"before %d\n" % i)
+        mark = driver.mark()
+        for i in range(300):
+            await driver.put(b"after %d\n" % i)
+        assert await driver.checkpoint(mark)
+        assert await driver.checkpoint()
+        await driver.close()
+        await runner
+
+    try:
+        asyncio.run(worker_checkpoints())
+    finally:
+        sink.close()
+    assert sink.problems == []
+    ends = [frame[2][0][2] for frame in sink.connections[0] if frame[0] == "PHASE1"]
+    before = sum(len(b"before %d\n" % i) for i in range(300))
+    assert ends == [before, len(sink.data)] and sink.committed == len(sink.data)
+
+
+@pytest.mark.timeout(60)
 def test_listed_txns_are_settled_before_any_data(tmp_path):
     source = _lines(tmp_path, 50)
     sink = HandSink(listed=lambda conn_no: [b"old:c_id=9", b"older:c_id=3"])

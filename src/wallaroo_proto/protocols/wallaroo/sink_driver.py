@@ -13,8 +13,8 @@ Payloads wait in a bounded buffer until committed (``put`` blocks when full),
 which is what makes re-sending after an abort or a crash possible.
 
 For end-to-end exactly-once a worker ties the sink's commits to its own checkpoints:
-``auto_checkpoint=False``; ``checkpoint()`` runs a round ending exactly at what was put
-so far; ``on_commit_vote(txn, end)`` writes the worker's checkpoint between the commit
+``auto_checkpoint=False``; ``mark()`` with its snapshot, then ``checkpoint(mark)`` runs a
+round ending exactly there; ``on_commit_vote(txn, end)`` writes the worker's checkpoint between the commit
 vote and PHASE2; after a restart ``start_offset`` and ``resolve_listed`` (was this txn
 in my last checkpoint?) resume it. A sink that has more committed than we do is refused.
 """
@@ -168,6 +168,7 @@ class SinkDriver:
         self._sent = 0  # entries of _buf sent on the current connection since the last decided round
         self._sent_end = start_offset
         self._requests: list[tuple[int, asyncio.Future]] = []  # checkpoint(): (end offset, future)
+        self._fence: int | None = None  # mark(): nothing past it is sent until its round is decided
         self._cid = first_checkpoint_id
         self._rtag = 0
         self._decisions: OrderedDict[Text, bool] = OrderedDict()
@@ -424,16 +425,20 @@ class SinkDriver:
             if self._sent < len(buf) and self._sent < cap:
                 batch = []
                 offset = self._sent_end
+                limit = self._send_limit()
                 while self._sent < len(buf) and self._sent < cap and len(batch) < 512:
                     payload = buf[self._sent]
+                    if offset + len(payload) > limit:
+                        break
                     batch.append(Message(SINK_DATA_STREAM, offset, 0, b"", payload))
                     offset += len(payload)
                     self._sent += 1
-                self._sent_end = offset
-                conn.write([batch])  # one run: checked by the core and encoded in one pass
-                self.stats.messages_sent += len(batch)
-                await conn.writer.drain()
-                continue
+                if batch:
+                    self._sent_end = offset
+                    conn.write([batch])  # one run: checked by the core and encoded in one pass
+                    self.stats.messages_sent += len(batch)
+                    await conn.writer.drain()
+                    continue
             now = time.monotonic()
             requested = [w for w in self._requests if w[0] <= self._sent_end]
             if requested:  # checkpoint(): a round that ends exactly where the caller asked
@@ -456,6 +461,15 @@ class SinkDriver:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
+    def _send_limit(self) -> float:
+        """How far output may be sent now: a round must end at everything sent, so nothing
+        past a marked or requested end goes out before that round (the shipped sink exits
+        when a commit leaves bytes after its end)."""
+        ends = [target for target, _ in self._requests]
+        if self._fence is not None:
+            ends.append(self._fence)
+        return min(ends, default=float("inf"))
+
     async def _confirm_settled(self, conn: FramedConnection) -> None:
         """Before the last close, a LIST_UNCOMMITTED round trip.
 
@@ -476,6 +490,8 @@ class SinkDriver:
         """PHASE1 over [committed, end) -> REPLY (or timeout) -> decision -> PHASE2."""
         for request in requests:
             self._requests.remove(request)
+        if self._fence is not None and self._fence <= end:
+            self._fence = None
         commit = False
         try:
             commit = await self._two_phases(conn, end)
@@ -543,16 +559,29 @@ class SinkDriver:
         """The sink offset just past everything put so far."""
         return self.committed + self._buf_bytes
 
+    def mark(self) -> int:
+        """``put_offset``, held back from the sink until a checkpoint there is decided.
+
+        Taken with a worker's snapshot: output put after it waits, so that the round
+        ending at the mark also ends at everything sent.
+        """
+        self._fence = self.put_offset
+        self._wake.set()
+        return self._fence
+
     async def checkpoint(self, upto: int | None = None) -> bool:
         """A round now over everything put so far (or up to offset ``upto``, a message
         boundary such as an earlier ``put_offset``), ending exactly there: True once committed.
 
         For a worker that ties the sink's commit to its own checkpoint (``auto_checkpoint=False``):
-        take the checkpoint's snapshot, call this without awaiting anything in between, and
-        write the checkpoint in ``on_commit_vote``, which runs between the REPLY and PHASE2.
+        take ``mark()`` with the checkpoint's snapshot, pass it here, and write the checkpoint
+        in ``on_commit_vote``, which runs between the REPLY and PHASE2.
         """
         target = self.put_offset if upto is None else upto
         if target <= self.committed:
+            if self._fence is not None and self._fence <= self.committed:
+                self._fence = None
+                self._wake.set()
             return True
         if self._fatal is not None:
             raise self._fatal

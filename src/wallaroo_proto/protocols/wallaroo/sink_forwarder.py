@@ -64,7 +64,7 @@ class SinkForwarder:
 
     def mark(self) -> int:
         """The sink offset of everything delivered so far: taken with the registry snapshot."""
-        return self.driver.put_offset
+        return self.driver.mark()
 
     async def commit(self, upto: int, write_state: WriteState) -> None:
         """One 2PC round over the output up to ``upto``; ``write_state`` runs before PHASE2."""

@@ -314,6 +314,10 @@ async def where_end_aborts(ctx: SinkUnderTest, trace: Trace) -> str:
     return await _abort_vote(ctx, trace, "end", lambda c, p: c.data(p, 0, b"0123456789"), ((1, 0, 50),))
 
 
+async def where_short_aborts(ctx: SinkUnderTest, trace: Trace) -> str:
+    return await _abort_vote(ctx, trace, "short", lambda c, p: c.data(p, 0, b"0123456789"), ((1, 0, 5),))
+
+
 async def abort_discards(ctx: SinkUnderTest, trace: Trace) -> str:
     instance = ctx.instance("abort")
     probe, _ = await ctx.open(trace, instance)
@@ -496,6 +500,12 @@ def _cases() -> tuple[Case, ...]:
             shipped,
             "a PHASE1 ending past the data received votes abort",
             where_end_aborts,
+        ),
+        Case(
+            "twopc.where-short-aborts",
+            shipped,
+            "a PHASE1 ending short of the data received votes abort",
+            where_short_aborts,
         ),
         Case(
             "handshake.duplicate-instance",
