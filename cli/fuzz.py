@@ -107,6 +107,13 @@ def parse_budget(text: str) -> tuple[float | None, int | None]:
     "--budget", default="60s", show_default=True, metavar="TIME|N", help="How long: 90s, 5m, or executions."
 )
 @click.option(
+    "--stop-after",
+    type=click.IntRange(1),
+    metavar="N",
+    help="End the campaign once N findings are written, as libFuzzer ends at its first "
+    "[default: the whole budget].",
+)
+@click.option(
     "--seed", "rng_seed", type=int, default=0, show_default=True, metavar="S", help="The random seed."
 )
 @click.option(
@@ -167,6 +174,7 @@ def command(
     ports,
     max_frames,
     budget,
+    stop_after,
     rng_seed,
     answer_timeout,
     confirm,
@@ -206,6 +214,7 @@ def command(
         confirm=confirm,
         budget_seconds=seconds,
         budget_runs=runs,
+        stop_after=stop_after,
         seed=rng_seed,
         max_rss=max_rss,
         shrink_seconds=shrink_time,

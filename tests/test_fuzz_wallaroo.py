@@ -175,12 +175,14 @@ def test_mock_worker_has_no_finding(source_seed, tmp_path) -> None:
 
 @pytest.mark.e2e
 def test_the_planted_break_in_mock_worker_is_found_shrunk_and_replayable(source_seed, tmp_path) -> None:
-    # the deterministic stage inserts the connector's ACK template in each state early on
-    code, summary, err = worker_campaign(source_seed, tmp_path, "worker-takes-connector-ack", "60")
+    # the deterministic stage inserts the connector's ACK template in each state early on; without
+    # the plant there is no finding (above), so the first is the planted one and ends the campaign
+    plant = "worker-takes-connector-ack"
+    code, summary, err = worker_campaign(source_seed, tmp_path, plant, "600", "--stop-after", "1")
     assert code == 1, err
-    found = [f for f in summary["findings"] if f["kind"] == "accepted"]
-    assert found, summary["findings"]
-    finding = found[0]
+    assert summary["notes"] == ["stopped after 1 finding (--stop-after)"], summary
+    [finding] = summary["findings"]
+    assert finding["kind"] == "accepted", finding
     assert "ACK may only be sent by the worker" in finding["detail"]
     assert finding["confirmed"] == "3 of 3" and finding["frames"] <= 6
     capture = finding["reproducer"]

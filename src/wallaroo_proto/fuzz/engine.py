@@ -63,6 +63,8 @@ class Settings:
     confirm: int = 3
     budget_seconds: float | None = 60.0
     budget_runs: int | None = None
+    #: Findings written after which the campaign ends (None: the whole budget).
+    stop_after: int | None = None
     seed: int = 0
     max_rss: float | None = None
     shrink_seconds: float = 60.0
@@ -303,6 +305,9 @@ class Campaign:
         corpus: list[Mutant] = []
         try:
             self._campaign(started, seen, corpus)
+            if s.stop_after is not None and len(summary.found) >= s.stop_after:
+                count = len(summary.found)
+                summary.notes.append(f"stopped after {count} finding{'s' * (count > 1)} (--stop-after)")
         except PeerGone as gone:
             summary.notes.append(f"{gone}: the campaign stopped")
         finally:
@@ -360,6 +365,8 @@ class Campaign:
 
     def _spent(self, started: float) -> bool:
         s = self.settings
+        if s.stop_after is not None and len(self.summary.found) >= s.stop_after:
+            return True
         if s.budget_runs is not None and self.summary.executions >= s.budget_runs:
             return True
         return s.budget_seconds is not None and time.monotonic() - started >= s.budget_seconds
