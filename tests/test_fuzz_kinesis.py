@@ -265,7 +265,7 @@ def test_the_planted_forgotten_status_is_found_shrunk_and_rerun(tmp_path):
     with Server(*MOCK_PROCESSOR[3:], "--listen", "127.0.0.1:0") as server:
         # found above within a few dozen executions; ten times that here
         code, summary = campaign(seed, tmp_path / "clean", "--connect", server.address, budget="300")
-    assert summary["executions"] == 300, summary
+    assert summary["executions"] >= 300, summary
     assert not [f for f in summary["findings"] if f["kind"] == "silent"], summary
 
 
@@ -277,8 +277,8 @@ def test_fuzzing_the_kclpy_sample_over_its_pipes(tmp_path):
     seed = tmp_path / "seed.pcapng"
     record_seed(seed, PY, str(SAMPLE))
     spawn = shlex.join([PY, str(SAMPLE)])
-    code, summary = campaign(seed, tmp_path / "found", "--spawn", spawn, budget="30")
-    assert summary["executions"] == 30, summary
+    code, summary = campaign(seed, tmp_path / "found", "--spawn", spawn, budget="20")
+    assert summary["executions"] >= 20, summary
     assert (code == 1) == bool(summary["findings"])
     for finding in summary["findings"]:
         assert finding["kind"] in ("accepted", "violation"), finding  # kclpy never stalls or crashes

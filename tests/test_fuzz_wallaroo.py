@@ -264,7 +264,7 @@ def sink_seed(tmp_path_factory) -> Path:
     return capture
 
 
-def clean(code: int, summary: dict, err: str, floor: int = 10) -> None:
+def clean(code: int, summary: dict, err: str, floor: int = 12) -> None:
     assert code == 0, (summary.get("findings"), err)
     assert summary["executions"] >= floor, summary
 
@@ -277,7 +277,7 @@ def test_mock_sink_started_afresh_for_each_case_has_no_finding(sink_seed, tmp_pa
     spawn = f"{CLI} mock-sink --listen 127.0.0.1:{port} -o {out} -q"
     clean(*fuzz(
         "--seeds", str(sink_seed), "--play", "worker", "--connect", f"127.0.0.1:{port}",
-        "--spawn", spawn, "--reset-cmd", f"rm -rf {out}", "--budget", "15s", "--seed", "3",
+        "--spawn", spawn, "--reset-cmd", f"rm -rf {out}", "--budget", "12", "--seed", "3",
         "--findings", str(tmp_path / "found"),
     ))  # fmt: skip
 
@@ -288,7 +288,7 @@ def test_mock_source_started_for_each_case_has_no_finding(source_seed, tmp_path)
     spawn = f"{CLI} mock-source {shlex.quote(str(SAMPLES / 'orders.txt'))} --connect 127.0.0.1:{{port}}"
     clean(*fuzz(
         "--seeds", str(source_seed), "--play", "worker", "--listen", "127.0.0.1:0", "--spawn", spawn,
-        "--budget", "15s", "--seed", "3", "--findings", str(tmp_path / "found"),
+        "--budget", "12", "--seed", "3", "--findings", str(tmp_path / "found"),
     ))  # fmt: skip
 
 
@@ -300,8 +300,8 @@ def test_mock_worker_driving_a_sink_has_no_finding(sink_seed, tmp_path) -> None:
     )
     clean(*fuzz(
         "--seeds", str(sink_seed), "--play", "connector", "--listen", "127.0.0.1:0", "--spawn", spawn,
-        "--budget", "15s", "--seed", "3", "--findings", str(tmp_path / "found"),
-    ), floor=5)  # fmt: skip
+        "--budget", "12", "--seed", "3", "--findings", str(tmp_path / "found"),
+    ))  # fmt: skip
 
 
 @pytest.mark.e2e

@@ -44,11 +44,13 @@ def test_the_shipped_connector_s_restart_hang_is_found_and_shrunk(tmp_path) -> N
     spawn = f"{sys.executable} -W ignore {CONNECTOR} 127.0.0.1 {{port}} {COOKIE} celsius.msg"
     code, summary, err = fuzz(
         "--seeds", str(seed), "--play", "worker", "--listen", "127.0.0.1:0", "--spawn", spawn,
-        "--budget", "45s", "--answer-timeout", "1", "--confirm", "2", "--shrink-time", "15",
-        "--findings", str(tmp_path / "found"),
+        "--budget", "180s", "--stop-after", "2", "--answer-timeout", "1", "--confirm", "2",
+        "--shrink-time", "15", "--findings", str(tmp_path / "found"),
         cwd=tmp_path,
     )  # fmt: skip
     assert code == 1, err
+    # the deterministic stage finds two, in this order (at about 45 s here); the budget is a ceiling
+    assert [f["kind"] for f in summary["findings"]] == ["accepted", "no-reconnect"], summary["findings"]
     hangs = [f for f in summary["findings"] if f["kind"] == "no-reconnect"]
     assert hangs, summary["findings"]
     hang = hangs[0]
@@ -88,11 +90,11 @@ def test_aloc_sink_is_fuzzed_as_a_server_restarted_whenever_it_exits(tmp_path) -
     code, summary, err = fuzz(
         "--seeds", str(seed), "--play", "worker", "--connect", f"127.0.0.1:{port}", "--spawn", spawn,
         "--reset-cmd", f"rm -f {folder / 'out.mock-worker'} {folder / 'out.mock-worker.txnlog'}",
-        "--budget", "20s", "--confirm", "2", "--shrink-time", "10", "--findings", str(tmp_path / "found"),
+        "--budget", "8", "--confirm", "2", "--shrink-time", "10", "--findings", str(tmp_path / "found"),
         cwd=PEERS,
     )  # fmt: skip
     assert code in (0, 1), err
-    assert summary["executions"] >= 5, summary  # a process started for each case: about 1.3 a second
+    assert summary["executions"] >= 8, summary  # a process started for each case: about 1.3 a second
     for finding in summary["findings"]:
         shown = run_cli("dissect", finding["reproducer"], "--format", "jsonl")
         assert shown.returncode == 0 and shown.stdout, (finding, shown.stderr)

@@ -881,12 +881,14 @@ class MockWorker:
         async with self._checkpoint_lock:
             began = time.monotonic()
             snapshot = self.registry.advanced()
-            sink_mark = self.sink.mark() if self.sink is not None else 0  # no await since the snapshot
             out_mark = self.out.mark() if self.out is not None else None
             self.since_checkpoint = 0
             if not snapshot:
                 self._settle_eos()
                 return snapshot
+            # No await since the snapshot. The sink holds back what comes after its mark until
+            # this round is decided, so it is taken only for a round that follows.
+            sink_mark = self.sink.mark() if self.sink is not None else 0
             loop = asyncio.get_running_loop()
 
             async def write_state(sink_position: dict | None = None) -> None:
