@@ -122,6 +122,13 @@ def _starts_a_process(item: pytest.Function) -> bool:
     return bool(names & STARTS_A_PROCESS)
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: a worker more than the cores. About half of a worker's time is spent waiting
+    on peers, JVMs and answer deadlines, so a third worker on two cores keeps them busy
+    (BENCHMARKS.md: 11:40 against 13:31 for the full suite)."""
+    return (os.cpu_count() or 1) + 1
+
+
 #: The modules that take longest (BENCHMARKS.md), sent to pytest-xdist's workers first (with
 #: --no-loadscope-reorder it keeps this order, a module a worker at a time), so that neither worker
 #: ends on one of them while the other sits idle. The standalone cluster's module comes first: it
