@@ -134,6 +134,16 @@ async def _serve(relays: list[Relay], loop_ready, say) -> None:
     "error where it has one; exit 1 if any was found.",
 )
 @click.option(
+    "--stall-timeout",
+    type=click.FloatRange(0, min_open=True),
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long the live checker or a --record reader may take nothing while the relay waits "
+    "for it, before it is given up with one line (the traffic goes on); the checker runs niced, "
+    "so give a loaded machine more.",
+)
+@click.option(
     "--max-buffered",
     type=click.IntRange(min=1),
     default=128,
@@ -161,6 +171,7 @@ def command(
     fault_options,
     fault_files,
     strict,
+    stall_timeout,
     max_buffered,
     record,
     summary,
@@ -225,6 +236,7 @@ def command(
             say=say,
             max_held=max_held,
             on_given_up=on_given_up,
+            stall_seconds=stall_timeout,
         )
     except OSError as err:
         raise usage_error(f"--record {record}: {os_reason(err)}") from err

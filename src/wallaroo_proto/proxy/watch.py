@@ -41,7 +41,8 @@ HIGH = 4 << 20
 #: Bytes past which an output is given up: the relay may read once more on each connection
 #: after ``HIGH``, so this bounds what those reads add.
 LIMIT = 64 << 20
-#: Seconds an output may take nothing while the relay waits for it, before it is given up.
+#: Seconds an output may take nothing while the relay waits for it, before it is given up
+#: (``stall_seconds``, the proxy's ``--stall-timeout``).
 STALL_SECONDS = 5.0
 #: How often the relay looks whether a congested output drained.
 _POLL = 0.02
@@ -74,6 +75,7 @@ class Watch:
         say: Callable[[str], None] | None = None,
         max_held: int | None = None,
         on_given_up: Callable[[dict], None] | None = None,
+        stall_seconds: float = STALL_SECONDS,
     ) -> None:
         """``notes``: the recording is pcapng, its packets commented with the faults applied;
         ``say(line)``: how an output given up is told (one line, from any thread);
@@ -82,6 +84,7 @@ class Watch:
         for each connection it stops checking past it (its ident, ``held``, ``limit``)."""
         self._on_given_up = on_given_up
         self._say = say or (lambda line: None)
+        self._stall = stall_seconds
         #: Why the recording was given up (a full disk, a reader that takes nothing), or None.
         self.recording_stopped: str | None = None
         self._record_spool: Spool | None = None
@@ -191,8 +194,8 @@ class Watch:
     def _poll(self) -> None:
         now = time.monotonic()
         for spool in self._spools:
-            if spool.backlog > HIGH and now - spool.progress_at > STALL_SECONDS:
-                spool.stop(f"its reader took nothing for {STALL_SECONDS:g} s")
+            if spool.backlog > HIGH and now - spool.progress_at > self._stall:
+                spool.stop(f"its reader took nothing for {self._stall:g} s")
         if self.congested:
             asyncio.get_running_loop().call_later(_POLL, self._poll)
             return
@@ -259,10 +262,10 @@ class Watch:
     def close(self, timeout: float | None = None) -> None:
         """End the recording (open connections stay open in it) and let the checker finish,
         as long as each keeps taking what waits for it (``STALL_SECONDS`` at most without)."""
-        if self._record_spool is not None and not self._record_spool.close(STALL_SECONDS):
-            self._record_spool.stop(f"its reader took nothing for {STALL_SECONDS:g} s at the end")
-        if not self._check_spool.close(STALL_SECONDS):
-            self._check_spool.stop(f"the checker took nothing for {STALL_SECONDS:g} s at the end")
+        if self._record_spool is not None and not self._record_spool.close(self._stall):
+            self._record_spool.stop(f"its reader took nothing for {self._stall:g} s at the end")
+        if not self._check_spool.close(self._stall):
+            self._check_spool.stop(f"the checker took nothing for {self._stall:g} s at the end")
         if self.checks_stopped is not None:
             self._checker.kill()  # it may sit on a half event; what it said is all there is
         with contextlib.suppress(OSError):
