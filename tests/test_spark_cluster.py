@@ -34,13 +34,18 @@ ON_THE_CLUSTER = ("source", "sink", "damaged", "big", "kinesis", "restart-reconn
 ON_THE_CLUSTER += ("dcp-stream.pcap", "ambrosia-recovery.pcap", "tremor-session.pcap")
 
 
-def table_rows(directory: Path, captures: set[str]) -> list[str]:
+def rows_of(directory: Path, captures: set[str]) -> list[dict]:
     """A written table's rows of ``captures`` (file names: a path and a URL compare equal),
-    order-free (Spark may write its parts in any order), each capture named by its file name."""
+    each capture named by its file name."""
     rows = pq.read_table(directory).to_pylist()
     for row in rows:
         row["capture"] = row["capture"].rsplit("/", 1)[-1]
-    return sorted(repr(row) for row in rows if row["capture"] in captures)
+    return [row for row in rows if row["capture"] in captures]
+
+
+def table_rows(directory: Path, captures: set[str]) -> list[str]:
+    """``rows_of``, order-free (Spark may write its parts in any order)."""
+    return sorted(repr(row) for row in rows_of(directory, captures))
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +118,7 @@ def test_spark_replay_on_a_standalone_cluster_reading_s3_equals_local(
         if name != "sql":
             assert table_rows(out / name, captures) == table_rows(local.output / name, captures), name
     # The --sql answer counts frames by type over what was read: the local frames of those captures.
-    frames = [
-        row
-        for row in pq.read_table(local.output / "frames").to_pylist()
-        if row["capture"].rsplit("/", 1)[-1] in captures
-    ]
+    frames = rows_of(local.output / "frames", captures)
     by_type = {row["type"]: row["n"] for row in pq.read_table(out / "sql").to_pylist()}
     assert by_type == Counter(row["type"] for row in frames)
     assert len(frames) > 100 and {row["protocol"] for row in frames} >= {

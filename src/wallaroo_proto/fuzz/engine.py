@@ -305,7 +305,7 @@ class Campaign:
         corpus: list[Mutant] = []
         try:
             self._campaign(started, seen, corpus)
-            if s.stop_after is not None and len(summary.found) >= s.stop_after:
+            if self._found_enough():
                 count = len(summary.found)
                 summary.notes.append(f"stopped after {count} finding{'s' * (count > 1)} (--stop-after)")
         except PeerGone as gone:
@@ -363,9 +363,13 @@ class Campaign:
         self.summary.seconds = time.monotonic() - started
         self._tick()
 
+    def _found_enough(self) -> bool:
+        stop_after = self.settings.stop_after
+        return stop_after is not None and len(self.summary.found) >= stop_after
+
     def _spent(self, started: float) -> bool:
         s = self.settings
-        if s.stop_after is not None and len(self.summary.found) >= s.stop_after:
+        if self._found_enough():
             return True
         if s.budget_runs is not None and self.summary.executions >= s.budget_runs:
             return True

@@ -14,8 +14,8 @@ which is what makes re-sending after an abort or a crash possible.
 
 For end-to-end exactly-once a worker ties the sink's commits to its own checkpoints:
 ``auto_checkpoint=False``; ``mark()`` with its snapshot, then ``checkpoint(mark)`` runs a
-round ending exactly there; ``on_commit_vote(txn, end)`` writes the worker's checkpoint between the commit
-vote and PHASE2; after a restart ``start_offset`` and ``resolve_listed`` (was this txn
+round ending exactly there; ``on_commit_vote(txn, end)`` writes the worker's checkpoint
+between the commit vote and PHASE2; after a restart ``start_offset`` and ``resolve_listed`` (was this txn
 in my last checkpoint?) resume it. A sink that has more committed than we do is refused.
 """
 
@@ -466,7 +466,7 @@ class SinkDriver:
         past a marked or requested end goes out before that round (the shipped sink exits
         when a commit leaves bytes after its end)."""
         ends = [target for target, _ in self._requests]
-        if self._fence is not None:
+        if self._fence is not None and self._fence > self.committed:  # else its round is done
             ends.append(self._fence)
         return min(ends, default=float("inf"))
 
@@ -579,9 +579,6 @@ class SinkDriver:
         """
         target = self.put_offset if upto is None else upto
         if target <= self.committed:
-            if self._fence is not None and self._fence <= self.committed:
-                self._fence = None
-                self._wake.set()
             return True
         if self._fatal is not None:
             raise self._fatal
